@@ -1,0 +1,69 @@
+"""Log sequence numbers: 64-bit WAL positions, written by PostgreSQL as ``X/Y`` (hex)."""
+
+from __future__ import annotations
+
+import re
+
+from airflow_pgcdc.errors import PgcdcError
+
+_MAX = (1 << 64) - 1
+_LSN_RE = re.compile(r"([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})")
+
+
+class InvalidLSN(PgcdcError, ValueError):
+    """A string or number that is not a valid LSN."""
+
+
+class LSN(int):
+    """A WAL position. An ``int`` subclass: ordering and hashing are the integer's.
+
+    ``LSN.parse("16/B374D848")`` reads PostgreSQL's text form, ``str(lsn)`` writes it.
+    ``lsn + n`` and ``lsn - n`` (bytes) give an LSN; ``lsn1 - lsn2`` gives the byte
+    distance as a plain ``int``.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, value: int = 0) -> LSN:
+        if isinstance(value, str):
+            return cls.parse(value)
+        value = int(value)
+        if not 0 <= value <= _MAX:
+            raise InvalidLSN(f"LSN out of range (0 .. 2^64-1): {value}")
+        return super().__new__(cls, value)
+
+    @classmethod
+    def parse(cls, text: str) -> LSN:
+        m = _LSN_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+        if m is None:
+            raise InvalidLSN(f"not an LSN (expected X/Y in hex, like 16/B374D848): {text!r}")
+        return super().__new__(cls, (int(m.group(1), 16) << 32) | int(m.group(2), 16))
+
+    def __str__(self) -> str:
+        v = int(self)
+        return f"{v >> 32:X}/{v & 0xFFFFFFFF:X}"
+
+    def __repr__(self) -> str:
+        return f"LSN('{self}')"
+
+    def __add__(self, other: int) -> LSN:
+        if isinstance(other, int):
+            return LSN(int(self) + int(other))
+        return NotImplemented
+
+    __radd__ = __add__
+
+    def __sub__(self, other: int):
+        if isinstance(other, LSN):
+            return int(self) - int(other)
+        if isinstance(other, int):
+            return LSN(int(self) - other)
+        return NotImplemented
+
+    # Keep JSON/pickle friendly: an LSN serialises as its text form via str().
+    def __reduce__(self):
+        return (LSN, (int(self),))
+
+
+INVALID_LSN = LSN(0)
+"""PostgreSQL's InvalidXLogRecPtr (``0/0``): "no position"."""
