@@ -1,0 +1,99 @@
+import pickle
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from airflow_pgcdc.errors import QuotingError
+from airflow_pgcdc.pg.conninfo import redact, replication_conninfo
+from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN
+from airflow_pgcdc.protocol.quoting import quote_ident, quote_literal, quote_qualified
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [("0/0", 0), ("0/1", 1), ("16/B374D848", 0x16_B374D848), ("FFFFFFFF/FFFFFFFF", 2**64 - 1)],
+)
+def test_lsn_parse_format(text, value):
+    lsn = LSN.parse(text)
+    assert int(lsn) == value
+    assert str(lsn) == text
+    assert LSN(text) == lsn
+
+
+@pytest.mark.parametrize("bad", ["", "0", "0/", "/0", "G/0", "1/2/3", "100000000/0", " x/1", None])
+def test_lsn_parse_rejects(bad):
+    with pytest.raises(InvalidLSN):
+        LSN.parse(bad)
+
+
+def test_lsn_arithmetic_and_order():
+    a, b = LSN.parse("1/FFFFFFFF"), LSN.parse("2/0")
+    assert a < b and a + 1 == b and isinstance(a + 1, LSN)
+    assert b - a == 1 and type(b - a) is int
+    assert isinstance(b - 1, LSN) and str(b - 1) == "1/FFFFFFFF"
+    with pytest.raises(InvalidLSN):
+        LSN(0) - 1
+    with pytest.raises(InvalidLSN):
+        LSN(2**64)
+    assert pickle.loads(pickle.dumps(a)) == a and repr(a) == "LSN('1/FFFFFFFF')"
+
+
+@given(st.integers(min_value=0, max_value=2**64 - 1))
+def test_lsn_roundtrip(v):
+    assert LSN.parse(str(LSN(v))) == v
+
+
+@pytest.mark.parametrize(
+    "name,quoted",
+    [
+        ("t", '"t"'),
+        ("Mixed Case", '"Mixed Case"'),
+        ('we"ird', '"we""ird"'),
+        ("it's", '"it\'s"'),
+        ("back\\slash", '"back\\slash"'),
+        ("ünïcødé ☃", '"ünïcødé ☃"'),
+        ('"; DROP TABLE x; --', '"""; DROP TABLE x; --"'),
+        ("a" * 63, '"' + "a" * 63 + '"'),
+    ],
+)
+def test_quote_ident(name, quoted):
+    assert quote_ident(name) == quoted
+
+
+@pytest.mark.parametrize("bad", ["", "a\x00b", "a" * 64, "é" * 32, 5])
+def test_quote_ident_refuses(bad):
+    with pytest.raises(QuotingError):
+        quote_ident(bad)
+
+
+@pytest.mark.parametrize(
+    "value,quoted",
+    [
+        ("", "''"),
+        ("it's", "'it''s'"),
+        ("back\\slash", "'back\\slash'"),
+        ("'); DROP TABLE x; --", "'''); DROP TABLE x; --'"),
+        ('dq"', "'dq\"'"),
+    ],
+)
+def test_quote_literal(value, quoted):
+    assert quote_literal(value) == quoted
+
+
+def test_quote_literal_refuses_nul():
+    with pytest.raises(QuotingError):
+        quote_literal("a\x00")
+
+
+def test_quote_qualified():
+    assert quote_qualified("public", 'T"1') == '"public"."T""1"'
+
+
+def test_redact_hides_password_and_replication_conninfo():
+    dsn = "host=h port=5 dbname=d user=u password=s3cr3t sslmode=require"
+    red = redact(dsn)
+    assert "s3cr3t" not in red and "***" in red and "sslmode=require" in red
+    ci = replication_conninfo(dsn)
+    assert "replication=database" in ci and "standard_conforming_strings=on" in ci
+    assert "replication" not in replication_conninfo(dsn, replication="false")
