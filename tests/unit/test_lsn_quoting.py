@@ -97,3 +97,55 @@ def test_redact_hides_password_and_replication_conninfo():
     ci = replication_conninfo(dsn)
     assert "replication=database" in ci and "standard_conforming_strings=on" in ci
     assert "replication" not in replication_conninfo(dsn, replication="false")
+
+
+# -- pgoutput start options ---------------------------------------------------------------
+from airflow_pgcdc.protocol.pgoutput_options import (  # noqa: E402
+    PgoutputOptions,
+    UnsupportedOption,
+    max_proto_version,
+)
+
+
+@pytest.mark.parametrize(
+    "server,two_phase,expected",
+    [(130000, False, 1), (140005, False, 2), (150018, False, 2), (150018, True, 3), (160000, False, 4), (180001, True, 4)],
+)
+def test_max_proto_version(server, two_phase, expected):
+    assert max_proto_version(server, two_phase=two_phase) == expected
+
+
+def test_start_options_quote_publication_names():
+    o = PgoutputOptions(publications=("p1", 'We,ird"'), streaming="parallel", binary=True, messages=True, origin="none")
+    assert o.start_options(180000) == [
+        ("proto_version", "4"),
+        ("publication_names", '"p1","We,ird"""'),
+        ("binary", "true"),
+        ("messages", "true"),
+        ("streaming", "parallel"),
+        ("origin", "none"),
+    ]
+    # PostgreSQL 15 takes streaming as a boolean
+    assert ("streaming", "true") in PgoutputOptions(publications=("p",), streaming="on").start_options(150000)
+
+
+@pytest.mark.parametrize(
+    "kwargs,server",
+    [
+        (dict(streaming="parallel"), 150000),
+        (dict(two_phase=True), 140000),
+        (dict(origin="none"), 150000),
+        (dict(proto_version=4), 150000),
+        (dict(streaming="on", proto_version=1), 180000),
+    ],
+)
+def test_start_options_refuse_what_server_cannot(kwargs, server):
+    with pytest.raises(UnsupportedOption):
+        PgoutputOptions(publications=("p",), **kwargs).start_options(server)
+
+
+def test_options_validate():
+    with pytest.raises(UnsupportedOption):
+        PgoutputOptions(publications=())
+    with pytest.raises(UnsupportedOption):
+        PgoutputOptions(publications=("p",), streaming="yes")
