@@ -1,6 +1,6 @@
 """Replication commands (spec 003, PostgreSQL docs 55.4): command text out, typed rows in.
 
-Builders (``build_*``) return the exact text to send with the simple query protocol
+Builders (named after the command: :func:`identify_system`, ...) return the exact text to send with the simple query protocol
 on a replication connection. Their grammar mirrors PostgreSQL's ``repl_gram.y``:
 
 - slot names, output plugin names, plugin option names and ``SHOW`` parameter names
@@ -47,16 +47,15 @@ __all__ = [
     "MAX_RATE_UPPER",
     "validate_slot_name",
     # builders
-    "build_identify_system",
-    "build_show",
-    "build_timeline_history",
-    "build_create_physical_replication_slot",
-    "build_create_logical_replication_slot",
-    "build_read_replication_slot",
-    "build_start_replication_physical",
-    "build_start_replication_logical",
-    "build_drop_replication_slot",
-    "build_base_backup",
+    "identify_system",
+    "show",
+    "timeline_history",
+    "create_replication_slot",
+    "read_replication_slot",
+    "start_replication_physical",
+    "start_replication_logical",
+    "drop_replication_slot",
+    "base_backup",
     # results
     "IdentifySystem",
     "ReplicationSlotCreated",
@@ -193,12 +192,12 @@ class _Options:
 # -- builders --------------------------------------------------------------------------
 
 
-def build_identify_system() -> str:
+def identify_system() -> str:
     """``IDENTIFY_SYSTEM``; parse the row with :func:`parse_identify_system`."""
     return "IDENTIFY_SYSTEM"
 
 
-def build_show(name: str) -> str:
+def show(name: str) -> str:
     """``SHOW name``: a run-time parameter; a dotted name (``ext.param``) is quoted
     part by part. Parse the row with :func:`parse_show`."""
     _str(name, "parameter name")
@@ -208,7 +207,7 @@ def build_show(name: str) -> str:
     return "SHOW " + ".".join(quote_ident(p) for p in parts)
 
 
-def build_timeline_history(timeline: int) -> str:
+def timeline_history(timeline: int) -> str:
     """``TIMELINE_HISTORY tli``; parse the row with :func:`parse_timeline_history`."""
     return f"TIMELINE_HISTORY {_timeline(timeline)}"
 
@@ -222,61 +221,61 @@ _LEGACY_SNAPSHOT = {
 }
 
 
-def build_create_physical_replication_slot(
+def create_replication_slot(
     slot_name: str,
     *,
-    temporary: bool = False,
-    reserve_wal: bool | None = None,
-    legacy_syntax: bool = False,
-) -> str:
-    """``CREATE_REPLICATION_SLOT slot [TEMPORARY] PHYSICAL [(RESERVE_WAL)]``.
-
-    ``legacy_syntax=True`` writes the pre-PostgreSQL-15 form
-    (``... PHYSICAL [RESERVE_WAL]``), which cannot say "false".
-    Parse the row with :func:`parse_replication_slot_created`.
-    """
-    head = _create_head(slot_name, temporary) + " PHYSICAL"
-    reserve_wal = _flag(reserve_wal, "reserve_wal")
-    if legacy_syntax:
-        return head + (" RESERVE_WAL" if reserve_wal else "")
-    opts = _Options()
-    opts.flag("RESERVE_WAL", reserve_wal)
-    return head + opts.render()
-
-
-def build_create_logical_replication_slot(
-    slot_name: str,
-    output_plugin: str,
-    *,
+    output_plugin: str | None = None,
     temporary: bool = False,
     two_phase: bool | None = None,
+    reserve_wal: bool | None = None,
     snapshot: SnapshotAction | None = None,
     legacy_syntax: bool = False,
 ) -> str:
-    """``CREATE_REPLICATION_SLOT slot [TEMPORARY] LOGICAL plugin [(TWO_PHASE, SNAPSHOT '...')]``.
+    """``CREATE_REPLICATION_SLOT slot [TEMPORARY] { PHYSICAL | LOGICAL plugin } [( ... )]``.
 
-    ``snapshot``: ``'export'`` (the server's default: the result row names a snapshot
-    valid until the connection's next command), ``'use'`` (use it in the current
-    transaction; the command must be its first) or ``'nothing'``.
-    ``legacy_syntax=True`` writes the pre-PostgreSQL-15 form
-    (``EXPORT_SNAPSHOT`` / ``NOEXPORT_SNAPSHOT`` / ``USE_SNAPSHOT`` / ``TWO_PHASE``).
+    With ``output_plugin`` the slot is logical, else physical. Options, ``None`` =
+    left out (server default):
+
+    - ``two_phase`` (logical only): decode two-phase commits at PREPARE;
+    - ``snapshot`` (logical only): ``'export'`` (the server's default: the result row
+      names a snapshot valid until the connection's next command), ``'use'`` (for the
+      current transaction; the command must be its first) or ``'nothing'``;
+    - ``reserve_wal`` (physical only): reserve WAL now, not at the first stream.
+
+    ``legacy_syntax=True`` writes the pre-PostgreSQL-15 keyword form
+    (``RESERVE_WAL``, ``EXPORT_SNAPSHOT`` / ``NOEXPORT_SNAPSHOT`` / ``USE_SNAPSHOT``,
+    ``TWO_PHASE``), which has no way to say "false".
     Parse the row with :func:`parse_replication_slot_created`.
     """
     head = _create_head(slot_name, temporary)
-    plugin = quote_ident(_str(output_plugin, "output plugin name"))
     two_phase = _flag(two_phase, "two_phase")
+    reserve_wal = _flag(reserve_wal, "reserve_wal")
     action = None if snapshot is None else _choice(snapshot, "snapshot", _SNAPSHOT_ACTIONS)
-    head += f" LOGICAL {plugin}"
-    if legacy_syntax:
-        words = []
-        if action is not None:
-            words.append(_LEGACY_SNAPSHOT[action])
-        if two_phase:
-            words.append("TWO_PHASE")
-        return " ".join([head, *words])
     opts = _Options()
-    opts.flag("TWO_PHASE", two_phase)
-    opts.literal("SNAPSHOT", action)
+    words: list[str] = []
+    if output_plugin is None:
+        if two_phase is not None or action is not None:
+            raise CommandError(
+                "two_phase and snapshot apply to logical slots only: "
+                f"give output_plugin to create a logical slot {slot_name!r}"
+            )
+        head += " PHYSICAL"
+        if legacy_syntax:
+            words += ["RESERVE_WAL"] if reserve_wal else []
+        opts.flag("RESERVE_WAL", reserve_wal)
+    else:
+        if reserve_wal is not None:
+            raise CommandError(
+                f"reserve_wal applies to physical slots only, not to logical slot {slot_name!r}"
+            )
+        head += f" LOGICAL {quote_ident(_str(output_plugin, 'output_plugin'))}"
+        if legacy_syntax:
+            words += [_LEGACY_SNAPSHOT[action]] if action is not None else []
+            words += ["TWO_PHASE"] if two_phase else []
+        opts.flag("TWO_PHASE", two_phase)
+        opts.literal("SNAPSHOT", action)
+    if legacy_syntax:
+        return " ".join([head, *words])
     return head + opts.render()
 
 
@@ -285,13 +284,13 @@ def _create_head(slot_name: str, temporary: bool) -> str:
     return f"CREATE_REPLICATION_SLOT {_slot(slot_name)}" + (" TEMPORARY" if temporary else "")
 
 
-def build_read_replication_slot(slot_name: str) -> str:
+def read_replication_slot(slot_name: str) -> str:
     """``READ_REPLICATION_SLOT slot`` (physical slots only; PostgreSQL 15+).
     Parse the row with :func:`parse_read_replication_slot`."""
     return f"READ_REPLICATION_SLOT {_slot(slot_name)}"
 
 
-def build_start_replication_physical(
+def start_replication_physical(
     start_lsn: LSN | int | str,
     *,
     slot_name: str | None = None,
@@ -311,10 +310,9 @@ PluginOptions = Mapping[str, Any] | Iterable[tuple[str, Any]]
 """Output plugin options: a mapping or ``(name, value)`` pairs; value str/int/bool/None."""
 
 
-def build_start_replication_logical(
+def start_replication_logical(
     slot_name: str,
     start_lsn: LSN | int | str,
-    *,
     options: PluginOptions = (),
 ) -> str:
     """``START_REPLICATION SLOT slot LOGICAL X/Y [("name" 'value', "flag", ...)]``.
@@ -356,7 +354,7 @@ def _option_value(name: str, value: Any) -> str:
     )
 
 
-def build_drop_replication_slot(slot_name: str, *, wait: bool = False) -> str:
+def drop_replication_slot(slot_name: str, *, wait: bool = False) -> str:
     """``DROP_REPLICATION_SLOT slot [WAIT]`` (WAIT: wait for an active slot to go idle)."""
     return f"DROP_REPLICATION_SLOT {_slot(slot_name)}" + (" WAIT" if _flag(wait, "wait") else "")
 
@@ -379,7 +377,7 @@ _DETAIL_KEYWORDS = ("level", "workers")
 _INT_RE = re.compile(r"[+-]?[0-9]+")
 
 
-def build_base_backup(
+def base_backup(
     *,
     label: str | None = None,
     target: Target | None = None,
@@ -621,6 +619,11 @@ class _Result:
 class IdentifySystem(_Result):
     """The row of ``IDENTIFY_SYSTEM``."""
 
+    @classmethod
+    def from_row(cls, row: Row) -> IdentifySystem:
+        """Same as :func:`parse_identify_system`."""
+        return parse_identify_system(row)
+
     systemid: str
     """The cluster's unique system identifier (a 64-bit integer, as text)."""
     timeline: int
@@ -659,6 +662,11 @@ def parse_show(row: Row) -> str:
 class ReplicationSlotCreated(_Result):
     """The row of ``CREATE_REPLICATION_SLOT``."""
 
+    @classmethod
+    def from_row(cls, row: Row) -> ReplicationSlotCreated:
+        """Same as :func:`parse_replication_slot_created`."""
+        return parse_replication_slot_created(row)
+
     slot_name: str
     consistent_point: LSN
     """The earliest position streaming from this slot can start at."""
@@ -688,6 +696,11 @@ def parse_replication_slot_created(row: Row) -> ReplicationSlotCreated:
 @dataclass(frozen=True, slots=True)
 class ReadReplicationSlot(_Result):
     """The row of ``READ_REPLICATION_SLOT``: all ``None`` when the slot does not exist."""
+
+    @classmethod
+    def from_row(cls, row: Row) -> ReadReplicationSlot:
+        """Same as :func:`parse_read_replication_slot`."""
+        return parse_read_replication_slot(row)
 
     slot_type: str | None
     restart_lsn: LSN | None
@@ -727,6 +740,11 @@ class TimelineHistoryEntry(_Result):
 @dataclass(frozen=True, slots=True)
 class TimelineHistory(_Result):
     """The row of ``TIMELINE_HISTORY``: the history file's name and raw bytes."""
+
+    @classmethod
+    def from_row(cls, row: Row) -> TimelineHistory:
+        """Same as :func:`parse_timeline_history`."""
+        return parse_timeline_history(row)
 
     filename: str
     content: bytes
@@ -772,6 +790,11 @@ def parse_timeline_history(row: Row) -> TimelineHistory:
 class TimelineSwitch(_Result):
     """The row after a physical ``START_REPLICATION`` on an old timeline ends."""
 
+    @classmethod
+    def from_row(cls, row: Row) -> TimelineSwitch:
+        """Same as :func:`parse_timeline_switch`."""
+        return parse_timeline_switch(row)
+
     next_timeline: int
     switchpoint: LSN
 
@@ -788,6 +811,11 @@ def parse_timeline_switch(row: Row) -> TimelineSwitch:
 @dataclass(frozen=True, slots=True)
 class BaseBackupPosition(_Result):
     """The start or end position row of ``BASE_BACKUP``."""
+
+    @classmethod
+    def from_row(cls, row: Row) -> BaseBackupPosition:
+        """Same as :func:`parse_base_backup_position`."""
+        return parse_base_backup_position(row)
 
     lsn: LSN
     timeline: int
@@ -806,6 +834,11 @@ def parse_base_backup_position(row: Row) -> BaseBackupPosition:
 class TablespaceInfo(_Result):
     """One row of ``BASE_BACKUP``'s tablespace list; all ``None`` location/oid for the
     main data directory."""
+
+    @classmethod
+    def from_row(cls, row: Row) -> TablespaceInfo:
+        """Same as :func:`parse_base_backup_tablespace`."""
+        return parse_base_backup_tablespace(row)
 
     spcoid: int | None
     spclocation: str | None

@@ -40,6 +40,18 @@ from airflow_pgcdc.errors import (
     UnknownMessageType,
 )
 from airflow_pgcdc.protocol.buffer import Reader
+
+# The typed result rows of replication commands live in ``commands``; re-exported here
+# because the connection layer reads them as ``replication.IdentifySystem.from_row(row)``.
+from airflow_pgcdc.protocol.commands import (  # noqa: F401
+    BaseBackupPosition,
+    IdentifySystem,
+    ReadReplicationSlot,
+    ReplicationSlotCreated,
+    TablespaceInfo,
+    TimelineHistory,
+    TimelineSwitch,
+)
 from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN
 from airflow_pgcdc.protocol.pgtime import datetime_to_pg_us, now_pg_us, pg_us_to_datetime
 
