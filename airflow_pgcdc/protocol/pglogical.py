@@ -787,7 +787,9 @@ class PglogicalDecoder:
             try:
                 parse(value)
             except ValueError as exc:
-                raise r.error(InvalidFieldValue, f"parameter {key!r}: {exc}", offsets[key]) from None
+                raise r.error(
+                    InvalidFieldValue, f"parameter {key!r}: {exc}", offsets[key]
+                ) from None
         msg = Startup(params=params, startup_message_version=version)
         lo, hi = msg.min_proto_version, msg.max_proto_version
         for key, bad in (
@@ -856,9 +858,7 @@ class PglogicalDecoder:
 
     def _origin_msg(self, r: Reader) -> Origin:
         if self._last_tag != "B" or self._begin is None:
-            raise r.error(
-                UnexpectedMessage, "ORIGIN is only allowed immediately after BEGIN", 0
-            )
+            raise r.error(UnexpectedMessage, "ORIGIN is only allowed immediately after BEGIN", 0)
         if not self._allow_origin:
             raise r.error(
                 UnexpectedMessage,
@@ -889,8 +889,7 @@ class PglogicalDecoder:
         if 2 * natts > r.remaining():
             raise r.error(
                 TruncatedMessage,
-                f"truncated: {natts} columns need at least {2 * natts} bytes, "
-                f"{r.remaining()} left",
+                f"truncated: {natts} columns need at least {2 * natts} bytes, {r.remaining()} left",
                 pos,
             )
         buf, columns, seen = r.buf, [], set()
@@ -1004,9 +1003,7 @@ class PglogicalDecoder:
         append = fields.append
         for i in range(natts):
             if p >= end:
-                raise r.error(
-                    TruncatedMessage, f"truncated: field {i} of {natts} is missing", p
-                )
+                raise r.error(TruncatedMessage, f"truncated: field {i} of {natts} is missing", p)
             kind = buf[p]
             if kind == 0x6E:  # 'n'
                 append(NULL_FIELD)
@@ -1109,9 +1106,7 @@ def encode_commit(msg: Commit) -> bytes:
     return (
         b"C"
         + _flags_byte(msg.flags)
-        + struct.pack(
-            "!QQq", msg.commit_lsn, msg.end_lsn, datetime_to_pg_us(msg.commit_time)
-        )
+        + struct.pack("!QQq", msg.commit_lsn, msg.end_lsn, datetime_to_pg_us(msg.commit_time))
     )
 
 
@@ -1229,7 +1224,9 @@ def format_plugin_options(options: Iterable[tuple[str, str | None]]) -> str:
     """
     parts = []
     for key, value in options:
-        parts.append(quote_ident(key) if value is None else f"{quote_ident(key)} {quote_literal(value)}")
+        parts.append(
+            quote_ident(key) if value is None else f"{quote_ident(key)} {quote_literal(value)}"
+        )
     return f"({', '.join(parts)})" if parts else ""
 
 
