@@ -140,8 +140,8 @@ def _timeline(value: Any, what: str = "timeline") -> int:
 
 
 def _lsn(value: Any, what: str) -> LSN:
-    if isinstance(value, bool):
-        raise CommandError(f"{what} must be an LSN, not a bool")
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise CommandError(f"{what} must be an LSN, an int or 'X/Y' text, not {value!r}")
     try:
         return value if isinstance(value, LSN) else LSN(value)
     except (InvalidLSN, TypeError, ValueError) as exc:
@@ -313,7 +313,7 @@ PluginOptions = Mapping[str, Any] | Iterable[tuple[str, Any]]
 def start_replication_logical(
     slot_name: str,
     start_lsn: LSN | int | str,
-    options: PluginOptions = (),
+    options: PluginOptions | None = (),
 ) -> str:
     """``START_REPLICATION SLOT slot LOGICAL X/Y [("name" 'value', "flag", ...)]``.
 
@@ -322,6 +322,8 @@ def start_replication_logical(
     are sent as their text (``'4'``, ``'true'``). Names are identifiers (case is
     kept, so use the plugin's spelling, e.g. ``proto_version``); values are literals.
     """
+    if options is None:
+        options = ()
     items = options.items() if isinstance(options, Mapping) else options
     rendered: list[str] = []
     seen: set[str] = set()

@@ -583,6 +583,8 @@ def parse_base_backup_copy_data(
 
 
 def _lsn_arg(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise FrameBuildError(f"{what} must be an LSN, an int or 'X/Y' text, not {value!r}")
     try:
         return int(LSN(value))
     except (InvalidLSN, TypeError, ValueError) as exc:
