@@ -611,6 +611,7 @@ _XID_OID_B = struct.Struct("!IIB")  # xid + relation oid + submessage byte
 _UNPACK_U32 = _U32.unpack_from
 _UNPACK_I16 = _I16.unpack_from
 _UNPACK_OID_B = _OID_B.unpack_from
+_UNPACK_OID_B_I16 = struct.Struct("!IBh").unpack_from  # relation oid + 'N' + column count
 _UNPACK_XID_OID_B = _XID_OID_B.unpack_from
 
 _N, _K, _O = ord("N"), ord("K"), ord("O")
@@ -742,13 +743,86 @@ def _value_length_error(data: bytes, pos: int, ln: int, label: str) -> ProtocolE
     )
 
 
-def _read_tuple(data: bytes, pos: int, encoding: str, label: str) -> tuple[TupleData, int]:
+def _read_tuple(
+    data: bytes, pos: int, encoding: str, label: str, ascii_ok: bool
+) -> tuple[TupleData, int]:
     """Decode one TupleData starting at ``pos``; return ``(values, end position)``.
 
-    The hot loop: one ``unpack_from`` per text/binary column, bytes slicing, no
-    Reader calls. ``IndexError``/``struct.error`` from reads past the end are turned
-    into :class:`TruncatedMessage` (the try block costs nothing in CPython 3.11+).
+    The hot loop. It is optimistic: one ``unpack_from`` per text/binary column,
+    slicing, no Reader calls and no per-column bounds checks. Lengths are read
+    unsigned, so a bogus (negative or too large) length moves ``pos`` past the end;
+    slicing never reads out of bounds; a read past the end raises
+    ``IndexError``/``struct.error``. Whenever anything is off -- ``pos`` past the end
+    afterwards, a column missing, an exception -- the tuple is parsed again by
+    :func:`_read_tuple_checked`, which raises the precise typed error. Valid input
+    never takes that path.
+
+    ``ascii_ok`` says the text encoding maps bytes 0x00-0x7F to ASCII one to one.
+    Then, when the tuple bytes are all ASCII (the common case: numbers, timestamps,
+    identifiers), the message is decoded once as latin-1 and text values are plain
+    ``str`` slices of it -- one allocation per column instead of two.
     """
+    start = pos
+    end = len(data)
+    try:
+        (ncols,) = _UNPACK_I16(data, pos)
+        pos += 2
+        values: list[TupleValue] = []
+        append = values.append
+        unpack_u32 = _UNPACK_U32
+        if ascii_ok and (data.isascii() or data[pos:].isascii()):
+            text = data.decode("latin-1")
+            for _ in range(ncols):
+                kind = data[pos]
+                if kind == 116:  # 't'
+                    (ln,) = unpack_u32(data, pos + 1)
+                    pos += 5
+                    append(text[pos : pos + ln])
+                    pos += ln
+                elif kind == 110:  # 'n'
+                    append(None)
+                    pos += 1
+                elif kind == 117:  # 'u'
+                    append(UNCHANGED_TOAST)
+                    pos += 1
+                elif kind == 98:  # 'b'
+                    (ln,) = unpack_u32(data, pos + 1)
+                    pos += 5
+                    append(data[pos : pos + ln])
+                    pos += ln
+                else:
+                    break
+        else:
+            for _ in range(ncols):
+                kind = data[pos]
+                if kind == 116:  # 't'
+                    (ln,) = unpack_u32(data, pos + 1)
+                    pos += 5
+                    append(data[pos : pos + ln].decode(encoding))
+                    pos += ln
+                elif kind == 110:  # 'n'
+                    append(None)
+                    pos += 1
+                elif kind == 117:  # 'u'
+                    append(UNCHANGED_TOAST)
+                    pos += 1
+                elif kind == 98:  # 'b'
+                    (ln,) = unpack_u32(data, pos + 1)
+                    pos += 5
+                    append(data[pos : pos + ln])
+                    pos += ln
+                else:
+                    break
+        if pos <= end and len(values) == ncols:
+            return tuple(values), pos
+    except (IndexError, struct.error, UnicodeDecodeError):
+        pass
+    return _read_tuple_checked(data, start, encoding, label)
+
+
+def _read_tuple_checked(data: bytes, pos: int, encoding: str, label: str) -> tuple[TupleData, int]:
+    """:func:`_read_tuple` with every length checked before use: raises the precise
+    error (what, where) for malformed data. Used when the fast path stumbled."""
     end = len(data)
     if pos + 2 > end:
         raise _err(
@@ -822,6 +896,20 @@ def _read_tuple(data: bytes, pos: int, encoding: str, label: str) -> tuple[Tuple
     return tuple(values), pos
 
 
+def _ascii_compatible(encoding: str) -> bool:
+    """True if, in ``encoding``, a run of bytes below 0x80 always means those ASCII
+    characters (UTF-8, LATIN1, the ISO 8859 and Windows code pages, EUC-*, GBK, ...).
+    Stateful codecs (ISO-2022, UTF-7, HZ), where ASCII bytes can switch modes, are not."""
+    name = codecs.lookup(encoding).name
+    if name.startswith(("iso2022", "utf-7", "hz", "utf-16", "utf-32")):
+        return False
+    ascii_bytes = bytes(range(128))
+    try:
+        return ascii_bytes.decode(encoding) == ascii_bytes.decode("ascii")
+    except UnicodeDecodeError:
+        return False
+
+
 def _show_byte(b: int) -> str:
     return f"{chr(b)!r} (0x{b:02x})" if 0x20 <= b < 0x7F else f"0x{b:02x}"
 
@@ -846,6 +934,7 @@ class PgoutputDecoder:
         "_in_stream",
         "_stream_xid",
         "_table",
+        "_ascii_ok",
     )
 
     def __init__(
@@ -871,6 +960,7 @@ class PgoutputDecoder:
         self.proto_version = proto_version
         self.parallel_streaming = bool(parallel_streaming)
         self.encoding = encoding
+        self._ascii_ok = _ascii_compatible(encoding)
         self._in_stream = False
         self._stream_xid: int | None = None
         handlers = {
@@ -1057,6 +1147,46 @@ class PgoutputDecoder:
         return Type(xid, oid, namespace, name)
 
     def _insert(self, data: bytes) -> Insert:
+        """Insert, the hottest message: an inlined copy of :func:`_read_tuple`'s ASCII
+        loop for the common case (outside a stream block, all-ASCII tuple); anything
+        else, including every malformed message, goes through :meth:`_insert_general`.
+        """
+        if self._ascii_ok and not self._in_stream:
+            try:
+                oid, sub, ncols = _UNPACK_OID_B_I16(data, 1)
+                if sub == 78 and (data.isascii() or data[8:].isascii()):
+                    text = data.decode("latin-1")
+                    unpack_u32 = _UNPACK_U32
+                    values: list[TupleValue] = []
+                    append = values.append
+                    pos = 8
+                    for _ in range(ncols):
+                        kind = data[pos]
+                        if kind == 116:  # 't'
+                            (ln,) = unpack_u32(data, pos + 1)
+                            pos += 5
+                            append(text[pos : pos + ln])
+                            pos += ln
+                        elif kind == 110:  # 'n'
+                            append(None)
+                            pos += 1
+                        elif kind == 117:  # 'u'
+                            append(UNCHANGED_TOAST)
+                            pos += 1
+                        elif kind == 98:  # 'b'
+                            (ln,) = unpack_u32(data, pos + 1)
+                            pos += 5
+                            append(data[pos : pos + ln])
+                            pos += ln
+                        else:
+                            break
+                    if pos == len(data) and len(values) == ncols:
+                        return Insert(None, oid, tuple(values))
+            except (IndexError, struct.error):
+                pass
+        return self._insert_general(data)
+
+    def _insert_general(self, data: bytes) -> Insert:
         if self._in_stream:
             if len(data) < 10:
                 raise _err_head(data, Insert.label, True)
@@ -1070,7 +1200,7 @@ class PgoutputDecoder:
             pos = 6
         if sub != _N:
             raise _bad_sub(sub, pos - 1, Insert.label, "N")
-        new, pos = _read_tuple(data, pos, self.encoding, Insert.label)
+        new, pos = _read_tuple(data, pos, self.encoding, Insert.label, self._ascii_ok)
         if pos != len(data):
             _finish(data, pos, Insert.label)
         return Insert(xid, oid, new)
@@ -1091,7 +1221,7 @@ class PgoutputDecoder:
             pos = 6
         key = old = None
         if sub == _K or sub == _O:
-            image, pos = _read_tuple(data, pos, enc, label)
+            image, pos = _read_tuple(data, pos, enc, label, self._ascii_ok)
             if sub == _K:
                 key = image
             else:
@@ -1104,7 +1234,7 @@ class PgoutputDecoder:
                 raise _bad_sub(sub, pos - 1, label, "N")
         elif sub != _N:
             raise _bad_sub(sub, pos - 1, label, "K, O or N")
-        new, pos = _read_tuple(data, pos, enc, label)
+        new, pos = _read_tuple(data, pos, enc, label, self._ascii_ok)
         _finish(data, pos, label)
         return Update(xid, oid, key, old, new)
 
@@ -1123,7 +1253,7 @@ class PgoutputDecoder:
             pos = 6
         if sub != _K and sub != _O:
             raise _bad_sub(sub, pos - 1, label, "K or O")
-        image, pos = _read_tuple(data, pos, self.encoding, label)
+        image, pos = _read_tuple(data, pos, self.encoding, label, self._ascii_ok)
         _finish(data, pos, label)
         if sub == _K:
             return Delete(xid, oid, image, None)
