@@ -182,22 +182,34 @@ def _jsonable(field: str, value: Any) -> dict[str, Any]:
 class XLogData(ReplicationFrame):
     """``'w'``: a chunk of the WAL stream (or, for a logical slot, one plugin message)."""
 
-    __slots__ = ("data_start", "wal_end", "send_time_us", "data")
+    # The LSNs are kept as the unpacked ints and become LSN objects on access: building
+    # two int-subclass objects per frame would be the largest cost of the hot path.
+    __slots__ = ("_data_start", "_wal_end", "send_time_us", "data")
     type = "w"
     name = "XLogData"
     _fields = ("data_start", "wal_end", "send_time_us", "data")
 
     def __init__(
-        self, data_start: LSN, wal_end: LSN, send_time_us: int, data: bytes | memoryview
+        self, data_start: int, wal_end: int, send_time_us: int, data: bytes | memoryview
     ) -> None:
-        self.data_start = data_start
-        """The WAL position of the first byte of ``data``."""
-        self.wal_end = wal_end
-        """The server's current end of WAL."""
+        self._data_start = data_start
+        self._wal_end = wal_end
         self.send_time_us = send_time_us
         """The server's clock when sending, in microseconds since 2000-01-01 UTC."""
         self.data = data
         """The WAL bytes (for a logical slot: one output-plugin message)."""
+
+    @property
+    def data_start(self) -> LSN:
+        """The WAL position of the first byte of ``data``."""
+        v = self._data_start
+        return v if type(v) is LSN else _new_lsn(LSN, v)
+
+    @property
+    def wal_end(self) -> LSN:
+        """The server's current end of WAL."""
+        v = self._wal_end
+        return v if type(v) is LSN else _new_lsn(LSN, v)
 
     @property
     def send_time(self) -> datetime:
@@ -206,7 +218,7 @@ class XLogData(ReplicationFrame):
     @property
     def data_end(self) -> LSN:
         """``data_start + len(data)``: the position just past this chunk."""
-        return LSN(int(self.data_start) + len(self.data))
+        return LSN(int(self._data_start) + len(self.data))
 
     def to_bytes(self) -> bytes:
         return build_xlog_data(
@@ -443,7 +455,7 @@ def parse_copy_data(data: bytes | memoryview) -> XLogData | PrimaryKeepalive:
     :class:`InvalidFieldValue`, :class:`UnknownMessageType` (a type byte the spec
     does not define) or :class:`UnexpectedMessage` (a client -> server type).
     """
-    buf = _buffer(data)
+    buf = data if type(data) is bytes else _buffer(data)
     n = len(buf)
     if n == 0:
         raise _empty("START_REPLICATION")
@@ -453,7 +465,7 @@ def parse_copy_data(data: bytes | memoryview) -> XLogData | PrimaryKeepalive:
             start, end, ts = _XLOG_HDR.unpack_from(buf, 1)
             if not MIN_PG_US <= ts <= MAX_PG_US:
                 _check_time(ts, _XLOG_NAME, 17)
-            return XLogData(_new_lsn(LSN, start), _new_lsn(LSN, end), ts, buf[25:])
+            return XLogData(start, end, ts, buf[25:])
         r = _reader(buf, _XLOG_NAME)
         _lsn_field(r, "data start LSN")
         _lsn_field(r, "WAL end LSN")
