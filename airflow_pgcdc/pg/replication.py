@@ -397,7 +397,7 @@ class _ReplicationProtocol:
                     raise StreamEnded(self._final_results)
                 return None
         frame = replication.parse_copy_data(self._frames.popleft())
-        if frame.type == "xlog_data":
+        if type(frame) is replication.XLogData:
             if frame.wal_end > self.received_lsn:
                 self.received_lsn = frame.wal_end
         elif frame.reply_requested and self.state == _State.COPY_BOTH:
@@ -554,7 +554,7 @@ class ReplicationConnection(_ReplicationProtocol):
         ``timeout`` seconds. Raises :class:`StreamEnded` when the server ends the copy."""
         if self._frames:  # fast path: no generator round trip while frames are buffered
             frame = replication.parse_copy_data(self._frames.popleft())
-            if frame.type == "xlog_data":
+            if type(frame) is replication.XLogData:
                 if frame.wal_end > self.received_lsn:
                     self.received_lsn = frame.wal_end
                 return frame

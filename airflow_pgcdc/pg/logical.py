@@ -1,0 +1,82 @@
+"""A started logical stream and its decoder: frames in, decoded messages out.
+
+This is the one place that joins a replication connection to an output-plugin
+decoder; ``pgcdc peek``, the benchmarks and the drain all read through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from airflow_pgcdc.pg.replication import ReplicationConnection, StreamEnded
+from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.pglogical import PglogicalDecoder
+from airflow_pgcdc.protocol.pgoutput import PgoutputDecoder
+from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
+from airflow_pgcdc.protocol.replication import PrimaryKeepalive, XLogData
+
+
+class LogicalStream:
+    """Reads ``(frame, message)`` pairs: ``message`` is the decoded plugin message of an
+    XLogData frame, or ``None`` for a keepalive."""
+
+    def __init__(self, conn: ReplicationConnection, decoder, *, plugin: str) -> None:
+        self.conn = conn
+        self.decoder = decoder
+        self.plugin = plugin
+
+    @classmethod
+    def pgoutput(
+        cls,
+        conn: ReplicationConnection,
+        slot_name: str,
+        options: PgoutputOptions,
+        start_lsn: LSN | int | str = 0,
+    ) -> LogicalStream:
+        """Negotiate ``options`` with the server and start streaming ``slot_name``."""
+        resolved = options.resolve(conn.server_version)
+        conn.start_replication(
+            slot_name, start_lsn, options=resolved.start_options(conn.server_version)
+        )
+        decoder = PgoutputDecoder(
+            resolved.proto_version, parallel_streaming=resolved.parallel_streaming
+        )
+        stream = cls(conn, decoder, plugin="pgoutput")
+        stream.options = resolved
+        return stream
+
+    @classmethod
+    def pglogical(
+        cls,
+        conn: ReplicationConnection,
+        slot_name: str,
+        options: Sequence[tuple[str, str | None]],
+        start_lsn: LSN | int | str = 0,
+    ) -> LogicalStream:
+        conn.start_replication(slot_name, start_lsn, options=list(options))
+        return cls(conn, PglogicalDecoder(), plugin="pglogical_output")
+
+    def read(self, timeout: float | None = None):
+        """The next ``(frame, message)``; ``None`` after ``timeout`` seconds of silence.
+        Raises :class:`~airflow_pgcdc.pg.replication.StreamEnded` at the end."""
+        frame = self.conn.read_message(timeout)
+        if frame is None:
+            return None
+        if type(frame) is XLogData:
+            return frame, self.decoder.decode(frame.data)
+        return frame, None
+
+    def __iter__(self) -> Iterator[tuple[XLogData | PrimaryKeepalive, object]]:
+        decode = self.decoder.decode
+        read = self.conn.read_message
+        while True:
+            try:
+                frame = read(None)
+            except StreamEnded:
+                return
+            if frame is None:
+                continue
+            if type(frame) is XLogData:
+                yield frame, decode(frame.data)
+            else:
+                yield frame, None
