@@ -6,8 +6,10 @@ decoder; ``pgcdc peek``, the benchmarks and the drain all read through it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 
+from airflow_pgcdc.pg.errors import ReplicationTimeout
 from airflow_pgcdc.pg.replication import ReplicationConnection, StreamEnded
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pglogical import PglogicalDecoder
@@ -80,3 +82,43 @@ class LogicalStream:
                 yield frame, decode(frame.data)
             else:
                 yield frame, None
+
+    def read_until(self, until_lsn: LSN | int | str, *, timeout: float = 60.0) -> list:
+        """Decoded messages until the stream has passed ``until_lsn``.
+
+        "Passed" means a keepalive reports ``wal_end >= until_lsn`` (the walsender has
+        decoded everything before it) or a transaction-ending message ends at or after
+        it. Raises :class:`ReplicationTimeout` if that takes longer than ``timeout``.
+        Nothing is acknowledged.
+        """
+        target = LSN(until_lsn)
+        deadline = time.monotonic() + timeout
+        out: list = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ReplicationTimeout(
+                    f"the stream did not reach {target} within {timeout}s "
+                    f"(received up to {self.conn.received_lsn}, {len(out)} messages)"
+                )
+            item = self.read(min(left, 1.0))
+            if item is None:
+                continue
+            frame, msg = item
+            if msg is None:
+                if frame.wal_end >= target:
+                    return out
+                continue
+            out.append(msg)
+            end = transaction_end_lsn(msg)
+            if end is not None and end >= target:
+                return out
+
+
+def transaction_end_lsn(msg) -> LSN | None:
+    """The end LSN of a message that ends a transaction's delivery (commit, stream
+    commit/abort-with-LSN, prepare, commit/rollback prepared), else ``None``."""
+    end = getattr(msg, "end_lsn", None)
+    if end is None:
+        end = getattr(msg, "rollback_end_lsn", None)
+    return end
