@@ -597,7 +597,6 @@ MESSAGE_CLASSES: tuple[type[Message], ...] = (
 
 _BY_TAG: dict[int, type[Message]] = {cls.tag: cls for cls in MESSAGE_CLASSES}
 _STREAM_DATA = frozenset(ord(c) for c in "MRYIUDT")  # carry an xid inside a stream block
-_IN_STREAM_OK = _STREAM_DATA | {ord("O"), ord("E")}
 _REPLICA_IDENTITIES = frozenset("dnfi")
 
 # ---------------------------------------------------------------------------------------
@@ -1340,23 +1339,24 @@ class PgoutputDecoder:
             LSN(lsn), LSN(end_lsn), _ts(ts, label, 17, "prepare timestamp"), xid, gid
         )
 
-    def _prepare_like(self, data: bytes, cls: type[Message]) -> Any:
+    def _prepare_like(self, data: bytes, cls: type[Message], layout: _Layout, ts_what: str) -> Any:
+        """Prepare, Commit Prepared and Stream Prepare share one layout."""
         label = cls.label
         self._outside_stream(label)
-        flags, lsn, end_lsn, ts, xid = _L_PREPARE.read(data, 1, label)
+        flags, lsn, end_lsn, ts, xid = layout.read(data, 1, label)
         _flags_zero(flags, label, 1)
-        gid, pos = _cstring(data, 1 + _L_PREPARE.size, label, "GID", self.encoding)
+        gid, pos = _cstring(data, 1 + layout.size, label, "GID", self.encoding)
         _finish(data, pos, label)
-        return cls(flags, LSN(lsn), LSN(end_lsn), _ts(ts, label, 18, "timestamp"), xid, gid)
+        return cls(flags, LSN(lsn), LSN(end_lsn), _ts(ts, label, 18, ts_what), xid, gid)
 
     def _prepare(self, data: bytes) -> Prepare:
-        return self._prepare_like(data, Prepare)
+        return self._prepare_like(data, Prepare, _L_PREPARE, "prepare timestamp")
 
     def _commit_prepared(self, data: bytes) -> CommitPrepared:
-        return self._prepare_like(data, CommitPrepared)
+        return self._prepare_like(data, CommitPrepared, _L_COMMIT_PREPARED, "commit timestamp")
 
     def _stream_prepare(self, data: bytes) -> StreamPrepare:
-        return self._prepare_like(data, StreamPrepare)
+        return self._prepare_like(data, StreamPrepare, _L_PREPARE, "prepare timestamp")
 
     def _rollback_prepared(self, data: bytes) -> RollbackPrepared:
         label = RollbackPrepared.label
