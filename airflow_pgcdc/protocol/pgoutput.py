@@ -1460,6 +1460,8 @@ def encode_message(
     if not MIN_PROTO_VERSION <= proto_version <= MAX_PROTO_VERSION:
         raise ValueError(f"pgoutput proto_version must be 1..4, got {proto_version!r}")
     cls = type(msg)
+    if not isinstance(msg, Message):
+        raise TypeError(f"not a pgoutput message: {cls.__name__}")
     if cls.min_version > proto_version:
         raise ValueError(
             f"{cls.label} needs protocol version {cls.min_version}, not {proto_version}"
@@ -1614,4 +1616,4 @@ def encode_message(
             + _P_U32(msg.xid)
             + _cstr(msg.gid, encoding)
         )
-    raise TypeError(f"not a pgoutput message: {cls.__name__}")
+    raise TypeError(f"no encoder for {cls.__name__}")  # pragma: no cover

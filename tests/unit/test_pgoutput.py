@@ -953,3 +953,23 @@ def test_encoder_xid_rules():
         encode_message(Origin(LSN1, "a\x00b"), 1)
     with pytest.raises(TypeError):
         encode_tuple((1,))
+
+
+def test_relation_columns_run_out():
+    raw = b"R" + u32(1) + b"\x00t\x00d" + i16(2) + b"\x00abcdefghijk\x00" + u32(25) + i32(-1)
+    err = raises(TruncatedMessage, raw)
+    assert err.offset == len(raw)
+    assert "column flags" in err.reason
+
+
+def test_encoder_stream_abort_needs_both_fields():
+    with pytest.raises(ValueError, match="abort_lsn"):
+        encode_message(StreamAbort(1, 2, None, TS), 4, parallel_streaming=True)
+    with pytest.raises(ValueError, match="abort_timestamp"):
+        encode_message(StreamAbort(1, 2, LSN1, None), 4, parallel_streaming=True)
+    with pytest.raises(TypeError):
+        encode_message(RelationColumn(0, "a", 1, 1), 1)
+
+
+def test_tuple_to_json_none():
+    assert tuple_to_json(None) is None
