@@ -1327,6 +1327,12 @@ class Sandbox:
 
     # ---- state
 
+    def _make_root(self) -> None:
+        if not self.root.is_dir():
+            self.root.mkdir(parents=True, exist_ok=True)
+            # searchable, not listable: PostgreSQL runs as `postgres` when we are root
+            os.chmod(self.root, 0o711)
+
     def _load(self) -> dict[str, Any] | None:
         try:
             return json.loads(self.state_file.read_text())
@@ -1339,7 +1345,7 @@ class Sandbox:
             ) from None
 
     def _save(self, state: Mapping[str, Any]) -> None:
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._make_root()
         tmp = self.state_file.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -1348,7 +1354,7 @@ class Sandbox:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._make_root()
         gitignore = self.root / ".gitignore"
         if not gitignore.exists():
             gitignore.write_text("*\n")
@@ -1453,7 +1459,7 @@ class Sandbox:
         entry[key] = current()
 
     def _new_state(self, flavour: str) -> dict[str, Any]:
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._make_root()
         run_as = _postgres_run_as() if flavour in FLAVOURS else None
         pg_bin_dir(flavour)  # fail early, with the hint, if binaries are missing
         pg_base = self.root / flavour

@@ -1,0 +1,117 @@
+"""The ``pgcdc`` command.
+
+Subcommands live in their own modules, listed in :data:`COMMANDS`. To add one, write a
+module with a function ``register(subparsers)`` that adds its parser(s) and sets a
+handler with ``parser.set_defaults(handler=fn)``; ``fn(args)`` returns an exit code
+(``None`` means 0). Then append the module's name to :data:`COMMANDS`.
+
+Conventions for command modules:
+
+- import nothing heavy (Airflow, pyarrow, Spark) at module level: import inside the
+  handler, so ``pgcdc --help`` and every other command stay fast and independent;
+- raise :class:`~airflow_pgcdc.errors.PgcdcError` (optionally with a ``hint``
+  attribute) for failures the user can fix: ``main`` prints one line
+  ``pgcdc: error: <message>`` (plus ``hint: <hint>``) and exits 1; the traceback only
+  with ``--verbose`` (or ``PGCDC_VERBOSE=1``);
+- write results to stdout, progress and notes to stderr; never print a password or a
+  secret key (``pgcdc sandbox env`` is the one deliberate exception).
+
+Exit codes: 0 success, 1 failure, 2 usage error (argparse), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from airflow_pgcdc.errors import PgcdcError
+
+COMMANDS: list[str] = [
+    "airflow_pgcdc.cli_sandbox",
+]
+
+PROG = "pgcdc"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="airflow-pgcdc: PostgreSQL snapshot + logical changes into Delta Lake on S3.",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="show tracebacks on errors (also: PGCDC_VERBOSE=1; --verbose may follow the subcommand)",
+    )
+    try:
+        from importlib.metadata import version
+
+        parser.add_argument("--version", action="version", version=f"%(prog)s {version('airflow-pgcdc')}")
+    except Exception:  # not installed as a distribution: no --version
+        pass
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    subparsers.required = True
+    for name in COMMANDS:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def _split_verbose(argv: list[str]) -> tuple[list[str], bool]:
+    """``--verbose`` is accepted anywhere before ``--`` (e.g. ``pgcdc sandbox up --verbose``)."""
+    out, verbose, passthrough = [], False, False
+    for arg in argv:
+        if arg == "--":
+            passthrough = True
+        if not passthrough and arg == "--verbose":
+            verbose = True
+            continue
+        out.append(arg)
+    return out, verbose
+
+
+def error(message: str, hint: str | None = None) -> None:
+    """Print the one-line error (and hint) the way every command does."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list, verbose = _split_verbose(list(sys.argv[1:] if argv is None else argv))
+    verbose = verbose or os.environ.get("PGCDC_VERBOSE", "") not in ("", "0")
+    parser = build_parser()
+    args = parser.parse_args(args_list)  # exits 2 on usage errors
+    verbose = verbose or args.verbose
+    args.verbose = verbose
+    try:
+        code = args.handler(args)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except PgcdcError as e:
+        if verbose:
+            traceback.print_exc()
+        message = str(e).strip()
+        first, _, rest = message.partition("\n")
+        error(first, getattr(e, "hint", None))
+        if rest and verbose:
+            print(rest, file=sys.stderr)
+        elif rest:
+            print(f"({len(rest.splitlines())} more lines with --verbose)", file=sys.stderr)
+        return 1
+    except Exception as e:  # a bug: still one readable line unless asked for more
+        if verbose:
+            traceback.print_exc()
+        error(
+            f"unexpected {type(e).__name__}: {e}",
+            None if verbose else "run again with --verbose for the traceback",
+        )
+        return 1
+    return 0 if code is None else int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
