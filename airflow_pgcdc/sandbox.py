@@ -1209,6 +1209,10 @@ class S3Server:
             "s3.port.iceberg": "0",
             "s3.port.lance": "0",
             "master.telemetry": "false",
+            # weed gives every bucket its own volumes; with the default 1 GiB volume size
+            # the auto-sized volume limit (free disk / size) ran out after ~75 buckets.
+            # Volumes are sparse files: a small size just means more of them.
+            "master.volumeSizeLimitMB": "64",
             "s3.config": str(identities),
             "filer.localSocket": str(self._sock_dir / "filer.sock"),
             "s3.localSocket": str(self._sock_dir / "s3.sock"),
@@ -1217,13 +1221,19 @@ class S3Server:
 
     @property
     def _sock_dir(self) -> Path:
-        return self.base_dir / "sock" if len(str(self.base_dir)) < 80 else Path(tempfile.gettempdir())
+        """Where weed's Unix sockets go: under base_dir, or a short per-server temp dir."""
+        if len(str(self.base_dir)) < 80:
+            return self.base_dir / "sock"
+        import hashlib
+
+        digest = hashlib.sha256(str(self.base_dir).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"pgcdc-weed-{digest}"
 
     def start(self) -> S3Server:
         if self.running:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        (self.base_dir / "sock").mkdir(exist_ok=True)
+        self._sock_dir.mkdir(mode=0o700, exist_ok=True)
         identities = self._write_identities()
         for attempt in range(3):
             offset = self.log_file.stat().st_size if self.log_file.exists() else 0
@@ -1254,6 +1264,7 @@ class S3Server:
         assert self._proc is not None
         deadline = time.monotonic() + self.startup_timeout
         url = self.endpoint_url + "/"
+        answering_since: float | None = None
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 self._proc = None
@@ -1269,8 +1280,14 @@ class S3Server:
                 ready = True  # 403 without credentials: the S3 gateway answers
             except (urllib.error.URLError, OSError):
                 ready = False
-            if ready and "All enabled components are running" in self._log_from(offset):
-                return
+            if ready:
+                answering_since = answering_since or time.monotonic()
+                # weed mini prints this banner once master, volume, filer and S3 are up;
+                # should a later weed drop it, a gateway answering for 3 s will do.
+                if "All enabled components are running" in self._log_from(offset):
+                    return
+                if time.monotonic() - answering_since > 3:
+                    return
             time.sleep(0.1)
         _kill_group(self._proc.pid)
         self._proc.wait(10)
@@ -1301,8 +1318,14 @@ class S3Server:
             self.stop()
         finally:
             if self._temp:
-                shutil.rmtree(self.base_dir, ignore_errors=True)
+                self.purge()
             _live.discard(self)
+
+    def purge(self) -> None:
+        """Delete the server's files (data, sockets). Stop it first."""
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+        if not self._sock_dir.is_relative_to(self.base_dir):
+            shutil.rmtree(self._sock_dir, ignore_errors=True)
 
     def log_tail(self, lines: int = 40) -> str:
         return _tail(self.log_file, lines)
@@ -1542,9 +1565,8 @@ class Sandbox:
                 if errors:
                     raise errors[0]
                 if purge:
-                    pg_base = Path(state["postgres"]["base_dir"])
-                    if not pg_base.is_relative_to(self.root):
-                        shutil.rmtree(pg_base, ignore_errors=True)
+                    s3.purge()
+                    shutil.rmtree(pg.base_dir, ignore_errors=True)  # may be outside root
         if purge:
             shutil.rmtree(self.root, ignore_errors=True)
         return stopped

@@ -159,7 +159,7 @@ def _unique(request: pytest.FixtureRequest, prefix: str, limit: int) -> str:
 
 
 @pytest.fixture
-def s3_bucket(s3: S3Server, request: pytest.FixtureRequest) -> str:
+def s3_bucket(s3: S3Server) -> str:
     """A new, empty bucket for this test."""
     name = "t-" + secrets.token_hex(6)
     return s3.create_bucket(name)

@@ -254,6 +254,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def test_missing_pg15_packages_say_run_make_test(monkeypatch, tmp_path: Path):
+    import airflow_pgcdc.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "PG15_BIN_DIR", tmp_path / "nowhere" / "bin")
+    with pytest.raises(SandboxError) as e:
+        sandbox.pg_bin_dir("pg15")
+    assert "make test" in e.value.hint
+    fake = tmp_path / "15" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "postgres").touch()
+    (tmp_path / "15" / "lib").mkdir()
+    monkeypatch.setattr(sandbox, "PG15_BIN_DIR", fake)
+    with pytest.raises(SandboxError, match="pglogical.so, wal2json.so") as e:
+        sandbox.pg_bin_dir("pg15")
+    assert "make test" in e.value.hint
+
+
 def test_conninfo_quotes():
     assert conninfo(host="h", password="a b'c\\") == r"host=h password='a b\'c\\'"
     assert conninfo(user="u", password=None) == "user=u"
@@ -274,6 +291,12 @@ def test_s3_put_get_and_conditional_put(s3: S3Server, s3_bucket: str):
     assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
     assert client.get_object(Bucket=s3_bucket, Key="w=000000000001/_manifest.json")["Body"].read() == b"{}"
     client.put_object(Bucket=s3_bucket, Key="w=000000000002/_manifest.json", Body=b"{}", IfNoneMatch="*")
+
+
+def test_s3_secret_not_logged(s3: S3Server, s3_bucket: str):
+    s3.client().put_object(Bucket=s3_bucket, Key="k", Body=b"v")
+    assert s3.secret_key not in s3.log_file.read_text(errors="replace")
+    assert s3.secret_key not in repr(s3)
 
 
 def test_s3_wrong_secret_fails(s3: S3Server):
