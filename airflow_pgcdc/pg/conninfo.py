@@ -35,10 +35,10 @@ def replication_conninfo(dsn: str, *, replication: str = "database", **overrides
     if replication not in ("database", "true", "false"):
         raise ValueError(f"replication must be 'database', 'true' or 'false', not {replication!r}")
     params = parse_conninfo(dsn)
+    params.update(overrides)
     options = params.get("options", "")
     if "standard_conforming_strings" not in options:
         options = (options + " -c standard_conforming_strings=on").strip()
-    params.update(overrides)
     params["options"] = options
     if replication != "false":
         params["replication"] = replication

@@ -163,6 +163,11 @@ class _ReplicationProtocol:
         pgconn.nonblocking = 1
         return pgconn
 
+    @property
+    def server_version(self) -> int:
+        """``server_version_num`` of the server, e.g. 180006."""
+        return self.pgconn.server_version
+
     def _check_open(self) -> None:
         if self.state == _State.CLOSED:
             raise ReplicationStateError("the replication connection is closed")
@@ -506,10 +511,6 @@ class ReplicationConnection(_ReplicationProtocol):
         if self.state != _State.CLOSED:
             self.state = _State.CLOSED
             self.pgconn.finish()
-
-    @property
-    def server_version(self) -> int:
-        return self.pgconn.server_version
 
     def execute(self, command: str) -> list[Result]:
         """Run one command (replication command, or SQL on a ``replication=database``

@@ -149,3 +149,8 @@ def test_options_validate():
         PgoutputOptions(publications=())
     with pytest.raises(UnsupportedOption):
         PgoutputOptions(publications=("p",), streaming="yes")
+
+
+def test_replication_conninfo_keeps_caller_options():
+    ci = replication_conninfo("host=h options='-c a=1'", options="-c wal_sender_timeout=2s")
+    assert "wal_sender_timeout=2s" in ci and "standard_conforming_strings=on" in ci
