@@ -1392,9 +1392,14 @@ def binary_compat_params_for_server(server_version_num: int) -> dict[str, int | 
 
     ``binary_basetypes_major_version`` is ``server_version_num // 100`` (the plugin
     enables binary modes only when it equals its own ``PG_VERSION_NUM / 100``);
-    sizes, alignment and byte order come from this interpreter's C ABI; float4 is
-    by value on every supported server, float8 iff Datum is 8 bytes, integer
-    datetimes always (PostgreSQL 10+). Use as
+    sizes, alignment and byte order come from this interpreter's C ABI.
+
+    ``float4_byval``, ``float8_byval`` and ``integer_datetimes`` are deliberately left
+    out: pglogical 2.x compares them with build flags that PostgreSQL removed (13 and
+    10), reports them as ``f`` on every modern server, and stores the client's
+    ``float8_byval`` into its float4 setting, so sending the true values makes it
+    silently refuse internal mode (measured on pglogical 2.4.2 / PostgreSQL 15).
+    Use as
     ``pglogical_start_options(binary_want_binary_basetypes=True, **binary_compat_params_for_server(v))``.
     """
     if isinstance(server_version_num, bool) or not isinstance(server_version_num, int):
@@ -1417,7 +1422,4 @@ def binary_compat_params_for_server(server_version_num: int) -> dict[str, int | 
         "binary_sizeof_datum": sizeof_datum,
         "binary_maxalign": maxalign,
         "binary_bigendian": sys.byteorder == "big",
-        "binary_float4_byval": True,
-        "binary_float8_byval": sizeof_datum == 8,
-        "binary_integer_datetimes": True,
     }

@@ -711,15 +711,6 @@ def test_binary_send_recv_fields(pgl: PglogicalDb, typed_changes):
     assert upd.new_tuple[2].value == struct.pack("!h", 8) == bytes(sent[2])
 
 
-def _compat_without_stale_flags(version: int) -> dict:
-    """binary_compat_params_for_server() minus the three flags pglogical 2.4 gets wrong
-    on PostgreSQL 13+ (see test_binary_compat_params_enable_internal_mode)."""
-    params = binary_compat_params_for_server(version)
-    for key in ("binary_float4_byval", "binary_float8_byval", "binary_integer_datetimes"):
-        params.pop(key)
-    return params
-
-
 def _varlena(raw: bytes) -> bytes:
     """The payload of an uncompressed in-line varlena (little-endian header)."""
     if raw[0] & 0x01:  # 1-byte header
@@ -734,7 +725,7 @@ def _varlena(raw: bytes) -> bytes:
 def test_internal_binary_fields(pgl: PglogicalDb, typed_changes):
     slot, until, xids, send_rows, value_rows = typed_changes
     version = int(pgl.one("SHOW server_version_num"))
-    opts = text_options(binary_want_internal_basetypes=True, **_compat_without_stale_flags(version))
+    opts = text_options(binary_want_internal_basetypes=True, **binary_compat_params_for_server(version))
     msgs, _ = pgl.stream(slot, opts, until)
     startup = msgs[0]
     assert startup.binary_internal_basetypes is True
@@ -785,7 +776,7 @@ def test_both_binary_modes_prefer_internal(pgl: PglogicalDb, typed_changes):
     opts = text_options(
         binary_want_internal_basetypes=True,
         binary_want_binary_basetypes=True,
-        **_compat_without_stale_flags(version),
+        **binary_compat_params_for_server(version),
     )
     msgs, _ = pgl.stream(slot, opts, until)
     assert msgs[0].binary_internal_basetypes is True
@@ -797,17 +788,6 @@ def test_both_binary_modes_prefer_internal(pgl: PglogicalDb, typed_changes):
     assert ins1.new_tuple[15].value == b"happy"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "decoder bug: binary_compat_params_for_server() sends binary.float4_byval=true, "
-        "binary.float8_byval=true and binary.integer_datetimes=true. pglogical 2.4.2 "
-        "on PostgreSQL 15 reports float4_byval=f and integer_datetimes=f (it tests "
-        "USE_FLOAT4_BYVAL / USE_INTEGER_DATETIMES, gone since PG13 / PG10) and stores "
-        "binary.float8_byval into its float4 setting, so check_binary_compatibility() "
-        "rejects internal mode and the plugin silently sends text"
-    ),
-)
 def test_binary_compat_params_enable_internal_mode(pgl: PglogicalDb, typed_changes):
     slot, until, xids, _, _ = typed_changes
     version = int(pgl.one("SHOW server_version_num"))

@@ -810,11 +810,11 @@ def test_start_options_everything():
         "binary.sizeof_datum",
         "binary.maxalign",
         "binary.bigendian",
-        "binary.float4_byval",
-        "binary.float8_byval",
-        "binary.integer_datetimes",
     ):
         assert key in d
+    # pglogical 2.x mishandles these three: binary_compat_params_for_server leaves them out
+    for key in ("binary.float4_byval", "binary.float8_byval", "binary.integer_datetimes"):
+        assert key not in d
 
 
 def test_start_options_validation():
@@ -858,8 +858,7 @@ def test_binary_compat_params_for_this_machine():
             8,
             8,
         )
-        assert p["binary_float8_byval"] is True
-    assert p["binary_float4_byval"] is True and p["binary_integer_datetimes"] is True
+    assert not {"binary_float4_byval", "binary_float8_byval", "binary_integer_datetimes"} & set(p)
     with pytest.raises(ValueError):
         binary_compat_params_for_server(15)
     with pytest.raises(TypeError):
