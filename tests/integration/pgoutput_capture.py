@@ -92,6 +92,8 @@ class Capture:
     messages: list[po.Message]
     records: list[Decoded]
     options: PgoutputOptions
+    data_starts: list[LSN] = field(default_factory=list)
+    """The ``data_start`` of each message's XLogData frame (for a change: its WAL LSN)."""
 
     @property
     def proto_version(self) -> int:
@@ -356,6 +358,16 @@ class LiveRead:
         self.recorder = RecordingDecoder(stream.decoder)
         stream.decoder = self.recorder
         self.messages: list[po.Message] = []
+        self.data_starts: list[LSN] = []
+        read = stream.read
+
+        def read_recording_frames(timeout=None):
+            item = read(timeout)
+            if item is not None and item[1] is not None:
+                self.data_starts.append(item[0].data_start)
+            return item
+
+        stream.read = read_recording_frames  # read_until reads through it
 
     def until(self, lsn: LSN | None = None) -> list[po.Message]:
         """Read until the walsender has passed ``lsn`` (default: :meth:`Bench.target`,
@@ -370,8 +382,9 @@ class LiveRead:
         return msgs
 
     def capture(self) -> Capture:
-        cap = Capture(self.messages, self.recorder.records, self.stream.options)
+        cap = Capture(self.messages, self.recorder.records, self.stream.options, self.data_starts)
         assert [r.message for r in self.recorder.records] == self.messages
+        assert len(self.data_starts) == len(self.messages)
         cap.check_round_trip()
         return cap
 
