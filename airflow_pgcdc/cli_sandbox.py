@@ -22,7 +22,12 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "sandbox",
         help="run a local PostgreSQL + S3 sandbox in the background",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        description=(
+            "up starts PostgreSQL and S3 in the background (they outlive the command), with "
+            "state, data and logs under ./.pgcdc; eval \"$(pgcdc sandbox env)\" then points "
+            "psql, boto3, the AWS CLI and pgcdc at them; down stops them (--purge also "
+            "deletes the data). Only env prints credentials."
+        ),
     )
     parser.add_argument(
         "--dir", default=".pgcdc", metavar="PATH",

@@ -66,6 +66,7 @@ FLAVOURS = ("pg15", "pg18")
 PG15_BIN_DIR = Path("/usr/lib/postgresql/15/bin")
 MAKE_HINT = "run `make test` (or `make setup`), which installs PostgreSQL 15, pglogical and wal2json"
 
+_SETUP_MARKER = "pgcdc_setup_done"
 _STOP_SIGNALS = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
 
 
@@ -726,8 +727,7 @@ class PostgresServer:
             raise SandboxError(
                 f"the `postgres` user cannot reach {self.base_dir} (a parent directory is not searchable)"
             )
-        first_time = not self.initialized
-        if first_time:
+        if not self.initialized:
             self._initdb()
         for attempt in range(3):
             self._write_config()
@@ -740,7 +740,7 @@ class PostgresServer:
                     self.port = free_port()
                     continue
                 raise
-        if first_time:
+        if not (self.data_dir / _SETUP_MARKER).exists():
             self._setup_roles()
         return self
 
@@ -1036,22 +1036,29 @@ class PostgresServer:
                     password.encode(), user.encode(), b"scram-sha-256"
                 ).decode()
 
-            conn.execute(
-                sql.SQL("CREATE ROLE {} LOGIN REPLICATION SUPERUSER PASSWORD {}").format(
-                    sql.Identifier(self.user), sql.Literal(verifier(self.user, self.password))
+            roles = [
+                (self.user, self.password, "LOGIN REPLICATION SUPERUSER"),
+                (self.repl_user, self.repl_password, "LOGIN REPLICATION NOSUPERUSER"),
+            ]
+            for role, password, attributes in roles:  # idempotent: a retry after a failure
+                exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+                conn.execute(
+                    sql.SQL("{} ROLE {} " + attributes + " PASSWORD {}").format(
+                        sql.SQL("ALTER" if exists else "CREATE"),
+                        sql.Identifier(role),
+                        sql.Literal(verifier(role, password)),
+                    )
                 )
-            )
-            conn.execute(
-                sql.SQL("CREATE ROLE {} LOGIN REPLICATION PASSWORD {}").format(
-                    sql.Identifier(self.repl_user),
-                    sql.Literal(verifier(self.repl_user, self.repl_password)),
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.dbname,)).fetchone():
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                        sql.Identifier(self.dbname), sql.Identifier(self.user)
+                    )
                 )
-            )
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                    sql.Identifier(self.dbname), sql.Identifier(self.user)
-                )
-            )
+        marker = self.data_dir / _SETUP_MARKER
+        marker.write_text("roles and database created\n")
+        if self._run_as is not None:  # every file in the data dir is the server's (BASE_BACKUP)
+            os.chown(marker, self._run_as.uid, self._run_as.gid)
 
 
 # --------------------------------------------------------------------------- S3 (SeaweedFS)
@@ -1483,10 +1490,9 @@ class Sandbox:
 
     def _new_state(self, flavour: str) -> dict[str, Any]:
         self._make_root()
-        run_as = _postgres_run_as() if flavour in FLAVOURS else None
-        pg_bin_dir(flavour)  # fail early, with the hint, if binaries are missing
+        bin_dir = pg_bin_dir(flavour)  # fail early, with the hint, if binaries are missing
+        run_as = _postgres_run_as()
         pg_base = self.root / flavour
-        socket_dir = None
         if not _traversable_by(self.root, run_as) or len(str(pg_base / "sock")) > 80:
             # e.g. root running in /root/project: PostgreSQL runs as `postgres` and
             # cannot reach it, so its directory lives in /tmp (recorded in the state).
@@ -1500,11 +1506,10 @@ class Sandbox:
             "flavour": flavour,
             "postgres": {
                 "base_dir": str(pg_base),
-                "socket_dir": socket_dir,
                 "port": free_port(),
                 "password": secrets.token_urlsafe(18),
                 "repl_password": secrets.token_urlsafe(18),
-                "ssl": pg_build_has_ssl(pg_bin_dir(flavour)),
+                "ssl": pg_build_has_ssl(bin_dir),
             },
             "s3": {
                 "base_dir": str(self.root / "s3"),
@@ -1551,7 +1556,12 @@ class Sandbox:
         if not self.root.exists():
             return False
         with self._locked():
-            state = self._load()
+            try:
+                state = self._load()
+            except SandboxError:
+                if not purge:
+                    raise
+                state = None  # unreadable state: purge what we can
             stopped = False
             if state:
                 pg, s3 = self._servers(state)

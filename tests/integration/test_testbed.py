@@ -379,6 +379,12 @@ def test_sandbox_cli_up_env_down(tmp_path: Path):
         )
         assert out.stdout.strip() == "v", out.stderr
 
+        assert _pgcdc("sandbox", "status", cwd=tmp_path).stdout.strip() == (
+            "pg18: postgres running, s3 running"
+        )
+        other = _pgcdc("sandbox", "up", "--flavour", "pg15", cwd=tmp_path, check=False)
+        assert other.returncode == 1 and "down --purge" in other.stderr
+
         # up again: a no-op, same processes
         again = _pgcdc("sandbox", "up", cwd=tmp_path)
         assert "already up" in again.stderr
