@@ -411,7 +411,8 @@ def reap_stale_temp_dirs() -> list[Path]:
             with contextlib.suppress(OSError, ValueError, IndexError):
                 stale = int(pidfile.read_text().splitlines()[0])
                 exe = Path(os.readlink(f"/proc/{stale}/exe"))
-                if exe.name == "postgres":
+                # the postmaster's command line names its data dir: not a reused pid
+                if exe.name == "postgres" and _pid_runs(stale, exe, str(base)):
                     _kill_group(stale)
         with contextlib.suppress(OSError, ValueError):
             stale = int((base / "weed.pid").read_text())

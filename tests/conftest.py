@@ -197,7 +197,7 @@ def slot_name(request: pytest.FixtureRequest):
     counter = itertools.count()
 
     def make(prefix: str = "s_") -> str:
-        name = _unique(request, prefix, 63 - 3) + f"_{next(counter)}"
+        name = _unique(request, prefix, 63 - 4) + f"_{next(counter)}"
         names.append(name)
         return name
 

@@ -243,6 +243,30 @@ def test_servers_die_with_their_parent(tmp_path: Path):
     assert not _port_open(info["pg"][1]) and not _port_open(info["s3"][1])
 
 
+def test_stale_temp_dirs_are_reaped():
+    import tempfile
+
+    from airflow_pgcdc.sandbox import reap_stale_temp_dirs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = Path(tempfile.mkdtemp(prefix="pgcdc-testbed-fake-"))
+    (stale / "owner.json").write_text(json.dumps({"pid": dead.pid, "start": "0"}))
+    mine = Path(tempfile.mkdtemp(prefix="pgcdc-testbed-fake-"))
+    (mine / "owner.json").write_text(
+        json.dumps({"pid": os.getpid(), "start": Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19]})
+    )
+    try:
+        removed = reap_stale_temp_dirs()
+        assert stale in removed and not stale.exists()
+        assert mine.exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(mine, ignore_errors=True)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
