@@ -23,7 +23,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_pgcdc.pg.logical import LogicalStream, transaction_end_lsn  # noqa: E402
+from airflow_pgcdc.pg.logical import LogicalStream  # noqa: E402
 from airflow_pgcdc.pg.replication import ReplicationConnection  # noqa: E402
 from airflow_pgcdc.protocol.lsn import LSN  # noqa: E402
 from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions  # noqa: E402
@@ -72,10 +72,10 @@ def run_ours(server: PostgresServer, slot: str, target: LSN) -> tuple[float, int
                 if frame.wal_end >= target:
                     break
                 continue
-            if msg.type in ("insert", "update", "delete"):
+            t = msg.type
+            if t == "insert" or t == "update" or t == "delete":
                 rows += 1
-            end = transaction_end_lsn(msg)
-            if end is not None and end >= target:
+            elif t == "commit" and msg.end_lsn >= target:
                 break
         conn.stop()
     return time.perf_counter() - t0, rows

@@ -127,7 +127,9 @@ class _ReplicationProtocol:
         self.state = _State.IDLE
         self.status_interval = status_interval
         # positions reported to the server
-        self.received_lsn = LSN(0)  # highest wal_end / data_start seen (reported as "write")
+        self._received = LSN(0)  # highest position received (reported as "write")
+        self._last_xlog = None  # the newest XLogData, folded into _received lazily
+        self._physical = False
         self.flush_lsn = LSN(0)  # what the caller confirmed durable
         self.apply_lsn = LSN(0)
         self._last_status = 0.0
@@ -162,6 +164,24 @@ class _ReplicationProtocol:
                     raise ConnectionFailed(f"cannot connect to {dsn_redacted}: timed out after {timeout}s")
         pgconn.nonblocking = 1
         return pgconn
+
+    @property
+    def received_lsn(self) -> LSN:
+        """The highest WAL position received: for a logical stream the newest
+        XLogData's ``wal_end``, for a physical one the end of the newest data chunk.
+        Reported to the server as the "write" position (informational)."""
+        frame = self._last_xlog
+        if frame is not None:
+            self._last_xlog = None
+            end = frame.data_end if self._physical else frame.wal_end
+            if end > self._received:
+                self._received = end
+        return self._received
+
+    @received_lsn.setter
+    def received_lsn(self, value: LSN) -> None:
+        self._last_xlog = None
+        self._received = LSN(value)
 
     @property
     def server_version(self) -> int:
@@ -282,7 +302,7 @@ class _ReplicationProtocol:
         yield from self._gen_execute(commands.drop_replication_slot(slot_name, wait=wait))
 
     # -- streaming -------------------------------------------------------------------------------
-    def _gen_start(self, command: str, start_lsn: LSN) -> PQGen[None]:
+    def _gen_start(self, command: str, start_lsn: LSN, physical: bool = False) -> PQGen[None]:
         if self.state == _State.CLOSED or self.pgconn.status == pq.ConnStatus.BAD:
             raise ReplicationStateError("the replication connection is closed")
         results = yield from self._gen_execute(command)
@@ -293,6 +313,7 @@ class _ReplicationProtocol:
                 f"(got {[r.command_tag or r.status for r in results]}); "
                 "open a new replication connection per stream"
             )
+        self._physical = physical
         self.received_lsn = LSN(start_lsn)
         self.flush_lsn = max(self.flush_lsn, LSN(start_lsn))
         self.apply_lsn = self.flush_lsn
@@ -403,8 +424,7 @@ class _ReplicationProtocol:
                 return None
         frame = replication.parse_copy_data(self._frames.popleft())
         if type(frame) is replication.XLogData:
-            if frame.wal_end > self.received_lsn:
-                self.received_lsn = frame.wal_end
+            self._last_xlog = frame
         elif frame.reply_requested and self.state == _State.COPY_BOTH:
             yield from self._gen_send_status()
         return frame
@@ -548,7 +568,7 @@ class ReplicationConnection(_ReplicationProtocol):
         """Start a logical (default) or physical stream; then :meth:`read_message`."""
         lsn = LSN(start_lsn)
         cmd = _build_start_command(slot_name, lsn, logical=logical, options=options, timeline=timeline)
-        wait_sync(self._gen_start(cmd, lsn))
+        wait_sync(self._gen_start(cmd, lsn, not logical))
 
     def read_message(self, timeout: float | None = None):
         """The next frame (``XLogData`` or ``PrimaryKeepalive``), or ``None`` after
@@ -556,8 +576,7 @@ class ReplicationConnection(_ReplicationProtocol):
         if self._frames:  # fast path: no generator round trip while frames are buffered
             frame = replication.parse_copy_data(self._frames.popleft())
             if type(frame) is replication.XLogData:
-                if frame.wal_end > self.received_lsn:
-                    self.received_lsn = frame.wal_end
+                self._last_xlog = frame
                 return frame
             if not frame.reply_requested:
                 return frame
@@ -678,7 +697,7 @@ class AsyncReplicationConnection(_ReplicationProtocol):
     ) -> None:
         lsn = LSN(start_lsn)
         cmd = _build_start_command(slot_name, lsn, logical=logical, options=options, timeline=timeline)
-        await self._run(self._gen_start(cmd, lsn))
+        await self._run(self._gen_start(cmd, lsn, not logical))
 
     async def read_message(self, timeout: float | None = None):
         return await self._run(self._gen_read_message(timeout))
