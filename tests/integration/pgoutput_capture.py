@@ -29,7 +29,6 @@ from datetime import datetime
 
 import psycopg
 from psycopg import sql as pgsql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import ReplicationConnection
@@ -42,17 +41,6 @@ SMALL_WORK_MEM = "-c logical_decoding_work_mem=64kB"
 changes is streamed (``streaming`` on) instead of being decoded at commit."""
 
 READ_TIMEOUT = 30.0
-
-
-def with_options(dsn: str, options: str) -> str:
-    """``dsn`` with ``options`` (libpq ``-c name=value`` list) appended.
-
-    Put in the DSN itself rather than passed as a ``ReplicationConnection.connect``
-    keyword: ``replication_conninfo`` keeps only the DSN's ``options`` (see the test
-    ``test_connect_options_keyword_reaches_the_server``).
-    """
-    current = conninfo_to_dict(dsn).get("options") or ""
-    return make_conninfo(dsn, options=f"{current} {options}".strip())
 
 
 # --------------------------------------------------------------------------- decoding
@@ -341,8 +329,8 @@ class Bench:
             two_phase=two_phase,
             origin=origin,
         )
-        dsn = with_options(self.dsn, SMALL_WORK_MEM) if small_work_mem else self.dsn
-        with ReplicationConnection.connect(dsn) as conn:
+        params = {"options": SMALL_WORK_MEM} if small_work_mem else {}
+        with ReplicationConnection.connect(self.dsn, **params) as conn:
             stream = LogicalStream.pgoutput(conn, self.slot, opts)
             yield LiveRead(self, stream, timeout)
 
