@@ -32,6 +32,7 @@ from airflow_pgcdc.errors import PgcdcError
 
 COMMANDS: list[str] = [
     "airflow_pgcdc.cli_sandbox",
+    "airflow_pgcdc.peek",
 ]
 
 PROG = "pgcdc"

@@ -27,6 +27,28 @@ log = logging.getLogger(__name__)
 PLUGINS = ("pgoutput", "pglogical_output")
 
 
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "peek",
+        help="print what is in a slot as JSON lines",
+        description=(
+            "Print what is in a logical replication slot as JSON lines, one decoded "
+            "message per line. Each transaction is acknowledged after it is printed "
+            "(the slot advances) unless --no-ack is given. Without a stop option it "
+            "runs until interrupted."
+        ),
+    )
+    add_arguments(p)
+    p.set_defaults(handler=run, _parser=p)
+
+
+def _usage(args: argparse.Namespace, message: str):
+    parser = getattr(args, "_parser", None)
+    if parser is not None:
+        parser.error(message)  # exits 2
+    raise SystemExit(f"pgcdc peek: error: {message}")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dsn", required=True, help="libpq connection string of the source database")
     p.add_argument("--slot", required=True, help="logical replication slot to read")
@@ -54,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _plugin_options(args: argparse.Namespace, server_version: int) -> list[tuple[str, str]] | PgoutputOptions:
     if args.plugin == "pgoutput":
         if not args.publication:
-            raise SystemExit("pgcdc peek: error: pgoutput needs at least one --publication")
+            _usage(args, "pgoutput needs at least one --publication")
         return PgoutputOptions(
             publications=tuple(args.publication),
             proto_version=args.proto_version,
@@ -89,7 +111,9 @@ def _ensure_slot(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     if args.max_messages is not None and args.max_messages < 1:
-        raise SystemExit("pgcdc peek: error: --max-messages must be at least 1")
+        _usage(args, "--max-messages must be at least 1")
+    if args.plugin == "pgoutput" and not args.publication:
+        _usage(args, "pgoutput needs at least one --publication")
     if args.create_slot:
         _ensure_slot(args)
     with ReplicationConnection.connect(args.dsn) as conn:
