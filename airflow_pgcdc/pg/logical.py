@@ -115,10 +115,18 @@ class LogicalStream:
                 return out
 
 
+_ENDS_TRANSACTION = frozenset(
+    {"commit", "stream_commit", "prepare", "stream_prepare", "commit_prepared"}
+)
+
+
 def transaction_end_lsn(msg) -> LSN | None:
     """The end LSN of a message that ends a transaction's delivery (commit, stream
-    commit/abort-with-LSN, prepare, commit/rollback prepared), else ``None``."""
-    end = getattr(msg, "end_lsn", None)
-    if end is None:
-        end = getattr(msg, "rollback_end_lsn", None)
-    return end
+    commit, prepare, stream prepare, commit/rollback prepared), else ``None``.
+    (Begin Prepare also has an ``end_lsn``, but it opens the transaction.)"""
+    t = msg.type
+    if t in _ENDS_TRANSACTION:
+        return msg.end_lsn
+    if t == "rollback_prepared":
+        return msg.rollback_end_lsn
+    return None

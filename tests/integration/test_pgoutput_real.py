@@ -453,6 +453,36 @@ def test_origin_message(bench: Bench):
         bench.run("SELECT pg_replication_origin_drop(%s)", (origin,))
 
 
+def test_origin_inside_streamed_transaction(bench: Bench):
+    """A streamed transaction names its origin once, in its first stream block, with
+    no LSN (the origin's commit LSN is not known before the commit)."""
+    bench.run("CREATE TABLE big (id int PRIMARY KEY, pad text)")
+    bench.setup()
+    origin = "origin_" + bench.slot[-24:]
+    bench.run("SELECT pg_replication_origin_create(%s)", (origin,))
+    try:
+        session = bench.connect()
+        session.execute("SELECT pg_replication_origin_session_setup(%s)", (origin,))
+        session.execute("BEGIN")
+        session.execute("SELECT pg_replication_origin_xact_setup('1/2345', now())")
+        session.execute(
+            "INSERT INTO big SELECT i, repeat(md5(i::text), 3) FROM generate_series(1, 3000) i"
+        )
+        xid = xid32(session.execute("SELECT pg_current_xact_id()::text").fetchone()[0])
+        session.execute("COMMIT")
+        session.execute("SELECT pg_replication_origin_session_reset()")
+        cap = bench.read(streaming="on", small_work_mem=True)
+    finally:
+        bench.run("SELECT pg_replication_origin_drop(%s)", (origin,))
+    blocks = stream_blocks(cap)
+    assert len(blocks) >= 2
+    assert [type(m) for m in blocks[0][:3]] == [po.StreamStart, po.Origin, po.Relation]
+    assert blocks[0][1] == po.Origin(LSN(0), origin)
+    assert blocks[0][2].xid == xid  # the stream state survived the Origin
+    assert not any(type(m) is po.Origin for b in blocks[1:] for m in b)
+    assert cap.of(po.StreamCommit)[0].xid == xid
+
+
 # --------------------------------------------------------------------------- Type
 
 
@@ -766,14 +796,21 @@ def test_stream_prepare(bench: Bench):
     bench.run("PREPARE TRANSACTION 'big-gid'")
     prepared = prepared_time(bench, "big-gid")
     bench.run("COMMIT PREPARED 'big-gid'")
+    bench.run("BEGIN")
+    xid2 = current_xid(bench)
+    insert_rows(bench, 5001, 8000)
+    bench.run("PREPARE TRANSACTION 'big-gid-2'")
+    bench.run("ROLLBACK PREPARED 'big-gid-2'")
     records = bench.wal_records(bench.consistent_point)
     cap = bench.read(two_phase=True, streaming="on", small_work_mem=True)
-    blocks = stream_blocks(cap)
+    end_first = position(cap, cap.one(po.CommitPrepared))
+    first = Capture(cap.messages[: end_first + 1], [], cap.options)
+    blocks = stream_blocks(first)
     assert blocks and all(b[0].xid == xid for b in blocks)
     assert sum(type(m) is po.Insert for b in blocks for m in b) == 3000
-    sp, cp = cap.messages[-2:]
+    sp, cp = first.messages[-2:]
     assert type(sp) is po.StreamPrepare and type(cp) is po.CommitPrepared
-    assert cap.messages[-3] is blocks[-1][-1]
+    assert first.messages[-3] is blocks[-1][-1]
     prep = bench.wal_record(records, "PREPARE", xid)
     assert sp.flags == 0
     assert (sp.prepare_lsn, sp.end_lsn) == (prep.start_lsn, prep.end_lsn)
@@ -781,6 +818,15 @@ def test_stream_prepare(bench: Bench):
     assert (cp.xid, cp.gid) == (xid, "big-gid")
     assert cp.commit_timestamp == bench.commit_timestamp(xid)
     assert not cap.of(po.BeginPrepare) and not cap.of(po.Prepare)
+    # a streamed prepared transaction rolled back: Stream Prepare, Rollback Prepared
+    second = Capture(cap.messages[end_first + 1 :], [], cap.options)
+    assert stream_blocks(second)[0][0] == po.StreamStart(xid2, True)
+    sp2, rp2 = second.messages[-2:]
+    assert type(sp2) is po.StreamPrepare and type(rp2) is po.RollbackPrepared
+    assert (sp2.xid, sp2.gid, rp2.xid, rp2.gid) == (xid2, "big-gid-2", xid2, "big-gid-2")
+    assert rp2.prepare_end_lsn == sp2.end_lsn == bench.wal_record(records, "PREPARE", xid2).end_lsn
+    assert rp2.rollback_end_lsn == bench.wal_record(records, "ABORT_PREPARED").end_lsn
+    assert rp2.prepare_timestamp == sp2.prepare_timestamp
 
 
 # --------------------------------------------------------------------------- binary tuples
@@ -879,12 +925,6 @@ def test_connect_options_keyword_reaches_the_walsender(fresh_db):
         assert conn.show("logical_decoding_work_mem") == "64kB"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="connection bug: LogicalStream.read_until stops after a Begin Prepare whose "
-    "end_lsn reaches the target (transaction_end_lsn() takes BeginPrepare.end_lsn for a "
-    "transaction end), so the prepared transaction's changes and Prepare are not read",
-)
 def test_read_until_reads_a_prepared_transaction_to_its_prepare(bench: Bench):
     from airflow_pgcdc.pg.logical import LogicalStream
     from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
