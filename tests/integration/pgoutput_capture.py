@@ -362,10 +362,6 @@ class LiveRead:
         the WAL insert position now, flushed); return the messages read in this step."""
         target = self.bench.target() if lsn is None else lsn
         msgs = self.stream.read_until(target, timeout=self.timeout)
-        # read_until also stops on a Begin Prepare whose end LSN reaches the target
-        # (it has an ``end_lsn`` attribute); keep reading to its Prepare.
-        while msgs and type(msgs[-1]) is po.BeginPrepare:
-            msgs += _read_to_prepare(self.stream, self.timeout)
         self.messages += msgs
         return msgs
 
@@ -375,21 +371,6 @@ class LiveRead:
         assert len(self.data_starts) == len(self.messages)
         cap.check_round_trip()
         return cap
-
-
-def _read_to_prepare(stream: LogicalStream, timeout: float) -> list:
-    import time
-
-    deadline = time.monotonic() + timeout
-    out: list = []
-    while time.monotonic() < deadline:
-        item = stream.read(1.0)
-        if item is None or item[1] is None:
-            continue
-        out.append(item[1])
-        if type(item[1]) is po.Prepare:
-            return out
-    raise AssertionError(f"no Prepare within {timeout}s after a Begin Prepare: {out}")
 
 
 @contextmanager

@@ -790,19 +790,24 @@ def test_two_phase_commit_and_rollback_prepared(bench: Bench):
 def test_stream_prepare(bench: Bench):
     bench.run(BIG_TABLE)
     bench.setup(two_phase=True)
-    bench.run("BEGIN")
-    xid = current_xid(bench)
-    insert_rows(bench, 1, 3000)
-    bench.run("PREPARE TRANSACTION 'big-gid'")
-    prepared = prepared_time(bench, "big-gid")
-    bench.run("COMMIT PREPARED 'big-gid'")
-    bench.run("BEGIN")
-    xid2 = current_xid(bench)
-    insert_rows(bench, 5001, 8000)
-    bench.run("PREPARE TRANSACTION 'big-gid-2'")
-    bench.run("ROLLBACK PREPARED 'big-gid-2'")
+    with bench.stream(two_phase=True, streaming="on", small_work_mem=True) as live:
+        bench.run("BEGIN")
+        xid = current_xid(bench)
+        insert_rows(bench, 1, 3000)
+        bench.run("PREPARE TRANSACTION 'big-gid'")
+        prepared = prepared_time(bench, "big-gid")
+        bench.run("COMMIT PREPARED 'big-gid'")
+        # the second one is decoded live, before its ROLLBACK PREPARED: see
+        # test_prepared_transaction_rolled_back_before_decoding for the other case
+        bench.run("BEGIN")
+        xid2 = current_xid(bench)
+        insert_rows(bench, 5001, 8000)
+        live.until()
+        bench.run("PREPARE TRANSACTION 'big-gid-2'")
+        bench.run("ROLLBACK PREPARED 'big-gid-2'")
+        live.until()
+    cap = live.capture()
     records = bench.wal_records(bench.consistent_point)
-    cap = bench.read(two_phase=True, streaming="on", small_work_mem=True)
     end_first = position(cap, cap.one(po.CommitPrepared))
     first = Capture(cap.messages[: end_first + 1], [], cap.options)
     blocks = stream_blocks(first)
@@ -827,6 +832,28 @@ def test_stream_prepare(bench: Bench):
     assert rp2.prepare_end_lsn == sp2.end_lsn == bench.wal_record(records, "PREPARE", xid2).end_lsn
     assert rp2.rollback_end_lsn == bench.wal_record(records, "ABORT_PREPARED").end_lsn
     assert rp2.prepare_timestamp == sp2.prepare_timestamp
+
+
+def test_prepared_transaction_rolled_back_before_decoding(bench: Bench):
+    """Decoded only after ROLLBACK PREPARED: PostgreSQL 15 streams it (Stream Prepare);
+    18 finds it aborted while over the memory limit, drops its changes and sends an
+    EMPTY prepared transaction (Begin Prepare, Prepare), then Rollback Prepared."""
+    bench.run(BIG_TABLE)
+    bench.setup(two_phase=True)
+    bench.run("BEGIN")
+    xid = current_xid(bench)
+    insert_rows(bench, 1, 3000)
+    bench.run("PREPARE TRANSACTION 'late'")
+    bench.run("ROLLBACK PREPARED 'late'")
+    cap = bench.read(two_phase=True, streaming="on", small_work_mem=True)
+    if bench.major >= 18:
+        assert cap.kinds() == ["begin_prepare", "prepare", "rollback_prepared"]
+    else:
+        assert cap.kinds()[0] == "stream_start" and cap.kinds()[-2:] == [
+            "stream_prepare", "rollback_prepared"
+        ]
+    assert {m.xid for m in cap.messages if hasattr(m, "gid")} == {xid}
+    assert cap.messages[-1].prepare_end_lsn == cap.messages[-2].end_lsn
 
 
 # --------------------------------------------------------------------------- binary tuples
@@ -926,6 +953,8 @@ def test_connect_options_keyword_reaches_the_walsender(fresh_db):
 
 
 def test_read_until_reads_a_prepared_transaction_to_its_prepare(bench: Bench):
+    """Begin Prepare has an end LSN too, but does not end the transaction (read_until
+    once stopped there when the PREPARE record was the last one written)."""
     from airflow_pgcdc.pg.logical import LogicalStream
     from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
 
