@@ -5,6 +5,9 @@ of 5 text-format columns (an int, a short name, a timestamptz, a numeric, a bool
 ``Commit``, repeated until ``--rows`` rows -- and times
 ``PgoutputDecoder.decode`` over all of it (best of ``--repeat`` runs).
 
+With ``--capture-from pg18`` (or ``pg15``) the stream is captured from a real server
+instead: the bench starts one, inserts the same shape of rows with SQL, and records
+the raw XLogData payloads of a pgoutput stream (``--save FILE`` keeps them).
 If ``PGCDC_CAPTURE`` names a file of captured messages, that file is decoded instead.
 Its format: each message as a 4-byte big-endian length followed by that many bytes
 (the payloads of XLogData frames, in stream order). ``--proto`` and
@@ -99,6 +102,49 @@ def load_capture(path: str) -> list[bytes]:
     return msgs
 
 
+def capture_from_server(flavour: str, rows: int, per_txn: int, proto: int) -> list[bytes]:
+    """Raw pgoutput payloads from a real server for ``rows`` inserts (5 columns)."""
+    import psycopg
+
+    from airflow_pgcdc.pg.replication import ReplicationConnection
+    from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
+    from airflow_pgcdc.protocol.replication import PrimaryKeepalive
+    from airflow_pgcdc.sandbox import PostgresServer
+
+    with PostgresServer(flavour) as server:
+        with psycopg.connect(server.socket_dsn, autocommit=True) as c:
+            c.execute(
+                "CREATE TABLE orders (id bigint PRIMARY KEY, customer text, "
+                "created_at timestamptz, amount numeric(12,2), paid bool)"
+            )
+            c.execute("CREATE PUBLICATION pub FOR TABLE orders")
+            c.execute("SELECT pg_create_logical_replication_slot('bench', 'pgoutput')")
+            names = "ARRAY[" + ",".join(f"'{n}'" for n in _NAMES) + "]"
+            for lo in range(0, rows, per_txn):
+                c.execute(
+                    f"INSERT INTO orders SELECT g, ({names})[1 + g %% {len(_NAMES)}], "
+                    "now() + g * interval '7919 microseconds', (g * 37 %% 100000) / 100.0, g %% 3 <> 0 "
+                    "FROM generate_series(%s::bigint, %s::bigint) g",
+                    (lo + 1, min(rows, lo + per_txn)),
+                )
+            target = LSN.parse(c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+        msgs: list[bytes] = []
+        with ReplicationConnection.connect(server.dsn) as conn:
+            opts = PgoutputOptions(publications=("pub",), proto_version=proto)
+            conn.start_replication("bench", 0, options=opts.start_options(conn.server_version))
+            while True:
+                frame = conn.read_message(30)
+                if frame is None:
+                    raise SystemExit("capture: the server went quiet before the end LSN")
+                if isinstance(frame, PrimaryKeepalive):
+                    if frame.wal_end >= target:
+                        break
+                    continue
+                msgs.append(bytes(frame.data))
+            conn.stop()
+    return msgs
+
+
 def run(msgs: list[bytes], proto: int, parallel: bool) -> tuple[float, int]:
     decoder = PgoutputDecoder(proto, parallel_streaming=parallel)
     decode = decoder.decode
@@ -125,10 +171,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="timed runs; the best counts")
     ap.add_argument("--proto", type=int, default=4, help="pgoutput proto_version")
     ap.add_argument("--parallel-streaming", action="store_true")
+    ap.add_argument("--capture-from", choices=("pg18", "pg15"), help="capture the stream from a real server")
+    ap.add_argument("--save", metavar="FILE", help="with --capture-from: write the capture (PGCDC_CAPTURE format)")
     args = ap.parse_args(argv)
 
     capture = os.environ.get("PGCDC_CAPTURE")
-    if capture:
+    if args.capture_from:
+        msgs = capture_from_server(args.capture_from, args.rows, args.per_txn, args.proto)
+        source = f"captured from {args.capture_from}: {args.rows} inserts x 5 columns, {args.per_txn} per transaction"
+        if args.save:
+            with open(args.save, "wb") as f:
+                for m in msgs:
+                    f.write(struct.pack("!I", len(m)))
+                    f.write(m)
+    elif capture:
         msgs = load_capture(capture)
         source = f"capture {capture}"
     else:
