@@ -12,6 +12,7 @@ re-encoding it gives back the server's exact bytes (see ``pgoutput_capture``).
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from datetime import UTC, datetime
 
@@ -301,6 +302,32 @@ def test_unchanged_toast_value(bench: Bench, binary: bool):
     assert upd2.new == (enc_int(1), enc(big), enc_int(2))
 
 
+def test_wide_table_and_megabyte_value(bench: Bench):
+    cols = ", ".join(f"c{i} int" for i in range(1, 1000))
+    bench.run(f"CREATE TABLE wide (id int PRIMARY KEY, {cols}, huge text)")
+    bench.setup()
+    values = ", ".join("NULL" if i % 3 == 0 else str(i * 1000) for i in range(1, 1000))
+    bench.run(
+        f"INSERT INTO wide VALUES (1, {values}, "
+        "(SELECT string_agg(md5(i::text), '') FROM generate_series(1, 40000) i))"
+    )
+    for binary in (False, True):
+        cap = bench.read(binary=binary)
+        rel = cap.one(po.Relation)
+        assert len(rel.columns) == 1001
+        assert [(c.name, c.type_oid, c.type_modifier) for c in rel.columns] == bench.attributes("wide")
+        new = cap.one(po.Insert).new
+        assert len(new) == 1001
+        assert [v is None for v in new[1:1000]] == [i % 3 == 0 for i in range(1, 1000)]
+        huge = new[-1] if not binary else new[-1].decode()
+        assert len(huge) == 1_280_000
+        assert huge == bench.value("SELECT huge FROM wide")
+        if binary:
+            assert new[2] == struct.pack("!i", 2000)
+        else:
+            assert new[:3] == ("1", "1000", "2000")
+
+
 # --------------------------------------------------------------------------- Truncate
 
 
@@ -542,11 +569,25 @@ def insert_rows(bench: Bench, first: int, last: int) -> None:
 
 def test_streamed_transaction_commit(bench: Bench):
     bench.run(BIG_TABLE)
+    bench.run(
+        """
+        CREATE TYPE mood AS ENUM ('a', 'b');
+        CREATE TABLE side (id int PRIMARY KEY, m mood, note text);
+        CREATE TABLE gone (id int PRIMARY KEY);
+        INSERT INTO side VALUES (1, 'a', 'x');
+        INSERT INTO gone VALUES (1);
+        """
+    )
     bench.setup()
     bench.run("BEGIN")
     xid = current_xid(bench)
     insert_rows(bench, 1, 2000)
     msg_end = LSN.parse(bench.value("SELECT pg_logical_emit_message(true, 'mid', 'stream')::text"))
+    bench.run("INSERT INTO side VALUES (2, 'b', 'ünï ✓')")  # Type + Relation inside a block
+    bench.run("UPDATE side SET note = 'upd' WHERE id = 1")
+    bench.run("UPDATE big SET id = -1 WHERE id = 1")
+    bench.run("DELETE FROM big WHERE id = 2")
+    bench.run("TRUNCATE gone")
     insert_rows(bench, 2001, 4000)
     bench.run("COMMIT")
     commit = bench.wal_record(bench.wal_records(bench.consistent_point), "COMMIT", xid)
@@ -560,15 +601,29 @@ def test_streamed_transaction_commit(bench: Bench):
     assert all(b[0].xid == xid for b in blocks)
     inside = [m for b in blocks for m in b[1:-1]]
     assert all(m.xid == xid for m in inside), {m.xid for m in inside}
-    rel = [m for m in inside if type(m) is po.Relation]
-    assert len(rel) == 1 and rel[0].relation_oid == bench.relid("big")
-    inserts = [m for m in inside if type(m) is po.Insert]
+    rels = [m for m in inside if type(m) is po.Relation]
+    assert [r.relation_oid for r in rels] == [bench.relid(n) for n in ("big", "side", "gone")]
+    (typ,) = [m for m in inside if type(m) is po.Type]
+    assert (typ.xid, typ.type_oid, typ.namespace, typ.type_name) == (
+        xid, bench.typid("mood"), "public", "mood"
+    )
+    inserts = [m for m in inside if type(m) is po.Insert and m.relation_oid == rels[0].relation_oid]
     assert [int(m.new[0]) for m in inserts] == list(range(1, 4001))
     (msg,) = [m for m in inside if type(m) is po.LogicalMessage]
     assert (msg.xid, msg.flags, msg.prefix, msg.content, msg.lsn) == (
         xid, 1, "mid", b"stream", msg_end
     )
-    assert inside.index(msg) == inside.index(inserts[1999]) + 1
+    at = {id(m): n for n, m in enumerate(inside)}
+    middle = inside[at[id(inserts[1999])] + 1 : at[id(inserts[2000])]]
+    assert [m.type for m in middle] == [
+        "message", "type", "relation", "insert", "update", "update", "delete",
+        "relation", "truncate",
+    ]
+    assert middle[3].new == ("2", "b", "ünï ✓")
+    assert (middle[4].key, middle[4].new) == (None, ("1", "a", "upd"))
+    assert (middle[5].key, middle[5].new[0]) == (("1", None), "-1")
+    assert (middle[6].key, middle[6].old) == (("2", None), None)
+    assert middle[8].relation_oids == (bench.relid("gone"),) and middle[8].options == 0
 
     # after the last block: Stream Commit, and nothing else
     sc = cap.messages[-1]
@@ -578,12 +633,20 @@ def test_streamed_transaction_commit(bench: Bench):
     assert (sc.commit_lsn, sc.end_lsn) == (commit.start_lsn, commit.end_lsn)
     assert sc.commit_timestamp == bench.commit_timestamp(xid)
 
-    # the same transaction without streaming: Begin ... Commit, same changes, same commit
+    # the same transaction without streaming: Begin ... Commit, the same messages
+    # (without their xid), the same commit
     plain = bench.read(messages=True, small_work_mem=True)
     (tx,) = plain.transactions()
     assert tx[0].xid == xid and tx[0].final_lsn == sc.commit_lsn
     assert tx[-1].end_lsn == sc.end_lsn and tx[-1].commit_timestamp == sc.commit_timestamp
-    assert [m.new for m in tx if type(m) is po.Insert] == [m.new for m in inserts]
+    assert tx[1:-1] == [dataclasses.replace(m, xid=None) for m in inside]
+
+    # and streamed with binary tuples: the same rows in send format
+    binary = bench.read(streaming="on", binary=True, small_work_mem=True)
+    big_oid = rels[0].relation_oid
+    rows = [m.new for m in binary.of(po.Insert) if m.relation_oid == big_oid]
+    assert rows == [(struct.pack("!i", int(r[0])), r[1].encode()) for r in (m.new for m in inserts)]
+    assert all(m.xid == xid for m in binary.of(po.Insert))
 
 
 def test_streamed_transaction_abort(bench: Bench):
