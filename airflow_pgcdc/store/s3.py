@@ -1,0 +1,954 @@
+"""S3 primitives of the store: locations, clients, streaming uploads, conditional puts.
+
+Everything here is plain boto3 (and pyarrow for :func:`make_pyarrow_fs`); nothing imports
+Airflow. Functions take a boto3 S3 client explicitly, so callers decide how clients are
+built and shared (boto3 clients are thread-safe; sessions are not).
+
+Settings follow boto3's conventions (:meth:`S3Settings.from_env`):
+
+- ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL`` (both ignored when
+  ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true); path-style addressing is used when an
+  endpoint URL is set (S3-compatible servers rarely do virtual-hosted buckets);
+- ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``; when absent,
+  boto3's credential chain (profiles, SSO, instance metadata) resolves them;
+- ``AWS_REGION``, else ``AWS_DEFAULT_REGION``; ``AWS_MAX_ATTEMPTS``, ``AWS_RETRY_MODE``.
+
+Errors are :class:`StoreError` subclasses naming the bucket, the key, the operation and
+the S3 error code. Secret keys never appear in errors, logs or ``repr``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from airflow_pgcdc.errors import PgcdcError
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+MIN_PART_SIZE = 5 * MiB  # S3: every part but the last is at least 5 MiB
+MAX_PART_SIZE = 5 * 1024 * MiB  # S3: at most 5 GiB per part
+MAX_PARTS = 10_000  # S3: part numbers 1..10000
+DEFAULT_PART_SIZE = 16 * MiB
+MAX_KEY_BYTES = 1024  # S3: keys are at most 1024 bytes of UTF-8
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class StoreError(PgcdcError):
+    """An error of the object store; names the bucket, key, operation and S3 error code.
+
+    ``bucket``, ``key``, ``operation`` and ``code`` may be ``None`` when not applicable.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        bucket: str | None = None,
+        key: str | None = None,
+        operation: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.bucket = bucket
+        self.key = key
+        self.operation = operation
+        self.code = code
+        super().__init__(self._render())
+
+    @property
+    def url(self) -> str | None:
+        if self.bucket is None:
+            return None
+        return f"s3://{self.bucket}/{self.key}" if self.key is not None else f"s3://{self.bucket}"
+
+    def _render(self) -> str:
+        where = []
+        if self.operation:
+            where.append(self.operation)
+        if self.url:
+            where.append(self.url)
+        head = " ".join(where)
+        tail = f" [{self.code}]" if self.code else ""
+        return f"{head}: {self.reason}{tail}" if head else f"{self.reason}{tail}"
+
+    def __reduce__(self):  # keep the keyword fields across pickling (Spark, multiprocessing)
+        return (
+            _rebuild_store_error,
+            (type(self), self.reason, self.bucket, self.key, self.operation, self.code),
+        )
+
+
+def _rebuild_store_error(cls, reason, bucket, key, operation, code):
+    return cls(reason, bucket=bucket, key=key, operation=operation, code=code)
+
+
+class InvalidS3Url(StoreError, ValueError):
+    """An ``s3://bucket/prefix`` URL (or a key) that is malformed."""
+
+
+class S3RequestError(StoreError):
+    """An S3 request failed (after boto3's retries); ``code`` is S3's error code."""
+
+
+class ObjectNotFound(S3RequestError):
+    """The object (or bucket: ``code`` says which) does not exist."""
+
+
+class AlreadyExists(S3RequestError):
+    """A conditional create (``If-None-Match: *``) found the object already there."""
+
+
+class AccessDenied(S3RequestError):
+    """The credentials in use may not perform the request."""
+
+
+class UploadAborted(StoreError):
+    """A :class:`MultipartWriter` was aborted (or failed) and cannot be written or completed."""
+
+
+class CorruptObject(StoreError):
+    """An object's content is not what it must be (e.g. not JSON where JSON is expected)."""
+
+
+_NOT_FOUND_CODES = {"NoSuchKey", "NoSuchBucket", "NoSuchUpload", "404", "NotFound"}
+_ACCESS_CODES = {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+
+
+def _wrap(
+    exc: BaseException,
+    *,
+    operation: str,
+    bucket: str | None,
+    key: str | None,
+) -> StoreError:
+    """Turn a botocore exception into a typed :class:`StoreError` (never mentions secrets)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(exc, StoreError):
+        return exc
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {}) or {}
+        code = str(err.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or "")
+        message = str(err.get("Message") or "request failed")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in ("PreconditionFailed", "412") or status == 412:
+            cls: type[StoreError] = AlreadyExists
+            message = "the object already exists (conditional create refused)"
+        elif code in _NOT_FOUND_CODES or status == 404:
+            cls = ObjectNotFound
+            if code in ("404", "NotFound"):
+                code = "NoSuchKey" if key else "NoSuchBucket"
+        elif code in _ACCESS_CODES or status == 403:
+            cls = AccessDenied
+        else:
+            cls = S3RequestError
+        return cls(message, bucket=bucket, key=key, operation=operation, code=code or None)
+    if isinstance(exc, BotoCoreError):
+        # e.g. EndpointConnectionError, NoCredentialsError, ReadTimeoutError: their text
+        # names the endpoint or the missing setting, never a secret.
+        return S3RequestError(str(exc), bucket=bucket, key=key, operation=operation, code=type(exc).__name__)
+    return S3RequestError(
+        f"{type(exc).__name__}: {exc}", bucket=bucket, key=key, operation=operation, code=type(exc).__name__
+    )
+
+
+@contextlib.contextmanager
+def _s3_call(operation: str, bucket: str | None, key: str | None = None) -> Iterator[None]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (ClientError, BotoCoreError) as e:
+        raise _wrap(e, operation=operation, bucket=bucket, key=key) from e
+
+
+# --------------------------------------------------------------------------- locations
+
+# AWS general-purpose bucket names: 3-63 chars, lowercase letters, digits, dots, hyphens,
+# starting and ending with a letter or digit; not formatted like an IP address.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_IP_RE = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+
+
+def validate_bucket(bucket: str) -> str:
+    """Return ``bucket`` if it is a valid S3 bucket name, else raise :class:`InvalidS3Url`."""
+    if not isinstance(bucket, str) or not _BUCKET_RE.match(bucket):
+        raise InvalidS3Url(
+            f"invalid bucket name {bucket!r}: 3-63 characters, lowercase letters, digits, '.' "
+            "and '-', starting and ending with a letter or digit"
+        )
+    if ".." in bucket or _IP_RE.match(bucket):
+        raise InvalidS3Url(f"invalid bucket name {bucket!r}: no '..' and not an IP address")
+    return bucket
+
+
+def validate_key(key: str, *, bucket: str | None = None) -> str:
+    """Return ``key`` if it is usable as an S3 key (non-empty, ≤ 1024 UTF-8 bytes, no NUL)."""
+    if not isinstance(key, str) or not key:
+        raise InvalidS3Url("an object key must be a non-empty string", bucket=bucket, key=key or None)
+    if "\x00" in key:
+        raise InvalidS3Url("an object key cannot contain NUL", bucket=bucket, key=key.replace("\x00", "\\0"))
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as e:  # lone surrogates
+        raise InvalidS3Url(f"an object key must be valid Unicode: {e}", bucket=bucket) from None
+    if size > MAX_KEY_BYTES:
+        raise InvalidS3Url(
+            f"object key is {size} bytes of UTF-8, more than S3's {MAX_KEY_BYTES}",
+            bucket=bucket,
+            key=key[:80] + "…",
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """A bucket and a key prefix: ``s3://bucket/prefix`` (the prefix has no leading or
+    trailing slash and may be empty)."""
+
+    bucket: str
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        validate_bucket(self.bucket)
+        _validate_prefix(self.prefix, self.bucket)
+
+    @classmethod
+    def parse(cls, url: str) -> S3Location:
+        """Parse ``s3://bucket[/prefix[/]]``; raise :class:`InvalidS3Url` saying what is wrong.
+
+        Refused: other schemes, credentials/ports/query/fragment in the URL, invalid bucket
+        names, empty (``a//b``) or relative (``.``/``..``) prefix segments, control characters.
+        """
+        if not isinstance(url, str):
+            raise InvalidS3Url(f"an S3 URL must be a string, not {type(url).__name__}")
+        if not url.startswith("s3://"):
+            scheme = url.split("://", 1)[0] + "://" if "://" in url else "no scheme"
+            raise InvalidS3Url(f"not an S3 URL ({scheme}): expected s3://bucket/prefix, got {url!r}")
+        rest = url[len("s3://") :]
+        if "?" in rest or "#" in rest:
+            raise InvalidS3Url(f"an S3 URL takes no query or fragment: {url!r}")
+        bucket, _, prefix = rest.partition("/")
+        if "@" in bucket or ":" in bucket:
+            raise InvalidS3Url(
+                f"put credentials and endpoints in the environment or connection, not the URL: "
+                f"s3://{bucket.rpartition('@')[2]}/…"
+            )
+        if not bucket:
+            raise InvalidS3Url(f"an S3 URL needs a bucket: {url!r}")
+        validate_bucket(bucket)
+        return cls(bucket, prefix.rstrip("/"))
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    def __str__(self) -> str:
+        return self.url
+
+    def key(self, *parts: str) -> str:
+        """The key ``prefix/part/part…`` (parts joined with ``/``; none may be empty)."""
+        for p in parts:
+            if not p:
+                raise InvalidS3Url("empty key segment", bucket=self.bucket, key=self.prefix)
+        key = "/".join(([self.prefix] if self.prefix else []) + [p.strip("/") for p in parts])
+        return validate_key(key, bucket=self.bucket)
+
+    def child(self, *parts: str) -> S3Location:
+        """The location ``prefix/part/…`` in the same bucket."""
+        return S3Location(self.bucket, self.key(*parts))
+
+
+def _validate_prefix(prefix: str, bucket: str) -> None:
+    if not isinstance(prefix, str):
+        raise InvalidS3Url(f"prefix must be a string, not {type(prefix).__name__}", bucket=bucket)
+    if not prefix:
+        return
+    if prefix.startswith("/") or prefix.endswith("/"):
+        raise InvalidS3Url("a prefix has no leading or trailing '/'", bucket=bucket, key=prefix)
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in prefix):
+        raise InvalidS3Url("control characters in the prefix", bucket=bucket, key=prefix.encode("unicode_escape").decode())
+    for seg in prefix.split("/"):
+        if seg in ("", ".", ".."):
+            raise InvalidS3Url(
+                f"prefix segment {seg!r} is not allowed (empty, '.' or '..')", bucket=bucket, key=prefix
+            )
+    validate_key(prefix, bucket=bucket)
+
+
+# --------------------------------------------------------------------------- settings and clients
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """How to reach S3: one object from which boto3, pyarrow and delta-rs clients are built.
+
+    ``None`` means "let the SDK decide" (credential chain, configured region). Secrets are
+    excluded from ``repr``.
+    """
+
+    endpoint_url: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    region: str | None = None
+    profile: str | None = None
+    addressing_style: str | None = None  # "path" | "virtual" | "auto"; None: path iff endpoint_url
+    max_attempts: int = 5
+    retry_mode: str = "standard"
+    connect_timeout: float = 10.0
+    read_timeout: float = 120.0
+    max_pool_connections: int = 32
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> S3Settings:
+        """Settings from boto3's environment variables (``os.environ`` by default)."""
+        env = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            value = env.get(name)
+            return value if value not in (None, "") else None
+
+        endpoint = None
+        if (get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS") or "").lower() not in _TRUE:
+            endpoint = get("AWS_ENDPOINT_URL_S3") or get("AWS_ENDPOINT_URL")
+        values: dict[str, Any] = dict(
+            endpoint_url=endpoint,
+            access_key_id=get("AWS_ACCESS_KEY_ID"),
+            secret_access_key=get("AWS_SECRET_ACCESS_KEY"),
+            session_token=get("AWS_SESSION_TOKEN"),
+            region=get("AWS_REGION") or get("AWS_DEFAULT_REGION"),
+            profile=get("AWS_PROFILE"),
+        )
+        if get("AWS_MAX_ATTEMPTS"):
+            try:
+                values["max_attempts"] = int(get("AWS_MAX_ATTEMPTS"))  # type: ignore[arg-type]
+            except ValueError:
+                raise StoreError(f"AWS_MAX_ATTEMPTS must be an integer, got {get('AWS_MAX_ATTEMPTS')!r}") from None
+        if get("AWS_RETRY_MODE"):
+            values["retry_mode"] = get("AWS_RETRY_MODE")
+        values.update(overrides)
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        if self.endpoint_url is not None:
+            parts = urlsplit(self.endpoint_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise StoreError(f"S3 endpoint URL must be http(s)://host[:port], got {_redact_url(self.endpoint_url)!r}")
+            if parts.username or parts.password:
+                raise StoreError("S3 endpoint URL must not carry credentials")
+        if self.addressing_style not in (None, "path", "virtual", "auto"):
+            raise StoreError(f"addressing_style must be path, virtual or auto, got {self.addressing_style!r}")
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise StoreError("set both the access key id and the secret access key, or neither")
+
+    @property
+    def effective_addressing_style(self) -> str:
+        if self.addressing_style:
+            return self.addressing_style
+        return "path" if self.endpoint_url else "auto"
+
+    @property
+    def allow_http(self) -> bool:
+        return bool(self.endpoint_url and self.endpoint_url.startswith("http://"))
+
+    def with_(self, **changes: Any) -> S3Settings:
+        return replace(self, **changes)
+
+    def resolved_credentials(self) -> tuple[str, str, str | None] | None:
+        """(access key, secret key, session token), from the settings or boto3's chain."""
+        if self.access_key_id and self.secret_access_key:
+            return self.access_key_id, self.secret_access_key, self.session_token
+        import boto3
+
+        session = boto3.Session(profile_name=self.profile) if self.profile else boto3.Session()
+        creds = session.get_credentials()
+        if creds is None:
+            return None
+        frozen = creds.get_frozen_credentials()
+        return frozen.access_key, frozen.secret_key, frozen.token
+
+    def resolved_region(self) -> str:
+        if self.region:
+            return self.region
+        import boto3
+
+        session = boto3.Session(profile_name=self.profile) if self.profile else boto3.Session()
+        return session.region_name or "us-east-1"
+
+
+def _redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password or parts.username:
+        return url.replace(parts.netloc, parts.hostname or "", 1)
+    return url
+
+
+def make_s3_client(settings: S3Settings | None = None, **overrides: Any):
+    """A boto3 S3 client from ``settings`` (default: :meth:`S3Settings.from_env`).
+
+    ``overrides`` replace fields of the settings (e.g. ``endpoint_url=...``). Retries use
+    botocore's ``standard`` mode, timeouts are bounded, and path-style addressing is used
+    when an endpoint URL is set.
+    """
+    import boto3
+    from botocore.config import Config
+
+    if settings is None:
+        settings = S3Settings.from_env(**overrides)
+    elif overrides:
+        settings = replace(settings, **overrides)
+    config = Config(
+        s3={"addressing_style": settings.effective_addressing_style},
+        retries={"max_attempts": settings.max_attempts, "mode": settings.retry_mode},
+        connect_timeout=settings.connect_timeout,
+        read_timeout=settings.read_timeout,
+        max_pool_connections=settings.max_pool_connections,
+    )
+    session = boto3.Session(profile_name=settings.profile) if settings.profile else boto3.Session()
+    kwargs: dict[str, Any] = {"config": config}
+    if settings.endpoint_url:
+        kwargs["endpoint_url"] = settings.endpoint_url
+    if settings.region:
+        kwargs["region_name"] = settings.region
+    if settings.access_key_id:
+        kwargs["aws_access_key_id"] = settings.access_key_id
+        kwargs["aws_secret_access_key"] = settings.secret_access_key
+        if settings.session_token:
+            kwargs["aws_session_token"] = settings.session_token
+    return session.client("s3", **kwargs)
+
+
+def make_pyarrow_fs(settings: S3Settings | None = None, **overrides: Any):
+    """A :class:`pyarrow.fs.S3FileSystem` reaching the same S3 as :func:`make_s3_client`.
+
+    Paths on it are ``bucket/key`` (no scheme).
+    """
+    from pyarrow import fs as pafs
+
+    if settings is None:
+        settings = S3Settings.from_env(**overrides)
+    elif overrides:
+        settings = replace(settings, **overrides)
+    kwargs: dict[str, Any] = {
+        "region": settings.resolved_region(),
+        "connect_timeout": settings.connect_timeout,
+        "request_timeout": settings.read_timeout,
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=settings.max_attempts),
+        "allow_bucket_creation": False,
+        "allow_bucket_deletion": False,
+    }
+    creds = settings.resolved_credentials()
+    if creds is not None:
+        kwargs["access_key"], kwargs["secret_key"] = creds[0], creds[1]
+        if creds[2]:
+            kwargs["session_token"] = creds[2]
+    if settings.endpoint_url:
+        parts = urlsplit(settings.endpoint_url)
+        kwargs["scheme"] = parts.scheme
+        kwargs["endpoint_override"] = parts.netloc + parts.path.rstrip("/")
+    if settings.effective_addressing_style == "virtual":
+        kwargs["force_virtual_addressing"] = True
+    return pafs.S3FileSystem(**kwargs)
+
+
+def delta_storage_options(settings: S3Settings | None = None, **overrides: Any) -> dict[str, str]:
+    """``storage_options`` for delta-rs (``deltalake``) reaching the same S3.
+
+    delta-rs (object_store) takes its own keys: ``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP``,
+    ``AWS_REGION``, credentials, ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST``. Commits rely on S3
+    conditional puts (``If-None-Match``), which AWS S3 and our test server support, so no
+    locking provider and no ``AWS_S3_ALLOW_UNSAFE_RENAME`` are set.
+    """
+    if settings is None:
+        settings = S3Settings.from_env(**overrides)
+    elif overrides:
+        settings = replace(settings, **overrides)
+    opts: dict[str, str] = {"AWS_REGION": settings.resolved_region()}
+    creds = settings.resolved_credentials()
+    if creds is not None:
+        opts["AWS_ACCESS_KEY_ID"], opts["AWS_SECRET_ACCESS_KEY"] = creds[0], creds[1]
+        if creds[2]:
+            opts["AWS_SESSION_TOKEN"] = creds[2]
+    if settings.endpoint_url:
+        opts["AWS_ENDPOINT_URL"] = settings.endpoint_url
+        if settings.allow_http:
+            opts["AWS_ALLOW_HTTP"] = "true"
+    opts["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = (
+        "true" if settings.effective_addressing_style == "virtual" else "false"
+    )
+    return opts
+
+
+# --------------------------------------------------------------------------- multipart writer
+
+
+class MultipartWriter:
+    """A binary, write-only file object streaming to one S3 object with bounded memory.
+
+    Bytes are buffered up to ``part_size``; each full buffer becomes one part of a multipart
+    upload, uploaded by up to ``max_in_flight`` background threads (``0``: in the caller's
+    thread). At most ``max_in_flight`` parts are in flight, so memory stays below
+    ``part_size * (max_in_flight + 1)``. :meth:`close` completes the upload; an object that
+    fits in one part goes as a single PutObject instead. On an exception inside ``with``,
+    or on :meth:`abort`, the multipart upload is aborted: nothing half-written ever becomes
+    visible. ``if_none_match=True`` makes the final put/complete conditional
+    (``If-None-Match: *``): :class:`AlreadyExists` if the key exists, and nothing is written.
+
+    :meth:`flush` does not upload (parts below 5 MiB are not allowed); :meth:`tell` and
+    :attr:`bytes_written` count the bytes accepted so far. Dropping an unclosed writer
+    aborts its upload (best effort); always close or abort explicitly.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        key: str,
+        *,
+        part_size: int = DEFAULT_PART_SIZE,
+        max_in_flight: int = 1,
+        if_none_match: bool = False,
+        content_type: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        extra_args: Mapping[str, Any] | None = None,
+    ) -> None:
+        validate_bucket(bucket)
+        validate_key(key, bucket=bucket)
+        if not MIN_PART_SIZE <= part_size <= MAX_PART_SIZE:
+            raise ValueError(f"part_size must be between {MIN_PART_SIZE} and {MAX_PART_SIZE} bytes, got {part_size}")
+        if max_in_flight < 0:
+            raise ValueError(f"max_in_flight must be >= 0, got {max_in_flight}")
+        self.client = client
+        self.bucket = bucket
+        self.key = key
+        self.part_size = part_size
+        self.max_in_flight = max_in_flight
+        self.if_none_match = if_none_match
+        self._extra: dict[str, Any] = dict(extra_args or {})
+        if content_type:
+            self._extra["ContentType"] = content_type
+        if metadata:
+            self._extra["Metadata"] = dict(metadata)
+        self._buf = bytearray()
+        self._written = 0
+        self._upload_id: str | None = None
+        self._parts: list[dict[str, Any]] = []
+        self._pending: deque[Future] = deque()
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._state = "open"  # open | closed | aborted
+        self._failure: BaseException | None = None
+        self.etag: str | None = None
+        self.multipart: bool = False
+        self.elapsed: float = 0.0
+        self._started = time.monotonic()
+
+    # -- file protocol
+
+    def __repr__(self) -> str:
+        return f"<MultipartWriter s3://{self.bucket}/{self.key} {self._state} {self._written} bytes>"
+
+    @property
+    def closed(self) -> bool:
+        return self._state != "open"
+
+    @property
+    def aborted(self) -> bool:
+        return self._state == "aborted"
+
+    @property
+    def bytes_written(self) -> int:
+        return self._written
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    def readable(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._written
+
+    def flush(self) -> None:
+        self._check_open("flush")
+
+    def fileno(self) -> int:
+        raise OSError("MultipartWriter has no file descriptor")
+
+    def isatty(self) -> bool:
+        return False
+
+    def __enter__(self) -> MultipartWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - GC timing
+        if getattr(self, "_state", None) == "open" and getattr(self, "_upload_id", None):
+            with contextlib.suppress(BaseException):
+                self.abort()
+
+    def write(self, data: Any) -> int:
+        """Accept ``data`` (any bytes-like); upload full parts. Returns ``len(data)`` in bytes."""
+        self._check_open("write")
+        view = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else memoryview(data)
+        n = len(view)
+        pos = 0
+        try:
+            while pos < n:
+                if len(self._buf) >= self.part_size:
+                    self._ship(self._take_buffer())
+                room = self.part_size - len(self._buf)
+                chunk = view[pos : pos + room]
+                self._buf += chunk
+                pos += len(chunk)
+        except BaseException:
+            self.abort()
+            raise
+        self._written += n
+        return n
+
+    def writelines(self, lines: Iterable[Any]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def close(self) -> None:
+        """Upload what is left and complete the object. Idempotent once closed.
+
+        Raises :class:`AlreadyExists` (``if_none_match``) or :class:`S3RequestError`; the
+        multipart upload is aborted first, so a failed close leaves nothing behind.
+        """
+        if self._state == "closed":
+            return
+        if self._state == "aborted":
+            raise UploadAborted("the upload was aborted; nothing was written", bucket=self.bucket, key=self.key, operation="close")
+        try:
+            if self._upload_id is None:
+                self._put_single(self._take_buffer())
+            else:
+                if self._buf:
+                    self._ship(self._take_buffer())
+                self._drain(0)
+                self._complete()
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "closed"
+        self.elapsed = time.monotonic() - self._started
+        self._shutdown_pool()
+        log.debug("wrote %s (%d bytes, %d parts)", self.url, self._written, len(self._parts) or 1)
+
+    def abort(self) -> None:
+        """Abort: discard buffered bytes and the multipart upload. Never raises for a
+        writer already closed or aborted; errors while aborting are logged, not raised."""
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        self._buf = bytearray()
+        for fut in self._pending:
+            fut.cancel()
+        for fut in list(self._pending):
+            with contextlib.suppress(BaseException):
+                fut.result()
+        self._pending.clear()
+        self._shutdown_pool()
+        if self._upload_id is not None:
+            try:
+                with _s3_call("AbortMultipartUpload", self.bucket, self.key):
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self._upload_id)
+            except StoreError as e:
+                if not isinstance(e, ObjectNotFound):  # NoSuchUpload: already gone
+                    log.warning("could not abort the multipart upload of %s: %s", self.url, e)
+
+    # -- internals
+
+    def _check_open(self, op: str) -> None:
+        if self._state == "aborted":
+            raise UploadAborted("the upload was aborted", bucket=self.bucket, key=self.key, operation=op)
+        if self._state == "closed":
+            raise ValueError(f"I/O operation on closed MultipartWriter ({self.url})")
+        if self._failure is not None:
+            raise self._failure
+
+    def _take_buffer(self) -> bytearray:
+        buf, self._buf = self._buf, bytearray()
+        return buf
+
+    def _put_single(self, body: bytearray) -> None:
+        kwargs = dict(self._extra)
+        if self.if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        with _s3_call("PutObject", self.bucket, self.key):
+            resp = _retry_conflict(
+                lambda: self.client.put_object(Bucket=self.bucket, Key=self.key, Body=body, **kwargs)
+            )
+        self.etag = resp.get("ETag")
+
+    def _ship(self, body: bytearray) -> None:
+        """Upload ``body`` as the next part (starting the multipart upload if needed)."""
+        if self._upload_id is None:
+            with _s3_call("CreateMultipartUpload", self.bucket, self.key):
+                resp = self.client.create_multipart_upload(Bucket=self.bucket, Key=self.key, **self._extra)
+            self._upload_id = resp["UploadId"]
+            self.multipart = True
+        number = len(self._parts) + len(self._pending) + 1
+        if number > MAX_PARTS:
+            raise StoreError(
+                f"more than {MAX_PARTS} parts of {self.part_size} bytes: use a larger part_size",
+                bucket=self.bucket,
+                key=self.key,
+                operation="UploadPart",
+            )
+        if self.max_in_flight == 0:
+            self._parts.append(self._upload_part(number, body))
+            return
+        self._drain(self.max_in_flight - 1)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.max_in_flight, thread_name_prefix="pgcdc-s3-upload"
+            )
+        self._pending.append(self._pool.submit(self._upload_part, number, body))
+
+    def _drain(self, keep: int) -> None:
+        """Wait until at most ``keep`` parts are in flight (oldest first, so parts stay ordered)."""
+        while len(self._pending) > keep:
+            fut = self._pending.popleft()
+            try:
+                self._parts.append(fut.result())
+            except BaseException as e:
+                self._failure = e
+                raise
+
+    def _upload_part(self, number: int, body: bytearray) -> dict[str, Any]:
+        with _s3_call(f"UploadPart {number}", self.bucket, self.key):
+            resp = self.client.upload_part(
+                Bucket=self.bucket, Key=self.key, UploadId=self._upload_id, PartNumber=number, Body=body
+            )
+        part = {"PartNumber": number, "ETag": resp["ETag"]}
+        for name in ("ChecksumCRC32", "ChecksumCRC32C", "ChecksumSHA1", "ChecksumSHA256", "ChecksumCRC64NVME"):
+            if resp.get(name):
+                part[name] = resp[name]
+        return part
+
+    def _complete(self) -> None:
+        kwargs: dict[str, Any] = {}
+        if self.if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        parts = sorted(self._parts, key=lambda p: p["PartNumber"])
+        with _s3_call("CompleteMultipartUpload", self.bucket, self.key):
+            resp = _retry_conflict(
+                lambda: self.client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=self.key,
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": parts},
+                    **kwargs,
+                )
+            )
+        self.etag = resp.get("ETag")
+
+    def _shutdown_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def _retry_conflict(call, attempts: int = 5):
+    """Retry a conditional write on 409 ConditionalRequestConflict (AWS asks callers to)."""
+    from botocore.exceptions import ClientError
+
+    for attempt in range(attempts):
+        try:
+            return call()
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code != "ConditionalRequestConflict" or attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * 2**attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# --------------------------------------------------------------------------- object operations
+
+
+def put_if_absent(
+    client: Any,
+    bucket: str,
+    key: str,
+    body: bytes | str,
+    *,
+    content_type: str | None = None,
+) -> bool:
+    """Create ``key`` with ``body`` only if no object has that key (``If-None-Match: *``).
+
+    Returns ``True`` if this call created it, ``False`` if it already existed (left
+    unchanged). This is the window-commit primitive: whoever creates the manifest owns
+    the window. Other failures raise :class:`S3RequestError`.
+    """
+    validate_key(key, bucket=bucket)
+    data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    kwargs: dict[str, Any] = {"IfNoneMatch": "*"}
+    if content_type:
+        kwargs["ContentType"] = content_type
+    try:
+        with _s3_call("PutObject", bucket, key):
+            _retry_conflict(lambda: client.put_object(Bucket=bucket, Key=key, Body=data, **kwargs))
+    except AlreadyExists:
+        return False
+    return True
+
+
+def put_bytes(
+    client: Any,
+    bucket: str,
+    key: str,
+    body: bytes | str,
+    *,
+    content_type: str | None = None,
+) -> None:
+    """Write ``key`` unconditionally (one PutObject)."""
+    validate_key(key, bucket=bucket)
+    data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    kwargs: dict[str, Any] = {"ContentType": content_type} if content_type else {}
+    with _s3_call("PutObject", bucket, key):
+        client.put_object(Bucket=bucket, Key=key, Body=data, **kwargs)
+
+
+def get_bytes(client: Any, bucket: str, key: str) -> bytes:
+    """The content of ``key``; :class:`ObjectNotFound` if absent."""
+    with _s3_call("GetObject", bucket, key):
+        resp = client.get_object(Bucket=bucket, Key=key)
+        return resp["Body"].read()
+
+
+def get_json(client: Any, bucket: str, key: str) -> Any:
+    """The JSON document at ``key``; :class:`ObjectNotFound` if absent,
+    :class:`CorruptObject` if it is not UTF-8 JSON."""
+    data = get_bytes(client, bucket, key)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptObject(f"not a JSON document: {e}", bucket=bucket, key=key, operation="GetObject") from None
+
+
+def exists(client: Any, bucket: str, key: str) -> bool:
+    """Whether an object ``key`` exists (HeadObject). A missing bucket raises."""
+    try:
+        with _s3_call("HeadObject", bucket, key):
+            client.head_object(Bucket=bucket, Key=key)
+    except ObjectNotFound as e:
+        if e.code == "NoSuchBucket":
+            raise
+        return False
+    return True
+
+
+def list_keys(client: Any, bucket: str, prefix: str = "") -> Iterator[str]:
+    """Every key starting with ``prefix``, in S3's (UTF-8 binary) order, all pages."""
+    paginator = client.get_paginator("list_objects_v2")
+    with _s3_call("ListObjectsV2", bucket, prefix or None):
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", ()) or ():
+                yield obj["Key"]
+
+
+def list_objects(client: Any, bucket: str, prefix: str = "") -> Iterator[dict[str, Any]]:
+    """Like :func:`list_keys` but yields S3's entries (``Key``, ``Size``, ``ETag``, …)."""
+    paginator = client.get_paginator("list_objects_v2")
+    with _s3_call("ListObjectsV2", bucket, prefix or None):
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            yield from page.get("Contents", ()) or ()
+
+
+def delete_prefix(client: Any, bucket: str, prefix: str, *, abort_uploads: bool = True) -> int:
+    """Delete every object whose key starts with ``prefix`` (1000 per DeleteObjects call);
+    with ``abort_uploads`` also abort pending multipart uploads under it. Returns the
+    number of objects deleted. An empty prefix is refused (it would empty the bucket)."""
+    if not prefix:
+        raise StoreError("refusing to delete an empty prefix (the whole bucket)", bucket=bucket, operation="DeleteObjects")
+    deleted = 0
+    batch: list[dict[str, str]] = []
+
+    def flush() -> None:
+        nonlocal deleted
+        if not batch:
+            return
+        with _s3_call("DeleteObjects", bucket, prefix):
+            resp = client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+        errors = resp.get("Errors") or []
+        if errors:
+            first = errors[0]
+            raise S3RequestError(
+                f"{len(errors)} of {len(batch)} deletes failed, first: {first.get('Message', '')}",
+                bucket=bucket,
+                key=first.get("Key"),
+                operation="DeleteObjects",
+                code=first.get("Code"),
+            )
+        deleted += len(batch)
+        batch.clear()
+
+    for key in list_keys(client, bucket, prefix):
+        batch.append({"Key": key})
+        if len(batch) == 1000:
+            flush()
+    flush()
+    if abort_uploads:
+        abort_uploads_under(client, bucket, prefix)
+    return deleted
+
+
+def abort_uploads_under(client: Any, bucket: str, prefix: str) -> int:
+    """Abort every pending multipart upload whose key starts with ``prefix``; return how many."""
+    count = 0
+    paginator = client.get_paginator("list_multipart_uploads")
+    with _s3_call("ListMultipartUploads", bucket, prefix or None):
+        pages = list(paginator.paginate(Bucket=bucket, Prefix=prefix))
+    for page in pages:
+        for upload in page.get("Uploads", ()) or ():
+            try:
+                with _s3_call("AbortMultipartUpload", bucket, upload["Key"]):
+                    client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                count += 1
+            except ObjectNotFound:
+                pass
+    return count
+
+
+def pending_uploads(client: Any, bucket: str, prefix: str = "") -> list[dict[str, Any]]:
+    """Pending (neither completed nor aborted) multipart uploads under ``prefix``."""
+    paginator = client.get_paginator("list_multipart_uploads")
+    out: list[dict[str, Any]] = []
+    with _s3_call("ListMultipartUploads", bucket, prefix or None):
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            out.extend(page.get("Uploads", ()) or ())
+    return out
