@@ -143,7 +143,9 @@ def _wrap(
         return exc
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {}) or {}
-        code = str(err.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or "")
+        code = str(
+            err.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or ""
+        )
         message = str(err.get("Message") or "request failed")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if code in ("PreconditionFailed", "412") or status == 412:
@@ -161,9 +163,15 @@ def _wrap(
     if isinstance(exc, BotoCoreError):
         # e.g. EndpointConnectionError, NoCredentialsError, ReadTimeoutError: their text
         # names the endpoint or the missing setting, never a secret.
-        return S3RequestError(str(exc), bucket=bucket, key=key, operation=operation, code=type(exc).__name__)
+        return S3RequestError(
+            str(exc), bucket=bucket, key=key, operation=operation, code=type(exc).__name__
+        )
     return S3RequestError(
-        f"{type(exc).__name__}: {exc}", bucket=bucket, key=key, operation=operation, code=type(exc).__name__
+        f"{type(exc).__name__}: {exc}",
+        bucket=bucket,
+        key=key,
+        operation=operation,
+        code=type(exc).__name__,
     )
 
 
@@ -200,9 +208,13 @@ def validate_bucket(bucket: str) -> str:
 def validate_key(key: str, *, bucket: str | None = None) -> str:
     """Return ``key`` if it is usable as an S3 key (non-empty, ≤ 1024 UTF-8 bytes, no NUL)."""
     if not isinstance(key, str) or not key:
-        raise InvalidS3Url("an object key must be a non-empty string", bucket=bucket, key=key or None)
+        raise InvalidS3Url(
+            "an object key must be a non-empty string", bucket=bucket, key=key or None
+        )
     if "\x00" in key:
-        raise InvalidS3Url("an object key cannot contain NUL", bucket=bucket, key=key.replace("\x00", "\\0"))
+        raise InvalidS3Url(
+            "an object key cannot contain NUL", bucket=bucket, key=key.replace("\x00", "\\0")
+        )
     try:
         size = len(key.encode("utf-8"))
     except UnicodeEncodeError as e:  # lone surrogates
@@ -239,7 +251,9 @@ class S3Location:
             raise InvalidS3Url(f"an S3 URL must be a string, not {type(url).__name__}")
         if not url.startswith("s3://"):
             scheme = url.split("://", 1)[0] + "://" if "://" in url else "no scheme"
-            raise InvalidS3Url(f"not an S3 URL ({scheme}): expected s3://bucket/prefix, got {url!r}")
+            raise InvalidS3Url(
+                f"not an S3 URL ({scheme}): expected s3://bucket/prefix, got {url!r}"
+            )
         rest = url[len("s3://") :]
         if "?" in rest or "#" in rest:
             raise InvalidS3Url(f"an S3 URL takes no query or fragment: {url!r}")
@@ -282,11 +296,17 @@ def _validate_prefix(prefix: str, bucket: str) -> None:
     if prefix.startswith("/") or prefix.endswith("/"):
         raise InvalidS3Url("a prefix has no leading or trailing '/'", bucket=bucket, key=prefix)
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in prefix):
-        raise InvalidS3Url("control characters in the prefix", bucket=bucket, key=prefix.encode("unicode_escape").decode())
+        raise InvalidS3Url(
+            "control characters in the prefix",
+            bucket=bucket,
+            key=prefix.encode("unicode_escape").decode(),
+        )
     for seg in prefix.split("/"):
         if seg in ("", ".", ".."):
             raise InvalidS3Url(
-                f"prefix segment {seg!r} is not allowed (empty, '.' or '..')", bucket=bucket, key=prefix
+                f"prefix segment {seg!r} is not allowed (empty, '.' or '..')",
+                bucket=bucket,
+                key=prefix,
             )
     validate_key(prefix, bucket=bucket)
 
@@ -341,7 +361,9 @@ class S3Settings:
             try:
                 values["max_attempts"] = int(get("AWS_MAX_ATTEMPTS"))  # type: ignore[arg-type]
             except ValueError:
-                raise StoreError(f"AWS_MAX_ATTEMPTS must be an integer, got {get('AWS_MAX_ATTEMPTS')!r}") from None
+                raise StoreError(
+                    f"AWS_MAX_ATTEMPTS must be an integer, got {get('AWS_MAX_ATTEMPTS')!r}"
+                ) from None
         if get("AWS_RETRY_MODE"):
             values["retry_mode"] = get("AWS_RETRY_MODE")
         values.update(overrides)
@@ -351,11 +373,15 @@ class S3Settings:
         if self.endpoint_url is not None:
             parts = urlsplit(self.endpoint_url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise StoreError(f"S3 endpoint URL must be http(s)://host[:port], got {_redact_url(self.endpoint_url)!r}")
+                raise StoreError(
+                    f"S3 endpoint URL must be http(s)://host[:port], got {_redact_url(self.endpoint_url)!r}"
+                )
             if parts.username or parts.password:
                 raise StoreError("S3 endpoint URL must not carry credentials")
         if self.addressing_style not in (None, "path", "virtual", "auto"):
-            raise StoreError(f"addressing_style must be path, virtual or auto, got {self.addressing_style!r}")
+            raise StoreError(
+                f"addressing_style must be path, virtual or auto, got {self.addressing_style!r}"
+            )
         if (self.access_key_id is None) != (self.secret_access_key is None):
             raise StoreError("set both the access key id and the secret access key, or neither")
 
@@ -533,7 +559,9 @@ class MultipartWriter:
         validate_bucket(bucket)
         validate_key(key, bucket=bucket)
         if not MIN_PART_SIZE <= part_size <= MAX_PART_SIZE:
-            raise ValueError(f"part_size must be between {MIN_PART_SIZE} and {MAX_PART_SIZE} bytes, got {part_size}")
+            raise ValueError(
+                f"part_size must be between {MIN_PART_SIZE} and {MAX_PART_SIZE} bytes, got {part_size}"
+            )
         if max_in_flight < 0:
             raise ValueError(f"max_in_flight must be >= 0, got {max_in_flight}")
         self.client = client
@@ -564,7 +592,9 @@ class MultipartWriter:
     # -- file protocol
 
     def __repr__(self) -> str:
-        return f"<MultipartWriter s3://{self.bucket}/{self.key} {self._state} {self._written} bytes>"
+        return (
+            f"<MultipartWriter s3://{self.bucket}/{self.key} {self._state} {self._written} bytes>"
+        )
 
     @property
     def closed(self) -> bool:
@@ -620,7 +650,11 @@ class MultipartWriter:
     def write(self, data: Any) -> int:
         """Accept ``data`` (any bytes-like); upload full parts. Returns ``len(data)`` in bytes."""
         self._check_open("write")
-        view = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else memoryview(data)
+        view = (
+            memoryview(data).cast("B")
+            if not isinstance(data, (bytes, bytearray))
+            else memoryview(data)
+        )
         n = len(view)
         pos = 0
         try:
@@ -650,7 +684,12 @@ class MultipartWriter:
         if self._state == "closed":
             return
         if self._state == "aborted":
-            raise UploadAborted("the upload was aborted; nothing was written", bucket=self.bucket, key=self.key, operation="close")
+            raise UploadAborted(
+                "the upload was aborted; nothing was written",
+                bucket=self.bucket,
+                key=self.key,
+                operation="close",
+            )
         try:
             if self._upload_id is None:
                 self._put_single(self._take_buffer())
@@ -684,7 +723,9 @@ class MultipartWriter:
         if self._upload_id is not None:
             try:
                 with _s3_call("AbortMultipartUpload", self.bucket, self.key):
-                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self._upload_id)
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=self.key, UploadId=self._upload_id
+                    )
             except StoreError as e:
                 if not isinstance(e, ObjectNotFound):  # NoSuchUpload: already gone
                     log.warning("could not abort the multipart upload of %s: %s", self.url, e)
@@ -693,7 +734,9 @@ class MultipartWriter:
 
     def _check_open(self, op: str) -> None:
         if self._state == "aborted":
-            raise UploadAborted("the upload was aborted", bucket=self.bucket, key=self.key, operation=op)
+            raise UploadAborted(
+                "the upload was aborted", bucket=self.bucket, key=self.key, operation=op
+            )
         if self._state == "closed":
             raise ValueError(f"I/O operation on closed MultipartWriter ({self.url})")
         if self._failure is not None:
@@ -709,7 +752,9 @@ class MultipartWriter:
             kwargs["IfNoneMatch"] = "*"
         with _s3_call("PutObject", self.bucket, self.key):
             resp = _retry_conflict(
-                lambda: self.client.put_object(Bucket=self.bucket, Key=self.key, Body=body, **kwargs)
+                lambda: self.client.put_object(
+                    Bucket=self.bucket, Key=self.key, Body=body, **kwargs
+                )
             )
         self.etag = resp.get("ETag")
 
@@ -717,7 +762,9 @@ class MultipartWriter:
         """Upload ``body`` as the next part (starting the multipart upload if needed)."""
         if self._upload_id is None:
             with _s3_call("CreateMultipartUpload", self.bucket, self.key):
-                resp = self.client.create_multipart_upload(Bucket=self.bucket, Key=self.key, **self._extra)
+                resp = self.client.create_multipart_upload(
+                    Bucket=self.bucket, Key=self.key, **self._extra
+                )
             self._upload_id = resp["UploadId"]
             self.multipart = True
         number = len(self._parts) + len(self._pending) + 1
@@ -751,10 +798,20 @@ class MultipartWriter:
     def _upload_part(self, number: int, body: bytearray) -> dict[str, Any]:
         with _s3_call(f"UploadPart {number}", self.bucket, self.key):
             resp = self.client.upload_part(
-                Bucket=self.bucket, Key=self.key, UploadId=self._upload_id, PartNumber=number, Body=body
+                Bucket=self.bucket,
+                Key=self.key,
+                UploadId=self._upload_id,
+                PartNumber=number,
+                Body=body,
             )
         part = {"PartNumber": number, "ETag": resp["ETag"]}
-        for name in ("ChecksumCRC32", "ChecksumCRC32C", "ChecksumSHA1", "ChecksumSHA256", "ChecksumCRC64NVME"):
+        for name in (
+            "ChecksumCRC32",
+            "ChecksumCRC32C",
+            "ChecksumSHA1",
+            "ChecksumSHA256",
+            "ChecksumCRC64NVME",
+        ):
             if resp.get(name):
                 part[name] = resp[name]
         return part
@@ -857,7 +914,9 @@ def get_json(client: Any, bucket: str, key: str) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptObject(f"not a JSON document: {e}", bucket=bucket, key=key, operation="GetObject") from None
+        raise CorruptObject(
+            f"not a JSON document: {e}", bucket=bucket, key=key, operation="GetObject"
+        ) from None
 
 
 def exists(client: Any, bucket: str, key: str) -> bool:
@@ -894,7 +953,11 @@ def delete_prefix(client: Any, bucket: str, prefix: str, *, abort_uploads: bool 
     with ``abort_uploads`` also abort pending multipart uploads under it. Returns the
     number of objects deleted. An empty prefix is refused (it would empty the bucket)."""
     if not prefix:
-        raise StoreError("refusing to delete an empty prefix (the whole bucket)", bucket=bucket, operation="DeleteObjects")
+        raise StoreError(
+            "refusing to delete an empty prefix (the whole bucket)",
+            bucket=bucket,
+            operation="DeleteObjects",
+        )
     deleted = 0
     batch: list[dict[str, str]] = []
 
@@ -937,7 +1000,9 @@ def abort_uploads_under(client: Any, bucket: str, prefix: str) -> int:
         for upload in page.get("Uploads", ()) or ():
             try:
                 with _s3_call("AbortMultipartUpload", bucket, upload["Key"]):
-                    client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                    client.abort_multipart_upload(
+                        Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
                 count += 1
             except ObjectNotFound:
                 pass
