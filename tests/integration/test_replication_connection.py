@@ -26,7 +26,6 @@ from airflow_pgcdc.pg.replication import (
     AsyncReplicationConnection,
     BackupResult,
     ReplicationConnection,
-    StreamEnded,
 )
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
