@@ -19,7 +19,10 @@ from airflow_pgcdc.pg.errors import DuplicateObject
 from airflow_pgcdc.pg.logical import LogicalStream, transaction_end_lsn
 from airflow_pgcdc.pg.replication import ReplicationConnection, StreamEnded
 from airflow_pgcdc.protocol.lsn import LSN
-from airflow_pgcdc.protocol.pglogical import binary_compat_params_for_server, pglogical_start_options
+from airflow_pgcdc.protocol.pglogical import (
+    binary_compat_params_for_server,
+    pglogical_start_options,
+)
 from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,6 @@ from airflow_pgcdc.pg.errors import (
     ConnectionFailed,
     ConnectionLost,
     ReplicationStateError,
-    ReplicationTimeout,
     server_error_class,
 )
 from airflow_pgcdc.pg.waiting import WAIT_R, WAIT_RW, WAIT_W, PQGen, wait_async, wait_sync
