@@ -1,0 +1,451 @@
+"""Parquet part files streamed to S3 with bounded memory.
+
+:class:`ParquetPartWriter` writes Arrow record batches as one Parquet file into a binary
+sink (a :class:`~airflow_pgcdc.store.s3.MultipartWriter`, or any writable file object).
+Small batches are gathered into row groups of at most ``row_group_rows`` rows and about
+``row_group_bytes`` bytes of Arrow data, so the file has sensible row groups whatever
+the batch size, and memory holds at most one row group plus the sink's upload buffers.
+
+:class:`PartSequence` writes a stream of batches as ``part-00000.parquet``,
+``part-00001.parquet``… rolling over to a new part at ``max_rows`` rows (exact) or
+``target_bytes`` bytes (checked after each row group, so a part may exceed it by at most
+one compressed row group).
+
+Memory bound of a sequence writing to S3: one row group of Arrow data
+(``row_group_bytes``) + Parquet's encoding buffers for that row group (at most its
+compressed size) + ``upload_part_size * (max_in_flight + 1)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_pgcdc.store.layout import part_name
+from airflow_pgcdc.store.s3 import DEFAULT_PART_SIZE, MiB, MultipartWriter, StoreError
+
+__all__ = [
+    "DEFAULT_ROW_GROUP_BYTES",
+    "DEFAULT_ROW_GROUP_ROWS",
+    "DEFAULT_TARGET_PART_BYTES",
+    "ParquetPartWriter",
+    "ParquetWriteError",
+    "PartInfo",
+    "PartSequence",
+]
+
+DEFAULT_ROW_GROUP_ROWS = 128 * 1024
+DEFAULT_ROW_GROUP_BYTES = 64 * MiB
+DEFAULT_TARGET_PART_BYTES = 256 * MiB
+
+
+class ParquetWriteError(StoreError, ValueError):
+    """Batches that cannot be written to a part (schema mismatch, writer already closed)."""
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    """One finished part file: its key (or name), rows, bytes (the file size) and row groups."""
+
+    key: str
+    number: int
+    rows: int
+    bytes: int
+    row_groups: int
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    def to_dict(self, base: str = "") -> dict[str, Any]:
+        """``{"path", "rows", "bytes"}`` as manifests list parts; ``path`` is relative to
+        ``base`` (a key prefix ending in ``/``) when given."""
+        path = self.key
+        if base:
+            if not path.startswith(base):
+                raise ParquetWriteError(f"part {path!r} is not under {base!r}")
+            path = path[len(base) :]
+        return {"path": path, "rows": self.rows, "bytes": self.bytes}
+
+
+class _Sink:
+    """What pyarrow sees: writes go through, ``close`` is ours to call (not pyarrow's)."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        return self._target.write(data)
+
+    def tell(self) -> int:
+        return self._target.tell()
+
+    def flush(self) -> None:
+        pass
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class ParquetPartWriter:
+    """One Parquet file written into ``sink`` (zstd, bounded row groups).
+
+    ``sink`` needs ``write`` and ``tell``; if it has ``abort`` (a MultipartWriter), a failure
+    or :meth:`abort` calls it so nothing half-written becomes visible. :meth:`close` writes
+    the footer, closes the sink and returns a :class:`PartInfo` (``key`` is ``name``, or the
+    sink's ``key`` attribute).
+    """
+
+    def __init__(
+        self,
+        sink: Any,
+        schema: pa.Schema,
+        *,
+        name: str | None = None,
+        number: int = 0,
+        row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+        row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
+        compression: str = "zstd",
+        compression_level: int | None = None,
+        **parquet_options: Any,
+    ) -> None:
+        if row_group_rows < 1 or row_group_bytes < 1:
+            raise ValueError("row_group_rows and row_group_bytes must be positive")
+        self.schema = schema
+        self.sink = sink
+        self.key = name if name is not None else getattr(sink, "key", "")
+        self.number = number
+        self.row_group_rows = row_group_rows
+        self.row_group_bytes = row_group_bytes
+        self.rows = 0
+        self.row_groups = 0
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+        self._pending_bytes = 0
+        self._state = "open"
+        options = {"write_statistics": True, "store_schema": True} | parquet_options
+        try:
+            self._writer = pq.ParquetWriter(
+                _Sink(sink),
+                schema,
+                compression=compression,
+                compression_level=compression_level,
+                **options,
+            )
+        except BaseException:
+            self._abort_sink()
+            raise
+
+    # -- properties
+
+    @property
+    def closed(self) -> bool:
+        return self._state != "open"
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes handed to the sink so far (whole row groups; excludes buffered rows)."""
+        return self.sink.tell()
+
+    @property
+    def buffered_rows(self) -> int:
+        return self._pending_rows
+
+    # -- writing
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        """Add ``batch`` (its schema must equal the writer's, metadata aside)."""
+        self._check_open()
+        if not batch.schema.equals(self.schema, check_metadata=False):
+            self.abort()
+            raise ParquetWriteError(
+                f"batch schema differs from the part's schema:\n{batch.schema}\nvs\n{self.schema}",
+                key=self.key or None,
+            )
+        try:
+            offset = 0
+            n = batch.num_rows
+            while offset < n:
+                room = self.row_group_rows - self._pending_rows
+                piece = batch.slice(offset, room) if offset or room < n else batch
+                self._pending.append(piece)
+                self._pending_rows += piece.num_rows
+                self._pending_bytes += piece.nbytes
+                offset += piece.num_rows
+                if (
+                    self._pending_rows >= self.row_group_rows
+                    or self._pending_bytes >= self.row_group_bytes
+                ):
+                    self.flush_row_group()
+        except BaseException:
+            self.abort()
+            raise
+
+    def write_table(self, table: pa.Table) -> None:
+        for batch in table.to_batches():
+            self.write_batch(batch)
+
+    def write_batches(self, batches: Iterable[pa.RecordBatch]) -> None:
+        for batch in batches:
+            self.write_batch(batch)
+
+    def flush_row_group(self) -> None:
+        """Write the buffered rows as one row group (no-op when none are buffered)."""
+        self._check_open()
+        if not self._pending_rows:
+            return
+        table = pa.Table.from_batches(self._pending, schema=self.schema)
+        self._pending = []
+        rows = self._pending_rows
+        self._pending_rows = 0
+        self._pending_bytes = 0
+        try:
+            self._writer.write_table(table, row_group_size=max(rows, 1))
+        except BaseException:
+            self.abort()
+            raise
+        self.rows += rows
+        self.row_groups += 1
+
+    def close(self) -> PartInfo:
+        """Flush, write the footer, close (complete) the sink; return the part's info."""
+        self._check_open()
+        try:
+            self.flush_row_group()
+            self._writer.close()
+            size = self.sink.tell()
+            self.sink.close()
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "closed"
+        return PartInfo(
+            key=self.key,
+            number=self.number,
+            rows=self.rows,
+            bytes=size,
+            row_groups=self.row_groups,
+        )
+
+    def abort(self) -> None:
+        """Drop buffered rows and abort the sink; nothing becomes visible. Idempotent."""
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        self._pending = []
+        self._pending_rows = self._pending_bytes = 0
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        self._abort_sink()
+
+    def __enter__(self) -> ParquetPartWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self.closed:
+            self.close()
+
+    # -- internals
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise ParquetWriteError(f"the part writer is {self._state}", key=self.key or None)
+
+    def _abort_sink(self) -> None:
+        abort = getattr(self.sink, "abort", None)
+        if abort is not None:
+            abort()
+        else:
+            with contextlib.suppress(Exception):
+                self.sink.close()
+
+
+class PartSequence:
+    """Batches of one schema written as numbered Parquet parts, rolling over by size.
+
+    ``key_for(number)`` names part ``number`` (e.g. ``lambda n: layout.snapshot_part(slot,
+    sid, schema, table, n)``); by default parts are :class:`MultipartWriter` uploads to
+    ``client``/``bucket``. ``open_sink(key)`` replaces that (a local file, a test double).
+
+    :meth:`close` returns every :class:`PartInfo` in order. With ``write_empty`` (default)
+    a sequence that received no rows still writes ``part 0`` with zero rows, so every table
+    has at least one file carrying its schema. :meth:`abort` aborts the open part; parts
+    already completed stay (their keys are in :attr:`parts`; remove the prefix to undo).
+    """
+
+    def __init__(
+        self,
+        schema: pa.Schema,
+        key_for: Callable[[int], str] | None = None,
+        *,
+        client: Any = None,
+        bucket: str | None = None,
+        open_sink: Callable[[str], Any] | None = None,
+        max_rows: int | None = None,
+        target_bytes: int | None = DEFAULT_TARGET_PART_BYTES,
+        row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+        row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
+        upload_part_size: int = DEFAULT_PART_SIZE,
+        max_in_flight: int = 1,
+        first_number: int = 0,
+        write_empty: bool = True,
+        compression: str = "zstd",
+        compression_level: int | None = None,
+        **parquet_options: Any,
+    ) -> None:
+        if open_sink is None and (client is None or bucket is None):
+            raise ValueError("give client and bucket (S3 parts) or open_sink")
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be positive, got {max_rows}")
+        self.schema = schema
+        self.key_for = key_for or part_name
+        self.client = client
+        self.bucket = bucket
+        self._open_sink = open_sink
+        self.max_rows = max_rows
+        self.target_bytes = target_bytes
+        self.row_group_rows = min(row_group_rows, max_rows) if max_rows else row_group_rows
+        self.row_group_bytes = row_group_bytes
+        self.upload_part_size = upload_part_size
+        self.max_in_flight = max_in_flight
+        self.write_empty = write_empty
+        self._writer_options = dict(
+            compression=compression, compression_level=compression_level, **parquet_options
+        )
+        self.parts: list[PartInfo] = []
+        self._next = first_number
+        self._current: ParquetPartWriter | None = None
+        self._state = "open"
+
+    @property
+    def rows(self) -> int:
+        """Rows in finished parts plus rows accepted by the open part."""
+        current = self._current
+        extra = (current.rows + current.buffered_rows) if current else 0
+        return sum(p.rows for p in self.parts) + extra
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of finished parts plus bytes already sent for the open part."""
+        current = self._current
+        return sum(p.bytes for p in self.parts) + (current.bytes_written if current else 0)
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        if self._state != "open":
+            raise ParquetWriteError(f"the part sequence is {self._state}")
+        n = batch.num_rows
+        if n == 0:
+            return  # an empty part is written by close() if need be
+        try:
+            offset = 0
+            while offset < n:
+                writer = self._writer()
+                room = n - offset
+                if self.max_rows is not None:
+                    room = min(room, self.max_rows - writer.rows - writer.buffered_rows)
+                writer.write_batch(batch if room == n else batch.slice(offset, room))
+                offset += room
+                if self._full(writer):
+                    self._finish()
+        except BaseException:
+            self.abort()
+            raise
+
+    def write_table(self, table: pa.Table) -> None:
+        for batch in table.to_batches():
+            self.write_batch(batch)
+
+    def write_batches(self, batches: Iterable[pa.RecordBatch]) -> None:
+        for batch in batches:
+            self.write_batch(batch)
+
+    def close(self) -> list[PartInfo]:
+        """Finish the open part (or write an empty part 0) and return all parts."""
+        if self._state == "closed":
+            return list(self.parts)
+        if self._state != "open":
+            raise ParquetWriteError(f"the part sequence is {self._state}")
+        try:
+            if self._current is not None:
+                self._finish()
+            elif not self.parts and self.write_empty:
+                self._writer()
+                self._finish()
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "closed"
+        return list(self.parts)
+
+    def abort(self) -> None:
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        if self._current is not None:
+            self._current.abort()
+            self._current = None
+
+    def __enter__(self) -> PartSequence:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
+
+    # -- internals
+
+    def _writer(self) -> ParquetPartWriter:
+        if self._current is None:
+            number = self._next
+            self._next += 1
+            key = self.key_for(number)
+            if self._open_sink is not None:
+                sink = self._open_sink(key)
+            else:
+                sink = MultipartWriter(
+                    self.client,
+                    self.bucket,  # type: ignore[arg-type]
+                    key,
+                    part_size=self.upload_part_size,
+                    max_in_flight=self.max_in_flight,
+                    content_type="application/vnd.apache.parquet",
+                )
+            self._current = ParquetPartWriter(
+                sink,
+                self.schema,
+                name=key,
+                number=number,
+                row_group_rows=self.row_group_rows,
+                row_group_bytes=self.row_group_bytes,
+                **self._writer_options,
+            )
+        return self._current
+
+    def _full(self, writer: ParquetPartWriter) -> bool:
+        if self.max_rows is not None and writer.rows + writer.buffered_rows >= self.max_rows:
+            return True
+        return self.target_bytes is not None and writer.bytes_written >= self.target_bytes
+
+    def _finish(self) -> None:
+        writer, self._current = self._current, None
+        assert writer is not None
+        self.parts.append(writer.close())
