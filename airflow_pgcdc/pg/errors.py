@@ -69,6 +69,10 @@ class UndefinedObject(ServerError):
     """42704: e.g. the replication slot or publication does not exist."""
 
 
+class UndefinedTable(ServerError):
+    """42P01: the relation does not exist."""
+
+
 class ObjectInUse(ServerError):
     """55006: e.g. the replication slot is active for another process."""
 
@@ -100,6 +104,7 @@ class AdminShutdown(ServerError):
 _BY_SQLSTATE: dict[str, type[ServerError]] = {
     "42710": DuplicateObject,
     "42704": UndefinedObject,
+    "42P01": UndefinedTable,
     "55006": ObjectInUse,
     "42501": InsufficientPrivilege,
     "08P01": ProtocolViolation,

@@ -446,6 +446,47 @@ class _ReplicationProtocol:
         self._frames.clear()
         return self._final_results
 
+    # -- COPY TO STDOUT (plain SQL sessions) ----------------------------------------------------
+    def _gen_copy_start(self, command: str) -> PQGen[None]:
+        results = yield from self._gen_execute(command)
+        if not results or results[-1].status != "COPY_OUT":
+            raise ReplicationStateError(f"{command[:60]!r} did not start a COPY TO STDOUT")
+
+    def _gen_copy_chunk(self, max_bytes: int) -> PQGen[bytes | None]:
+        """Up to about ``max_bytes`` of COPY data (whole rows); ``None`` at the end.
+
+        PostgreSQL sends one CopyData message per row: they are appended straight into
+        one buffer, so the per-row cost is one libpq call.
+        """
+        if self.state != _State.COPY_OUT:
+            return None
+        pgconn = self.pgconn
+        get = pgconn.get_copy_data
+        buf = bytearray()
+        while len(buf) < max_bytes:
+            try:
+                nbytes, data = get(1)
+            except Exception as exc:
+                raise self._lost(exc) from None
+            if nbytes > 0:
+                buf += data
+                continue
+            if nbytes == 0:
+                if buf:
+                    break
+                yield pgconn.socket, WAIT_R, None
+                self._consume()
+                continue
+            if nbytes == -1:
+                yield from self._gen_end_of_copy()
+                break
+            res = pgconn.get_result()
+            self.state = _State.IDLE
+            if res is not None and res.status == _ES.FATAL_ERROR:
+                raise _server_error(res, self.encoding, self._command)
+            raise self._lost(RuntimeError("error reading COPY data"))
+        return bytes(buf) if buf else None
+
     # -- base backup -----------------------------------------------------------------------------
     def _gen_base_backup_next(self):
         """Next event of a running BASE_BACKUP: a :class:`BackupResult` or a parsed
@@ -611,6 +652,17 @@ class ReplicationConnection(_ReplicationProtocol):
     def stop(self) -> list[Result]:
         """End the stream cleanly (CopyDone) and return the command's final results."""
         return wait_sync(self._gen_stop())
+
+    def copy_to(self, command: str, *, chunk_bytes: int = 4 << 20) -> Iterator[bytes]:
+        """Run ``COPY ... TO STDOUT`` and yield its data in chunks of whole rows of about
+        ``chunk_bytes``. Works on a plain SQL session (``replication="false"``) and on a
+        ``replication=database`` one."""
+        wait_sync(self._gen_copy_start(command))
+        while True:
+            chunk = wait_sync(self._gen_copy_chunk(chunk_bytes))
+            if chunk is None:
+                return
+            yield chunk
 
     def base_backup(self, **options) -> Iterator:
         """Run ``BASE_BACKUP`` (options as :func:`commands.base_backup`) and yield its

@@ -20,6 +20,7 @@ from airflow_pgcdc.pg.errors import (
     ObjectInUse,
     ServerError,
     UndefinedObject,
+    UndefinedTable,
 )
 from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import (
@@ -381,3 +382,17 @@ def test_sync_read_can_be_interrupted_by_timeout_without_hanging(fresh_db, slot_
         th.join()
         assert counter > 1000
         conn.stop()
+
+
+def test_copy_to_chunks_whole_rows(fresh_db):
+    sql(fresh_db, "CREATE TABLE c (id int, v text)")
+    sql(fresh_db, "INSERT INTO c SELECT g, repeat('x', g % 50) || E'\\ttab' FROM generate_series(1, 20000) g")
+    with ReplicationConnection.connect(fresh_db, replication="false") as conn:
+        chunks = list(conn.copy_to("COPY (SELECT * FROM c ORDER BY id) TO STDOUT", chunk_bytes=64 * 1024))
+        assert len(chunks) > 3 and all(ch.endswith(b"\n") for ch in chunks)
+        rows = b"".join(chunks).splitlines()
+        assert len(rows) == 20000 and rows[0] == b"1\tx\\ttab"
+        # the session is usable again afterwards
+        assert conn.execute("SELECT count(*) FROM c")[-1].rows == [("20000",)]
+        with pytest.raises(UndefinedTable):
+            list(conn.copy_to("COPY (SELECT * FROM missing_table) TO STDOUT"))

@@ -1,0 +1,252 @@
+"""Which tables to copy and stream, and what they look like: catalog queries.
+
+Tables come from a publication (``pg_publication_tables``, honouring PostgreSQL 15+
+column lists and row filters) or from an explicit list. Each table's key is its
+replica identity index when ``REPLICA IDENTITY USING INDEX`` is set, else its primary
+key; a table with neither has no key (``has_key`` is False) and the merge will need
+``REPLICA IDENTITY FULL`` or key columns given by the user.
+
+Generated columns are left out, as pgoutput leaves them out of the stream (before
+PostgreSQL 18's ``publish_generated_columns``).
+
+Run these on a connection that has imported the exported snapshot, so the catalog
+is read as of the snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+
+from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
+
+
+class CatalogError(PgcdcError):
+    """The catalog does not have what was asked for."""
+
+
+class PublicationNotFound(CatalogError):
+    """The publication does not exist in this database."""
+
+
+class TableNotFound(CatalogError):
+    """A table named by the user does not exist (or is not a table)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnInfo:
+    name: str
+    attnum: int
+    type_oid: int
+    typmod: int
+    not_null: bool
+    type_name: str  # format_type(): e.g. "numeric(12,2)", "character varying(10)", "text[]"
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    oid: int
+    schema: str
+    name: str
+    relkind: str  # r (table) or p (partitioned)
+    replica_identity: str  # d, f, i, n
+    columns: tuple[ColumnInfo, ...]
+    key_columns: tuple[str, ...]
+    key_source: str | None  # "primary key" | "replica identity index" | None
+    relpages: int
+    reltuples: float
+    row_filter: str | None = None
+    column_list: tuple[str, ...] | None = None
+    partitions: tuple[str, ...] = field(default=())
+
+    @property
+    def has_key(self) -> bool:
+        return bool(self.key_columns)
+
+    @property
+    def qualified(self) -> str:
+        """``"schema"."table"``, quoted."""
+        return quote_qualified(self.schema, self.name)
+
+    @property
+    def display(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    def key_warning(self) -> str | None:
+        """A message for the user when the table has no key, else None."""
+        if self.has_key:
+            return None
+        if self.replica_identity == "f":
+            return (
+                f"table {self.display} has no primary key: it is copied, and the merge will "
+                "match rows on all columns (REPLICA IDENTITY FULL); give key columns for a real key"
+            )
+        return (
+            f"table {self.display} has no primary key or replica identity index: it is copied "
+            "and flagged; updates and deletes cannot be merged until you set "
+            f"ALTER TABLE {self.qualified} REPLICA IDENTITY FULL or give its key columns"
+        )
+
+    def select_list(self) -> str:
+        return ", ".join(quote_ident(c.name) for c in self.columns)
+
+
+_TABLE_SQL = """
+SELECT c.oid, n.nspname, c.relname, c.relkind::text, c.relreplident::text,
+       c.relpages, c.reltuples
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
+"""
+
+_COLUMNS_SQL = """
+SELECT a.attname, a.attnum, a.atttypid, a.atttypmod, a.attnotnull,
+       format_type(a.atttypid, a.atttypmod)
+FROM pg_attribute a
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+_KEY_SQL = """
+SELECT i.indisprimary, i.indisreplident, array_agg(a.attname ORDER BY k.ord)
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
+GROUP BY i.indexrelid, i.indisprimary, i.indisreplident
+"""
+
+_PARTITIONS_SQL = """
+SELECT n.nspname, c.relname FROM pg_partition_tree(%s::regclass) t
+JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE t.isleaf ORDER BY 1, 2
+"""
+
+
+def describe_table(
+    conn: psycopg.Connection,
+    schema: str,
+    name: str,
+    *,
+    row_filter: str | None = None,
+    column_list: Sequence[str] | None = None,
+) -> TableInfo:
+    row = conn.execute(_TABLE_SQL, (schema, name)).fetchone()
+    if row is None:
+        raise TableNotFound(f"table {schema}.{name} does not exist (or is not a table)")
+    oid, nsp, rel, relkind, replident, relpages, reltuples = row
+    columns = [ColumnInfo(*r) for r in conn.execute(_COLUMNS_SQL, (oid,)).fetchall()]
+    if column_list is not None:
+        wanted = set(column_list)
+        columns = [c for c in columns if c.name in wanted]
+    key_columns: tuple[str, ...] = ()
+    key_source = None
+    keys = conn.execute(_KEY_SQL, (oid,)).fetchall()
+    replident_idx = [cols for _pk, ri, cols in keys if ri]
+    primary = [cols for pk, _ri, cols in keys if pk]
+    if replident == "i" and replident_idx:
+        key_columns, key_source = tuple(replident_idx[0]), "replica identity index"
+    elif primary and replident != "n":
+        key_columns, key_source = tuple(primary[0]), "primary key"
+    partitions: tuple[str, ...] = ()
+    if relkind == "p":
+        partitions = tuple(
+            f"{s}.{t}" for s, t in conn.execute(_PARTITIONS_SQL, (quote_qualified(nsp, rel),)).fetchall()
+        )
+    return TableInfo(
+        oid=oid,
+        schema=nsp,
+        name=rel,
+        relkind=relkind,
+        replica_identity=replident,
+        columns=tuple(columns),
+        key_columns=key_columns,
+        key_source=key_source,
+        relpages=max(0, int(relpages)),
+        reltuples=float(reltuples),
+        row_filter=row_filter,
+        column_list=tuple(column_list) if column_list is not None else None,
+        partitions=partitions,
+    )
+
+
+def publication_tables(conn: psycopg.Connection, publication: str) -> list[TableInfo]:
+    """The tables of ``publication``, with their column lists and row filters (15+)."""
+    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
+        raise PublicationNotFound(
+            f"publication {publication!r} does not exist in database {conn.info.dbname!r}"
+        )
+    if conn.info.server_version >= 150000:
+        rows = conn.execute(
+            "SELECT schemaname, tablename, attnames, rowfilter FROM pg_publication_tables "
+            "WHERE pubname = %s ORDER BY 1, 2",
+            (publication,),
+        ).fetchall()
+    else:
+        rows = [
+            (s, t, None, None)
+            for s, t in conn.execute(
+                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
+                (publication,),
+            ).fetchall()
+        ]
+    tables = []
+    for schema, table, attnames, rowfilter in rows:
+        info = describe_table(conn, schema, table, row_filter=rowfilter)
+        if attnames is not None and len(attnames) < len(info.columns):
+            info = describe_table(conn, schema, table, row_filter=rowfilter, column_list=list(attnames))
+        tables.append(info)
+    return tables
+
+
+def parse_table_names(names: Iterable[str]) -> list[tuple[str, str]]:
+    """``["public.t", "s.\\"Odd.Name\\""]`` -> ``[("public", "t"), ("s", "Odd.Name")]``.
+
+    A name without a schema means ``public``; double quotes protect dots and case.
+    """
+    out = []
+    for text in names:
+        parts = _split_qualified(text)
+        if len(parts) == 1:
+            out.append(("public", parts[0]))
+        elif len(parts) == 2:
+            out.append((parts[0], parts[1]))
+        else:
+            raise CatalogError(f"not a table name (schema.table): {text!r}")
+    return out
+
+
+def _split_qualified(text: str) -> list[str]:
+    parts: list[str] = []
+    cur: list[str] = []
+    i, n = 0, len(text)
+    quoted_part = False
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            j = i + 1
+            while True:
+                k = text.find('"', j)
+                if k < 0:
+                    raise CatalogError(f"unterminated quote in table name {text!r}")
+                if k + 1 < n and text[k + 1] == '"':
+                    cur.append(text[j:k] + '"')
+                    j = k + 2
+                    continue
+                cur.append(text[j:k])
+                i = k + 1
+                quoted_part = True
+                break
+            continue
+        if ch == ".":
+            parts.append("".join(cur))
+            cur, quoted_part = [], False
+        else:
+            cur.append(ch if quoted_part else ch.lower())
+        i += 1
+    parts.append("".join(cur))
+    if any(p == "" for p in parts):
+        raise CatalogError(f"not a table name (schema.table): {text!r}")
+    return parts
