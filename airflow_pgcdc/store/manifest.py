@@ -791,11 +791,17 @@ def read_snapshot_manifest(client: Any, bucket: str, key: str) -> SnapshotManife
     """Load and validate a snapshot manifest (:class:`ObjectNotFound` if absent)."""
     from airflow_pgcdc.store.s3 import get_bytes
 
-    return SnapshotManifest.from_json(get_bytes(client, bucket, key), key=key)
+    try:
+        return SnapshotManifest.from_json(get_bytes(client, bucket, key), key=key)
+    except ManifestError as e:
+        raise type(e)(e.reason, bucket=bucket, key=key) from None
 
 
 def read_basebackup_info(client: Any, bucket: str, key: str) -> BaseBackupInfo:
     """Load and validate a base backup's ``backup.json`` (:class:`ObjectNotFound` if absent)."""
     from airflow_pgcdc.store.s3 import get_bytes
 
-    return BaseBackupInfo.from_json(get_bytes(client, bucket, key), key=key)
+    try:
+        return BaseBackupInfo.from_json(get_bytes(client, bucket, key), key=key)
+    except ManifestError as e:
+        raise type(e)(e.reason, bucket=bucket, key=key) from None

@@ -73,7 +73,7 @@ class StoreError(PgcdcError):
     @property
     def url(self) -> str | None:
         if self.bucket is None:
-            return None
+            return self.key
         return f"s3://{self.bucket}/{self.key}" if self.key is not None else f"s3://{self.bucket}"
 
     def _render(self) -> str:
@@ -331,7 +331,7 @@ class S3Settings:
     region: str | None = None
     profile: str | None = None
     addressing_style: str | None = None  # "path" | "virtual" | "auto"; None: path iff endpoint_url
-    max_attempts: int = 5
+    max_attempts: int = 5  # total attempts, first one included (as AWS_MAX_ATTEMPTS)
     retry_mode: str = "standard"
     connect_timeout: float = 10.0
     read_timeout: float = 120.0
@@ -371,13 +371,20 @@ class S3Settings:
 
     def __post_init__(self) -> None:
         if self.endpoint_url is not None:
-            parts = urlsplit(self.endpoint_url)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
+            url = self.endpoint_url
+            if not isinstance(url, str) or "@" in url:
                 raise StoreError(
-                    f"S3 endpoint URL must be http(s)://host[:port], got {_redact_url(self.endpoint_url)!r}"
+                    "S3 endpoint URL must be http(s)://host[:port], without credentials"
                 )
-            if parts.username or parts.password:
-                raise StoreError("S3 endpoint URL must not carry credentials")
+            parts = urlsplit(url)
+            try:
+                parts.port  # noqa: B018 - raises on a bad port
+            except ValueError:
+                raise StoreError(f"S3 endpoint URL has a bad port: {url!r}") from None
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise StoreError(f"S3 endpoint URL must be http(s)://host[:port], got {url!r}")
+            if parts.query or parts.fragment:
+                raise StoreError(f"S3 endpoint URL takes no query or fragment: {url!r}")
         if self.addressing_style not in (None, "path", "virtual", "auto"):
             raise StoreError(
                 f"addressing_style must be path, virtual or auto, got {self.addressing_style!r}"
@@ -420,13 +427,6 @@ class S3Settings:
         return session.region_name or "us-east-1"
 
 
-def _redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password or parts.username:
-        return url.replace(parts.netloc, parts.hostname or "", 1)
-    return url
-
-
 def make_s3_client(settings: S3Settings | None = None, **overrides: Any):
     """A boto3 S3 client from ``settings`` (default: :meth:`S3Settings.from_env`).
 
@@ -443,7 +443,7 @@ def make_s3_client(settings: S3Settings | None = None, **overrides: Any):
         settings = replace(settings, **overrides)
     config = Config(
         s3={"addressing_style": settings.effective_addressing_style},
-        retries={"max_attempts": settings.max_attempts, "mode": settings.retry_mode},
+        retries={"total_max_attempts": settings.max_attempts, "mode": settings.retry_mode},
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.read_timeout,
         max_pool_connections=settings.max_pool_connections,
