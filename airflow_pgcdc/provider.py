@@ -1,0 +1,23 @@
+"""Airflow provider metadata (the ``apache_airflow_provider`` entry point)."""
+
+from __future__ import annotations
+
+
+def get_provider_info() -> dict:
+    return {
+        "package-name": "airflow-pgcdc",
+        "name": "PostgreSQL CDC (airflow-pgcdc)",
+        "description": "PostgreSQL snapshot-plus-CDC pipelines into Delta Lake on S3.",
+        "versions": ["0.1.0"],
+        "integrations": [
+            {
+                "integration-name": "PostgreSQL CDC",
+                "external-doc-url": "https://pypi.org/project/airflow-pgcdc/",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [],
+        "operators": [],
+        "sensors": [],
+        "triggers": [],
+    }
