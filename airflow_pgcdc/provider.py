@@ -16,8 +16,16 @@ def get_provider_info() -> dict:
                 "tags": ["software"],
             }
         ],
-        "hooks": [],
-        "operators": [],
+        "hooks": [
+            {"integration-name": "PostgreSQL CDC", "python-modules": ["airflow_pgcdc.hooks.pgcdc"]}
+        ],
+        "connection-types": [
+            {"hook-class-name": "airflow_pgcdc.hooks.pgcdc.PgcdcHook", "connection-type": "pgcdc"}
+        ],
+        "operators": [
+            {"integration-name": "PostgreSQL CDC", "python-modules": ["airflow_pgcdc.operators.snapshot"]}
+        ],
+
         "sensors": [],
         "triggers": [],
     }

@@ -1,0 +1,1 @@
+"""Airflow hooks: connections in, library settings out."""

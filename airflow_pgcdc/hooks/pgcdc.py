@@ -1,0 +1,102 @@
+"""``PgcdcHook``: an Airflow ``postgres`` connection (plus an optional AWS connection)
+turned into what the library calls need: a libpq DSN and S3 settings.
+
+The DSN carries the password, so it is never logged: use :meth:`PgcdcHook.safe_dsn`
+for messages. libpq does TLS and SCRAM; TLS settings come from the connection's
+extras (``sslmode``, ``sslrootcert``, ``sslcert``, ``sslkey``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseHook
+
+from airflow_pgcdc.pg.conninfo import redact
+from airflow_pgcdc.store.s3 import S3Settings, make_s3_client
+
+# libpq parameters accepted from a postgres connection's extras
+LIBPQ_EXTRAS = (
+    "sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "sslcrl", "sslcrldir",
+    "sslsni", "ssl_min_protocol_version", "channel_binding", "require_auth",
+    "application_name", "options", "connect_timeout", "keepalives", "keepalives_idle",
+    "keepalives_interval", "keepalives_count", "target_session_attrs", "gssencmode",
+    "krbsrvname", "passfile",
+)  # fmt: skip
+
+
+class PgcdcHook(BaseHook):
+    """Connections for airflow-pgcdc.
+
+    :param postgres_conn_id: an Airflow connection of type ``postgres`` (or this
+        provider's ``pgcdc`` type, the same fields): host, port, login, password,
+        schema = database; extras: libpq TLS/auth parameters.
+    :param aws_conn_id: an Airflow connection of type ``aws`` for S3 (login = access key
+        id, password = secret key; extras ``endpoint_url``, ``region_name``,
+        ``aws_session_token``); ``None`` uses boto3's environment (AWS_* variables).
+    """
+
+    conn_name_attr = "postgres_conn_id"
+    default_conn_name = "postgres_default"
+    conn_type = "pgcdc"  # its own type for the UI; any ``postgres`` connection works as well
+    hook_name = "PostgreSQL CDC"
+
+    def __init__(self, postgres_conn_id: str = default_conn_name, aws_conn_id: str | None = None) -> None:
+        super().__init__()
+        self.postgres_conn_id = postgres_conn_id
+        self.aws_conn_id = aws_conn_id
+
+    def get_conn(self) -> str:
+        """The libpq DSN (it holds the password: do not log it)."""
+        return self.get_dsn()
+
+    def get_dsn(self) -> str:
+        from psycopg.conninfo import make_conninfo
+
+        conn = self.get_connection(self.postgres_conn_id)
+        params: dict[str, Any] = {
+            "host": conn.host or None,
+            "port": conn.port or None,
+            "user": conn.login or None,
+            "password": conn.password or None,
+            "dbname": conn.schema or None,
+        }
+        extra = conn.extra_dejson or {}
+        for key in LIBPQ_EXTRAS:
+            if extra.get(key) not in (None, ""):
+                params[key] = str(extra[key])
+        return make_conninfo("", **{k: v for k, v in params.items() if v is not None})
+
+    def safe_dsn(self) -> str:
+        """The DSN with the password replaced by ``***``."""
+        return redact(self.get_dsn())
+
+    def s3_settings(self) -> S3Settings:
+        if not self.aws_conn_id:
+            return S3Settings.from_env()
+        conn = self.get_connection(self.aws_conn_id)
+        extra = conn.extra_dejson or {}
+        overrides: dict[str, Any] = {}
+        if conn.login:
+            overrides["access_key_id"] = conn.login
+        if conn.password:
+            overrides["secret_access_key"] = conn.password
+        if extra.get("aws_session_token"):
+            overrides["session_token"] = extra["aws_session_token"]
+        endpoint = extra.get("endpoint_url") or (extra.get("service_config") or {}).get("s3", {}).get("endpoint_url")
+        if endpoint:
+            overrides["endpoint_url"] = endpoint
+        if extra.get("region_name"):
+            overrides["region"] = extra["region_name"]
+        return S3Settings.from_env(**overrides)
+
+    def s3_client(self):
+        return make_s3_client(self.s3_settings())
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden-fields": [],
+            "relabeling": {"schema": "Database"},
+            "placeholders": {"extra": '{"sslmode": "verify-full", "sslrootcert": "/path/ca.pem"}'},
+        }

@@ -1,0 +1,86 @@
+"""Provider registration and the hook's connection handling (no servers needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from airflow_pgcdc.provider import get_provider_info
+
+
+def airflow_cli(tmp_path, *args: str) -> str:
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_provider_info_names_modules_that_import():
+    import importlib
+
+    info = get_provider_info()
+    assert info["package-name"] == "airflow-pgcdc"
+    for section in ("hooks", "operators", "sensors", "triggers"):
+        for entry in info.get(section, []):
+            for mod in entry["python-modules"]:
+                importlib.import_module(mod)
+    for ct in info["connection-types"]:
+        module, _, cls = ct["hook-class-name"].rpartition(".")
+        hook = getattr(importlib.import_module(module), cls)
+        assert hook.conn_type == ct["connection-type"]
+
+
+def test_airflow_lists_the_provider_and_its_hook(tmp_path):
+    assert "airflow-pgcdc" in airflow_cli(tmp_path, "providers", "list")
+    assert "airflow_pgcdc.hooks.pgcdc.PgcdcHook" in airflow_cli(tmp_path, "providers", "hooks")
+
+
+def test_hook_builds_dsn_with_tls_extras_and_hides_password(monkeypatch):
+    from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SRC",
+        json.dumps({
+            "conn_type": "postgres", "host": "db.example", "port": 6432, "login": "cdc",
+            "password": "s3cr3t pass'", "schema": "app",
+            "extra": {"sslmode": "verify-full", "sslrootcert": "/etc/ca.pem", "application_name": "pgcdc", "ignored": "x"},
+        }),
+    )
+    hook = PgcdcHook("src")
+    dsn = hook.get_dsn()
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(dsn)
+    assert params == {
+        "host": "db.example", "port": "6432", "user": "cdc", "password": "s3cr3t pass'", "dbname": "app",
+        "sslmode": "verify-full", "sslrootcert": "/etc/ca.pem", "application_name": "pgcdc",
+    }
+    assert "s3cr3t" not in hook.safe_dsn()
+
+
+def test_hook_s3_settings_from_aws_connection(monkeypatch):
+    from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_S3",
+        json.dumps({"conn_type": "aws", "login": "AKIDEXAMPLE", "password": "secretkey",
+                    "extra": {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"}}),
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_SRC", json.dumps({"conn_type": "postgres", "host": "h"}))
+    s = PgcdcHook("src", aws_conn_id="s3").s3_settings()
+    assert (s.access_key_id, s.secret_access_key, s.endpoint_url, s.region) == (
+        "AKIDEXAMPLE", "secretkey", "http://127.0.0.1:9000", "eu-west-1")
+    assert "secretkey" not in repr(s)
+
+
+def test_missing_connection_is_an_error():
+    from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+
+    with pytest.raises(Exception, match="no_such_conn"):
+        PgcdcHook("no_such_conn").get_dsn()
