@@ -920,13 +920,26 @@ def get_json(client: Any, bucket: str, key: str) -> Any:
 
 
 def exists(client: Any, bucket: str, key: str) -> bool:
-    """Whether an object ``key`` exists (HeadObject). A missing bucket raises."""
+    """Whether an object ``key`` exists (HeadObject). A missing bucket raises
+    :class:`ObjectNotFound` with code ``NoSuchBucket`` (HEAD answers a bare 404 for both,
+    so a miss is confirmed with HeadBucket)."""
     try:
         with _s3_call("HeadObject", bucket, key):
             client.head_object(Bucket=bucket, Key=key)
     except ObjectNotFound as e:
         if e.code == "NoSuchBucket":
             raise
+        try:
+            with _s3_call("HeadBucket", bucket):
+                client.head_bucket(Bucket=bucket)
+        except ObjectNotFound as b:
+            raise ObjectNotFound(
+                "the bucket does not exist",
+                bucket=bucket,
+                key=key,
+                operation="HeadObject",
+                code="NoSuchBucket",
+            ) from b
         return False
     return True
 
