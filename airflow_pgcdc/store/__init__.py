@@ -2,6 +2,12 @@
 
 May import ``changes``, pyarrow and boto3; never Airflow. See ``DESIGN.md``,
 "Contracts that other people depend on".
+
+- :mod:`.s3`: locations, settings and clients (boto3, pyarrow, delta-rs), MultipartWriter,
+  conditional puts, listing and deletion, typed errors (re-exported here);
+- :mod:`.layout`: every key of the store and the ``{schema}.{table}`` segment encoding;
+- :mod:`.parquet`: ParquetPartWriter and PartSequence (imports pyarrow);
+- :mod:`.manifest`: SnapshotManifest and BaseBackupInfo (``"format": 1``).
 """
 
 from airflow_pgcdc.store.s3 import (
@@ -16,14 +22,17 @@ from airflow_pgcdc.store.s3 import (
     S3Settings,
     StoreError,
     UploadAborted,
+    abort_uploads_under,
     delete_prefix,
     delta_storage_options,
     exists,
     get_bytes,
     get_json,
     list_keys,
+    list_objects,
     make_pyarrow_fs,
     make_s3_client,
+    pending_uploads,
     put_bytes,
     put_if_absent,
 )
@@ -40,14 +49,17 @@ __all__ = [
     "S3Settings",
     "StoreError",
     "UploadAborted",
+    "abort_uploads_under",
     "delete_prefix",
     "delta_storage_options",
     "exists",
     "get_bytes",
     "get_json",
     "list_keys",
+    "list_objects",
     "make_pyarrow_fs",
     "make_s3_client",
+    "pending_uploads",
     "put_bytes",
     "put_if_absent",
 ]

@@ -498,10 +498,12 @@ def make_pyarrow_fs(settings: S3Settings | None = None, **overrides: Any):
 def delta_storage_options(settings: S3Settings | None = None, **overrides: Any) -> dict[str, str]:
     """``storage_options`` for delta-rs (``deltalake``) reaching the same S3.
 
-    delta-rs (object_store) takes its own keys: ``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP``,
-    ``AWS_REGION``, credentials, ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST``. Commits rely on S3
-    conditional puts (``If-None-Match``), which AWS S3 and our test server support, so no
-    locking provider and no ``AWS_S3_ALLOW_UNSAFE_RENAME`` are set.
+    delta-rs (object_store) takes its own keys: ``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP``
+    (plain-http endpoints), ``AWS_REGION``, credentials, ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST``.
+    delta-rs 1.x commits with S3 conditional puts (``If-None-Match``; AWS S3 since 2024, and
+    the test bed's server), so neither a locking provider (``AWS_S3_LOCKING_PROVIDER``, gone
+    in 1.0) nor ``AWS_S3_ALLOW_UNSAFE_RENAME`` is set. Credentials come from the settings or
+    boto3's chain, resolved now (delta-rs does not read ``~/.aws`` profiles itself).
     """
     if settings is None:
         settings = S3Settings.from_env(**overrides)
