@@ -33,6 +33,8 @@ from airflow_pgcdc.errors import PgcdcError
 COMMANDS: list[str] = [
     "airflow_pgcdc.cli_sandbox",
     "airflow_pgcdc.peek",
+    "airflow_pgcdc.cli_basebackup",
+    "airflow_pgcdc.cli_snapshot",
 ]
 
 PROG = "pgcdc"

@@ -44,6 +44,7 @@ class ColumnInfo:
     typmod: int
     not_null: bool
     type_name: str  # format_type(): e.g. "numeric(12,2)", "character varying(10)", "text[]"
+    ndims: int = 0  # pg_attribute.attndims (declared array dimensions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,7 @@ WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
 
 _COLUMNS_SQL = """
 SELECT a.attname, a.attnum, a.atttypid, a.atttypmod, a.attnotnull,
-       format_type(a.atttypid, a.atttypmod)
+       format_type(a.atttypid, a.atttypmod), a.attndims
 FROM pg_attribute a
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 ORDER BY a.attnum

@@ -1,0 +1,423 @@
+"""The initial copy: one exported snapshot, copied in parallel to S3 as Parquet.
+
+1. A replication connection runs ``CREATE_REPLICATION_SLOT <slot> LOGICAL pgoutput
+   (SNAPSHOT 'export')``: the slot's ``consistent_point`` is where the change stream
+   will start, and the exported snapshot shows exactly the transactions committed
+   before it. That connection then stays idle until every worker has imported the
+   snapshot (it dies at the connection's next command).
+2. A catalog session and N worker sessions each run ``BEGIN ISOLATION LEVEL REPEATABLE
+   READ; SET TRANSACTION SNAPSHOT '<name>'``: they all see the same database.
+3. Each table is split into CTID block ranges (from ``relpages``); workers take parts
+   from a queue and stream ``COPY (SELECT ... WHERE ctid >= '(a,0)' AND ctid < '(b,0)')
+   TO STDOUT`` through the type map into one Parquet file per part, uploaded with
+   bounded memory.
+4. ``_manifest.json`` is written last, with a conditional put: the snapshot exists if
+   and only if its manifest does.
+
+A part that fails is retried on another worker while the snapshot lives. If the run
+fails as a whole, it drops the slot it created and removes its partial prefix, so no
+orphan slot retains WAL and a rerun starts clean. A rerun after a crash (no cleanup
+ran) finds the slot without a committed snapshot and starts over the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import psycopg
+
+from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.pg.conninfo import redact
+from airflow_pgcdc.pg.errors import AdminShutdown, ConnectionLost, DuplicateObject, UndefinedObject
+from airflow_pgcdc.pg.replication import ReplicationConnection
+from airflow_pgcdc.pg.tables import TableInfo, describe_table, parse_table_names, publication_tables
+from airflow_pgcdc.protocol.quoting import quote_literal
+from airflow_pgcdc.snapshot.convert import SESSION_SETUP, TableConverter, table_converter
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.layout import Layout, new_run_id
+from airflow_pgcdc.store.manifest import ColumnEntry, PartEntry, SnapshotManifest, TableEntry
+from airflow_pgcdc.store.parquet import PartSequence
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROWS_PER_PART = 1_000_000
+SMALL_TABLE_PAGES = 128  # 1 MiB of heap: one part, no CTID filter
+MAX_PART_ATTEMPTS = 3
+
+
+class SnapshotError(PgcdcError):
+    """The snapshot could not be taken."""
+
+
+class SnapshotExists(SnapshotError):
+    """The slot already has a committed snapshot: the pipeline is past its initial load."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPart:
+    table: TableInfo
+    number: int
+    start_block: int | None  # None: from the start
+    end_block: int | None  # exclusive; None: to the end
+    pages: int  # for progress
+
+    def where(self) -> str:
+        conds = []
+        if self.start_block is not None:
+            conds.append(f"ctid >= {quote_literal(f'({self.start_block},0)')}::tid")
+        if self.end_block is not None:
+            conds.append(f"ctid < {quote_literal(f'({self.end_block},0)')}::tid")
+        if self.table.row_filter:
+            conds.append(f"({self.table.row_filter})")
+        return (" WHERE " + " AND ".join(conds)) if conds else ""
+
+
+def plan_parts(table: TableInfo, rows_per_part: int) -> list[SnapshotPart]:
+    """Split ``table`` into CTID block ranges of about ``rows_per_part`` rows.
+
+    ``relpages``/``reltuples`` may be stale: the last range is open-ended, so rows in
+    pages added since the last ANALYZE are still copied. Partitioned tables and small
+    tables are one part.
+    """
+    pages = table.relpages
+    if table.relkind != "r" or pages <= SMALL_TABLE_PAGES or table.reltuples <= 0:
+        return [SnapshotPart(table, 0, None, None, max(pages, 1))]
+    rows_per_page = max(table.reltuples / pages, 1.0)
+    pages_per_part = max(int(rows_per_part / rows_per_page), 1)
+    n = max(1, math.ceil(pages / pages_per_part))
+    parts = []
+    for i in range(n):
+        start = None if i == 0 else i * pages_per_part
+        end = None if i == n - 1 else (i + 1) * pages_per_part
+        size = (end if end is not None else pages) - (start or 0)
+        parts.append(SnapshotPart(table, i, start, end, max(size, 1)))
+    return parts
+
+
+@dataclass
+class _Progress:
+    total_pages: int
+    started: float = field(default_factory=time.monotonic)
+    done_pages: int = 0
+    rows: int = 0
+    bytes: int = 0
+    parts_done: int = 0
+    tables_done: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def line(self, tables: int, parts: int) -> str:
+        elapsed = time.monotonic() - self.started
+        pct = 100.0 * self.done_pages / self.total_pages if self.total_pages else 100.0
+        rate = self.rows / elapsed if elapsed > 0 else 0.0
+        eta = elapsed * (100.0 - pct) / pct if pct > 0 else float("nan")
+        return (
+            f"snapshot: {self.tables_done}/{tables} tables, {self.parts_done}/{parts} parts, "
+            f"{self.rows:,} rows, {self.bytes / 1e6:,.1f} MB, {pct:.1f}% of pages, "
+            f"{rate:,.0f} rows/s, ETA {eta:,.0f}s"
+        )
+
+
+def _import_snapshot(dsn: str, snapshot_name: str) -> ReplicationConnection:
+    conn = ReplicationConnection.connect(dsn, replication="false", application_name="pgcdc-snapshot")
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    conn.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot_name)}")
+    for stmt in SESSION_SETUP:
+        conn.execute(stmt)
+    return conn
+
+
+def _discover(
+    catalog: psycopg.Connection, publication: str | None, tables: Sequence[str] | None
+) -> list[TableInfo]:
+    if tables:
+        found = [describe_table(catalog, s, t) for s, t in parse_table_names(tables)]
+        if publication:
+            published = {(t.schema, t.name): t for t in publication_tables(catalog, publication)}
+            found = [published.get((t.schema, t.name), t) for t in found]
+        return found
+    if not publication:
+        raise SnapshotError("give a publication or a list of tables to copy")
+    found = publication_tables(catalog, publication)
+    if not found:
+        raise SnapshotError(f"publication {publication!r} has no tables")
+    return found
+
+
+def _find_committed(client, layout: Layout, slot: str) -> str | None:
+    prefix = layout.snapshots_prefix(slot)
+    for key in s3store.list_keys(client, layout.bucket, prefix):
+        if key.endswith("/_manifest.json"):
+            return key
+    return None
+
+
+def _drop_slot(dsn: str, slot: str) -> None:
+    try:
+        with ReplicationConnection.connect(dsn) as conn:
+            conn.drop_slot(slot, wait=True)
+        log.info("dropped replication slot %s", slot)
+    except UndefinedObject:
+        pass
+    except Exception as exc:  # keep the original failure visible
+        log.error("could not drop replication slot %s: %s (drop it by hand)", slot, exc)
+
+
+def snapshot_to_s3(
+    dsn: str,
+    to: str | s3store.S3Location,
+    *,
+    slot: str,
+    publication: str | None = None,
+    tables: Sequence[str] | None = None,
+    workers: int = 4,
+    rows_per_part: int = DEFAULT_ROWS_PER_PART,
+    two_phase: bool = False,
+    snapshot_id: str | None = None,
+    s3_client=None,
+    progress_interval: float = 10.0,
+    on_slot_created: Callable[[str, str], None] | None = None,
+) -> SnapshotManifest:
+    """Create ``slot`` with an exported snapshot and copy the tables to ``to``.
+
+    Returns the committed manifest. ``on_slot_created(consistent_point, snapshot_name)``
+    is called once the slot exists (tests use it to interleave writes).
+    """
+    if workers < 1:
+        raise SnapshotError("workers must be at least 1")
+    if rows_per_part < 1:
+        raise SnapshotError("rows_per_part must be at least 1")
+    location = to if isinstance(to, s3store.S3Location) else s3store.S3Location.parse(to)
+    layout = Layout(location)
+    client = s3_client or s3store.make_s3_client()
+    committed = _find_committed(client, layout, slot)
+    if committed:
+        raise SnapshotExists(
+            f"slot {slot} already has a committed snapshot (s3://{location.bucket}/{committed}); "
+            "drain its changes, or drop the slot and the prefix to start over"
+        )
+    sid = snapshot_id or new_run_id()
+    started_at = datetime.now(UTC)
+    log.info("snapshot %s of %s into %s (slot %s)", sid, redact(dsn), location.url, slot)
+
+    repl = ReplicationConnection.connect(dsn, application_name="pgcdc-snapshot")
+    slot_created = False
+    sessions: list[ReplicationConnection] = []
+    try:
+        ident = repl.identify_system()
+        try:
+            created = repl.create_slot(
+                slot, output_plugin="pgoutput", two_phase=True if two_phase else None, snapshot="export"
+            )
+        except DuplicateObject:
+            # a slot without a committed snapshot: left by a run that died before cleanup
+            log.warning("slot %s exists without a committed snapshot: dropping it and starting over", slot)
+            s3store.delete_prefix(client, location.bucket, layout.snapshots_prefix(slot))
+            repl.drop_slot(slot, wait=True)
+            created = repl.create_slot(
+                slot, output_plugin="pgoutput", two_phase=True if two_phase else None, snapshot="export"
+            )
+        slot_created = True
+        snapshot_name = created.snapshot_name
+        if not snapshot_name:
+            raise SnapshotError("the server did not export a snapshot")
+        log.info("slot %s created at consistent point %s, snapshot %s", slot, created.consistent_point, snapshot_name)
+        # every session imports the snapshot before the slot connection does anything else
+        catalog_conn = psycopg.connect(dsn, autocommit=False, application_name="pgcdc-snapshot-catalog")
+        try:
+            with catalog_conn.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot_name)}")
+            n_workers = workers
+            for _ in range(n_workers):
+                sessions.append(_import_snapshot(dsn, snapshot_name))
+            repl.close()  # the snapshot is held by the importers now
+            if on_slot_created is not None:
+                on_slot_created(str(created.consistent_point), snapshot_name)
+            infos = _discover(catalog_conn, publication, tables)
+            converters = {t.oid: table_converter(catalog_conn, t) for t in infos}
+        finally:
+            catalog_conn.close()
+        for t in infos:
+            warning = t.key_warning()
+            if warning:
+                log.warning(warning)
+        parts = [p for t in infos for p in plan_parts(t, rows_per_part)]
+        results = _copy_all(parts, converters, sessions, client, layout, slot, sid, progress_interval)
+        manifest = SnapshotManifest(
+            slot=slot,
+            snapshot_id=sid,
+            snapshot_name=snapshot_name,
+            consistent_point=str(created.consistent_point),
+            system_id=ident.systemid,
+            timeline=ident.timeline,
+            started_at=started_at,
+            finished_at=datetime.now(UTC),
+            tables=tuple(_table_entry(t, results, layout, slot, sid) for t in infos),
+        )
+        key = layout.snapshot_manifest(slot, sid)
+        if not s3store.put_if_absent(client, location.bucket, key, manifest.to_json().encode()):
+            raise SnapshotError(f"a manifest already exists at s3://{location.bucket}/{key}")
+        log.info(
+            "snapshot %s committed: %d tables, %d rows, %.1f MB, consistent point %s",
+            sid, len(infos), manifest.rows, manifest.bytes / 1e6, manifest.consistent_point,
+        )
+        return manifest
+    except BaseException:
+        if slot_created:
+            _drop_slot(dsn, slot)
+        try:
+            s3store.delete_prefix(client, location.bucket, layout.snapshot_prefix(slot, sid))
+        except Exception as exc:
+            log.error("could not remove the partial snapshot prefix: %s", exc)
+        raise
+    finally:
+        repl.close()
+        for s in sessions:
+            s.close()
+
+
+def _table_entry(t: TableInfo, results: dict, layout: Layout, slot: str, sid: str) -> TableEntry:
+    parts = sorted(results[t.oid], key=lambda p: p[0])
+    key_set = set(t.key_columns)
+    return TableEntry(
+        schema=t.schema,
+        table=t.name,
+        columns=tuple(
+            ColumnEntry(
+                name=c.name,
+                pg_type=c.type_name,
+                nullable=not c.not_null,
+                key=c.name in key_set,
+                typmod=c.typmod,
+                type_oid=c.type_oid,
+            )
+            for c in t.columns
+        ),
+        key_columns=t.key_columns,
+        parts=tuple(PartEntry(path=path, rows=rows, bytes=size) for _n, path, rows, size in parts),
+        has_key=t.has_key,
+        row_filter=t.row_filter,
+        column_list=t.column_list,
+        rows=sum(p[2] for p in parts),
+        bytes=sum(p[3] for p in parts),
+    )
+
+
+def _copy_part(
+    session: ReplicationConnection,
+    part: SnapshotPart,
+    conv: TableConverter,
+    client,
+    layout: Layout,
+    slot: str,
+    sid: str,
+    progress: _Progress,
+) -> tuple[int, str, int, int]:
+    t = part.table
+    sql = f"COPY (SELECT {conv.select_list} FROM {t.qualified}{part.where()}) TO STDOUT {conv.copy_options}"
+    key = layout.snapshot_part(slot, sid, t.schema, t.name, part.number)
+    seq = PartSequence(
+        conv.schema,
+        key_for=lambda _n: key,
+        client=client,
+        bucket=layout.bucket,
+        target_bytes=None,
+        first_number=part.number,
+    )
+    decoder = conv.decoder()
+    try:
+        for chunk in session.copy_to(sql):
+            for batch in decoder.feed(chunk):
+                seq.write_batch(batch)
+                with progress.lock:
+                    progress.rows += batch.num_rows
+        for batch in decoder.finish():
+            seq.write_batch(batch)
+            with progress.lock:
+                progress.rows += batch.num_rows
+        infos = seq.close()
+    except BaseException:
+        seq.abort()
+        raise
+    rows = sum(i.rows for i in infos)
+    size = sum(i.bytes for i in infos)
+    with progress.lock:
+        progress.bytes += size
+        progress.done_pages += part.pages
+        progress.parts_done += 1
+    relative = key[len(layout.snapshot_prefix(slot, sid)) :].lstrip("/")
+    return part.number, relative, rows, size
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Connection and storage failures are worth another worker's try; a conversion
+    error or a server error about the query itself would fail again."""
+    return isinstance(exc, (ConnectionLost, AdminShutdown, s3store.S3RequestError, s3store.UploadAborted, OSError))
+
+
+def _copy_all(parts, converters, sessions, client, layout, slot, sid, progress_interval) -> dict:
+    work: queue.Queue = queue.Queue()
+    for p in parts:
+        work.put((p, 1))
+    results: dict[int, list] = {p.table.oid: [] for p in parts}
+    remaining = {t: sum(1 for p in parts if p.table.oid == t) for t in results}
+    progress = _Progress(total_pages=sum(p.pages for p in parts))
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+    alive = [len(sessions)]
+    stop = threading.Event()
+
+    def worker(session: ReplicationConnection) -> None:
+        while not stop.is_set():
+            try:
+                part, attempt = work.get(timeout=0.1)
+            except queue.Empty:
+                if all(v == 0 for v in remaining.values()):
+                    return
+                continue
+            try:
+                res = _copy_part(session, part, converters[part.table.oid], client, layout, slot, sid, progress)
+            except BaseException as exc:  # this session's transaction is unusable now
+                session.close()
+                with lock:
+                    alive[0] -= 1
+                    if attempt < MAX_PART_ATTEMPTS and alive[0] > 0 and _retryable(exc):
+                        log.warning(
+                            "part %d of %s failed (attempt %d): %s; retrying on another worker",
+                            part.number, part.table.display, attempt, exc,
+                        )
+                        work.put((part, attempt + 1))
+                    else:
+                        failures.append(exc)
+                        stop.set()
+                return
+            with lock:
+                results[part.table.oid].append(res)
+                remaining[part.table.oid] -= 1
+                if remaining[part.table.oid] == 0:
+                    progress.tables_done += 1
+
+    threads = [threading.Thread(target=worker, args=(s,), name=f"pgcdc-snapshot-{i}", daemon=True) for i, s in enumerate(sessions)]
+    for th in threads:
+        th.start()
+    n_tables = len(results)
+    last = time.monotonic()
+    while any(th.is_alive() for th in threads):
+        for th in threads:
+            th.join(timeout=0.2)
+        if time.monotonic() - last >= progress_interval:
+            log.info(progress.line(n_tables, len(parts)))
+            last = time.monotonic()
+    if failures:
+        raise SnapshotError(f"the snapshot copy failed: {failures[0]}") from failures[0]
+    if any(v for v in remaining.values()):
+        raise SnapshotError("every worker failed before all parts were copied")
+    log.info(progress.line(n_tables, len(parts)))
+    return results

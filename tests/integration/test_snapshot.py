@@ -1,0 +1,245 @@
+"""The initial copy against real servers and the real S3 server: one exported snapshot,
+parallel CTID parts, Parquet on S3, manifest last; the snapshot/stream handshake;
+failure handling (a killed worker, a killed coordinator, a failed run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_pgcdc.pg.logical import LogicalStream
+from airflow_pgcdc.pg.replication import ReplicationConnection
+from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
+from airflow_pgcdc.snapshot.export import SnapshotError, SnapshotExists, plan_parts, snapshot_to_s3
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.manifest import SnapshotManifest
+
+
+def sql(dsn, query, params=None):
+    with psycopg.connect(dsn, autocommit=True) as c:
+        cur = c.execute(query, params)
+        return cur.fetchall() if cur.description else None
+
+
+@pytest.fixture
+def store(s3, s3_bucket, monkeypatch):
+    for k, v in s3.aws_env().items():
+        monkeypatch.setenv(k, v)
+    client = s3.client()
+    return client, f"s3://{s3_bucket}/lake"
+
+
+def read_table(s3, url: str, manifest: SnapshotManifest, schema: str, table: str):
+    fs = s3store.make_pyarrow_fs()
+    layout = Layout.parse(url)
+    entry = manifest.table(schema, table)
+    prefix = layout.snapshot_prefix(manifest.slot, manifest.snapshot_id)
+    tables = [pq.read_table(f"{layout.bucket}/{prefix}{p.path}", filesystem=fs) for p in entry.parts]
+    import pyarrow as pa
+
+    return pa.concat_tables(tables)
+
+
+def slot_exists(dsn, slot) -> bool:
+    return bool(sql(dsn.socket_dsn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)))
+
+
+def make_source(dsn, rows=20000):
+    sql(dsn, "CREATE TABLE big (id bigint PRIMARY KEY, a int, b text, n numeric(12,2), ts timestamptz, f bool)")
+    sql(dsn, "INSERT INTO big SELECT g, g %% 97, md5(g::text), g / 7.0, '2024-01-01'::timestamptz + g * interval '1 second', g %% 2 = 0 FROM generate_series(1, %s) g", (rows,))
+    sql(dsn, "CREATE TABLE nokey (x int, y text)")
+    sql(dsn, "INSERT INTO nokey VALUES (1, 'a'), (2, NULL)")
+    sql(dsn, "CREATE TABLE small (k text PRIMARY KEY, v jsonb)")
+    sql(dsn, "INSERT INTO small VALUES ('x', '{\"a\": [1, 2]}'), ('y''q', NULL)")
+    sql(dsn, "ANALYZE")
+    sql(dsn, "CREATE PUBLICATION pub FOR TABLE big, nokey, small")
+
+
+def test_snapshot_copies_every_table_consistently(fresh_db, slot_name, store, s3):
+    client, url = store
+    make_source(fresh_db)
+    slot = slot_name()
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=2, rows_per_part=3000, s3_client=client)
+    assert slot_exists(fresh_db, slot)
+    assert manifest.consistent_point == str(LSN.parse(manifest.consistent_point))
+    assert manifest.timeline == 1 and manifest.system_id
+    big = manifest.table("public", "big")
+    assert len(big.parts) > 3, "rows_per_part=3000 splits 20000 rows into CTID ranges"
+    assert big.rows == 20000 == sum(p.rows for p in big.parts)
+    assert big.key_columns == ("id",) and big.has_key
+    assert [c.name for c in big.columns] == ["id", "a", "b", "n", "ts", "f"]
+    assert [c.pg_type for c in big.columns][3] == "numeric(12,2)"
+    assert manifest.table("public", "nokey").has_key is False
+    # the data equals the source
+    got = read_table(s3, url, manifest, "public", "big").sort_by("id")
+    assert got.column("id").to_pylist() == list(range(1, 20001))
+    expect = sql(fresh_db, "SELECT b, n::text, f FROM big WHERE id IN (1, 777, 20000) ORDER BY id")
+    for idx, (b, n, f) in zip((0, 776, 19999), expect, strict=True):
+        row = got.slice(idx, 1).to_pylist()[0]
+        assert row["b"] == b and str(row["n"]) == n and row["f"] == f
+    small = read_table(s3, url, manifest, "public", "small").to_pylist()
+    assert {r["k"] for r in small} == {"x", "y'q"}
+    # the manifest on S3 is the one returned, and it was written last
+    layout = Layout.parse(url)
+    stored = json.loads(s3store.get_bytes(client, layout.bucket, layout.snapshot_manifest(slot, manifest.snapshot_id)))
+    assert stored["format"] == 1 and stored["consistent_point"] == manifest.consistent_point
+    # a second snapshot on the same slot is refused
+    with pytest.raises(SnapshotExists):
+        snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", s3_client=client)
+
+
+def test_publication_column_list_and_row_filter(fresh_db, slot_name, store, s3):
+    if fresh_db.server.version_num < 150000:
+        pytest.skip("column lists and row filters need PostgreSQL 15+")
+    client, url = store
+    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, secret text, region text)")
+    sql(fresh_db, "INSERT INTO t SELECT g, 'pw' || g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END FROM generate_series(1, 100) g")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t (id, region) WHERE (region = 'eu')")
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot_name(), publication="pub", workers=1, s3_client=client)
+    entry = manifest.table("public", "t")
+    assert [c.name for c in entry.columns] == ["id", "region"]
+    assert entry.row_filter and "eu" in entry.row_filter
+    data = read_table(s3, url, manifest, "public", "t")
+    assert data.num_rows == 50 and set(data.column("region").to_pylist()) == {"eu"}
+    assert "secret" not in data.schema.names
+
+
+def test_snapshot_and_stream_meet_exactly_at_consistent_point(fresh_db, slot_name, store, s3):
+    """A writer commits numbered rows the whole time: every number is in the snapshot or
+    in the stream from the slot, never both, never neither."""
+    client, url = store
+    sql(fresh_db, "CREATE TABLE seq (n bigint PRIMARY KEY, pad text)")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE seq")
+    stop = threading.Event()
+    written = [0]
+
+    def writer():
+        with psycopg.connect(fresh_db, autocommit=True) as c:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                c.execute("INSERT INTO seq VALUES (%s, repeat('x', 100))", (n,))
+                written[0] = n
+
+    th = threading.Thread(target=writer)
+    th.start()
+    try:
+        while written[0] < 200:
+            time.sleep(0.01)
+        slot = slot_name()
+        manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=2, s3_client=client)
+        while written[0] < manifest.table("public", "seq").rows + 200:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        th.join()
+    last = written[0]
+    in_snapshot = sorted(read_table(s3, url, manifest, "public", "seq").column("n").to_pylist())
+    k = len(in_snapshot)
+    assert in_snapshot == list(range(1, k + 1)), "the snapshot holds a prefix of the commits"
+    target = LSN.parse(sql(fresh_db, "SELECT pg_current_wal_insert_lsn()::text")[0][0])
+    with ReplicationConnection.connect(fresh_db) as conn:
+        stream = LogicalStream.pgoutput(conn, slot, PgoutputOptions(publications=("pub",)), manifest.consistent_point)
+        msgs = stream.read_until(target, timeout=60)
+        conn.stop()
+    streamed = [int(m.new[0]) for m in msgs if m.type == "insert"]
+    assert streamed == list(range(k + 1, last + 1)), "the stream starts right after the snapshot"
+
+
+def test_killed_worker_part_is_retried(fresh_db, slot_name, store, s3):
+    client, url = store
+    make_source(fresh_db, rows=60000)
+    slot = slot_name()
+    killed = []
+
+    def killer(_cp, _name):
+        def run():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not killed:
+                rows = sql(fresh_db.socket_dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgcdc-snapshot' AND query LIKE 'COPY%%' AND state = 'active'")
+                if rows:
+                    sql(fresh_db.socket_dsn, "SELECT pg_terminate_backend(%s)", (rows[0][0],))
+                    killed.append(rows[0][0])
+                time.sleep(0.005)
+        threading.Thread(target=run, daemon=True).start()
+
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=3, rows_per_part=2000, s3_client=client, on_slot_created=killer)
+    assert killed, "a worker backend was terminated mid-copy"
+    assert manifest.table("public", "big").rows == 60000
+    ids = read_table(s3, url, manifest, "public", "big").column("id").to_pylist()
+    assert sorted(ids) == list(range(1, 60001))
+
+
+def test_failed_run_drops_its_slot_and_prefix(fresh_db, slot_name, store):
+    client, url = store
+    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY)")
+    sql(fresh_db, "INSERT INTO t SELECT generate_series(1, 1000)")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    # every COPY session is terminated once the slot exists: no worker is left to retry
+
+    def kill_workers(_cp, _name):
+        sql(fresh_db.socket_dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgcdc-snapshot'")
+
+    with pytest.raises(SnapshotError) as ei:
+        snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=2, s3_client=client, on_slot_created=kill_workers)
+    assert "failed" in str(ei.value)
+    assert not slot_exists(fresh_db, slot), "no orphan slot keeps WAL"
+    # a usage error before anything starts leaves nothing either
+    with pytest.raises(SnapshotError):
+        snapshot_to_s3(fresh_db, url, slot=slot, s3_client=client)  # neither publication nor tables
+    assert not slot_exists(fresh_db, slot)
+    layout = Layout.parse(url)
+    assert list(s3store.list_keys(client, layout.bucket, layout.snapshots_prefix(slot))) == []
+
+
+def test_killed_coordinator_rerun_starts_clean(fresh_db, slot_name, store, s3):
+    client, url = store
+    make_source(fresh_db, rows=200000)
+    slot = slot_name()
+    env = {**os.environ, **s3.aws_env()}
+    cmd = [sys.executable, "-m", "airflow_pgcdc.cli", "snapshot", "--dsn", fresh_db, "--slot", slot,
+           "--publication", "pub", "--to", url, "--workers", "2", "--rows-per-part", "5000"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    layout = Layout.parse(url)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if any(k.endswith(".parquet") for k in s3store.list_keys(client, layout.bucket, layout.snapshots_prefix(slot))):
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert slot_exists(fresh_db, slot), "a SIGKILLed coordinator leaves its slot behind"
+    rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    manifest = SnapshotManifest.from_json(rerun.stdout)
+    assert manifest.table("public", "big").rows == 200000
+    keys = list(s3store.list_keys(client, layout.bucket, layout.snapshots_prefix(slot)))
+    assert all(k.startswith(layout.snapshot_prefix(slot, manifest.snapshot_id)) for k in keys), "the dead run's parts are gone"
+    assert sql(fresh_db.socket_dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,))[0][0] == 1
+
+
+def test_plan_parts_open_ended_ranges():
+    from airflow_pgcdc.pg.tables import TableInfo
+
+    t = TableInfo(oid=1, schema="s", name="t", relkind="r", replica_identity="d", columns=(), key_columns=("id",),
+                  key_source="primary key", relpages=10_000, reltuples=1_000_000.0)
+    parts = plan_parts(t, 250_000)
+    assert len(parts) == 4
+    assert parts[0].start_block is None and parts[-1].end_block is None
+    assert [p.end_block for p in parts[:-1]] == [p.start_block for p in parts[1:]]
+    assert "ctid >= '(2500,0)'::tid AND ctid < '(5000,0)'::tid" in parts[1].where()
+    tiny = TableInfo(oid=1, schema="s", name="t", relkind="r", replica_identity="d", columns=(), key_columns=(),
+                     key_source=None, relpages=3, reltuples=10.0)
+    assert len(plan_parts(tiny, 1)) == 1 and plan_parts(tiny, 1)[0].where() == ""
