@@ -118,15 +118,15 @@ class SnapshotDecoder:
         self._pending += len(data)
         if self._pending < self.block_bytes:
             return []
-        buf = b"".join(self._parts)
+        buf = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
         cut = _last_row_end(buf)
         if cut <= 0:
             self._parts = [buf]
             return []
-        rest = buf[cut:]
+        rest = buf[cut:]  # the incomplete last row: a small copy
         self._parts = [rest] if rest else []
         self._pending = len(rest)
-        return self._decode(buf[:cut] if rest else buf)
+        return self._decode(memoryview(buf)[:cut] if rest else buf)
 
     def finish(self) -> list[pa.RecordBatch]:
         """Decode what is left; the data must end on a row boundary."""
@@ -152,7 +152,7 @@ class SnapshotDecoder:
 
     # ---- internals
 
-    def _decode(self, block: bytes) -> list[pa.RecordBatch]:
+    def _decode(self, block: bytes | memoryview) -> list[pa.RecordBatch]:
         start_offset = self.bytes
         while True:
             types = {

@@ -33,6 +33,9 @@ from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST, TupleData
 __all__ = ["DecodedTuples", "TupleDecoder"]
 
 UNCHANGED_TOAST_TYPE = pa.list_(pa.string())
+_NONE = type(None)
+_STR = {str}
+_BYTES = {bytes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +71,14 @@ class TupleDecoder:
                 [pa.array([], f.type) for f in self.schema], schema=self.schema
             )
             return DecodedTuples(empty, pa.array([], UNCHANGED_TOAST_TYPE), [None] * ncols)
-        for i, row in enumerate(rows):
-            if len(row) != ncols:
-                raise ValueConversionError(
-                    f"row has {len(row)} values, the relation has {ncols} columns",
-                    table=self.table, row=row_offset + i,
-                )
-        columns = list(zip(*rows, strict=True))
+        if set(map(len, rows)) != {ncols}:
+            for i, row in enumerate(rows):
+                if len(row) != ncols:
+                    raise ValueConversionError(
+                        f"row has {len(row)} values, the relation has {ncols} columns",
+                        table=self.table, row=row_offset + i,
+                    )
+        columns = list(zip(*rows, strict=True))  # lengths checked above
         arrays = []
         masks: list[np.ndarray | None] = []
         for i, values in enumerate(columns):
@@ -90,19 +94,15 @@ class TupleDecoder:
         """One column's values → (Arrow array, unchanged-TOAST mask or None)."""
         column, codec = self.columns[index], self.codecs[index]
         n = len(values)
+        kinds = set(map(type, values))  # one C-level pass: which kinds of items are here
+        kinds.discard(_NONE)
         try:
-            try:
-                arr = pa.array(values)
-            except (pa.ArrowInvalid, pa.ArrowTypeError):
-                arr = None
-            if arr is not None:
-                t = arr.type
-                if pa.types.is_string(t) or pa.types.is_large_string(t):
-                    return codec.from_text(arr), None
-                if pa.types.is_null(t):
-                    return pa.nulls(n, codec.arrow_type), None
-                if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-                    return self._binary(codec, column, list(values), row_offset), None
+            if not kinds:
+                return pa.nulls(n, codec.arrow_type), None
+            if kinds == _STR:
+                return codec.from_text(pa.array(values, pa.string())), None
+            if kinds == _BYTES:
+                return self._binary(codec, column, list(values), row_offset), None
             return self._mixed(codec, column, values, row_offset)
         except BadValue as e:
             raise wrap_bad(e, column, table=self.table, row_offset=row_offset) from None
