@@ -95,12 +95,14 @@ class SnapshotDecoder:
         self.schema = pa.schema([arrow_field(c, k) for c, k in zip(self.columns, self.codecs, strict=True)])
         self._native = [k.csv_type is not None for k in self.codecs]
         self._names = [f"c{i}" for i in range(len(self.columns))]
-        self._read_options = pacsv.ReadOptions(
-            column_names=self._names, use_threads=use_threads, block_size=max(block_bytes, 1 << 20)
+        self.use_threads = use_threads
+        # a row of one NULL column is an empty line: it must not be skipped
+        self._parse_options = pacsv.ParseOptions(
+            newlines_in_values=True, double_quote=True, ignore_empty_lines=False
         )
-        self._parse_options = pacsv.ParseOptions(newlines_in_values=True, double_quote=True)
-        self._parts: list[bytes] = []
-        self._pending = 0
+        self._buf = bytearray()  # pending bytes, from a row boundary
+        self._quotes = 0  # parity of the quotes in _buf
+        self._no_row_end_before = 0  # a search found no row end in _buf[:this]
         self.rows = 0
         """Rows decoded so far."""
         self.bytes = 0
@@ -114,36 +116,35 @@ class SnapshotDecoder:
             raise ValueError("feed() after finish()")
         if not data:
             return []
-        self._parts.append(bytes(data) if not isinstance(data, bytes) else data)
-        self._pending += len(data)
-        if self._pending < self.block_bytes:
+        buf = self._buf
+        start = len(buf)
+        buf += data
+        self._quotes ^= buf.count(b'"', start) & 1
+        if len(buf) < self.block_bytes or buf.find(b"\n", start) < 0:
             return []
-        buf = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
-        cut = _last_row_end(buf)
+        cut = _last_row_end(buf, self._quotes, self._no_row_end_before)
         if cut <= 0:
-            self._parts = [buf]
+            self._no_row_end_before = len(buf)  # the next search starts after this
             return []
-        rest = buf[cut:]  # the incomplete last row: a small copy
-        self._parts = [rest] if rest else []
-        self._pending = len(rest)
-        return self._decode(memoryview(buf)[:cut] if rest else buf)
+        self._buf = buf[cut:]  # the incomplete last row: a small copy
+        self._quotes = self._buf.count(b'"') & 1
+        self._no_row_end_before = 0
+        return self._decode(memoryview(buf)[:cut])
 
     def finish(self) -> list[pa.RecordBatch]:
         """Decode what is left; the data must end on a row boundary."""
         if self._finished:
             return []
         self._finished = True
-        buf = b"".join(self._parts)
-        self._parts = []
-        self._pending = 0
+        buf, self._buf = self._buf, bytearray()
         if not buf:
             return []
-        if buf.count(b'"') % 2 or not buf.endswith(b"\n"):
+        if self._quotes or not buf.endswith(b"\n"):
             raise ValueConversionError(
                 "COPY data ends inside a row (truncated stream?)",
                 table=self.table, row=self.rows, offset=self.bytes,
             )
-        return self._decode(buf)
+        return self._decode(memoryview(buf))
 
     def decode_all(self, data: bytes) -> pa.Table:
         """Convenience: decode a whole COPY output at once."""
@@ -154,6 +155,7 @@ class SnapshotDecoder:
 
     def _decode(self, block: bytes | memoryview) -> list[pa.RecordBatch]:
         start_offset = self.bytes
+        whole = False
         while True:
             types = {
                 name: (codec.csv_type if native else pa.string())
@@ -167,11 +169,22 @@ class SnapshotDecoder:
                 true_values=["t"],
                 false_values=["f"],
             )
+            # pyarrow needs every row inside one of its blocks: single-threaded, the whole
+            # block is one; threaded, split it and fall back to one block for huge rows
+            size = len(block) + 1
+            if self.use_threads and not whole:
+                size = min(size, max(self.block_bytes // 2, 1 << 20))
+            read_options = pacsv.ReadOptions(
+                column_names=self._names, use_threads=self.use_threads, block_size=size
+            )
             try:
-                table = pacsv.read_csv(pa.py_buffer(block), self._read_options, self._parse_options, convert)
+                table = pacsv.read_csv(pa.py_buffer(block), read_options, self._parse_options, convert)
                 break
             except pa.ArrowInvalid as e:
                 msg = str(e)
+                if "straddl" in msg and not whole:
+                    whole = True
+                    continue
                 m = _CSV_COLUMN_RE.search(msg)
                 col = int(m.group(1)) if m else None
                 if col is not None and 0 <= col < len(self._native) and self._native[col]:
@@ -207,16 +220,30 @@ class SnapshotDecoder:
         return out
 
 
-def _last_row_end(buf: bytes) -> int:
-    """Index just past the last newline that ends a row (outside quotes), or 0."""
-    pos = buf.rfind(b"\n")
+def _last_row_end(buf: bytes | bytearray, quotes_parity: int | None = None, lo: int = 0) -> int:
+    """Index just past the last newline of ``buf`` that ends a row, or 0 when none does.
+
+    ``buf`` starts on a row boundary; a newline ends a row when the number of quotes
+    before it is even (PostgreSQL quotes every field holding a newline and doubles
+    quotes inside fields). ``quotes_parity``: the parity of all quotes in ``buf`` if
+    known (saves counting them); ``lo``: no row ends before this index (a previous
+    search). Walks back by quoted field, not by newline, so a huge multi-line value
+    costs one scan.
+    """
+    if quotes_parity is None:
+        quotes_parity = buf.count(b'"') & 1
+    pos = buf.rfind(b"\n", lo)
     if pos < 0:
         return 0
-    quotes = buf.count(b'"', 0, pos)
-    while quotes % 2:  # that newline is inside a quoted field: look further back
-        prev = buf.rfind(b"\n", 0, pos)
-        if prev < 0:
+    parity = (quotes_parity - buf.count(b'"', pos)) & 1
+    while parity:
+        # pos is inside a quoted field opened by the last quote before it; just before
+        # that quote we are outside quotes, so look for a newline before it
+        q = buf.rfind(b'"', lo, pos)
+        if q < 0:
             return 0
-        quotes -= buf.count(b'"', prev, pos)
-        pos = prev
+        pos = buf.rfind(b"\n", lo, q)
+        if pos < 0:
+            return 0
+        parity = buf.count(b'"', pos, q) & 1
     return pos + 1

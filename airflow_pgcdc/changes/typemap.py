@@ -245,7 +245,7 @@ def _codec(t: PgTypeInfo, typmod: int, ndims: int) -> Codec:
         if ps is not None and _c.DecimalCodec.fits(*ps):
             return _c.DecimalCodec(t, typmod, *ps)
         return _c.NumericTextCodec(t, typmod)
-    if name in ("text", "varchar", "bpchar", "name", "xml", "json", "unknown"):
+    if name in ("text", "varchar", "bpchar", "name", "json", "unknown"):
         return _c.TextCodec(t, typmod, "utf8", encoding="json" if name == "json" else "text")
     if name == "jsonb":
         return _c.TextCodec(t, typmod, "jsonb", encoding="json")

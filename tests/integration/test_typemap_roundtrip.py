@@ -185,6 +185,11 @@ def _make_table(conn: psycopg.Connection, major: int) -> tuple[list[PgColumn], i
     for stmt in SETUP:
         conn.execute(stmt)
     cols = [(n, t, v) for n, t, v, m in COLUMNS if major >= m]
+    try:  # the embedded PostgreSQL 18 is built without libxml
+        conn.execute("SELECT '<a/>'::xml")
+        cols.append(("x", "xml", ["'<a>x &amp; y</a>'", "'text only'", "'<?xml version=\"1.0\"?><r/>'"]))
+    except psycopg.errors.FeatureNotSupported:
+        pass
     conn.execute(
         "CREATE TABLE everything (id int4 PRIMARY KEY, "
         + ", ".join(f"{n} {t}" for n, t, _ in cols) + ")"

@@ -643,3 +643,47 @@ def test_tuple_decoder_errors() -> None:
     assert (info.value.column, info.value.row, info.value.pg_type) == ("n", 3, "numeric(6,2)")
     with pytest.raises(ValueConversionError, match="not supported"):
         TupleDecoder([col("int4range")]).decode([(b"\x01",)])
+
+
+def test_snapshot_decoder_single_null_column_rows_are_empty_lines() -> None:
+    c = [col("text", name="t")]
+    t = SnapshotDecoder(c).decode_all(b'a\n\n""\n\nb\n')
+    assert t.column("t").to_pylist() == ["a", None, "", None, "b"]
+    i = [col("int4", name="i")]
+    assert SnapshotDecoder(i).decode_all(b"1\n\n2\n").column("i").to_pylist() == [1, None, 2]
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_snapshot_decoder_rows_larger_than_blocks(threads) -> None:
+    big = "x\n" * (3 << 19)
+    data = b'1,"' + big.encode() + b'",,,\n2,y,,,\n'
+    dec = SnapshotDecoder(COLS, block_bytes=1 << 16, use_threads=threads)
+    out = []
+    for i in range(0, len(data), 1 << 15):
+        out += dec.feed(data[i : i + (1 << 15)])
+    out += dec.finish()
+    t = pa.Table.from_batches(out)
+    assert t.column("t").to_pylist() == [big, "y"]
+
+
+def test_huge_multiline_value_is_linear() -> None:
+    """A 16 MB value of short lines, fed in 64 KiB pieces: no rescans (quadratic)."""
+    import time
+
+    big = "line\n" * (16 << 20 // 5)
+    data = b'1,"' + big.encode() + b'",,,\n' + b"2,y,,,\n" * 1000
+    dec = SnapshotDecoder(COLS, block_bytes=1 << 16)
+    t0 = time.perf_counter()
+    out = []
+    for i in range(0, len(data), 1 << 16):
+        out += dec.feed(data[i : i + (1 << 16)])
+    out += dec.finish()
+    assert time.perf_counter() - t0 < 5
+    assert sum(b.num_rows for b in out) == 1001
+
+
+def test_last_row_end_with_known_prefix() -> None:
+    buf = b'1,"a\nb\nc'
+    assert _last_row_end(buf) == 0
+    assert _last_row_end(buf + b'"\n', None, len(buf)) == len(buf) + 2
+    assert _last_row_end(b'1,x\n2,"y\n', 1, 4) == 0
