@@ -1,0 +1,266 @@
+"""Change rows: committed changes of one relation version → Arrow record batches.
+
+A *relation version* is one definition of a published table as pgoutput's Relation
+message describes it (schema, name, replica identity, columns with type OID, typmod
+and key flag). A schema change mid-window gives the table a new version, hence new
+part files (see :mod:`airflow_pgcdc.store.window`).
+
+The columns of a change row (a public contract, see ``DESIGN.md``):
+
+* the table's columns, in order, typed by the shared type map
+  (:mod:`airflow_pgcdc.changes.typemap`): for ``I`` and ``U`` the new row; for ``D``
+  the old row as the server sent it (the replica identity key with the other
+  columns NULL, or the full old row under ``REPLICA IDENTITY FULL``);
+* ``_pgcdc_old_<column>`` for every column flagged as part of the replica identity
+  (all columns under ``REPLICA IDENTITY FULL``, none under ``NOTHING``), same type:
+  set on an ``U`` row when the server sent the old key (``K``, the update changed
+  the key) or the old row (``O``, REPLICA IDENTITY FULL), NULL otherwise (and always
+  NULL on ``I`` and ``D`` rows, whose table columns already hold what is known);
+* ``_pgcdc_op`` (string ``I``/``U``/``D``), ``_pgcdc_commit_lsn`` (int64, the commit
+  record's LSN), ``_pgcdc_seq`` (int64, order of the change within the window, over
+  every table, truncates and transactional messages), ``_pgcdc_xid`` (int64, the
+  top-level transaction id), ``_pgcdc_commit_ts`` (timestamp[us, UTC]),
+  ``_pgcdc_unchanged_toast`` (list<string>: columns whose value was not sent because
+  it is an unchanged TOASTed value; the column itself is NULL in the row). Under
+  REPLICA IDENTITY FULL an unchanged TOAST value is taken from the old row when the
+  old row has it, and is then not listed.
+
+LSNs are int64 (readers that lack unsigned 64-bit integers, Spark, read them as is;
+PostgreSQL LSNs stay far below 2^63).
+
+Memory: a :class:`ChangeBuffer` keeps raw pgoutput tuples only until ``take()``; the
+caller converts each taken :class:`ChangeChunk` (a few thousand rows) with
+:meth:`RelationVersion.to_batch`, so nothing grows with the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pyarrow as pa
+
+from airflow_pgcdc.changes.tuples import TupleDecoder
+from airflow_pgcdc.changes.typemap import TypeMapError
+from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST
+from airflow_pgcdc.protocol.pgtypes import PgColumn, format_type
+
+__all__ = [
+    "META_FIELDS",
+    "OLD_PREFIX",
+    "ChangeBuffer",
+    "ChangeChunk",
+    "RelationVersion",
+    "old_column_name",
+]
+
+OLD_PREFIX = "_pgcdc_old_"
+META_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("_pgcdc_op", pa.string(), nullable=False),
+    pa.field("_pgcdc_commit_lsn", pa.int64(), nullable=False),
+    pa.field("_pgcdc_seq", pa.int64(), nullable=False),
+    pa.field("_pgcdc_xid", pa.int64(), nullable=False),
+    pa.field("_pgcdc_commit_ts", pa.timestamp("us", tz="UTC"), nullable=True),
+    pa.field("_pgcdc_unchanged_toast", pa.list_(pa.string()), nullable=False),
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def old_column_name(column: str) -> str:
+    """``_pgcdc_old_<column>``: the old value of a replica-identity column."""
+    return OLD_PREFIX + column
+
+
+class ColumnNameClash(TypeMapError):
+    """A table column whose name collides with a ``_pgcdc_`` metadata column."""
+
+
+@dataclass(frozen=True, eq=False)
+class RelationVersion:
+    """One definition of a table in a window: ``version`` counts from 0 per table and
+    window, in the order the definitions were first used."""
+
+    relation_oid: int
+    schema: str
+    table: str
+    replica_identity: str
+    columns: tuple[PgColumn, ...]
+    key_flags: tuple[bool, ...]
+    version: int = 0
+    decoder: TupleDecoder = field(init=False, repr=False)
+    old_decoder: TupleDecoder | None = field(init=False, repr=False)
+    old_indexes: tuple[int, ...] = field(init=False, repr=False)
+    schema_arrow: pa.Schema = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        display = f"{self.schema}.{self.table}"
+        names = {c.name for c in self.columns}
+        old_idx = tuple(i for i, k in enumerate(self.key_flags) if k)
+        clash = [n for n in names if n.startswith("_pgcdc_")]
+        if clash:
+            raise ColumnNameClash(
+                f"table {display}: column(s) {sorted(clash)} use the reserved _pgcdc_ prefix"
+            )
+        dec = TupleDecoder(self.columns, table=display)
+        old_cols = [self.columns[i] for i in old_idx]
+        old_dec = TupleDecoder(old_cols, table=display) if old_cols else None
+        fields = list(dec.schema)
+        if old_dec is not None:
+            fields += [f.with_name(old_column_name(f.name)) for f in old_dec.schema]
+        fields += list(META_FIELDS)
+        object.__setattr__(self, "decoder", dec)
+        object.__setattr__(self, "old_decoder", old_dec)
+        object.__setattr__(self, "old_indexes", old_idx)
+        object.__setattr__(self, "schema_arrow", pa.schema(fields))
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def old_columns(self) -> list[str]:
+        return [self.columns[i].name for i in self.old_indexes]
+
+    def describe(self) -> dict:
+        """The manifest's description of this version."""
+        return {
+            "version": self.version,
+            "relation_oid": self.relation_oid,
+            "replica_identity": self.replica_identity,
+            "columns": [
+                {
+                    "name": c.name,
+                    "pg_type": format_type(c.type, c.typmod, c.ndims),
+                    "type_oid": c.type.oid,
+                    "typmod": c.typmod,
+                    "key": k,
+                }
+                for c, k in zip(self.columns, self.key_flags, strict=True)
+            ],
+            "old_columns": [old_column_name(n) for n in self.old_columns],
+        }
+
+    def same_definition(self, other: RelationVersion) -> bool:
+        return (
+            self.schema == other.schema
+            and self.table == other.table
+            and self.replica_identity == other.replica_identity
+            and self.key_flags == other.key_flags
+            and [(c.name, c.type.oid, c.typmod, c.ndims) for c in self.columns]
+            == [(c.name, c.type.oid, c.typmod, c.ndims) for c in other.columns]
+        )
+
+    def to_batch(self, chunk: ChangeChunk) -> pa.RecordBatch:
+        """Convert a taken chunk to a record batch of :attr:`schema_arrow`."""
+        n = len(chunk.ops)
+        decoded = self.decoder.decode(chunk.images, row_offset=chunk.first_seq)
+        arrays = list(decoded.batch.columns)
+        if self.old_decoder is not None:
+            width = len(self.old_indexes)
+            nulls = (None,) * width
+            idx = self.old_indexes
+            olds = [
+                nulls if o is None else tuple(None if o[i] is UNCHANGED_TOAST else o[i] for i in idx)
+                for o in chunk.olds
+            ]
+            arrays += list(self.old_decoder.decode(olds, row_offset=chunk.first_seq).batch.columns)
+        arrays += [
+            pa.array(chunk.ops, pa.string()),
+            pa.array(chunk.commit_lsns, pa.int64()),
+            pa.array(chunk.seqs, pa.int64()),
+            pa.array(chunk.xids, pa.int64()),
+            pa.array(chunk.commit_ts_us, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            decoded.unchanged_toast,
+        ]
+        assert all(len(a) == n for a in arrays)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema_arrow)
+
+
+@dataclass(slots=True)
+class ChangeChunk:
+    """Raw change rows of one relation version, in window order."""
+
+    ops: list[str]
+    images: list[tuple]
+    olds: list[tuple | None]
+    commit_lsns: list[int]
+    seqs: list[int]
+    xids: list[int]
+    commit_ts_us: list[int | None]
+    nbytes: int
+
+    @property
+    def first_seq(self) -> int:
+        return self.seqs[0] if self.seqs else 0
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+def _tuple_bytes(t: Sequence) -> int:
+    n = 8 * len(t)
+    for v in t:
+        if type(v) is str or type(v) is bytes:
+            n += len(v)
+    return n
+
+
+def ts_us(ts: datetime | None) -> int | None:
+    if ts is None:
+        return None
+    d = ts - _EPOCH
+    return (d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds
+
+
+class ChangeBuffer:
+    """Collects change rows of one relation version until :meth:`take`."""
+
+    __slots__ = ("version", "_chunk", "rows", "nbytes")
+
+    def __init__(self, version: RelationVersion) -> None:
+        self.version = version
+        self.rows = 0  # total rows ever added
+        self.nbytes = 0  # approximate bytes of the raw values buffered now
+        self._chunk = self._new()
+
+    @staticmethod
+    def _new() -> ChangeChunk:
+        return ChangeChunk([], [], [], [], [], [], [], 0)
+
+    def add(
+        self,
+        op: str,
+        image: tuple,
+        old: tuple | None,
+        commit_lsn: int,
+        seq: int,
+        xid: int,
+        commit_ts_us: int | None,
+    ) -> None:
+        if old is not None and op == "U" and self.version.replica_identity == "f" and UNCHANGED_TOAST in image:
+            # REPLICA IDENTITY FULL: the old row may hold the value that was not resent
+            image = tuple(
+                o if (v is UNCHANGED_TOAST and o is not UNCHANGED_TOAST) else v
+                for v, o in zip(image, old, strict=False)
+            ) + image[len(old):]
+        c = self._chunk
+        c.ops.append(op)
+        c.images.append(image)
+        c.olds.append(old)
+        c.commit_lsns.append(commit_lsn)
+        c.seqs.append(seq)
+        c.xids.append(xid)
+        c.commit_ts_us.append(commit_ts_us)
+        size = _tuple_bytes(image) + (_tuple_bytes(old) if old is not None else 0) + 48
+        c.nbytes += size
+        self.nbytes += size
+        self.rows += 1
+
+    def __len__(self) -> int:
+        return len(self._chunk.ops)
+
+    def take(self) -> ChangeChunk:
+        chunk, self._chunk = self._chunk, self._new()
+        self.nbytes = 0
+        return chunk

@@ -1,0 +1,583 @@
+"""Change windows in the store: the window manifest (model, JSON, reading) and the
+window writer (Parquet parts per table and relation version, uploaded off the
+replication thread).
+
+A window lives in ``{prefix}/{slot}/changes/w={window_seq:012d}/`` (see
+:mod:`airflow_pgcdc.store.layout`)::
+
+    {schema}.{table}/v{relation_version:04d}-part-{n:05d}.parquet   change rows (changes.rows)
+    messages/part-{n:05d}.parquet                                    logical decoding messages
+    prepared/{xid}-{gid}.spool                                       held prepared transactions
+    _manifest.json                                                   written LAST, If-None-Match
+
+The window exists if and only if ``_manifest.json`` does; anything else in a folder
+without a manifest is debris of a crashed attempt (the next attempt removes it).
+
+Manifest (``"format": 1``, ``"kind": "window"``)::
+
+    slot, window_seq, start_lsn, end_lsn          (LSNs as X/Y; commits in [start, end))
+    end_reason                                    until_lsn | max_rows | max_bytes | max_seconds | caught_up
+    system_id, timeline, snapshot_id              (snapshot_id: the snapshot this stream continues)
+    transactions, first_commit_lsn, last_commit_lsn, rows, bytes
+    tables: [{schema, table, rows, bytes,
+              relation_versions: [{version, relation_oid, replica_identity,
+                                   columns: [{name, pg_type, type_oid, typmod, key}],
+                                   old_columns, rows, bytes, parts: [{path, rows, bytes}]}]}]
+    truncates: [{seq, xid, commit_lsn, tables: ["schema.table"], cascade, restart_identity}]
+    origins: [{xid, commit_lsn, origin, origin_lsn}]   skipped_transactions
+    messages: {transactional, non_transactional, parts: [{path, rows, bytes}]}
+    prepared: {pending: [{gid, xid, prepare_lsn, prepare_end_lsn, prepare_ts, window_seq, path,
+                          bytes, changes, origin}],
+               committed: [{gid, xid, commit_lsn}], rolled_back: [{gid, xid, lsn}]}
+    streamed: {committed, aborted}
+    timings: {started_at, finished_at, receive_seconds, finish_seconds}
+
+``prepared.pending`` lists every prepared transaction not yet resolved at ``end_lsn``,
+including those prepared in earlier windows (``window_seq`` says whose folder holds the
+data): a reader of the latest window alone knows everything that is held. Its
+``path`` is relative to that window's folder. Paths of parts are relative to this
+window's folder. Readers must ignore unknown fields (kept in ``extra``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from airflow_pgcdc.changes.rows import ChangeChunk, RelationVersion
+from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.layout import MANIFEST_NAME, Layout, encode_name, window_folder
+from airflow_pgcdc.store.parquet import DEFAULT_TARGET_PART_BYTES, PartSequence
+from airflow_pgcdc.store.s3 import MultipartWriter, StoreError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MESSAGES_SCHEMA",
+    "WindowManifest",
+    "WindowManifestError",
+    "WindowWriter",
+    "committed_window_seqs",
+    "latest_window",
+    "prepared_key",
+    "read_window",
+    "read_window_rows",
+    "window_folders",
+]
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+KIND = "window"
+
+MESSAGES_SCHEMA = pa.schema([
+    pa.field("_pgcdc_seq", pa.int64()),  # order in the window (transactional), else null
+    pa.field("transactional", pa.bool_(), nullable=False),
+    pa.field("_pgcdc_xid", pa.int64()),
+    pa.field("_pgcdc_commit_lsn", pa.int64()),
+    pa.field("lsn", pa.int64(), nullable=False),
+    pa.field("prefix", pa.string(), nullable=False),
+    pa.field("content", pa.binary(), nullable=False),
+])
+
+
+class WindowManifestError(StoreError, ValueError):
+    """A window manifest that is not valid (names the key and the field)."""
+
+
+def _lsn(value: Any, what: str, key: str | None) -> str:
+    try:
+        return str(LSN(value) if isinstance(value, int) else LSN.parse(value))
+    except (InvalidLSN, TypeError, AttributeError) as e:
+        raise WindowManifestError(f"{what}: {e}", key=key) from None
+
+
+_CORE = (
+    "format", "kind", "slot", "window_seq", "start_lsn", "end_lsn", "end_reason", "system_id",
+    "timeline", "snapshot_id", "transactions", "first_commit_lsn", "last_commit_lsn", "rows",
+    "bytes", "tables", "truncates", "origins", "skipped_transactions", "messages", "prepared",
+    "streamed", "timings",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WindowManifest:
+    """``_manifest.json`` of a window (see the module docstring for every field)."""
+
+    slot: str
+    window_seq: int
+    start_lsn: str
+    end_lsn: str
+    end_reason: str
+    transactions: int = 0
+    rows: int = 0
+    bytes: int = 0
+    tables: tuple[dict, ...] = ()
+    truncates: tuple[dict, ...] = ()
+    origins: tuple[dict, ...] = ()
+    skipped_transactions: int = 0
+    messages: Mapping[str, Any] = field(default_factory=dict)
+    prepared: Mapping[str, Any] = field(default_factory=dict)
+    streamed: Mapping[str, Any] = field(default_factory=dict)
+    timings: Mapping[str, Any] = field(default_factory=dict)
+    first_commit_lsn: str | None = None
+    last_commit_lsn: str | None = None
+    system_id: str | None = None
+    timeline: int | None = None
+    snapshot_id: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start_lsn", _lsn(self.start_lsn, "start_lsn", None))
+        object.__setattr__(self, "end_lsn", _lsn(self.end_lsn, "end_lsn", None))
+        if LSN.parse(self.end_lsn) < LSN.parse(self.start_lsn):
+            raise WindowManifestError(f"end_lsn {self.end_lsn} is before start_lsn {self.start_lsn}")
+        if not isinstance(self.window_seq, int) or isinstance(self.window_seq, bool) or self.window_seq < 0:
+            raise WindowManifestError(f"window_seq must be a non-negative integer, got {self.window_seq!r}")
+        object.__setattr__(self, "tables", tuple(self.tables))
+        object.__setattr__(self, "truncates", tuple(self.truncates))
+        object.__setattr__(self, "origins", tuple(self.origins))
+
+    @property
+    def start(self) -> LSN:
+        return LSN.parse(self.start_lsn)
+
+    @property
+    def end(self) -> LSN:
+        return LSN.parse(self.end_lsn)
+
+    @property
+    def table_rows(self) -> dict[str, int]:
+        """``{"schema.table": rows}``."""
+        return {f"{t['schema']}.{t['table']}": t["rows"] for t in self.tables}
+
+    @property
+    def pending_prepared(self) -> list[dict]:
+        return list(self.prepared.get("pending", ()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "kind": KIND,
+            "slot": self.slot,
+            "window_seq": self.window_seq,
+            "start_lsn": self.start_lsn,
+            "end_lsn": self.end_lsn,
+            "end_reason": self.end_reason,
+            "system_id": self.system_id,
+            "timeline": self.timeline,
+            "snapshot_id": self.snapshot_id,
+            "transactions": self.transactions,
+            "first_commit_lsn": self.first_commit_lsn,
+            "last_commit_lsn": self.last_commit_lsn,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "tables": list(self.tables),
+            "truncates": list(self.truncates),
+            "origins": list(self.origins),
+            "skipped_transactions": self.skipped_transactions,
+            "messages": dict(self.messages),
+            "prepared": dict(self.prepared),
+            "streamed": dict(self.streamed),
+            "timings": dict(self.timings),
+        } | dict(self.extra)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes | Mapping[str, Any], *, key: str | None = None) -> WindowManifest:
+        if isinstance(text, Mapping):
+            data: Any = dict(text)
+        else:
+            try:
+                data = json.loads(text)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise WindowManifestError(f"not a JSON document: {e}", key=key) from None
+        if not isinstance(data, dict):
+            raise WindowManifestError("a manifest is a JSON object", key=key)
+        if data.get("format") != FORMAT_VERSION or isinstance(data.get("format"), bool):
+            raise WindowManifestError(
+                f"window manifest format {data.get('format')!r} is not supported (this version "
+                f"reads format {FORMAT_VERSION}): upgrade airflow-pgcdc", key=key,
+            )
+        if data.get("kind") != KIND:
+            raise WindowManifestError(f"expected a 'window' manifest, got kind {data.get('kind')!r}", key=key)
+        for name in ("slot", "window_seq", "start_lsn", "end_lsn"):
+            if name not in data:
+                raise WindowManifestError(f"missing field {name!r}", key=key)
+        for name in ("transactions", "rows", "bytes"):
+            v = data.get(name, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise WindowManifestError(f"{name}: expected a non-negative integer, got {v!r}", key=key)
+        for name in ("tables", "truncates", "origins"):
+            if not isinstance(data.get(name, []), list):
+                raise WindowManifestError(f"{name}: expected a list", key=key)
+        try:
+            m = cls(
+                slot=data["slot"],
+                window_seq=data["window_seq"],
+                start_lsn=data["start_lsn"],
+                end_lsn=data["end_lsn"],
+                end_reason=data.get("end_reason", ""),
+                transactions=data.get("transactions", 0),
+                rows=data.get("rows", 0),
+                bytes=data.get("bytes", 0),
+                tables=tuple(data.get("tables", ())),
+                truncates=tuple(data.get("truncates", ())),
+                origins=tuple(data.get("origins", ())),
+                skipped_transactions=data.get("skipped_transactions", 0),
+                messages=data.get("messages") or {},
+                prepared=data.get("prepared") or {},
+                streamed=data.get("streamed") or {},
+                timings=data.get("timings") or {},
+                first_commit_lsn=data.get("first_commit_lsn"),
+                last_commit_lsn=data.get("last_commit_lsn"),
+                system_id=data.get("system_id"),
+                timeline=data.get("timeline"),
+                snapshot_id=data.get("snapshot_id"),
+                extra={k: v for k, v in data.items() if k not in _CORE},
+            )
+        except WindowManifestError as e:
+            raise WindowManifestError(e.reason, key=key) from None
+        if sum(t.get("rows", 0) for t in m.tables) != m.rows:
+            raise WindowManifestError("rows differs from the sum over the tables", key=key)
+        return m
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def window_folders(client: Any, layout: Layout, slot: str) -> list[int]:
+    """The ``window_seq`` of every window folder (committed or not), ascending."""
+    prefix = layout.changes_prefix(slot)
+    seqs = []
+    paginator = client.get_paginator("list_objects_v2")
+    with s3store._s3_call("ListObjectsV2", layout.bucket, prefix):
+        for page in paginator.paginate(Bucket=layout.bucket, Prefix=prefix, Delimiter="/"):
+            for p in page.get("CommonPrefixes", ()) or ():
+                name = p["Prefix"][len(prefix):].rstrip("/")
+                try:
+                    seqs.append(layout.parse_window_key(slot, prefix + name + "/x"))
+                except Exception:  # something else under changes/: not ours
+                    continue
+    return sorted(seqs)
+
+
+def read_window(client: Any, layout: Layout, slot: str, window_seq: int) -> WindowManifest:
+    """The committed window (:class:`ObjectNotFound` if it is not committed)."""
+    key = layout.window_manifest(slot, window_seq)
+    m = WindowManifest.from_json(s3store.get_bytes(client, layout.bucket, key), key=key)
+    if m.window_seq != window_seq or m.slot != slot:
+        raise WindowManifestError(
+            f"the manifest says slot {m.slot} window {m.window_seq}", bucket=layout.bucket, key=key
+        )
+    return m
+
+
+def committed_window_seqs(client: Any, layout: Layout, slot: str) -> list[int]:
+    return [
+        s for s in window_folders(client, layout, slot)
+        if s3store.exists(client, layout.bucket, layout.window_manifest(slot, s))
+    ]
+
+
+def latest_window(client: Any, layout: Layout, slot: str) -> WindowManifest | None:
+    """The committed window with the highest ``window_seq``, or ``None``."""
+    for seq in reversed(window_folders(client, layout, slot)):
+        try:
+            return read_window(client, layout, slot, seq)
+        except s3store.ObjectNotFound:
+            continue  # debris of a crashed attempt
+    return None
+
+
+def read_window_rows(client: Any, layout: Layout, slot: str, manifest: WindowManifest,
+                     *, fs: Any = None) -> dict[str, pa.Table]:
+    """Every table's change rows of a committed window, ``{"schema.table": Table}``
+    (relation versions concatenated when their schemas allow, else the last version's
+    columns are promoted), sorted by ``_pgcdc_seq``. For tests and small tools."""
+    import pyarrow.parquet as pq
+
+    fs = fs or s3store.make_pyarrow_fs()
+    base = layout.window_prefix(slot, manifest.window_seq)
+    out = {}
+    for t in manifest.tables:
+        tables = []
+        for rv in t["relation_versions"]:
+            for p in rv["parts"]:
+                tables.append(pq.read_table(f"{layout.bucket}/{base}{p['path']}", filesystem=fs))
+        if tables:
+            table = pa.concat_tables(tables, promote_options="permissive")
+            out[f"{t['schema']}.{t['table']}"] = table.sort_by("_pgcdc_seq")
+    return out
+
+
+def prepared_key(layout: Layout, slot: str, window_seq: int, xid: int, gid: str) -> str:
+    """``…/w=…/prepared/{xid}-{gid encoded}.spool``."""
+    return layout.window_prefix(slot, window_seq) + f"prepared/{xid}-{encode_name(gid)}.spool"
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class _FaultSink:
+    """Forwards to a MultipartWriter; calls ``on_close`` before completing the upload."""
+
+    def __init__(self, inner: MultipartWriter, on_close: Callable[[], None] | None) -> None:
+        self._inner = inner
+        self._on_close = on_close
+        self.key = inner.key
+
+    def write(self, data):
+        return self._inner.write(data)
+
+    def tell(self):
+        return self._inner.tell()
+
+    @property
+    def bytes_written(self):
+        return self._inner.bytes_written
+
+    def close(self):
+        if self._on_close is not None:
+            self._on_close()
+        return self._inner.close()
+
+    def abort(self):
+        return self._inner.abort()
+
+
+@dataclass
+class _VersionOut:
+    version: RelationVersion
+    parts: PartSequence
+
+
+class WindowWriter:
+    """Writes one window's objects from a background thread.
+
+    The replication thread calls :meth:`submit_rows` / :meth:`submit_messages` /
+    :meth:`submit_prepared`; each blocks only while the bounded queue is full, and then
+    calls ``wait()`` every ``wait_interval`` seconds (the drain sends standby status
+    updates there, so the server never times out a slow window). :meth:`finish` closes
+    every part (same ``wait`` loop) and returns the manifest fragments; the caller
+    then commits with :meth:`commit`. An error in the writer thread is raised by the
+    next call. ``on_part_close`` is the drain's fault-injection hook (tests only).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        layout: Layout,
+        slot: str,
+        window_seq: int,
+        *,
+        target_part_bytes: int = DEFAULT_TARGET_PART_BYTES,
+        queue_size: int = 4,
+        wait_interval: float = 0.5,
+        on_part_close: Callable[[], None] | None = None,
+    ) -> None:
+        window_folder(window_seq)  # validates
+        self.client = client
+        self.layout = layout
+        self.slot = slot
+        self.window_seq = window_seq
+        self.base = layout.window_prefix(slot, window_seq)
+        self.target_part_bytes = target_part_bytes
+        self.wait_interval = wait_interval
+        self.on_part_close = on_part_close
+        self._q: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._versions: dict[int, _VersionOut] = {}  # id(RelationVersion) -> out
+        self._order: list[_VersionOut] = []
+        self._messages: PartSequence | None = None
+        self._prepared: list[dict] = []
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"pgcdc-window-{window_seq}", daemon=True)
+        self._thread.start()
+
+    # -- API (replication thread)
+
+    def submit_rows(self, version: RelationVersion, chunk: ChangeChunk, wait: Callable[[], None]) -> None:
+        if len(chunk):
+            self._put(("rows", version, chunk), wait)
+
+    def submit_messages(self, rows: list[dict], wait: Callable[[], None]) -> None:
+        if rows:
+            self._put(("messages", rows), wait)
+
+    def submit_prepared(self, entry: dict, write: Callable[[Any], int], wait: Callable[[], None]) -> None:
+        """Upload a held prepared transaction: ``write(fileobj)`` writes its spool;
+        ``entry`` (a dict) gets ``path`` and ``bytes`` and goes to the manifest."""
+        self._put(("prepared", entry, write), wait)
+
+    def declare(self, version: RelationVersion, wait: Callable[[], None]) -> None:
+        """Make sure ``version`` has a part sequence (and so a part 0, even if empty)."""
+        self._put(("declare", version), wait)
+
+    def finish(self, wait: Callable[[], None]) -> dict[str, Any]:
+        """Close every part; returns ``{"tables", "messages", "prepared", "bytes"}``."""
+        self._put(("finish",), wait)
+        while not self._done.wait(self.wait_interval):
+            wait()
+        self._raise()
+        return self._result
+
+    def abort(self) -> None:
+        try:
+            self._q.put_nowait(("abort",))
+        except queue.Full:
+            pass
+        self._error = self._error or RuntimeError("aborted")
+
+    def commit(self, manifest: WindowManifest) -> bool:
+        """Write the manifest with If-None-Match: True if this call committed the window."""
+        key = self.layout.window_manifest(self.slot, self.window_seq)
+        return s3store.put_if_absent(
+            self.client, self.layout.bucket, key, manifest.to_json().encode("utf-8"),
+            content_type="application/json",
+        )
+
+    # -- internals
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _put(self, item, wait) -> None:
+        while True:
+            self._raise()
+            if self._done.is_set():
+                raise StoreError("the window writer has stopped")
+            try:
+                self._q.put(item, timeout=self.wait_interval)
+                return
+            except queue.Full:
+                wait()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                item = self._q.get()
+                kind = item[0]
+                if kind == "rows":
+                    _, version, chunk = item
+                    self._out(version).parts.write_batch(version.to_batch(chunk))
+                elif kind == "declare":
+                    self._out(item[1])
+                elif kind == "messages":
+                    self._write_messages(item[1])
+                elif kind == "prepared":
+                    self._write_prepared(item[1], item[2])
+                elif kind == "finish":
+                    self._result = self._close_all()
+                    return
+                elif kind == "abort":
+                    self._abort_all()
+                    return
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            self._error = e
+            self._abort_all()
+        finally:
+            self._done.set()
+
+    def _open_sink(self, key: str):
+        inner = MultipartWriter(
+            self.client, self.layout.bucket, key, content_type="application/vnd.apache.parquet"
+        )
+        return _FaultSink(inner, self.on_part_close)
+
+    def _out(self, version: RelationVersion) -> _VersionOut:
+        out = self._versions.get(id(version))
+        if out is None:
+            v = version
+
+            def key_for(n: int, v=v) -> str:
+                return self.layout.window_part(self.slot, self.window_seq, v.schema, v.table, v.version, n)
+
+            out = _VersionOut(version, PartSequence(
+                version.schema_arrow, key_for, open_sink=self._open_sink,
+                target_bytes=self.target_part_bytes,
+            ))
+            self._versions[id(version)] = out
+            self._order.append(out)
+        return out
+
+    def _write_messages(self, rows: list[dict]) -> None:
+        if self._messages is None:
+            self._messages = PartSequence(
+                MESSAGES_SCHEMA,
+                lambda n: self.layout.window_messages_part(self.slot, self.window_seq, n),
+                open_sink=self._open_sink,
+                target_bytes=self.target_part_bytes,
+            )
+        batch = pa.RecordBatch.from_pylist(rows, schema=MESSAGES_SCHEMA)
+        self._messages.write_batch(batch)
+
+    def _write_prepared(self, entry: dict, write: Callable[[Any], int]) -> None:
+        key = prepared_key(self.layout, self.slot, self.window_seq, entry["xid"], entry["gid"])
+        with MultipartWriter(self.client, self.layout.bucket, key,
+                             content_type="application/octet-stream") as w:
+            size = write(w)
+        entry["path"] = key[len(self.base):]
+        entry["bytes"] = size
+        entry["window_seq"] = self.window_seq
+        self._prepared.append(entry)
+
+    def _close_all(self) -> dict[str, Any]:
+        tables: dict[tuple[str, str], dict] = {}
+        total = 0
+        for out in self._order:
+            parts = out.parts.close()
+            v = out.version
+            t = tables.setdefault((v.schema, v.table), {
+                "schema": v.schema, "table": v.table, "rows": 0, "bytes": 0, "relation_versions": [],
+            })
+            entry = v.describe()
+            entry["parts"] = [p.to_dict(self.base) for p in parts]
+            entry["rows"] = sum(p.rows for p in parts)
+            entry["bytes"] = sum(p.bytes for p in parts)
+            t["rows"] += entry["rows"]
+            t["bytes"] += entry["bytes"]
+            t["relation_versions"].append(entry)
+            total += entry["bytes"]
+        messages_parts = []
+        if self._messages is not None:
+            messages_parts = [p.to_dict(self.base) for p in self._messages.close()]
+            total += sum(p["bytes"] for p in messages_parts)
+        total += sum(p["bytes"] for p in self._prepared)
+        return {
+            "tables": list(tables.values()),
+            "messages_parts": messages_parts,
+            "prepared": list(self._prepared),
+            "bytes": total,
+        }
+
+    def _abort_all(self) -> None:
+        for out in self._order:
+            try:
+                out.parts.abort()
+            except Exception:  # noqa: BLE001
+                pass
+        if self._messages is not None:
+            try:
+                self._messages.abort()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def manifest_key(layout: Layout, slot: str, window_seq: int) -> str:
+    return layout.window_prefix(slot, window_seq) + MANIFEST_NAME
+
+
+def elapsed(since: float) -> float:
+    return round(time.monotonic() - since, 3)
