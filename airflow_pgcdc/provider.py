@@ -26,6 +26,10 @@ def get_provider_info() -> dict:
             {"integration-name": "PostgreSQL CDC", "python-modules": ["airflow_pgcdc.operators.snapshot", "airflow_pgcdc.operators.basebackup"]}
         ],
 
-        "sensors": [],
-        "triggers": [],
+        "sensors": [
+            {"integration-name": "PostgreSQL CDC", "python-modules": ["airflow_pgcdc.sensors.changes"]}
+        ],
+        "triggers": [
+            {"integration-name": "PostgreSQL CDC", "python-modules": ["airflow_pgcdc.triggers.changes"]}
+        ],
     }

@@ -1,0 +1,1 @@
+"""Airflow triggers: asyncio waits that run in the triggerer (no DSN or secret in their kwargs)."""
