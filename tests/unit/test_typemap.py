@@ -687,3 +687,19 @@ def test_last_row_end_with_known_prefix() -> None:
     assert _last_row_end(buf) == 0
     assert _last_row_end(buf + b'"\n', None, len(buf)) == len(buf) + 2
     assert _last_row_end(b'1,x\n2,"y\n', 1, 4) == 0
+
+
+def test_decode_stream_and_buffer_kinds() -> None:
+    data = b'1,"a\nb",1.00,,{}\n2,x,NaN,infinity,\n'
+    pieces = [data[i : i + 3] for i in range(0, len(data), 3)]
+    kinds = [bytearray(p) if i % 3 == 0 else memoryview(p) if i % 3 == 1 else p for i, p in enumerate(pieces)]
+    dec = SnapshotDecoder(COLS, block_bytes=8)
+    t = pa.Table.from_batches(list(dec.decode_stream(iter(kinds))), schema=dec.schema)
+    assert t.column("t").to_pylist() == ["a\nb", "x"]
+    buf = bytearray(b"1,x,1.00,,{}\n")
+    dec = SnapshotDecoder(COLS)
+    dec.feed(buf)
+    buf[0:1] = b"9"  # a writable buffer is copied, so reusing it is safe
+    assert dec.finish()[0].column(0).to_pylist() == [1]
+    with pytest.raises(ValueError):
+        dec.feed(b"x")
