@@ -1,0 +1,403 @@
+"""``pgcdc slot create|drop|list``, ``pgcdc publication ensure`` and ``pgcdc status``.
+
+``status`` is also a library call, :func:`slot_status`: the slot's health (lag in bytes
+and time, retained WAL, ``wal_status``) and, with a store URL, the last committed window
+and the windows not yet merged, read from the committed window manifests under
+``{prefix}/{slot}/changes/`` (a window exists if and only if its ``_manifest.json``
+does). The merge job does not record its progress in the store yet, so every committed
+window counts as not merged (``merged_through`` is ``null``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+# -- argument helpers ---------------------------------------------------------------
+
+
+def _split_unquoted(text: str, sep: str, maxsplit: int = -1) -> list[str]:
+    """Split on ``sep`` outside double quotes (quotes are kept for the name parser)."""
+    parts, cur, quoted = [], [], False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        if ch == sep and not quoted and (maxsplit < 0 or len(parts) < maxsplit):
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def _unquote(name: str) -> str:
+    name = name.strip()
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        return name[1:-1].replace('""', '"')
+    return name
+
+
+def _table_option(values: list[str] | None, what: str, parser: argparse.ArgumentParser) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values or ():
+        parts = _split_unquoted(value, "=", maxsplit=1)
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            parser.error(f"{what} takes SCHEMA.TABLE=VALUE, not {value!r}")
+        out[parts[0]] = parts[1]
+    return out
+
+
+def _human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit} ({n} B)"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _human_seconds(s: float | None) -> str:
+    if s is None:
+        return "unknown"
+    s = float(s)
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}min"
+    return f"{s / 3600:.1f}h"
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+# -- registration -------------------------------------------------------------------
+
+
+def register(subparsers) -> None:
+    slot = subparsers.add_parser(
+        "slot", help="create, drop or list replication slots",
+        description="Manage logical replication slots (the role needs REPLICATION).",
+    )
+    slot_sub = slot.add_subparsers(dest="slot_command", metavar="ACTION", title="actions")
+    slot_sub.required = True
+
+    p = slot_sub.add_parser(
+        "create", help="create a logical slot (no snapshot)",
+        description=(
+            "Create a logical replication slot without an exported snapshot (use "
+            "`pgcdc snapshot` to create a slot together with the initial copy). Prints the "
+            "slot and its consistent point as JSON."
+        ),
+    )
+    p.add_argument("--dsn", required=True, help="libpq connection string of the slot's database")
+    p.add_argument("--slot", required=True, help="slot name ([a-z0-9_], at most 63 bytes)")
+    p.add_argument("--plugin", default="pgoutput", help="output plugin (default pgoutput)")
+    p.add_argument("--two-phase", action="store_true", help="decode prepared transactions at PREPARE")
+    p.add_argument("--failover", action="store_true", help="a failover slot, synced to standbys (PostgreSQL 17+)")
+    p.set_defaults(handler=run_slot_create)
+
+    p = slot_sub.add_parser("drop", help="drop a slot", description="Drop a replication slot.")
+    p.add_argument("--dsn", required=True, help="libpq connection string")
+    p.add_argument("--slot", required=True, help="slot name")
+    p.add_argument("--no-wait", dest="wait", action="store_false",
+                   help="fail if the slot is in use (default: wait until it is released)")
+    p.add_argument("--if-exists", action="store_true", help="a missing slot is not an error")
+    p.set_defaults(handler=run_slot_drop)
+
+    p = slot_sub.add_parser("list", help="list the cluster's slots with their lag",
+                            description="List every replication slot with its lag and WAL status.")
+    p.add_argument("--dsn", required=True, help="libpq connection string")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=run_slot_list)
+
+    pub = subparsers.add_parser("publication", help="ensure a publication",
+                                description="Manage publications.")
+    pub_sub = pub.add_subparsers(dest="publication_command", metavar="ACTION", title="actions")
+    pub_sub.required = True
+    p = pub_sub.add_parser(
+        "ensure", help="create a publication or add missing tables (never drops)",
+        description=(
+            "Make a publication publish at least the given tables (or all tables): create it "
+            "when missing, add the tables it lacks. Nothing is ever dropped or narrowed; a "
+            "table published already with another column list or row filter is reported and "
+            "left alone. Column lists and row filters need PostgreSQL 15+; a row filter is an "
+            "SQL expression used as given. Prints what was done as JSON."
+        ),
+    )
+    p.add_argument("--dsn", required=True, help="libpq connection string")
+    p.add_argument("--name", required=True, help="publication name (any characters; quoted)")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--tables", nargs="+", metavar="SCHEMA.TABLE",
+                       help='tables; "double quotes" protect dots and case; no schema means public')
+    group.add_argument("--all-tables", action="store_true", help="FOR ALL TABLES")
+    p.add_argument("--columns", action="append", metavar="SCHEMA.TABLE=COL,COL",
+                   help="column list of a table (repeatable; 15+)")
+    p.add_argument("--row-filter", action="append", metavar="SCHEMA.TABLE=EXPR",
+                   help="row filter of a table (repeatable; 15+)")
+    p.add_argument("--replica-identity-full", action="store_true",
+                   help="also set REPLICA IDENTITY FULL on the tables")
+    p.set_defaults(handler=run_publication_ensure, _parser=p)
+
+    p = subparsers.add_parser(
+        "status", help="a slot's lag, retained WAL, health and store progress",
+        description=(
+            "Show a slot's lag (bytes of WAL not yet acknowledged, and how long the oldest "
+            "change has waited when the server can tell), retained WAL, wal_status and, with "
+            "--from, the last committed window and the windows not yet merged. Exits 1 if the "
+            "slot is lost, about to be (unreserved) or missing. S3 settings come from the "
+            "environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)."
+        ),
+    )
+    p.add_argument("--dsn", required=True, help="libpq connection string of the slot's database")
+    p.add_argument("--slot", required=True, help="slot name")
+    p.add_argument("--publication", help="also check that this publication exists")
+    p.add_argument("--from", dest="store", metavar="S3_URL", help="the store, s3://bucket/prefix")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=run_status)
+
+
+# -- slot ---------------------------------------------------------------------------
+
+
+def run_slot_create(args: argparse.Namespace) -> int:
+    from airflow_pgcdc.pg.slots import create_slot
+
+    created = create_slot(
+        args.dsn, args.slot, plugin=args.plugin, two_phase=args.two_phase, failover=args.failover
+    )
+    _print_json(created.to_dict())
+    return 0
+
+
+def run_slot_drop(args: argparse.Namespace) -> int:
+    from airflow_pgcdc.pg.slots import drop_slot
+
+    dropped = drop_slot(args.dsn, args.slot, wait=args.wait, missing_ok=args.if_exists)
+    _print_json({"slot": args.slot, "dropped": dropped})
+    return 0
+
+
+def run_slot_list(args: argparse.Namespace) -> int:
+    from airflow_pgcdc.pg.slots import list_slots
+
+    slots = list_slots(args.dsn)
+    if args.json:
+        _print_json([s.to_dict() for s in slots])
+        return 0
+    header = ("slot", "type", "plugin", "database", "active", "wal_status", "pending", "retained")
+    rows = [
+        (
+            s.slot, s.slot_type or "", s.plugin or "", s.database or "",
+            f"pid {s.active_pid}" if s.active else "no", s.wal_status or "",
+            "-" if s.pending_bytes is None else str(s.pending_bytes),
+            "-" if s.retained_bytes is None else str(s.retained_bytes),
+        )
+        for s in slots
+    ]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+    return 0
+
+
+# -- publication ----------------------------------------------------------------------
+
+
+def run_publication_ensure(args: argparse.Namespace) -> int:
+    import psycopg
+
+    from airflow_pgcdc.pg.slots import ensure_publication, set_replica_identity_full
+
+    parser = args._parser
+    columns = {
+        table: [_unquote(c) for c in _split_unquoted(cols, ",")]
+        for table, cols in _table_option(args.columns, "--columns", parser).items()
+    }
+    filters = _table_option(args.row_filter, "--row-filter", parser)
+    if args.all_tables and (columns or filters or args.replica_identity_full):
+        parser.error("--columns, --row-filter and --replica-identity-full need --tables")
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        result = ensure_publication(
+            conn, args.name, args.tables, all_tables=args.all_tables,
+            column_lists=columns or None, row_filters=filters or None,
+        )
+        out = result.to_dict()
+        if args.replica_identity_full:
+            out["replica_identity_full"] = set_replica_identity_full(conn, args.tables)
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+    _print_json(out)
+    return 0
+
+
+# -- status ---------------------------------------------------------------------------
+
+
+def committed_windows(client: Any, store_url: str, slot: str) -> dict[str, Any]:
+    """What the store holds for ``slot``: ``windows_committed``, ``last_window`` (the
+    newest committed manifest's ``window_seq``, ``start_lsn``, ``end_lsn`` and the rest of
+    its top-level scalar fields), ``uncommitted_folders`` (window folders without a
+    manifest: a window being written, or one a crashed drain left), ``merged_through``
+    and ``windows_not_merged``.
+
+    Windows are written one at a time, in order, so every window folder before the
+    newest committed one is committed: the manifests are checked from the newest back.
+    """
+    from airflow_pgcdc.store import s3 as s3store
+    from airflow_pgcdc.store.layout import Layout, LayoutError
+
+    layout = Layout.parse(store_url)
+    prefix = layout.changes_prefix(slot)
+    seqs: list[int] = []
+    paginator = client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=layout.bucket, Prefix=prefix, Delimiter="/"):
+        for cp in page.get("CommonPrefixes", ()) or ():
+            folder = cp["Prefix"][len(prefix):].rstrip("/")
+            try:
+                seqs.append(layout.parse_window_key(slot, prefix + folder + "/"))
+            except LayoutError:
+                continue  # not a window folder
+    seqs.sort()
+    last = None
+    uncommitted: list[int] = []
+    for seq in reversed(seqs):
+        key = layout.window_manifest(slot, seq)
+        if s3store.exists(client, layout.bucket, key):
+            doc = s3store.get_json(client, layout.bucket, key)
+            last = {"window_seq": seq, "manifest": layout.url(key)}
+            if isinstance(doc, dict):
+                for name, value in doc.items():
+                    if name not in last and (value is None or isinstance(value, (str, int, float, bool))):
+                        last[name] = value
+            break
+        uncommitted.append(seq)
+    committed = 0 if last is None else sum(1 for s in seqs if s <= last["window_seq"])
+    return {
+        "store": layout.root.url,
+        "windows_committed": committed,
+        "last_window": last,
+        "uncommitted_folders": sorted(uncommitted),
+        "merged_through": None,  # the merge job records no progress in the store yet
+        "windows_not_merged": committed,
+    }
+
+
+def slot_status(
+    dsn: str,
+    slot: str,
+    *,
+    publication: str | None = None,
+    store_url: str | None = None,
+    s3_client: Any = None,
+) -> dict[str, Any]:
+    """The status of ``slot`` (and of its windows in the store at ``store_url``).
+
+    ``problem`` is None when the slot can be drained, else ``{"error", "message", "hint"}``
+    (lost, unreserved, in use, mismatched, publication missing). A missing slot raises
+    :class:`~airflow_pgcdc.pg.slots.SlotMissing`.
+    """
+    from airflow_pgcdc.pg.slots import (
+        PublicationMissing,
+        SlotError,
+        SlotMissing,
+        check_slot_usable,
+        slot_health,
+    )
+    from airflow_pgcdc.protocol.lsn import LSN
+
+    health = slot_health(dsn, slot, publication=publication)
+    problem = None
+    try:
+        check_slot_usable(health, plugin=None)
+    except SlotMissing:
+        raise
+    except (SlotError, PublicationMissing) as e:
+        problem = {"error": e.kind, "message": str(e), "hint": getattr(e, "hint", None)}
+    out: dict[str, Any] = {"slot": health.to_dict(), "problem": problem}
+    if store_url:
+        if s3_client is None:
+            from airflow_pgcdc.store.s3 import S3Settings, make_s3_client
+
+            s3_client = make_s3_client(S3Settings.from_env())
+        store = committed_windows(s3_client, store_url, slot)
+        last = store["last_window"]
+        agreement = None
+        if last and isinstance(last.get("end_lsn"), str) and health.confirmed_flush_lsn is not None:
+            end = LSN.parse(last["end_lsn"])
+            if end == health.confirmed_flush_lsn:
+                agreement = "in_sync"
+            elif end > health.confirmed_flush_lsn:
+                agreement = "ack_pending"  # the last window's ack was lost: the next drain sends it
+            else:
+                agreement = "slot_ahead"  # acknowledged beyond the store: changes are missing
+        store["slot_vs_store"] = agreement
+        out["store"] = store
+    return out
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    s = status["slot"]
+    state = f"active (pid {s['active_pid']})" if s["active"] else "inactive"
+    lines = [
+        ("slot", f"{s['slot']} ({s['slot_type']}, plugin {s['plugin']}, database {s['database']}, {state})"),
+        ("wal_status", f"{s['wal_status']}"
+         + ("" if s["safe_wal_size"] is None else f" (safe_wal_size {_human_bytes(s['safe_wal_size'])})")),
+        ("lag", f"{_human_bytes(s['pending_bytes'])} not acknowledged; oldest change waiting "
+         f"{'at least ' if s['pending_age_seconds'] else ''}{_human_seconds(s['pending_age_seconds'])}"),
+        ("confirmed_flush", f"{s['confirmed_flush_lsn']} (server at {s['current_lsn']})"),
+        ("retained WAL", f"{_human_bytes(s['retained_bytes'])} since restart_lsn {s['restart_lsn']}"),
+    ]
+    if s.get("publication"):
+        lines.append(("publication", f"{s['publication']} ({'exists' if s['publication_exists'] else 'MISSING'})"))
+    store = status.get("store")
+    if store:
+        last = store["last_window"]
+        lines.append(("store", store["store"]))
+        lines.append((
+            "last window",
+            "none" if not last
+            else f"{last['window_seq']} [{last.get('start_lsn')}, {last.get('end_lsn')})",
+        ))
+        lines.append(("windows", f"{store['windows_committed']} committed, "
+                      f"{store['windows_not_merged']} not yet merged"))
+        if store["uncommitted_folders"]:
+            lines.append(("uncommitted", ", ".join(map(str, store["uncommitted_folders"]))
+                          + " (being written, or left by a crashed drain)"))
+        if store.get("slot_vs_store"):
+            lines.append(("slot vs store", store["slot_vs_store"]))
+    if status["problem"]:
+        lines.append(("PROBLEM", status["problem"]["message"]))
+        if status["problem"].get("hint"):
+            lines.append(("hint", status["problem"]["hint"]))
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        print(f"{k.ljust(width)}  {v}")
+
+
+def run_status(args: argparse.Namespace) -> int:
+    status = slot_status(args.dsn, args.slot, publication=args.publication, store_url=args.store)
+    if args.json:
+        _print_json(status)
+    else:
+        _print_status(status)
+    from airflow_pgcdc.cli import error
+
+    problem = status["problem"]
+    if problem and problem["error"] in ("slot_lost", "slot_mismatch", "publication_missing"):
+        error(problem["message"], problem.get("hint"))
+        return 1
+    if status.get("store", {}).get("slot_vs_store") == "slot_ahead":
+        error(
+            "the slot was acknowledged beyond the store's last window: the changes between "
+            "them are not in the store",
+            "re-snapshot with a new slot",
+        )
+        return 1
+    return 0
