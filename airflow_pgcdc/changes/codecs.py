@@ -14,6 +14,7 @@ BC dates, years past 9999, ``24:00:00``).
 
 from __future__ import annotations
 
+import binascii
 import math
 import re
 import struct
@@ -109,11 +110,12 @@ def _any_true(mask: pa.Array) -> bool:
 def _per_value(arr: pa.Array, parse_one, positions=None) -> dict[int, Any]:
     """Run ``parse_one`` on the values at ``positions`` (default: every non-null one)."""
     out: dict[int, Any] = {}
-    values = arr.to_pylist()
-    it = range(len(values)) if positions is None else positions
-    for i in it:
-        i = int(i)
-        v = values[i]
+    if positions is None:
+        pairs = enumerate(arr.to_pylist())
+    else:  # convert only the few values asked for
+        positions = [int(i) for i in positions]
+        pairs = zip(positions, arr.take(pa.array(positions, pa.int64())).to_pylist(), strict=True)
+    for i, v in pairs:
         if v is None:
             continue
         try:
@@ -664,7 +666,7 @@ class ByteaCodec(Codec):
             vals = _per_value(arr, self.parse_one)
             out = [vals.get(i) for i in range(len(arr))]
             return pa.array(out, pa.binary())
-        body = pc.utf8_slice_codeunits(arr, 2)
+        body = pc.binary_slice(arr.cast(pa.binary()), 2, INT32_MAX)
         validity, offsets_buf, data_buf = body.buffers()
         n = len(body)
         offsets = np.frombuffer(offsets_buf, dtype=np.int32)[body.offset : body.offset + n + 1]
@@ -673,16 +675,13 @@ class ByteaCodec(Codec):
             i = int(np.flatnonzero(lengths & 1)[0])
             raise BadValue(i, "odd number of hex digits", arr[i].as_py())
         start, end = int(offsets[0]), int(offsets[-1])
-        data = np.frombuffer(data_buf, dtype=np.uint8, count=end)[start:end] if end else np.empty(0, np.uint8)
-        nib = _UNHEX[data]
-        if (nib == 255).any():
-            pos = int(np.flatnonzero(nib == 255)[0]) + start
-            i = int(np.searchsorted(offsets, pos, side="right") - 1)
-            raise BadValue(i, "invalid hex digit", arr[i].as_py())
-        decoded = (nib[0::2] << 4) | nib[1::2]
+        try:
+            decoded = binascii.unhexlify(memoryview(data_buf)[start:end]) if end > start else b""
+        except (binascii.Error, ValueError):
+            raise _locate(arr, self.parse_one, "invalid hex digit") from None
         new_offsets = ((offsets - start) // 2).astype(np.int32)
-        bufs = [validity, pa.py_buffer(new_offsets), pa.py_buffer(decoded.tobytes())]
-        return pa.Array.from_buffers(pa.binary(), n, bufs, body.null_count)
+        bufs = [validity, pa.py_buffer(new_offsets), pa.py_buffer(decoded)]
+        return pa.Array.from_buffers(pa.binary(), n, bufs, body.null_count, body.offset)
 
     _OCT = re.compile(r"\\(\\|[0-3][0-7]{2})")
 
@@ -716,13 +715,6 @@ class ByteaCodec(Codec):
 
     def to_text(self, arr):
         return [None if v is None else "\\x" + v.hex() for v in arr.to_pylist()]
-
-
-_UNHEX = np.full(256, 255, dtype=np.uint8)
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _UNHEX[_c] = _i
-for _i, _c in enumerate(b"ABCDEF"):
-    _UNHEX[_c] = 10 + _i
 
 
 class _SpecialsMixin:
@@ -1129,6 +1121,10 @@ def parse_array_text(text: str, delimiter: str = ",") -> tuple[list[int], list[i
         pos = eq + 1
     if pos >= len(text) or text[pos] != "{":
         raise _OneBad("array text must start with '{'")
+    if pos == 0:
+        flat = _parse_1d(text, delimiter)
+        if flat is not None:
+            return ([len(flat)] if flat else []), None, flat
     marks: list = []
     out: list[str | None] = []
     end = _parse_level(text, pos, 0, marks, out, delimiter)
@@ -1143,6 +1139,31 @@ def parse_array_text(text: str, delimiter: str = ",") -> tuple[list[int], list[i
         if all(lo == 1 for lo in lbounds):
             lbounds = None
     return dims, lbounds, out
+
+
+_ONE_D: dict[str, tuple[re.Pattern, re.Pattern]] = {}
+_UNESCAPE = re.compile(r"\\(.)", re.S)
+
+
+def _parse_1d(text: str, delim: str) -> list[str | None] | None:
+    """A 1-D array by regular expressions (None when ``text`` is not a plain 1-D array)."""
+    pats = _ONE_D.get(delim)
+    if pats is None:
+        d = re.escape(delim)
+        elem = rf'"(?:[^"\\]|\\.)*"|[^{d}"{{}}\\\s]+'
+        whole = re.compile(rf"\{{(?:(?:{elem})(?:{d}(?:{elem}))*)?\}}", re.S)
+        parts = re.compile(rf'"((?:[^"\\]|\\.)*)"|([^{d}"{{}}\\\s]+)', re.S)
+        pats = _ONE_D[delim] = (whole, parts)
+    whole, parts = pats
+    if not whole.fullmatch(text):
+        return None
+    out: list[str | None] = []
+    for quoted, bare in parts.findall(text, 1, len(text) - 1):
+        if bare:
+            out.append(None if bare == "NULL" else bare)
+        else:
+            out.append(_UNESCAPE.sub(r"\1", quoted) if "\\" in quoted else quoted)
+    return out
 
 
 def _parse_level(s: str, i: int, level: int, dims: list, out: list, delim: str) -> int:
