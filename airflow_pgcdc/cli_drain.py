@@ -1,0 +1,70 @@
+"""``pgcdc drain``: one window of logical changes from a slot to S3, then the acknowledgement."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "drain",
+        help="drain one window of logical changes to S3",
+        description=(
+            "Read the slot's changes from where the last committed window ended (or the "
+            "snapshot's consistent point) up to --until-lsn (default: the current WAL insert "
+            "position), write them to S3 as one window (Parquet parts + _manifest.json, "
+            "written last), then acknowledge them to PostgreSQL. Prints the window summary "
+            "as JSON. S3 endpoint and credentials follow boto3's conventions."
+        ),
+    )
+    p.add_argument("--dsn", required=True, help="libpq connection string of the source database")
+    p.add_argument("--slot", required=True, help="logical replication slot (pgoutput)")
+    p.add_argument("--publication", required=True, action="append",
+                   help="publication to stream (repeat for several)")
+    p.add_argument("--to", required=True, metavar="S3URL", help="s3://bucket/prefix")
+    p.add_argument("--until-lsn", metavar="LSN", help="window end (X/Y); default pg_current_wal_insert_lsn()")
+    p.add_argument("--max-bytes", type=int, help="end the window after this many bytes of changes")
+    p.add_argument("--max-rows", type=int, help="end the window after this many change rows")
+    p.add_argument("--max-seconds", type=float, help="end the window after this many seconds")
+    p.add_argument("--skip-origin", action="append", default=[], metavar="NAME",
+                   help="drop transactions replicated from this origin (repeatable)")
+    p.add_argument("--message-prefix", action="append", metavar="PREFIX",
+                   help="keep only logical messages with this prefix (repeatable; default all)")
+    p.add_argument("--binary", action="store_true", help="ask pgoutput for binary values")
+    p.add_argument("--no-heartbeat", action="store_true",
+                   help="never emit a heartbeat message to move a stalled stream past the window end")
+    p.add_argument("--max-wait", type=float, default=300.0, metavar="SEC",
+                   help="give up if the stream does not reach the window end (default 300)")
+    p.add_argument("--connect-options", metavar="OPTS",
+                   help="extra libpq options for the replication connection, e.g. '-c wal_sender_timeout=10s'")
+    p.add_argument("--spool-dir", help="where streamed transactions are spooled (default: a temp dir)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from airflow_pgcdc.drain.drain import drain_window
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    result = drain_window(
+        args.dsn,
+        args.to,
+        slot=args.slot,
+        publications=args.publication,
+        until_lsn=args.until_lsn,
+        max_rows=args.max_rows,
+        max_bytes=args.max_bytes,
+        max_seconds=args.max_seconds,
+        skip_origins=args.skip_origin,
+        message_prefixes=args.message_prefix,
+        binary=args.binary,
+        heartbeat=not args.no_heartbeat,
+        max_wait=args.max_wait,
+        connect_options=args.connect_options,
+        spool_dir=args.spool_dir,
+    )
+    json.dump(result.to_dict(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0

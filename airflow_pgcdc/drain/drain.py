@@ -1,0 +1,741 @@
+"""The drain: one window of logical changes from a slot to S3, acknowledged only once
+it is committed in the store.
+
+One call, :func:`drain_window`:
+
+1. **Where to start.** ``start_lsn`` is the ``end_lsn`` of the latest committed window
+   of the slot in the store; for the first window, the ``consistent_point`` of the
+   slot's committed snapshot (or, without a snapshot, the slot's
+   ``confirmed_flush_lsn``). It is checked against the slot's ``confirmed_flush_lsn``:
+
+   * equal: the normal case;
+   * store ahead (a window was committed but its acknowledgement was lost, e.g. the
+     drain died between the manifest and the status update, or PostgreSQL restarted
+     before saving the slot): the stream starts at the store's position, which is
+     acknowledged at once; nothing is rewritten;
+   * slot ahead of the store: changes were acknowledged that no window holds (someone
+     else consumed the slot, or the store lost objects): :class:`SlotAheadOfStore`,
+     nothing is read. Recovery is a new snapshot.
+
+2. **Where to end.** ``end_lsn`` is fixed before reading: ``until_lsn`` (the sensor's
+   observed LSN) or ``pg_current_wal_insert_lsn()`` (not ``pg_current_wal_lsn()``,
+   which can trail the last commit under ``synchronous_commit = off``). The window
+   holds the whole transactions whose commit LSN lies in ``[start_lsn, end_lsn)``.
+   Reading stops when an event at or past ``end_lsn`` arrives (a Begin, Stream Commit,
+   Commit/Rollback Prepared, Prepare, non-transactional message: it is not consumed)
+   or when a keepalive reports ``wal_end >= end_lsn`` outside a transaction (the
+   walsender has decoded everything before it). The walsender only decodes flushed
+   WAL, and an open transaction or a quiet server may leave it without a record past
+   ``end_lsn``: after ``heartbeat_after`` seconds without reaching it, the drain emits
+   a non-transactional logical message (prefix ``pgcdc.heartbeat``, never written to
+   the window) whose record is past ``end_lsn``, and gives up with
+   :class:`DrainTimeout` after ``max_wait`` seconds. So it never waits forever.
+   ``max_rows``, ``max_bytes`` (bytes of pgoutput messages received) and
+   ``max_seconds`` end the window earlier, always after a whole transaction: the
+   window then ends at that transaction's commit end LSN (or at the last keepalive
+   position outside any transaction, when ``max_seconds`` passes on a quiet slot).
+   An empty window (no transaction) is still written: windows tile the LSN line, and
+   a quiet slot must advance too.
+
+3. **Decoding.** pgoutput at the highest protocol the server speaks, ``streaming``
+   ``parallel`` on 16+ (``on`` on 14/15), ``two_phase`` when the slot was created
+   with it, ``messages`` on; transactions assembled by
+   :class:`~airflow_pgcdc.changes.assembly.TransactionAssembler` (streamed ones
+   spooled to ``spool_dir``), change rows built by :mod:`airflow_pgcdc.changes.rows`,
+   written by :class:`~airflow_pgcdc.store.window.WindowWriter` from a background
+   thread. Relation messages make relation versions (per table, per window, from 0);
+   types outside the built-in set are resolved from the catalogs (a SQL session), a
+   Type message's name being the fallback.
+
+4. **Commit, then acknowledge.** Parts are closed (uploads finish), held prepared
+   transactions are uploaded, ``_manifest.json`` is written with If-None-Match, and
+   only then is the standby status update sent with ``flush = end_lsn``. While the
+   writer thread uploads, the replication thread keeps sending status updates, so
+   ``wal_sender_timeout`` never fires on a slow store.
+
+Crash safety: nothing is acknowledged before the manifest exists; a window folder
+without a manifest is removed by the next attempt, which produces the window again
+from the slot (PostgreSQL resends everything after ``confirmed_flush_lsn``).
+
+Test hook (fault injection): when the environment variable ``PGCDC_FAULT`` names one
+of the points below, the process SIGKILLs itself there. Tests only.
+
+* ``after-receive``: once ``PGCDC_FAULT_AFTER`` transactions (default 1) are in the window;
+* ``during-upload``: when the first Parquet part is about to complete its upload;
+* ``after-parts``: every part uploaded, no manifest yet;
+* ``after-manifest``: the window is committed, not acknowledged;
+* ``after-ack``: acknowledged, before the stream is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from airflow_pgcdc.changes.assembly import (
+    HeldPrepared,
+    TransactionAssembler,
+    TxnInfo,
+    event_position,
+)
+from airflow_pgcdc.changes.rows import ChangeBuffer, RelationVersion, ts_us
+from airflow_pgcdc.changes.typemap import SESSION_OPTIONS
+from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.pg.catalog import TypeNotFound, load_type_info
+from airflow_pgcdc.pg.conninfo import parse_conninfo, redact
+from airflow_pgcdc.pg.logical import LogicalStream
+from airflow_pgcdc.pg.replication import ReplicationConnection
+from airflow_pgcdc.protocol import pgoutput as po
+from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
+from airflow_pgcdc.protocol.pgtypes import PgColumn, PgTypeInfo, builtin_type
+from airflow_pgcdc.protocol.replication import PrimaryKeepalive
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.manifest import read_snapshot_manifest
+from airflow_pgcdc.store.window import WindowManifest, WindowWriter, latest_window
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_PREFIX = "pgcdc.heartbeat"
+FAULT_ENV = "PGCDC_FAULT"
+FAULT_POINTS = ("after-receive", "during-upload", "after-parts", "after-manifest", "after-ack")
+CHUNK_ROWS = 16_384
+CHUNK_BYTES = 8 << 20
+MESSAGE_CHUNK = 1_000
+
+
+class DrainError(PgcdcError):
+    """The drain could not produce its window."""
+
+
+class SlotNotFound(DrainError):
+    """The replication slot does not exist (dropped, or never created)."""
+
+
+class SlotAheadOfStore(DrainError):
+    """The slot acknowledged changes that no committed window holds: data loss upstream."""
+
+
+class WindowConflict(DrainError):
+    """Another drain committed this window first."""
+
+
+class DrainTimeout(DrainError):
+    """The stream did not reach the window's end in time."""
+
+
+def _fault(point: str) -> None:
+    """Test hook: SIGKILL this process at ``point`` when ``PGCDC_FAULT`` names it."""
+    if os.environ.get(FAULT_ENV) == point:
+        log.warning("fault injection: killing the drain at %s", point)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class DrainResult:
+    """What one drain did. ``window_seq`` is ``None`` when there was nothing to drain
+    (``end_lsn <= start_lsn``); ``acknowledged_only`` when it only re-sent a lost
+    acknowledgement."""
+
+    slot: str
+    window_seq: int | None
+    start_lsn: str
+    end_lsn: str
+    end_reason: str | None = None
+    transactions: int = 0
+    rows: int = 0
+    bytes: int = 0
+    tables: dict[str, int] = field(default_factory=dict)
+    manifest: str | None = None
+    acknowledged_lost: bool = False
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot,
+            "window_seq": self.window_seq,
+            "start_lsn": self.start_lsn,
+            "end_lsn": self.end_lsn,
+            "end_reason": self.end_reason,
+            "transactions": self.transactions,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "tables": dict(self.tables),
+            "manifest": self.manifest,
+            "acknowledged_lost": self.acknowledged_lost,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+# --------------------------------------------------------------------------- the window being built
+
+
+class _TypeResolver:
+    def __init__(self, sql: psycopg.Connection) -> None:
+        self.sql = sql
+        self.types: dict[int, PgTypeInfo] = {}
+        self.names: dict[int, tuple[str, str]] = {}
+        self.ndims: dict[int, dict[str, int]] = {}
+
+    def type_of(self, oid: int) -> PgTypeInfo:
+        t = self.types.get(oid) or builtin_type(oid)
+        if t is None:
+            try:
+                t = load_type_info(self.sql, [oid])[oid]
+            except TypeNotFound:
+                schema, name = self.names.get(oid, ("", "unknown"))
+                t = PgTypeInfo.unknown(oid, name, schema)
+            self.types[oid] = t
+        return t
+
+    def dims(self, relation_oid: int) -> dict[str, int]:
+        d = self.ndims.get(relation_oid)
+        if d is None:
+            rows = self.sql.execute(
+                "SELECT attname::text, attndims FROM pg_catalog.pg_attribute "
+                "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attndims > 0",
+                (relation_oid,),
+            ).fetchall()
+            d = self.ndims[relation_oid] = dict(rows)
+        return d
+
+
+class _Window:
+    """The :class:`~airflow_pgcdc.changes.assembly.Sink` that builds one window."""
+
+    def __init__(self, writer: WindowWriter, types: _TypeResolver, pump) -> None:
+        self.writer = writer
+        self.types = types
+        self.pump = pump
+        self.seq = 0
+        self.transactions = 0
+        self.rows = 0
+        self.table_rows: dict[str, int] = {}
+        self.first_commit: LSN | None = None
+        self.last_commit: LSN | None = None
+        self.last_end: LSN | None = None  # end LSN of the last complete transaction
+        self.truncates: list[dict] = []
+        self.origins: list[dict] = []
+        self.committed_prepared: list[dict] = []
+        self.rolled_back_prepared: list[dict] = []
+        self.messages: list[dict] = []
+        self.n_messages = [0, 0]  # transactional, non-transactional
+        self.versions: dict[tuple[str, str], list[RelationVersion]] = {}
+        self.buffers: dict[int, ChangeBuffer] = {}
+        self._by_rel: dict[int, tuple[po.Relation, RelationVersion]] = {}
+        self._txn: TxnInfo | None = None
+        self._ts: int | None = None
+        self.txn_ended = False
+
+    # -- relation versions
+
+    def _version(self, rel: po.Relation) -> RelationVersion:
+        hit = self._by_rel.get(id(rel))
+        if hit is not None and hit[0] is rel:
+            return hit[1]
+        dims = self.types.dims(rel.relation_oid)
+        columns = tuple(
+            PgColumn(c.name, self.types.type_of(c.type_oid), c.type_modifier, dims.get(c.name, 0))
+            for c in rel.columns
+        )
+        schema = rel.namespace or "pg_catalog"
+        candidate = RelationVersion(
+            rel.relation_oid, schema, rel.relation_name, rel.replica_identity, columns,
+            tuple(c.is_key for c in rel.columns),
+        )
+        versions = self.versions.setdefault((schema, rel.relation_name), [])
+        rv = next((v for v in versions if v.same_definition(candidate)), None)
+        if rv is None:
+            rv = RelationVersion(
+                candidate.relation_oid, schema, rel.relation_name, rel.replica_identity, columns,
+                candidate.key_flags, version=len(versions),
+            )
+            versions.append(rv)
+            self.buffers[id(rv)] = ChangeBuffer(rv)
+            self.writer.declare(rv, self.pump)
+        self._by_rel[id(rel)] = (rel, rv)
+        return rv
+
+    # -- Sink
+
+    def begin(self, txn: TxnInfo) -> None:
+        self._txn = txn
+        self._ts = ts_us(txn.commit_ts)
+
+    def change(self, rel: po.Relation, msg: Any) -> None:
+        rv = self._version(rel)
+        t = type(msg)
+        if t is po.Insert:
+            op, image, old = "I", msg.new, None
+        elif t is po.Update:
+            op, image = "U", msg.new
+            old = msg.old if msg.old is not None else msg.key
+        else:
+            op, old = "D", None
+            image = msg.old if msg.old is not None else msg.key
+            if image is None:
+                image = (None,) * len(rv.columns)
+        txn = self._txn
+        buf = self.buffers[id(rv)]
+        buf.add(op, image, old, txn.commit_lsn, self.seq, txn.xid, self._ts)  # type: ignore[union-attr]
+        self.seq += 1
+        self.rows += 1
+        if len(buf) >= CHUNK_ROWS or buf.nbytes >= CHUNK_BYTES:
+            self.writer.submit_rows(rv, buf.take(), self.pump)
+
+    def truncate(self, relations: list[po.Relation], msg: po.Truncate) -> None:
+        txn = self._txn
+        names = []
+        for r in relations:
+            rv = self._version(r)
+            names.append(rv.qualified_name)
+        self.truncates.append({
+            "seq": self.seq, "xid": txn.xid, "commit_lsn": str(txn.commit_lsn),  # type: ignore[union-attr]
+            "tables": names, "cascade": msg.cascade, "restart_identity": msg.restart_identity,
+        })
+        self.seq += 1
+
+    def message(self, msg: po.LogicalMessage) -> None:
+        txn = self._txn
+        self.messages.append({
+            "_pgcdc_seq": self.seq, "transactional": True, "_pgcdc_xid": txn.xid,  # type: ignore[union-attr]
+            "_pgcdc_commit_lsn": int(txn.commit_lsn), "lsn": int(msg.lsn),  # type: ignore[union-attr]
+            "prefix": msg.prefix, "content": msg.content,
+        })
+        self.seq += 1
+        self.n_messages[0] += 1
+        self._flush_messages(False)
+
+    def nontx_message(self, msg: po.LogicalMessage) -> None:
+        if msg.prefix == HEARTBEAT_PREFIX:
+            return
+        self.messages.append({
+            "_pgcdc_seq": None, "transactional": False, "_pgcdc_xid": None, "_pgcdc_commit_lsn": None,
+            "lsn": int(msg.lsn), "prefix": msg.prefix, "content": msg.content,
+        })
+        self.n_messages[1] += 1
+        self._flush_messages(False)
+
+    def commit(self, txn: TxnInfo) -> None:
+        self.transactions += 1
+        if self.first_commit is None:
+            self.first_commit = txn.commit_lsn
+        self.last_commit = txn.commit_lsn
+        self.last_end = txn.end_lsn
+        if txn.origin is not None:
+            self.origins.append({
+                "xid": txn.xid, "commit_lsn": str(txn.commit_lsn), "origin": txn.origin,
+                "origin_lsn": str(txn.origin_lsn) if txn.origin_lsn is not None else None,
+            })
+        self._txn = None
+        self.txn_ended = True
+
+    def type_message(self, msg: po.Type) -> None:
+        self.types.names[msg.type_oid] = (msg.namespace, msg.type_name)
+
+    def prepared(self, held: HeldPrepared) -> None:
+        self.last_end = held.prepare_end_lsn
+        self.txn_ended = True
+
+    def prepared_resolved(self, gid: str, xid: int, outcome: str, lsn: LSN) -> None:
+        entry = {"gid": gid, "xid": xid}
+        if outcome == "commit":
+            self.committed_prepared.append(entry | {"commit_lsn": str(lsn)})
+        else:
+            self.rolled_back_prepared.append(entry | {"lsn": str(lsn)})
+            self.last_end = lsn
+            self.txn_ended = True
+
+    # -- end
+
+    def _flush_messages(self, force: bool) -> None:
+        if self.messages and (force or len(self.messages) >= MESSAGE_CHUNK):
+            rows, self.messages = self.messages, []
+            self.writer.submit_messages(rows, self.pump)
+
+    def flush(self) -> None:
+        for versions in self.versions.values():
+            for rv in versions:
+                buf = self.buffers[id(rv)]
+                if len(buf):
+                    self.writer.submit_rows(rv, buf.take(), self.pump)
+        self._flush_messages(True)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _find_snapshot(client, layout: Layout, slot: str):
+    for key in s3store.list_keys(client, layout.bucket, layout.snapshots_prefix(slot)):
+        if key.endswith("/_manifest.json"):
+            return read_snapshot_manifest(client, layout.bucket, key)
+    return None
+
+
+def _slot_info(sql: psycopg.Connection, slot: str) -> tuple[LSN, bool, str]:
+    row = sql.execute(
+        "SELECT confirmed_flush_lsn::text, two_phase, plugin::text, database::text "
+        "FROM pg_catalog.pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        raise SlotNotFound(f"replication slot {slot!r} does not exist")
+    confirmed, two_phase, plugin, _db = row
+    if plugin != "pgoutput":
+        raise DrainError(f"slot {slot!r} uses output plugin {plugin!r}; the drain reads pgoutput")
+    if confirmed is None:
+        raise DrainError(f"slot {slot!r} is not a logical slot with a confirmed position")
+    return LSN.parse(confirmed), bool(two_phase), plugin
+
+
+def _options(dsn: str, extra: str | None) -> str:
+    base = parse_conninfo(dsn).get("options", "")
+    return " ".join(x for x in (base, SESSION_OPTIONS, extra or "") if x)
+
+
+# --------------------------------------------------------------------------- the drain
+
+
+def drain_window(
+    dsn: str,
+    to: str | s3store.S3Location,
+    *,
+    slot: str,
+    publications: Sequence[str] | str,
+    until_lsn: LSN | str | int | None = None,
+    max_rows: int | None = None,
+    max_bytes: int | None = None,
+    max_seconds: float | None = None,
+    skip_origins: Sequence[str] = (),
+    message_prefixes: Sequence[str] | None = None,
+    binary: bool = False,
+    heartbeat: bool = True,
+    heartbeat_after: float = 1.0,
+    max_wait: float = 300.0,
+    status_interval: float = 1.0,
+    spool_dir: str | None = None,
+    connect_options: str | None = None,
+    target_part_bytes: int | None = None,
+    s3_client: Any = None,
+) -> DrainResult:
+    """Drain one window of ``slot`` into ``to`` (``s3://bucket/prefix``); see the module
+    docstring. ``connect_options`` are extra libpq ``options`` for the replication
+    connection (e.g. ``-c wal_sender_timeout=2s``)."""
+    t0 = time.monotonic()
+    started_at = datetime.now(UTC)
+    if isinstance(publications, str):
+        publications = (publications,)
+    location = to if isinstance(to, s3store.S3Location) else s3store.S3Location.parse(to)
+    layout = Layout(location)
+    client = s3_client or s3store.make_s3_client()
+
+    latest = latest_window(client, layout, slot)
+    sql = psycopg.connect(dsn, autocommit=True, application_name="pgcdc-drain-catalog")
+    try:
+        confirmed, two_phase, _plugin = _slot_info(sql, slot)
+        snapshot_id = None
+        held: dict[str, HeldPrepared] = {}
+        if latest is not None:
+            start = latest.end
+            seq = latest.window_seq + 1
+            snapshot_id = latest.snapshot_id
+            for e in latest.pending_prepared:
+                held[e["gid"]] = HeldPrepared(
+                    gid=e["gid"], xid=e["xid"], prepare_lsn=LSN.parse(e["prepare_lsn"]),
+                    prepare_end_lsn=LSN.parse(e["prepare_end_lsn"]), prepare_ts=None,
+                    origin=e.get("origin"), stored=dict(e),
+                )
+        else:
+            snap = _find_snapshot(client, layout, slot)
+            seq = 0
+            if snap is not None:
+                start = LSN.parse(snap.consistent_point)
+                snapshot_id = snap.snapshot_id
+            else:
+                start = confirmed
+        if confirmed > start:
+            raise SlotAheadOfStore(
+                f"slot {slot!r} has confirmed_flush_lsn {confirmed}, but the store's windows end at "
+                f"{start} (s3://{layout.bucket}/{layout.changes_prefix(slot)}): changes were "
+                "acknowledged that no window holds. Take a new snapshot to recover."
+            )
+        lost_ack = start > confirmed
+        if until_lsn is not None:
+            end_lsn = LSN(until_lsn) if not isinstance(until_lsn, str) else LSN.parse(until_lsn)
+        else:
+            end_lsn = LSN.parse(sql.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+        server_version = sql.info.server_version
+        types = _TypeResolver(sql)
+
+        result = DrainResult(slot=slot, window_seq=None, start_lsn=str(start), end_lsn=str(end_lsn),
+                             acknowledged_lost=lost_ack)
+        if end_lsn <= start and not lost_ack:
+            log.info("slot %s: nothing to drain (store at %s, end %s)", slot, start, end_lsn)
+            result.end_lsn = str(start)
+            result.seconds = time.monotonic() - t0
+            return result
+
+        options = PgoutputOptions(
+            publications=tuple(publications),
+            binary=binary,
+            messages=True,
+            streaming=("parallel" if server_version >= 160000 else "on") if server_version >= 140000 else "off",
+            two_phase=two_phase and server_version >= 150000,
+        )
+        log.info("drain %s: window %d [%s, %s) from %s", slot, seq, start, end_lsn, redact(dsn))
+        conn = ReplicationConnection.connect(
+            dsn, application_name="pgcdc-drain", status_interval=status_interval,
+            options=_options(dsn, connect_options),
+        )
+        own_spool = spool_dir is None
+        spool = spool_dir or tempfile.mkdtemp(prefix="pgcdc-spool-")
+        try:
+            ident = conn.identify_system()
+            stream = LogicalStream.pgoutput(conn, slot, options, start)
+            if lost_ack:
+                log.warning("slot %s: the store is at %s but the slot at %s (a lost acknowledgement): "
+                            "acknowledging %s", slot, start, confirmed, start)
+                conn.confirm(start)
+            if end_lsn <= start:
+                conn.stop()
+                result.end_lsn = str(start)
+                result.seconds = time.monotonic() - t0
+                return result
+            return _run(
+                conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, held,
+                spool=spool, max_rows=max_rows, max_bytes=max_bytes, max_seconds=max_seconds,
+                skip_origins=skip_origins, message_prefixes=message_prefixes, heartbeat=heartbeat,
+                heartbeat_after=heartbeat_after, max_wait=max_wait, status_interval=status_interval,
+                target_part_bytes=target_part_bytes, result=result, ident=ident,
+                snapshot_id=snapshot_id, started_at=started_at, t0=t0,
+            )
+        finally:
+            conn.close()
+            if own_spool:
+                shutil.rmtree(spool, ignore_errors=True)
+    finally:
+        sql.close()
+
+
+def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, held, *, spool,
+         max_rows, max_bytes, max_seconds, skip_origins, message_prefixes, heartbeat,
+         heartbeat_after, max_wait, status_interval, target_part_bytes, result, ident,
+         snapshot_id, started_at, t0) -> DrainResult:
+    # the folder may hold debris of a crashed attempt (we own the slot now: no one else writes it)
+    last_status = [time.monotonic()]
+
+    def pump() -> None:
+        now = time.monotonic()
+        if now - last_status[0] >= min(status_interval, 1.0):
+            conn.send_feedback()
+            last_status[0] = now
+
+    _while_pumping(
+        lambda: s3store.delete_prefix(client, layout.bucket, layout.window_prefix(slot, seq)), pump
+    )
+
+    part_closed = [False]
+
+    def on_part_close() -> None:
+        if not part_closed[0]:
+            part_closed[0] = True
+            _fault("during-upload")
+
+    writer_kw = {"target_part_bytes": target_part_bytes} if target_part_bytes else {}
+    writer = WindowWriter(client, layout, slot, seq, on_part_close=on_part_close, **writer_kw)
+    window = _Window(writer, types, pump)
+
+    def fetch(h: HeldPrepared) -> str:
+        e = h.stored or {}
+        key = layout.window_prefix(slot, e["window_seq"]) + e["path"]
+        fd, path = tempfile.mkstemp(prefix=f"held-{h.xid}-", suffix=".spool", dir=spool)
+        with os.fdopen(fd, "wb") as f:
+            f.write(s3store.get_bytes(client, layout.bucket, key))
+        return path
+
+    asm = TransactionAssembler(
+        window, proto_version=stream.options.proto_version, spool_dir=spool,
+        skip_origins=frozenset(skip_origins), message_prefixes=tuple(message_prefixes) if message_prefixes is not None else None,
+        held=held, fetch_prepared=fetch,
+    )
+    fault_after = int(os.environ.get("PGCDC_FAULT_AFTER", "1"))
+    receive_t0 = time.monotonic()
+    deadline = receive_t0 + max_seconds if max_seconds is not None else None
+    safe = start  # the furthest position where a window could end right now
+    received = 0
+    last_progress = time.monotonic()
+    last_heartbeat = 0.0
+    reason = None
+    n = 0
+    try:
+        while True:
+            item = stream.read(0.2)
+            now = time.monotonic()
+            if item is None:
+                if deadline is not None and now >= deadline and not asm.in_transaction:
+                    reason = "max_seconds"
+                    break
+                if now - last_progress > heartbeat_after and heartbeat and now - last_heartbeat > heartbeat_after:
+                    _emit_heartbeat(sql)
+                    last_heartbeat = now
+                if now - receive_t0 > max_wait:
+                    raise DrainTimeout(
+                        f"slot {slot}: the stream did not reach {end_lsn} within {max_wait}s "
+                        f"(received up to {conn.received_lsn})"
+                    )
+                pump()
+                continue
+            frame, msg = item
+            n += 1
+            if n & 1023 == 0:
+                pump()
+            if msg is None:
+                if type(frame) is PrimaryKeepalive and not asm.in_transaction:
+                    if frame.wal_end >= end_lsn:
+                        reason = "until_lsn"
+                        break
+                    if frame.wal_end > safe:
+                        safe = frame.wal_end
+                        last_progress = now
+                if deadline is not None and now >= deadline and not asm.in_transaction:
+                    reason = "max_seconds"
+                    break
+                continue
+            last_progress = now
+            pos = event_position(msg)
+            if pos is not None and pos >= end_lsn:
+                reason = "until_lsn"
+                break
+            received += len(frame.data)
+            window.txn_ended = False
+            asm.feed(msg, frame.data)
+            if window.txn_ended:
+                if window.last_end is not None and window.last_end > safe:
+                    safe = window.last_end
+                if window.transactions >= fault_after:
+                    _fault("after-receive")
+                if max_rows is not None and window.rows >= max_rows:
+                    reason = "max_rows"
+                elif max_bytes is not None and received >= max_bytes:
+                    reason = "max_bytes"
+                elif deadline is not None and now >= deadline:
+                    reason = "max_seconds"
+                if reason is not None and not asm.in_transaction:
+                    break
+                reason = None
+        window_end = end_lsn if reason == "until_lsn" else max(safe, start)
+        receive_seconds = time.monotonic() - receive_t0
+        # ---- finish: parts, held prepared transactions, manifest, then the acknowledgement
+        fin_t0 = time.monotonic()
+        window.flush()
+        pending = []
+        for h in asm.held.values():
+            if h.stored is not None:
+                pending.append(dict(h.stored))
+                continue
+            entry = {
+                "gid": h.gid, "xid": h.xid, "prepare_lsn": str(h.prepare_lsn),
+                "prepare_end_lsn": str(h.prepare_end_lsn),
+                "prepare_ts": h.prepare_ts.isoformat() if h.prepare_ts else None,
+                "origin": h.origin, "changes": h.spool.changes if h.spool else 0,
+            }
+            if h.spool is None:  # skipped by origin: nothing to keep but the gid
+                entry |= {"window_seq": seq, "path": None, "bytes": 0, "skipped": True}
+                pending.append(entry)
+                continue
+            writer.submit_prepared(entry, h.spool.write_filtered, pump)
+            pending.append(entry)  # completed (path, bytes) by the writer
+        out = writer.finish(pump)
+        _fault("after-parts")
+        manifest = WindowManifest(
+            slot=slot, window_seq=seq, start_lsn=str(start), end_lsn=str(window_end),
+            end_reason=reason or "until_lsn", transactions=window.transactions,
+            rows=sum(t["rows"] for t in out["tables"]), bytes=out["bytes"], tables=tuple(out["tables"]),
+            truncates=tuple(window.truncates), origins=tuple(window.origins),
+            skipped_transactions=asm.skipped_transactions,
+            messages={"transactional": window.n_messages[0], "non_transactional": window.n_messages[1],
+                      "parts": out["messages_parts"]},
+            prepared={"pending": pending, "committed": window.committed_prepared,
+                      "rolled_back": window.rolled_back_prepared},
+            streamed={"committed": asm.streamed_committed, "aborted": asm.streamed_aborted},
+            timings={"started_at": started_at.isoformat(), "finished_at": datetime.now(UTC).isoformat(),
+                     "receive_seconds": round(receive_seconds, 3),
+                     "finish_seconds": round(time.monotonic() - fin_t0, 3)},
+            first_commit_lsn=str(window.first_commit) if window.first_commit is not None else None,
+            last_commit_lsn=str(window.last_commit) if window.last_commit is not None else None,
+            system_id=ident.systemid, timeline=ident.timeline, snapshot_id=snapshot_id,
+        )
+        if not _while_pumping(lambda: writer.commit(manifest), pump):
+            raise WindowConflict(
+                f"window {seq} of slot {slot} was committed by someone else meanwhile "
+                f"(s3://{layout.bucket}/{layout.window_manifest(slot, seq)})"
+            )
+        _fault("after-manifest")
+        conn.confirm(window_end)
+        _fault("after-ack")
+        try:
+            conn.stop()
+        except Exception as exc:  # the window is committed and acknowledged: only log
+            log.warning("slot %s: ending the stream: %s", slot, exc)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        asm.close()
+    log.info("slot %s: window %d committed [%s, %s) %s: %d transactions, %d rows, %.1f MB",
+             slot, seq, start, window_end, manifest.end_reason, manifest.transactions, manifest.rows,
+             manifest.bytes / 1e6)
+    result.window_seq = seq
+    result.end_lsn = str(window_end)
+    result.end_reason = manifest.end_reason
+    result.transactions = manifest.transactions
+    result.rows = manifest.rows
+    result.bytes = manifest.bytes
+    result.tables = manifest.table_rows
+    result.manifest = layout.url(layout.window_manifest(slot, seq))
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _while_pumping(fn, pump, interval: float = 0.5):
+    """Run ``fn()`` in a thread; meanwhile keep the replication connection alive."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            box["error"] = e
+
+    th = threading.Thread(target=target, name="pgcdc-drain-io", daemon=True)
+    th.start()
+    while True:
+        th.join(interval)
+        if not th.is_alive():
+            break
+        pump()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _emit_heartbeat(sql: psycopg.Connection) -> None:
+    try:
+        if sql.info.server_version >= 170000:
+            sql.execute("SELECT pg_logical_emit_message(false, %s, ''::text, true)", (HEARTBEAT_PREFIX,))
+        else:
+            sql.execute("SELECT pg_logical_emit_message(false, %s, ''::text)", (HEARTBEAT_PREFIX,))
+    except psycopg.Error as exc:  # e.g. a read-only standby: the drain just waits longer
+        log.warning("heartbeat failed: %s", exc)
