@@ -1352,7 +1352,7 @@ class ArrayCodec(Codec):
                 t = pa.list_(t)
             mask = None
             if level == 0:
-                mask = pa.array([p is None for p in parsed])
+                mask = pa.array([p is None for p in parsed], pa.bool_())
             values = pa.ListArray.from_arrays(
                 pa.array(level_offsets[level], pa.int32()), values, type=t, mask=mask
             )

@@ -703,3 +703,75 @@ def test_decode_stream_and_buffer_kinds() -> None:
     assert dec.finish()[0].column(0).to_pylist() == [1]
     with pytest.raises(ValueError):
         dec.feed(b"x")
+
+
+# --------------------------------------------------------------------------- properties
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_texts = st.one_of(st.text(alphabet=list('ab ,{}"\\\nNUL;é☃\t'), max_size=8), st.sampled_from(["NULL", "null", ""]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.none(), _texts), max_size=5), max_size=5))
+def test_text_arrays_round_trip(rows) -> None:
+    c = col("_text")
+    texts = ["{" + ",".join("NULL" if e is None else codecs.quote_array_element(e) for e in r) + "}" for r in rows]
+    arr = convert_text(texts, c)
+    assert arr.to_pylist() == rows
+    assert array_to_pg_text(arr, c) == texts
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(-(2**31) + 1, 2**31 - 2),
+    st.integers(-(2**31) + 1, 2**31 - 2),
+    st.integers(-(2**63) + 1, 2**63 - 2),
+)
+def test_intervals_round_trip(months, days, us) -> None:
+    text = codecs.format_interval(months, days, us)
+    assert convert_text([text], col("interval")).to_pylist() == [
+        {"months": months, "days": days, "microseconds": us}
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 37), st.data())
+def test_decimals_round_trip(precision, data) -> None:
+    scale = data.draw(st.integers(-5, precision + 3))
+    c = col("numeric", numeric_typmod(precision, scale))
+    digits = max(precision - scale, 0)
+    s = max(scale, 0)
+    unscaled = data.draw(st.integers(-(10 ** (digits + s)) + 1, 10 ** (digits + s) - 1))
+    if scale < 0:
+        unscaled -= unscaled % (10 ** -scale)
+    digits_text = str(abs(unscaled)).rjust(s + 1, "0")
+    text = ("-" if unscaled < 0 else "") + (
+        digits_text[:-s] + "." + digits_text[-s:] if s else digits_text
+    )
+    texts = [text, "NaN"]
+    assert roundtrip(c, texts) == texts
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.binary(max_size=20)), max_size=10))
+def test_bytea_round_trip(values) -> None:
+    texts = [None if v is None else "\\x" + v.hex() for v in values]
+    arr = convert_text(texts, col("bytea"))
+    assert arr.to_pylist() == values
+
+
+@pytest.mark.parametrize("oid", sorted(BUILTIN_TYPES))
+def test_every_builtin_handles_empty_and_null(oid) -> None:
+    c = PgColumn("c", BUILTIN_TYPES[oid])
+    t = arrow_type(c)
+    for values in ([], [None, None]):
+        arr = convert_text(values, c)
+        assert arr.type == t and arr.to_pylist() == values
+        assert array_to_pg_text(arr, c) == values
+        if binary_supported(c):
+            assert convert_binary(values, c).to_pylist() == values
+    dec = TupleDecoder([c])
+    assert dec.decode([(None,), (UNCHANGED_TOAST,)]).batch.column(0).to_pylist() == [None, None]
+    assert SnapshotDecoder([c]).decode_all(b"\n").column(0).to_pylist() == [None]
