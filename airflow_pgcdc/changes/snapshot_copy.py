@@ -100,7 +100,7 @@ class SnapshotDecoder:
         self._parse_options = pacsv.ParseOptions(
             newlines_in_values=True, double_quote=True, ignore_empty_lines=False
         )
-        self._parts: list[bytes | memoryview] = []  # pending data, from a row boundary
+        self._parts: list[bytes] = []  # pending data, from a row boundary
         self._pending = 0  # bytes in _parts
         self._threshold = block_bytes  # parse when _pending reaches this
         self._no_row_end_before = 0  # a search found no row end before this offset

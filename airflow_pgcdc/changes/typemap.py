@@ -27,7 +27,7 @@ form in the mapped type), naming table, column, type, row and value.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -46,6 +46,7 @@ from airflow_pgcdc.changes.codecs import (
     Codec,
 )
 from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.protocol.pgoutput import Relation, Type
 from airflow_pgcdc.protocol.pgtypes import (
     BUILTIN_TYPES,
     PgAttribute,
@@ -82,6 +83,7 @@ __all__ = [
     "binary_supported",
     "builtin_type",
     "codec_for",
+    "columns_from_relation",
     "convert_binary",
     "convert_text",
     "format_type",
@@ -325,6 +327,41 @@ def binary_supported(column: PgColumn | PgTypeInfo) -> bool:
     if isinstance(column, PgTypeInfo):
         column = PgColumn("?", column)
     return codec_for(column).binary_supported
+
+
+def columns_from_relation(
+    relation: Relation,
+    types: Mapping[int, PgTypeInfo] | None = None,
+    *,
+    ndims: Mapping[str, int] | None = None,
+    as_text: Collection[str] = (),
+    type_messages: Mapping[int, Type] | None = None,
+) -> list[PgColumn]:
+    """The :class:`PgColumn` list of a pgoutput Relation message, for :class:`TupleDecoder`.
+
+    A column's type comes from ``types`` (``pg.catalog.load_type_info`` of the
+    relation's type OIDs: the only way to map user types like the snapshot does), else
+    from the built-ins, else it is exact text named after its Type message (if given).
+    ``ndims`` (declared array dimensions by column name, as ``load_table_columns``
+    reports them) and ``as_text`` must match what the snapshot used, or the schemas
+    differ.
+    """
+    types = types or {}
+    ndims = ndims or {}
+    out = []
+    for rc in relation.columns:
+        info = types.get(rc.type_oid) or builtin_type(rc.type_oid)
+        if info is None:
+            msg = (type_messages or {}).get(rc.type_oid)
+            info = (
+                PgTypeInfo.unknown(rc.type_oid, msg.type_name, msg.namespace)
+                if msg is not None
+                else PgTypeInfo.unknown(rc.type_oid)
+            )
+        out.append(
+            PgColumn(rc.name, info, rc.type_modifier, ndims.get(rc.name, 0), rc.name in as_text)
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- one column

@@ -775,3 +775,29 @@ def test_every_builtin_handles_empty_and_null(oid) -> None:
     dec = TupleDecoder([c])
     assert dec.decode([(None,), (UNCHANGED_TOAST,)]).batch.column(0).to_pylist() == [None, None]
     assert SnapshotDecoder([c]).decode_all(b"\n").column(0).to_pylist() == [None]
+
+
+def test_columns_from_relation() -> None:
+    from airflow_pgcdc.changes.typemap import columns_from_relation
+    from airflow_pgcdc.protocol.pgoutput import Relation, RelationColumn, Type
+
+    mood = PgTypeInfo(16500, "mood", "public", "e", "E", labels=("a",))
+    rel = Relation(
+        None, 16600, "public", "t", "d",
+        (
+            RelationColumn(1, "id", 23, -1),
+            RelationColumn(0, "n", 1700, numeric_typmod(12, 2)),
+            RelationColumn(0, "m", 16500, -1),
+            RelationColumn(0, "g", 16700, -1),
+            RelationColumn(0, "a", 1007, -1),
+        ),
+    )
+    cols = columns_from_relation(
+        rel, {16500: mood}, ndims={"a": 2}, as_text={"n"},
+        type_messages={16700: Type(None, 16700, "public", "geo")},
+    )
+    assert [c.name for c in cols] == ["id", "n", "m", "g", "a"]
+    assert cols[0].type is B["int4"] and cols[2].type is mood
+    assert cols[1].as_text and cols[1].typmod == numeric_typmod(12, 2)
+    assert format_type(cols[3].type) == "public.geo" and arrow_type(cols[3]) == pa.string()
+    assert arrow_type(cols[4]) == pa.list_(pa.list_(pa.int32()))
