@@ -70,13 +70,16 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from airflow_pgcdc.store.s3 import InvalidS3Url
 
     out = out or sys.stdout
+    # progress and notes go to stderr, once (not also through handlers on the root logger)
     handler = None
     logger = logging.getLogger(_LOGGER)
-    if not args.quiet and not logging.getLogger().handlers and not logger.handlers:
+    saved = logger.level, logger.propagate
+    if not args.quiet:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("pgcdc: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+        logger.propagate = False
     detail: int | str | None = args.compression_detail
     if isinstance(detail, str) and detail.strip().lstrip("+-").isdigit():
         detail = int(detail)
@@ -106,6 +109,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     finally:
         if handler is not None:
             logger.removeHandler(handler)
+            logger.setLevel(saved[0])
+            logger.propagate = saved[1]
     out.write(result.info.to_json())
     out.flush()
     return 0

@@ -579,7 +579,7 @@ def base_backup_to_s3(
                 "tablespace_map": tablespace_map,
                 "verify_checksums": verify_checksums,
                 "manifest": manifest,
-                "manifest_checksums": manifest_checksums if manifest != "no" else None,
+                "manifest_checksums": manifest_checksums.upper() if manifest != "no" else None,
             },
             # the server's count of archive bytes before compression (its last 'p')
             "uncompressed_bytes": meter.done or None,
