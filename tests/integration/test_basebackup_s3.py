@@ -30,6 +30,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import psycopg
@@ -422,6 +423,23 @@ def test_no_manifest(pg18, s3, s3_bucket):
     )
     assert result.info.manifest is False and result.manifest_key is None
     assert {k.rsplit("/", 1)[1] for k in _objects(client, s3_bucket)} == {"base.tar", "backup.json"}
+
+
+def test_memory_stays_bounded(pg18, s3, s3_bucket):
+    """An archive much larger than a part streams through with about two parts in memory."""
+    client = s3.client()
+    base_backup_to_s3(pg18.dsn, f"s3://{s3_bucket}/warm", s3_client=client, compression="gzip")
+    tracemalloc.start()
+    try:
+        result = base_backup_to_s3(
+            pg18.dsn, f"s3://{s3_bucket}", s3_client=client, part_size=MIN_PART_SIZE,
+            progress_interval=None,
+        )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.info.bytes > 6 * MIN_PART_SIZE
+    assert peak < 3 * MIN_PART_SIZE, f"peak {peak / MiB:.1f} MiB"
 
 
 def test_progress_is_logged(pg18, s3, s3_bucket, caplog):
