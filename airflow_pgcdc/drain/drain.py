@@ -58,7 +58,8 @@ without a manifest is removed by the next attempt, which produces the window aga
 from the slot (PostgreSQL resends everything after ``confirmed_flush_lsn``).
 
 Test hook (fault injection): when the environment variable ``PGCDC_FAULT`` names one
-of the points below, the process SIGKILLs itself there. Tests only.
+of the points below, the process SIGKILLs itself there (``PGCDC_PAUSE`` pauses there
+instead, see :func:`_fault`). Tests only.
 
 * ``after-receive``: once ``PGCDC_FAULT_AFTER`` transactions (default 1) are in the window;
 * ``during-upload``: when the first Parquet part is about to complete its upload;
@@ -137,10 +138,20 @@ class DrainTimeout(DrainError):
 
 
 def _fault(point: str) -> None:
-    """Test hook: SIGKILL this process at ``point`` when ``PGCDC_FAULT`` names it."""
+    """Test hook: SIGKILL this process at ``point`` when ``PGCDC_FAULT`` names it; pause
+    ``PGCDC_PAUSE_SECONDS`` (default 3) there when ``PGCDC_PAUSE`` names it, after
+    creating the file ``PGCDC_PAUSE_FILE`` (so a test can act while the drain is
+    mid-window)."""
     if os.environ.get(FAULT_ENV) == point:
         log.warning("fault injection: killing the drain at %s", point)
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("PGCDC_PAUSE") == point:
+        os.environ.pop("PGCDC_PAUSE")  # once
+        marker = os.environ.get("PGCDC_PAUSE_FILE")
+        if marker:
+            with open(marker, "w") as f:
+                f.write(point)
+        time.sleep(float(os.environ.get("PGCDC_PAUSE_SECONDS", "3")))
 
 
 @dataclass
