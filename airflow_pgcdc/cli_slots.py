@@ -300,7 +300,8 @@ def slot_status(
     """The status of ``slot`` (and of its windows in the store at ``store_url``).
 
     ``problem`` is None when the slot can be drained, else ``{"error", "message", "hint"}``
-    (lost, unreserved, in use, mismatched, publication missing). A missing slot raises
+    (lost, unreserved, mismatched, publication missing); an active slot (a drain running)
+    is not a problem: ``slot.active`` and ``slot.active_pid`` show it. A missing slot raises
     :class:`~airflow_pgcdc.pg.slots.SlotMissing`.
     """
     from airflow_pgcdc.pg.slots import (
@@ -315,7 +316,7 @@ def slot_status(
     health = slot_health(dsn, slot, publication=publication)
     problem = None
     try:
-        check_slot_usable(health, plugin=None)
+        check_slot_usable(health, plugin=None, allow_active=True)  # active: a drain is running
     except SlotMissing:
         raise
     except (SlotError, PublicationMissing) as e:

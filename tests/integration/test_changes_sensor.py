@@ -105,6 +105,17 @@ def test_trigger_fires_on_pending_wal_and_serializes_without_secrets(source):
     assert LSN.parse(event["observed_lsn"]) - LSN.parse(event["confirmed_flush_lsn"]) == event["pending_bytes"]
     assert event["wal_status"] == "reserved" and event["retained_bytes"] >= event["pending_bytes"]
 
+    # retained WAL above the threshold: a warning, repeated only when it doubles (or later)
+    from airflow_pgcdc.triggers.changes import RetainedWalWarning
+
+    health = slots.slot_health(dsn, slot)
+    warner = RetainedWalWarning(1 << 20)
+    message = warner.message(health, now=0.0)
+    assert f"retains {health.retained_bytes} bytes of WAL" in message and "threshold 1048576" in message
+    assert warner.message(health, now=1.0) is None
+    assert warner.message(health, now=601.0) is not None
+    assert RetainedWalWarning(1 << 40).message(health) is None
+
 
 def test_trigger_max_delay_and_waiting(source):
     dsn, slot, conn_id = source

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from airflow_pgcdc.cli_slots import committed_windows
+from airflow_pgcdc.cli_slots import committed_windows, slot_status
 from airflow_pgcdc.pg import slots
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.tables import TableNotFound
@@ -170,6 +170,8 @@ def test_in_use_missing_mismatch_and_publication_errors(fresh_db, slot_name):
             slots.check_slot_usable(h)
         assert e.value.active_pid == pid and e.value.kind == "slot_in_use"
         assert slots.check_slot_usable(h, allow_pid=pid) is h
+        status = slot_status(fresh_db, name)  # a running drain is not a problem for status
+        assert status["problem"] is None and status["slot"]["active_pid"] == pid
         with pytest.raises(slots.SlotInUse):
             slots.drop_slot(fresh_db, name, wait=False)
     assert slots.drop_slot(fresh_db, name) is True
