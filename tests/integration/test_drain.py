@@ -293,3 +293,63 @@ def test_keepalives_answered_during_a_slow_upload(fresh_db, slot_name, store):
     r = drain(fresh_db, url, slot, SlowParts(client, 5.0), connect_options="-c wal_sender_timeout=2s")
     assert time.monotonic() - t0 > 5
     assert r.rows == 100 and confirmed(fresh_db, slot) == LSN.parse(r.end_lsn)
+
+
+DRAIN_DAG = '''
+import datetime
+
+from airflow.sdk import DAG, task
+
+from airflow_pgcdc.operators.drain import PgcdcDrainOperator
+
+with DAG("pgcdc_test_drain", schedule=None, start_date=datetime.datetime(2024, 1, 1), catchup=False) as dag:
+    @task
+    def wait(**context):  # stands in for PgcdcChangesSensor: the same XCom shape
+        return {"status": "ready", "observed_lsn": context["dag_run"].conf["observed_lsn"]}
+
+    w = wait()
+    d = PgcdcDrainOperator(
+        task_id="drain",
+        to="{{ dag_run.conf['to'] }}",
+        slot="{{ dag_run.conf['slot'] }}",
+        publication="pub",
+        sensor_task_id="wait",
+        postgres_conn_id="pgcdc_src",
+        aws_conn_id="pgcdc_s3",
+    )
+    w >> d
+'''
+
+
+def test_drain_operator_in_a_dag_run(fresh_db, slot_name, s3, s3_bucket, tmp_path):
+    import json
+
+    from airflow_runner import airflow_env, run_dag
+    from test_operators_copy import conn_json
+
+    if fresh_db.server.major != 18:
+        pytest.skip("one DAG run is enough: the operator is a thin wrapper (the drain runs on both)")
+    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY)")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    create_slot(fresh_db, slot)
+    sql(fresh_db, "INSERT INTO t SELECT generate_series(1, 10)")
+    observed = sql(fresh_db, "SELECT pg_current_wal_insert_lsn()::text")[0][0]
+    sql(fresh_db, "INSERT INTO t SELECT generate_series(11, 15)")  # after the sensor's LSN
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "pgcdc_test_drain.py").write_text(DRAIN_DAG)
+    env = airflow_env(tmp_path / "airflow", dags, {
+        "AIRFLOW_CONN_PGCDC_SRC": conn_json(fresh_db),
+        "AIRFLOW_CONN_PGCDC_S3": json.dumps({"conn_type": "aws", "login": s3.access_key, "password": s3.secret_key,
+                                             "extra": {"endpoint_url": s3.endpoint_url, "region_name": s3.region}}),
+    })
+    to = f"s3://{s3_bucket}/lake"
+    result = run_dag(dags / "pgcdc_test_drain.py", "pgcdc_test_drain", env,
+                     {"to": to, "slot": slot, "observed_lsn": observed})
+    assert result.state == "success", result.output[-4000:]
+    out = result.xcom("drain")
+    assert out["window_seq"] == 0 and out["end_lsn"] == observed
+    assert out["tables"] == {"public.t": 10} and out["bytes"] > 0
+    assert confirmed(fresh_db, slot) == LSN.parse(observed)
+    assert fresh_db.server.password not in result.output and s3.secret_key not in result.output

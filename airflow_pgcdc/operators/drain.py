@@ -1,0 +1,130 @@
+"""``PgcdcDrainOperator``: one window of logical changes from a slot to S3."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import Asset, BaseOperator
+
+from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+
+
+def changes_asset(to: str, slot: str) -> Asset:
+    """The Asset the windows of ``slot`` under ``to`` (s3://bucket/prefix) update."""
+    return Asset(uri=f"{to.rstrip('/')}/{slot}/changes", name=f"pgcdc-changes-{slot}")
+
+
+class PgcdcDrainOperator(BaseOperator):
+    """Drain one window of ``slot`` into ``to`` and acknowledge it once committed
+    (see :mod:`airflow_pgcdc.drain.drain`).
+
+    The window ends at ``until_lsn`` if given (templated), else at the ``observed_lsn``
+    that the task ``sensor_task_id`` (a ``PgcdcChangesSensor``) returned, else at the
+    server's current WAL insert position; ``max_rows`` / ``max_bytes`` / ``max_seconds``
+    may end it earlier, at a transaction boundary.
+
+    Returns (XCom ``return_value``)::
+
+        {"window_seq", "start_lsn", "end_lsn", "end_reason", "transactions", "rows",
+         "tables": {"schema.table": rows}, "bytes", "manifest": "s3://…/_manifest.json"}
+
+    ``window_seq`` is ``None`` when there was nothing to drain. Emits an Asset event on
+    ``s3://bucket/prefix/<slot>/changes`` (extra: window_seq, end_lsn, rows).
+
+    :param to: ``s3://bucket/prefix`` (templated)
+    :param slot: the logical replication slot (pgoutput) (templated)
+    :param publication: publication name, or a list of names (templated)
+    :param until_lsn: window end ``X/Y`` (templated)
+    :param sensor_task_id: take the window end from this sensor task's ``observed_lsn``
+    :param skip_origins: drop transactions from these replication origins
+    :param message_prefixes: keep only logical messages with these prefixes
+    :param binary: ask pgoutput for binary values
+    :param postgres_conn_id: Airflow ``postgres`` connection
+    :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
+    """
+
+    template_fields: Sequence[str] = ("to", "slot", "publication", "until_lsn")
+    ui_color = "#d5f5e3"
+
+    def __init__(
+        self,
+        *,
+        to: str,
+        slot: str,
+        publication: str | Sequence[str],
+        until_lsn: str | None = None,
+        sensor_task_id: str | None = None,
+        max_rows: int | None = None,
+        max_bytes: int | None = None,
+        max_seconds: float | None = None,
+        skip_origins: Sequence[str] = (),
+        message_prefixes: Sequence[str] | None = None,
+        binary: bool = False,
+        max_wait: float = 300.0,
+        postgres_conn_id: str = PgcdcHook.default_conn_name,
+        aws_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if "outlets" not in kwargs and "{{" not in to and "{{" not in slot:
+            kwargs["outlets"] = [changes_asset(to, slot)]
+        super().__init__(**kwargs)
+        self.to = to
+        self.slot = slot
+        self.publication = publication
+        self.until_lsn = until_lsn
+        self.sensor_task_id = sensor_task_id
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.max_seconds = max_seconds
+        self.skip_origins = list(skip_origins)
+        self.message_prefixes = list(message_prefixes) if message_prefixes is not None else None
+        self.binary = binary
+        self.max_wait = max_wait
+        self.postgres_conn_id = postgres_conn_id
+        self.aws_conn_id = aws_conn_id
+
+    def _window_end(self, context) -> str | None:
+        if self.until_lsn:
+            return str(self.until_lsn)
+        if not self.sensor_task_id:
+            return None
+        ti = context["ti"]
+        value = ti.xcom_pull(task_ids=self.sensor_task_id)
+        if isinstance(value, dict) and value.get("observed_lsn"):
+            return str(value["observed_lsn"])
+        value = ti.xcom_pull(task_ids=self.sensor_task_id, key="observed_lsn")
+        return str(value) if value else None
+
+    def execute(self, context) -> dict[str, Any]:
+        from airflow_pgcdc.drain.drain import drain_window
+
+        hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
+        publications = [self.publication] if isinstance(self.publication, str) else list(self.publication)
+        until = self._window_end(context)
+        self.log.info("drain of slot %s (%s) into %s, window end %s", self.slot, hook.safe_dsn(), self.to,
+                      until or "current WAL insert position")
+        result = drain_window(
+            hook.get_dsn(),
+            self.to,
+            slot=self.slot,
+            publications=publications,
+            until_lsn=until,
+            max_rows=self.max_rows,
+            max_bytes=self.max_bytes,
+            max_seconds=self.max_seconds,
+            skip_origins=self.skip_origins,
+            message_prefixes=self.message_prefixes,
+            binary=self.binary,
+            max_wait=self.max_wait,
+            s3_client=hook.s3_client(),
+        )
+        out = result.to_dict()
+        self.log.info("window %s [%s, %s): %s transactions, %s rows, %s bytes", out["window_seq"],
+                      out["start_lsn"], out["end_lsn"], out["transactions"], out["rows"], out["bytes"])
+        for outlet in self.outlets or ():
+            if isinstance(outlet, Asset):
+                context["outlet_events"][outlet].extra = {
+                    "window_seq": result.window_seq, "end_lsn": result.end_lsn, "rows": result.rows,
+                }
+        return out
