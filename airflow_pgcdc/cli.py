@@ -37,6 +37,7 @@ COMMANDS: list[str] = [
     "airflow_pgcdc.cli_snapshot",
     "airflow_pgcdc.cli_drain",
     "airflow_pgcdc.cli_slots",
+    "airflow_pgcdc.cli_verify",
 ]
 
 PROG = "pgcdc"
