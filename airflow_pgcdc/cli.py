@@ -38,6 +38,7 @@ COMMANDS: list[str] = [
     "airflow_pgcdc.cli_drain",
     "airflow_pgcdc.cli_slots",
     "airflow_pgcdc.cli_verify",
+    "airflow_pgcdc.cli_merge",
 ]
 
 PROG = "pgcdc"

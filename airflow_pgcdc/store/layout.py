@@ -313,6 +313,12 @@ class Layout:
     def window_manifest(self, slot: str, window_seq: int) -> str:
         return self.window_prefix(slot, window_seq) + MANIFEST_NAME
 
+    def merge_staging_prefix(self, slot: str, run_id: str | None = None) -> str:
+        """``{prefix}/{slot}/merge-staging/[{run_id}/]``: files a merge job stages for its
+        Delta commits (removed after each commit; debris of a killed job is removed later)."""
+        base = self._key(validate_slot(slot), "merge-staging") + "/"
+        return base if run_id is None else base + validate_run_id(run_id) + "/"
+
     def window_table_prefix(self, slot: str, window_seq: int, schema: str, table: str) -> str:
         return self.window_prefix(slot, window_seq) + encode_table_segment(schema, table) + "/"
 

@@ -37,6 +37,7 @@ __all__ = [
     "SnapshotManifest",
     "TableEntry",
     "UnsupportedManifestFormat",
+    "committed_snapshot",
     "read_basebackup_info",
     "read_snapshot_manifest",
     "write_manifest",
@@ -805,3 +806,14 @@ def read_basebackup_info(client: Any, bucket: str, key: str) -> BaseBackupInfo:
         return BaseBackupInfo.from_json(get_bytes(client, bucket, key), key=key)
     except ManifestError as e:
         raise type(e)(e.reason, bucket=bucket, key=key) from None
+
+
+def committed_snapshot(client: Any, layout: Any, slot: str) -> SnapshotManifest | None:
+    """The slot's committed snapshot (the one whose ``_manifest.json`` exists), or ``None``.
+    ``layout``: a :class:`~airflow_pgcdc.store.layout.Layout`."""
+    from airflow_pgcdc.store.s3 import list_keys
+
+    for key in list_keys(client, layout.bucket, layout.snapshots_prefix(slot)):
+        if key.endswith("/_manifest.json"):
+            return read_snapshot_manifest(client, layout.bucket, key)
+    return None

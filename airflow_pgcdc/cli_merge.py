@@ -1,0 +1,37 @@
+"""``pgcdc merge``: bootstrap Delta tables from the slot's snapshot and merge its windows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def register(subparsers) -> None:
+    from airflow_pgcdc.merge.spark_app import add_arguments
+
+    p = subparsers.add_parser(
+        "merge",
+        help="bootstrap Delta tables from the snapshot and merge the change windows (Spark)",
+        description=(
+            "Run the merge job in-process on a local Spark (or --master): for every table of "
+            "the slot, create its Delta table from the snapshot if needed, then merge the "
+            "committed windows after the table's last merged one, in order, exactly once. "
+            "Prints the per-table result as JSON. For a cluster, submit "
+            "airflow_pgcdc/merge/spark_app.py with spark-submit (same arguments)."
+        ),
+    )
+    add_arguments(p)
+    p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from airflow_pgcdc.merge.spark_app import run as run_job
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    out = run_job(args)
+    json.dump(out, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0

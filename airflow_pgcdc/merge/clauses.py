@@ -1,0 +1,105 @@
+"""The MERGE clauses, built once for both Delta sinks (delta-rs and delta-spark).
+
+The source of a merge is the compacted batch (see :mod:`.compact`): at most one row per
+key, with ``_pgcdc_op`` (``I``/``U``/``D``, the key's last change) and, per column that
+may hold an unchanged TOAST value, a flag ``_pgcdc_keep_<column>`` (true: the source did
+not carry the value, keep the target's). The clauses:
+
+* ``ON`` every key column equal (keys are NOT NULL in PostgreSQL: a primary key or a
+  replica identity index);
+* matched and ``D``: delete;
+* matched and not ``D``: update every target column: from the source, or the target's
+  own value where the keep flag is set, or NULL for a column the source no longer has
+  (dropped in PostgreSQL: it stays in Delta, NULL from then on);
+* not matched and not ``D``: insert (a delete of an absent key is a no-op);
+* after a truncate (``truncated``): not matched by source: delete; and keep flags are
+  ignored (the target's rows are gone as of the truncate).
+
+Identifiers are quoted by :func:`quote_ident` for the dialect: DataFusion (delta-rs)
+``"x"``, Spark SQL (delta-spark) `` `x` ``. String literals never come from data here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["KEEP_PREFIX", "MergeSpec", "build_merge_spec", "keep_column", "quote_ident"]
+
+KEEP_PREFIX = "_pgcdc_keep_"
+OP = "_pgcdc_op"
+DIALECTS = ("delta-rs", "spark")
+
+
+def keep_column(column: str) -> str:
+    """``_pgcdc_keep_<column>``: the flag column of ``column`` in a compacted batch."""
+    return KEEP_PREFIX + column
+
+
+def quote_ident(name: str, dialect: str) -> str:
+    """The one identifier quoting function of the merge (any name, any character)."""
+    if dialect == "delta-rs":
+        return '"' + name.replace('"', '""') + '"'
+    if dialect == "spark":
+        return "`" + name.replace("`", "``") + "`"
+    raise ValueError(f"unknown SQL dialect {dialect!r} (expected one of {DIALECTS})")
+
+
+@dataclass(frozen=True)
+class MergeSpec:
+    """Clauses as SQL text, target alias ``t``, source alias ``s``."""
+
+    predicate: str
+    delete_when: str
+    update_when: str
+    updates: dict[str, str]  # quoted target column -> expression
+    insert_when: str
+    inserts: dict[str, str]
+    delete_not_matched_by_source: bool
+
+
+def build_merge_spec(
+    *,
+    target_columns: Sequence[str],
+    source_columns: Sequence[str],
+    key_columns: Sequence[str],
+    keep_columns: Sequence[str] = (),
+    truncated: bool = False,
+    dialect: str = "delta-rs",
+) -> MergeSpec:
+    """The clauses for a compacted batch. ``target_columns``: the Delta table's columns
+    (after adding new source columns); ``source_columns``: the table columns present in
+    the batch; ``keep_columns``: those with a ``_pgcdc_keep_`` flag in the batch."""
+    q = lambda n: quote_ident(n, dialect)  # noqa: E731
+    if not key_columns:
+        raise ValueError("a merge needs at least one key column")
+    src = set(source_columns)
+    missing_keys = [k for k in key_columns if k not in src or k not in set(target_columns)]
+    if missing_keys:
+        raise ValueError(f"key column(s) {missing_keys} missing from the source or the target")
+    keep = set(keep_columns) - set(key_columns)
+    if keep - src:
+        raise ValueError(f"keep flags for columns not in the source: {sorted(keep - src)}")
+    predicate = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key_columns)
+    op = f"s.{q(OP)}"
+    updates: dict[str, str] = {}
+    inserts: dict[str, str] = {}
+    for c in target_columns:
+        if c not in src:
+            updates[q(c)] = "NULL"
+            continue
+        value = f"s.{q(c)}"
+        inserts[q(c)] = value
+        if c in keep and not truncated:
+            updates[q(c)] = f"CASE WHEN s.{q(keep_column(c))} THEN t.{q(c)} ELSE {value} END"
+        else:
+            updates[q(c)] = value
+    return MergeSpec(
+        predicate=predicate,
+        delete_when=f"{op} = 'D'",
+        update_when=f"{op} <> 'D'",
+        updates=updates,
+        insert_when=f"{op} <> 'D'",
+        inserts=inserts,
+        delete_not_matched_by_source=truncated,
+    )

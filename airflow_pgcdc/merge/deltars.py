@@ -1,0 +1,120 @@
+"""The delta-rs sink's driver side: one Delta commit from the files a Spark job staged.
+
+* :func:`bootstrap` creates the table from the staged snapshot rows in one commit
+  (``mode="error"``: creation is atomic, a concurrent or repeated bootstrap finds the
+  table there and stops, see :class:`TableExists`), with the snapshot in the commit's
+  metadata.
+* :func:`merge` runs one delta-rs MERGE (streamed source: the staged Parquet files read
+  batch by batch) with the clauses of :mod:`.clauses`, committing the app transaction
+  ``(app_id, version)`` and the window range in the commit's metadata. The app
+  transaction makes a replay a no-op: the caller checks
+  :func:`merged_version` before, and a commit is all or nothing (delta-rs writes the log
+  entry with a conditional put), so a job killed mid-way leaves the previous version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pyarrow as pa
+
+from airflow_pgcdc.merge.clauses import MergeSpec
+from airflow_pgcdc.merge.plan import MergeError
+
+__all__ = [
+    "TableExists", "add_columns", "bootstrap", "merge", "merged_version", "open_table",
+    "read_staged", "staged_reader",
+]
+
+log = logging.getLogger(__name__)
+BATCH_ROWS = 65_536
+
+
+class TableExists(MergeError):
+    """The Delta table already exists (a bootstrap ran before)."""
+
+
+def open_table(url: str, storage_options: dict[str, str]):
+    """The Delta table at ``url``, or ``None`` when there is none."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(url, storage_options=storage_options)
+    except TableNotFoundError:
+        return None
+
+
+def merged_version(table, app: str) -> int | None:
+    """The last window merged into ``table`` (its app transaction version), or ``None``."""
+    return None if table is None else table.transaction_version(app)
+
+
+def read_staged(fs, staging: str) -> tuple[list[str], int]:
+    """The files and row count a staging writer committed (``_staged.json``)."""
+    from airflow_pgcdc.merge.spark_io import STAGED_LIST
+
+    with fs.open_input_stream(staging.rstrip("/") + "/" + STAGED_LIST) as f:
+        doc = json.loads(f.read())
+    return list(doc["paths"]), int(doc["rows"])
+
+
+def staged_reader(fs, paths: list[str], schema: pa.Schema) -> pa.RecordBatchReader:
+    """A stream of the staged rows (bounded memory: one batch at a time)."""
+    import pyarrow.dataset as ds
+
+    if not paths:
+        return pa.RecordBatchReader.from_batches(schema, iter(()))
+    dataset = ds.dataset(paths, format="parquet", filesystem=fs, schema=schema)
+    return dataset.scanner(batch_size=BATCH_ROWS).to_reader()
+
+
+def bootstrap(url: str, reader: pa.RecordBatchReader, *,
+              storage_options: dict[str, str], metadata: dict[str, str]) -> None:
+    from deltalake import CommitProperties, write_deltalake
+
+    try:
+        write_deltalake(
+            url, reader, mode="error", storage_options=storage_options,
+            commit_properties=CommitProperties(custom_metadata=metadata),
+        )
+    except Exception as e:  # delta-rs raises its own DeltaError for an existing table
+        if "already exists" in str(e).lower():
+            raise TableExists(f"Delta table {url} already exists") from None
+        raise
+
+
+def merge(table, reader: pa.RecordBatchReader, spec: MergeSpec, *, app: str, version: int,
+          metadata: dict[str, str]) -> dict[str, Any]:
+    """One MERGE commit; returns delta-rs' metrics."""
+    from deltalake import CommitProperties, Transaction
+
+    merger = table.merge(
+        reader,
+        predicate=spec.predicate,
+        source_alias="s",
+        target_alias="t",
+        streamed_exec=True,
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(app, version)], custom_metadata=metadata
+        ),
+    )
+    merger = merger.when_matched_delete(predicate=spec.delete_when)
+    merger = merger.when_matched_update(updates=spec.updates, predicate=spec.update_when)
+    merger = merger.when_not_matched_insert(updates=spec.inserts, predicate=spec.insert_when)
+    if spec.delete_not_matched_by_source:
+        merger = merger.when_not_matched_by_source_delete()
+    return merger.execute()
+
+
+def add_columns(table, fields: list[pa.Field]) -> None:
+    """Add new nullable columns (a schema change in PostgreSQL) in their own commit."""
+    from deltalake import Schema
+
+    if not fields:
+        return
+    delta_fields = Schema.from_arrow(pa.schema([f.with_nullable(True) for f in fields])).fields
+    table.alter.add_columns(list(delta_fields))
+    log.info("Delta table %s: added column(s) %s", table.table_uri, [f.name for f in fields])

@@ -1,0 +1,461 @@
+"""The merge job: Delta tables bootstrapped from the slot's snapshot, then kept in step
+with its change windows, in order, exactly once. Runs on the Spark driver
+(:func:`merge_slot`, called by :mod:`.spark_app` under ``spark-submit`` or by
+``pgcdc merge`` in-process).
+
+Per source table (``{delta}/{schema}.{table}``, one Delta table each):
+
+1. **Bootstrap** (no Delta table yet, the table is in the snapshot): the snapshot parts
+   are read by Spark (:mod:`.spark_io`), staged, and written as the table's first commit,
+   whose metadata records ``pgcdc.snapshot_id`` and ``pgcdc.consistent_point``.
+2. **Merge**: the committed windows after the table's last merged window (the app
+   transaction ``pgcdc:{slot}:{schema}.{table}`` of the Delta table; none merged yet:
+   window 0, which must start at the snapshot's consistent point), contiguous and
+   tiling (:mod:`.plan`), at most ``max_windows`` per commit. Their change rows are
+   compacted in Spark (:mod:`.compact`), staged by the executors, and merged in one
+   commit that records app transaction version = the last window's ``window_seq`` and
+   ``pgcdc.window_first``/``window_last``/``start_lsn``/``end_lsn`` in its metadata.
+3. **Schema**: a new source column is added to the Delta table (nullable) before the
+   merge; a dropped one stays (NULL from then on); a column whose type changed stops
+   the merge (:class:`IncompatibleSchemaChange`).
+
+A table with no change in the pending windows gets no commit (its app transaction
+version stays where it was; the next run looks at those windows again, finds nothing,
+and moves on once a window holds a change for it).
+
+Staged files live under ``{prefix}/{slot}/merge-staging/{run_id}/`` and are removed after
+each commit; debris of a killed job older than :data:`STAGING_TTL_HOURS` is removed by
+the next job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from airflow_pgcdc.changes.rows import META_FIELDS, OLD_PREFIX
+from airflow_pgcdc.merge import deltars
+from airflow_pgcdc.merge.clauses import build_merge_spec, keep_column
+from airflow_pgcdc.merge.compact import compact, toastable
+from airflow_pgcdc.merge.delta_types import to_delta_schema
+from airflow_pgcdc.merge.plan import (
+    MergeError,
+    NoMergeKey,
+    TablePlan,
+    app_id,
+    delta_table_url,
+    plan_table,
+    select_windows,
+)
+from airflow_pgcdc.merge.spark_io import encode_schema, register, s3_options
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.layout import Layout, encode_table_segment, new_run_id
+from airflow_pgcdc.store.manifest import committed_snapshot
+from airflow_pgcdc.store.window import committed_window_seqs, read_window
+
+__all__ = ["IncompatibleSchemaChange", "MergeResult", "TableResult", "merge_slot"]
+
+log = logging.getLogger(__name__)
+STAGING_TTL_HOURS = 6
+_META = {f.name: f for f in META_FIELDS}
+
+
+class IncompatibleSchemaChange(MergeError):
+    """A source column's type changed in a way the Delta table cannot follow."""
+
+
+@dataclass
+class TableResult:
+    table: str
+    delta_url: str
+    action: str  # bootstrapped+merged | bootstrapped | merged | up-to-date | no-changes
+    bootstrap_rows: int = 0
+    first_window: int | None = None
+    last_window: int | None = None
+    start_lsn: str | None = None
+    end_lsn: str | None = None
+    change_rows: int = 0
+    merged_rows: int = 0
+    truncates: int = 0
+    added_columns: list[str] = field(default_factory=list)
+    delta_version: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class MergeResult:
+    slot: str
+    source: str
+    delta: str
+    tables: list[TableResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def merge_slot(
+    spark,
+    *,
+    source: str,
+    slot: str,
+    delta: str,
+    tables: Sequence[str] | None = None,
+    keys: Mapping[str, Sequence[str]] | None = None,
+    max_windows: int | None = None,
+    settings: s3store.S3Settings | None = None,
+) -> MergeResult:
+    """Bootstrap and merge every table of ``slot`` (or only ``tables``, ``schema.table``)
+    from the store at ``source`` (``s3://bucket/prefix``) into Delta tables under
+    ``delta`` (``s3://bucket/lake``). ``keys`` overrides merge keys per table."""
+    t0 = time.monotonic()
+    settings = settings or s3store.S3Settings.from_env()
+    layout = Layout.parse(source)
+    client = s3store.make_s3_client(settings)
+    ctx = _Context(
+        spark=spark, layout=layout, client=client, fs=s3store.make_pyarrow_fs(settings),
+        storage=s3store.delta_storage_options(settings), slot=slot, delta=delta,
+        run_id=new_run_id(), s3_options=s3_options(settings),
+    )
+    register(spark)
+    _remove_old_staging(ctx)
+    snapshot = committed_snapshot(client, layout, slot)
+    seqs = committed_window_seqs(client, layout, slot)
+    manifests = [read_window(client, layout, slot, s) for s in seqs]
+    wanted = _table_names(snapshot, manifests, tables)
+    result = MergeResult(slot=slot, source=source, delta=delta)
+    try:
+        for schema, table in wanted:
+            result.tables.append(
+                _one_table(ctx, schema, table, snapshot, manifests, keys or {}, max_windows)
+            )
+    finally:
+        s3store.delete_prefix(client, layout.bucket, layout.merge_staging_prefix(slot, ctx.run_id))
+    result.seconds = round(time.monotonic() - t0, 3)
+    return result
+
+
+@dataclass
+class _Context:
+    spark: Any
+    layout: Layout
+    client: Any
+    fs: Any
+    storage: dict[str, str]
+    slot: str
+    delta: str
+    run_id: str
+    s3_options: dict[str, str]
+
+    def staging(self, schema: str, table: str, what: str) -> str:
+        """``bucket/…/merge-staging/{run}/{segment}/{what}/`` (a pyarrow fs path)."""
+        prefix = self.layout.merge_staging_prefix(self.slot, self.run_id)
+        return f"{self.layout.bucket}/{prefix}{encode_table_segment(schema, table)}/{what}/"
+
+
+def _table_names(snapshot, manifests, only: Sequence[str] | None) -> list[tuple[str, str]]:
+    names: dict[tuple[str, str], None] = {}
+    if snapshot is not None:
+        for t in snapshot.tables:
+            names[(t.schema, t.table)] = None
+    for m in manifests:
+        for t in m.tables:
+            names[(t["schema"], t["table"])] = None
+    if only:
+        known = {f"{s}.{t}": (s, t) for s, t in names}
+        missing = [n for n in only if n not in known]
+        if missing:
+            raise MergeError(
+                f"table(s) {missing} are neither in the slot's snapshot nor in any committed window",
+                hint="check --tables against `pgcdc status` and the publication",
+            )
+        return [known[n] for n in only]
+    return list(names)
+
+
+def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys, max_windows) -> TableResult:
+    t0 = time.monotonic()
+    name = f"{schema}.{table}"
+    url = delta_table_url(ctx.delta, schema, table)
+    res = TableResult(table=name, delta_url=url, action="up-to-date")
+    app = app_id(ctx.slot, schema, table)
+    entry = None
+    if snapshot is not None:
+        entry = next((t for t in snapshot.tables if t.schema == schema and t.table == table), None)
+    dt = deltars.open_table(url, ctx.storage)
+    if dt is None and entry is not None:
+        res.bootstrap_rows = _bootstrap(ctx, snapshot, entry, url)
+        res.action = "bootstrapped"
+        dt = deltars.open_table(url, ctx.storage)
+    merged = deltars.merged_version(dt, app)
+    consistent = snapshot.consistent_point if (merged is None and entry is not None) else None
+    windows = select_windows(manifests, after=merged, consistent_point=consistent, limit=max_windows)
+    if not windows:
+        res.delta_version = dt.version() if dt is not None else None
+        res.seconds = round(time.monotonic() - t0, 3)
+        return res
+    key_columns = _key_columns(name, entry, windows, keys)
+    plan = plan_table(
+        windows, schema=schema, table=table, key_columns=key_columns,
+        window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq),
+    )
+    res.first_window, res.last_window = plan.first_window, plan.last_window
+    res.start_lsn, res.end_lsn = plan.start_lsn, plan.end_lsn
+    res.change_rows, res.truncates = plan.rows, plan.truncates
+    if not plan.has_work:
+        res.action = "no-changes" if res.action == "up-to-date" else res.action
+        res.delta_version = dt.version() if dt is not None else None
+        res.seconds = round(time.monotonic() - t0, 3)
+        return res
+    metrics, dt, added = _merge(ctx, plan, url, dt, app)
+    res.metrics = metrics
+    res.added_columns = added
+    res.merged_rows = int(metrics.get("num_source_rows", 0))
+    res.action = "bootstrapped+merged" if res.action == "bootstrapped" else "merged"
+    res.delta_version = deltars.open_table(url, ctx.storage).version()
+    res.seconds = round(time.monotonic() - t0, 3)
+    log.info(
+        "%s: windows %s..%s (%s..%s), %d change rows -> %d merged rows, Delta version %s, %.1fs",
+        name, plan.first_window, plan.last_window, plan.start_lsn, plan.end_lsn,
+        plan.rows, res.merged_rows, res.delta_version, res.seconds,
+    )
+    return res
+
+
+def _key_columns(name: str, entry, windows, keys) -> tuple[str, ...]:
+    if name in keys:
+        return tuple(keys[name])
+    if entry is not None:
+        if not entry.key_columns:
+            raise NoMergeKey(
+                f"table {name} has no primary key or replica identity index: the merge cannot "
+                "match its changes to rows",
+                hint=f"add a primary key, or give the key: --key {name}=col1,col2",
+            )
+        return tuple(entry.key_columns)
+    # a table that appeared after the snapshot: its replica identity, from the windows
+    for m in windows:
+        for t in m.tables:
+            if f"{t['schema']}.{t['table']}" != name:
+                continue
+            for rv in t["relation_versions"]:
+                if rv.get("replica_identity") in ("d", "i"):
+                    return tuple(c["name"] for c in rv["columns"] if c.get("key"))
+    raise NoMergeKey(
+        f"table {name} is not in the snapshot and its replica identity is not a key",
+        hint=f"give the key: --key {name}=col1,col2",
+    )
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def _table_fields(schema: pa.Schema) -> list[pa.Field]:
+    return [f for f in schema if not f.name.startswith("_pgcdc_")]
+
+
+def _part_schema(ctx: _Context, key: str) -> pa.Schema:
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(f"{ctx.layout.bucket}/{key}", filesystem=ctx.fs)
+
+
+def _spark_type(t: pa.DataType) -> str:
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    return from_arrow_type(t).simpleString()
+
+
+def _union_fields(name: str, schemas: list[tuple[str, pa.Schema]]) -> list[pa.Field]:
+    """The table's columns over every relation version, first appearance first; a column
+    whose type differs between versions is an incompatible change."""
+    out: dict[str, pa.Field] = {}
+    seen_in: dict[str, str] = {}
+    for where, schema in schemas:
+        for f in _table_fields(schema):
+            old = out.get(f.name)
+            if old is None:
+                out[f.name] = f
+                seen_in[f.name] = where
+            elif _spark_type(old.type) != _spark_type(f.type):
+                raise IncompatibleSchemaChange(
+                    f"table {name}, column {f.name!r}: type changed from "
+                    f"{_pg_type(old)} ({old.type}) in {seen_in[f.name]} to {_pg_type(f)} "
+                    f"({f.type}) in {where}; the Delta table cannot follow",
+                    hint="rebuild the table (pgcdc_backfill) or cast in PostgreSQL to the old type",
+                )
+    return list(out.values())
+
+
+def _pg_type(f: pa.Field) -> str:
+    md = f.metadata or {}
+    return (md.get(b"pg_type") or b"?").decode()
+
+
+def _check_target(name: str, target: pa.Schema, fields: list[pa.Field]) -> list[pa.Field]:
+    """New fields to add to the target; raises on a type the target cannot hold."""
+    have = {f.name: f for f in target}
+    new = []
+    for f in fields:
+        old = have.get(f.name)
+        if old is None:
+            new.append(f)
+        elif _spark_type(old.type) != _spark_type(f.type):
+            raise IncompatibleSchemaChange(
+                f"table {name}, column {f.name!r}: the Delta table has {old.type} but the "
+                f"source now sends {_pg_type(f)} ({f.type})",
+                hint="rebuild the table (pgcdc_backfill) or cast in PostgreSQL to the old type",
+            )
+    return new
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+def _bootstrap(ctx: _Context, snapshot, entry, url: str) -> int:
+    name = entry.qualified_name
+    base = ctx.layout.snapshot_prefix(ctx.slot, snapshot.snapshot_id)
+    parts = [base + p.path for p in entry.parts]
+    if not parts:
+        raise MergeError(f"table {name}: the snapshot {snapshot.snapshot_id} lists no part")
+    schema = pa.schema(to_delta_schema(pa.schema(_table_fields(_part_schema(ctx, parts[0])))))
+    staging = ctx.staging(entry.schema, entry.table, "bootstrap")
+    df = _read(ctx, parts, schema)
+    _stage(ctx, df, staging, schema)
+    paths, rows = deltars.read_staged(ctx.fs, staging)
+    try:
+        deltars.bootstrap(
+            url, deltars.staged_reader(ctx.fs, paths, schema), storage_options=ctx.storage,
+            metadata={
+                "pgcdc.slot": ctx.slot,
+                "pgcdc.snapshot_id": snapshot.snapshot_id,
+                "pgcdc.consistent_point": snapshot.consistent_point,
+            },
+        )
+    except deltars.TableExists:
+        log.info("%s: Delta table created meanwhile by another job; not bootstrapping again", name)
+        return 0
+    log.info("%s: bootstrapped %s from snapshot %s (%d rows)", name, url, snapshot.snapshot_id, rows)
+    return rows
+
+
+# --------------------------------------------------------------------------- merge
+
+
+def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
+    name = plan.qualified_name
+    schemas = []
+    for v in plan.versions:
+        if v.parts:
+            schemas.append((f"window {v.window_seq} version {v.version}", _part_schema(ctx, v.parts[0])))
+    fields = [f.with_nullable(True) for f in to_delta_schema(pa.schema(_union_fields(name, schemas)))]
+    added: list[str] = []
+    if dt is None:  # a table that appeared after the snapshot: created empty, then merged
+        deltars.bootstrap(
+            url, pa.RecordBatchReader.from_batches(pa.schema(fields), iter(())),
+            storage_options=ctx.storage, metadata={"pgcdc.slot": ctx.slot, "pgcdc.created": name},
+        )
+        dt = deltars.open_table(url, ctx.storage)
+    else:
+        new = _check_target(name, pa.schema(dt.schema().to_arrow()), fields)
+        if new:
+            deltars.add_columns(dt, new)
+            added = [f.name for f in new]
+            dt = deltars.open_table(url, ctx.storage)
+    target = pa.schema(dt.schema().to_arrow())
+    by_name = {f.name: f for f in fields}
+    columns = [f.name for f in fields]
+    keys = list(plan.key_columns)
+    latest_types = _pg_types(plan)
+    toast = [c for c in columns if c not in keys and toastable(latest_types.get(c, "text"))]
+    read_schema = pa.schema(
+        fields
+        + [by_name[k].with_name(OLD_PREFIX + k) for k in keys]
+        + [_META[n] for n in ("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq", "_pgcdc_unchanged_toast")]
+    )
+    df = _read(ctx, plan.parts, read_schema)
+    compacted = compact(
+        df, table_columns=columns, key_columns=keys, toast_columns=toast, truncate_at=plan.truncate_at,
+    )
+    stage_schema = pa.schema(
+        fields
+        + [_META["_pgcdc_op"], _META["_pgcdc_commit_lsn"], _META["_pgcdc_seq"]]
+        + [pa.field(keep_column(c), pa.bool_()) for c in toast]
+    )
+    staging = ctx.staging(plan.schema, plan.table, f"w{plan.last_window}")
+    _stage(ctx, compacted, staging, stage_schema)
+    paths, _rows = deltars.read_staged(ctx.fs, staging)
+    spec = build_merge_spec(
+        target_columns=target.names, source_columns=columns, key_columns=keys,
+        keep_columns=toast, truncated=plan.truncate_at is not None, dialect="delta-rs",
+    )
+    metrics = deltars.merge(
+        dt, deltars.staged_reader(ctx.fs, paths, stage_schema), spec, app=app,
+        version=plan.last_window,
+        metadata={
+            "pgcdc.slot": ctx.slot,
+            "pgcdc.window_first": str(plan.first_window),
+            "pgcdc.window_last": str(plan.last_window),
+            "pgcdc.start_lsn": plan.start_lsn,
+            "pgcdc.end_lsn": plan.end_lsn,
+        },
+    )
+    s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+    return metrics, dt, added
+
+
+def _pg_types(plan: TablePlan) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for v in plan.versions:
+        for c in v.columns:
+            out[c["name"]] = c.get("pg_type", "text")
+    return out
+
+
+# --------------------------------------------------------------------------- Spark I/O
+
+
+def _read(ctx: _Context, parts: list[str], schema: pa.Schema):
+    return (
+        ctx.spark.read.format("pgcdc_parquet")
+        .options(**ctx.s3_options)
+        .option("parts", json.dumps([f"{ctx.layout.bucket}/{p}" for p in parts]))
+        .option("schema", encode_schema(schema))
+        .load()
+    )
+
+
+def _stage(ctx: _Context, df, staging: str, schema: pa.Schema) -> None:
+    (
+        df.write.format("pgcdc_staging")
+        .options(**ctx.s3_options)
+        .option("staging", staging)
+        .option("schema", encode_schema(schema))
+        .mode("append")
+        .save()
+    )
+
+
+def _remove_old_staging(ctx: _Context) -> None:
+    prefix = ctx.layout.merge_staging_prefix(ctx.slot)
+    cutoff = datetime.now(UTC) - timedelta(hours=STAGING_TTL_HOURS)
+    old_runs = set()
+    for key in s3store.list_keys(ctx.client, ctx.layout.bucket, prefix):
+        run = key[len(prefix):].split("/", 1)[0]
+        try:
+            started = datetime.strptime(run.split("-", 1)[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+        except ValueError:
+            continue
+        if started < cutoff:
+            old_runs.add(run)
+    for run in sorted(old_runs):
+        s3store.delete_prefix(ctx.client, ctx.layout.bucket, prefix + run + "/")
+        log.info("removed merge staging debris of run %s", run)

@@ -1,0 +1,247 @@
+"""What to merge: pure planning over manifests (no Spark, no I/O).
+
+For one Delta table (one source table), the plan names the committed windows to merge
+next, in order, and checks that they can be merged:
+
+* windows are contiguous: the first is the one after the table's last merged window
+  (its Delta app transaction version), or window 0 for a table only bootstrapped;
+  a missing or uncommitted window in between stops the plan (:class:`WindowGap`);
+  nothing is ever skipped;
+* windows tile the LSN line: each starts where the previous one ended, and window 0
+  starts at the snapshot's ``consistent_point`` (:class:`WindowOrderError`);
+* every relation version's replica identity covers the merge key, so deletes and
+  key-changing updates can be matched (:class:`KeyNotCovered`).
+
+A batch of windows is merged as one Delta commit whose app transaction version is the
+last window's ``window_seq`` (so a replay of any window already merged is a no-op).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.store.layout import encode_table_segment
+
+__all__ = [
+    "KeyNotCovered",
+    "MergeError",
+    "NoMergeKey",
+    "TablePlan",
+    "VersionInput",
+    "WindowGap",
+    "WindowOrderError",
+    "app_id",
+    "delta_table_url",
+    "plan_table",
+    "select_windows",
+]
+
+
+class MergeError(PgcdcError):
+    """The merge cannot go on; the message names table and window (``hint``: what to do)."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __reduce__(self):  # keep the hint across pickling (Spark workers)
+        return (_rebuild, (type(self), str(self), self.hint))
+
+
+def _rebuild(cls, message, hint):
+    return cls(message, hint=hint)
+
+
+class WindowGap(MergeError):
+    """A window between the last merged one and a later committed one is not committed."""
+
+
+class WindowOrderError(MergeError):
+    """Windows do not tile the LSN line (or do not start at the snapshot's consistent point)."""
+
+
+class NoMergeKey(MergeError):
+    """A table without a primary key or replica identity index and no key given."""
+
+
+class KeyNotCovered(MergeError):
+    """The replica identity of a relation version does not include every key column."""
+
+
+def app_id(slot: str, schema: str, table: str) -> str:
+    """The Delta app transaction id of a table: ``pgcdc:{slot}:{schema}.{table}``."""
+    return f"pgcdc:{slot}:{schema}.{table}"
+
+
+def delta_table_url(delta_root: str, schema: str, table: str) -> str:
+    """``{delta_root}/{schema}.{table}`` with the store's reversible segment encoding."""
+    return delta_root.rstrip("/") + "/" + encode_table_segment(schema, table)
+
+
+def select_windows(
+    manifests: Sequence,
+    *,
+    after: int | None,
+    consistent_point: str | None = None,
+    limit: int | None = None,
+) -> list:
+    """The committed windows to merge after window ``after`` (``None``: none merged yet),
+    in order. ``manifests``: every committed window manifest of the slot (any order).
+
+    Raises :class:`WindowGap` when a later window is committed but one before it is not,
+    and :class:`WindowOrderError` when the windows do not tile.
+    """
+    by_seq = {m.window_seq: m for m in manifests}
+    nxt = 0 if after is None else after + 1
+    out = []
+    prev_end = None
+    if after is not None and after in by_seq:
+        prev_end = by_seq[after].end
+    elif after is None and consistent_point is not None:
+        prev_end = LSN.parse(consistent_point)
+    while nxt in by_seq and (limit is None or len(out) < limit):
+        m = by_seq[nxt]
+        if prev_end is not None and m.start != prev_end:
+            what = "the snapshot's consistent point" if nxt == 0 or (after is None and not out) else f"window {nxt - 1}'s end"
+            raise WindowOrderError(
+                f"window {nxt} starts at {m.start_lsn} but {what} is {prev_end}: "
+                "the windows do not tile the LSN line; nothing merged from it"
+            )
+        out.append(m)
+        prev_end = m.end
+        nxt += 1
+    later = sorted(s for s in by_seq if s > nxt)
+    if later and (limit is None or len(out) < limit):
+        raise WindowGap(
+            f"window {nxt} is not committed but window {later[0]} is: refusing to skip it "
+            f"(merged so far: {after if after is not None else 'none'}); a drain rerun "
+            "recreates a missing window only if its changes are still in the slot"
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class VersionInput:
+    """One relation version of the table in one window: its parts (keys relative to the
+    bucket) and its columns as the manifest describes them."""
+
+    window_seq: int
+    version: int
+    columns: tuple[dict, ...]
+    replica_identity: str
+    old_columns: tuple[str, ...]
+    parts: tuple[str, ...]
+    rows: int
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """The windows of one table to merge as one Delta commit."""
+
+    schema: str
+    table: str
+    key_columns: tuple[str, ...]
+    first_window: int
+    last_window: int
+    start_lsn: str
+    end_lsn: str
+    versions: tuple[VersionInput, ...] = ()
+    # the last truncate of the table in the batch: (commit_lsn, seq); changes at or
+    # before it are superseded, and target rows not in the source are deleted
+    truncate_at: tuple[int, int] | None = None
+    truncates: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def rows(self) -> int:
+        return sum(v.rows for v in self.versions)
+
+    @property
+    def parts(self) -> list[str]:
+        return [p for v in self.versions for p in v.parts]
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.parts) or self.truncate_at is not None
+
+    def latest_columns(self) -> tuple[dict, ...]:
+        """The columns of the newest relation version (the table's shape at the end)."""
+        return self.versions[-1].columns if self.versions else ()
+
+
+def plan_table(
+    windows: Sequence,
+    *,
+    schema: str,
+    table: str,
+    key_columns: Sequence[str],
+    window_prefix,
+) -> TablePlan:
+    """The plan for one table over ``windows`` (from :func:`select_windows`, non-empty).
+    ``window_prefix(seq)`` gives a window folder's key prefix (with a trailing ``/``)."""
+    name = f"{schema}.{table}"
+    if not key_columns:
+        raise NoMergeKey(
+            f"table {name} has no primary key or replica identity index: the merge cannot "
+            "match its changes to rows",
+            hint="add a primary key, or give the key columns (--key schema.table=col1,col2)",
+        )
+    versions: list[VersionInput] = []
+    truncate_at = None
+    truncates = 0
+    for m in windows:
+        base = window_prefix(m.window_seq)
+        for t in m.tables:
+            if t["schema"] != schema or t["table"] != table:
+                continue
+            for rv in t["relation_versions"]:
+                cols = tuple(rv["columns"])
+                _check_key_covered(name, m.window_seq, rv, key_columns)
+                versions.append(VersionInput(
+                    window_seq=m.window_seq,
+                    version=int(rv["version"]),
+                    columns=cols,
+                    replica_identity=rv.get("replica_identity", "d"),
+                    old_columns=tuple(rv.get("old_columns", ())),
+                    parts=tuple(base + p["path"] for p in rv.get("parts", ())),
+                    rows=int(rv.get("rows", 0)),
+                ))
+        for tr in m.truncates:
+            if name in tr.get("tables", ()):
+                truncates += 1
+                point = (int(LSN.parse(tr["commit_lsn"])), int(tr["seq"]))
+                if truncate_at is None or point > truncate_at:
+                    truncate_at = point
+    return TablePlan(
+        schema=schema,
+        table=table,
+        key_columns=tuple(key_columns),
+        first_window=windows[0].window_seq,
+        last_window=windows[-1].window_seq,
+        start_lsn=windows[0].start_lsn,
+        end_lsn=windows[-1].end_lsn,
+        versions=tuple(versions),
+        truncate_at=truncate_at,
+        truncates=truncates,
+    )
+
+
+def _check_key_covered(name: str, seq: int, rv: dict, key_columns: Sequence[str]) -> None:
+    if rv.get("replica_identity") == "f":
+        return
+    flagged = {c["name"] for c in rv["columns"] if c.get("key")}
+    missing = [k for k in key_columns if k not in flagged]
+    if missing:
+        raise KeyNotCovered(
+            f"table {name}, window {seq}: the replica identity ({sorted(flagged) or 'nothing'}) "
+            f"does not include the merge key column(s) {missing}: deletes and key changes "
+            "could not be matched",
+            hint=f"ALTER TABLE {name} REPLICA IDENTITY FULL, or make the key the replica identity",
+        )

@@ -1,0 +1,85 @@
+"""The merge as a Spark application: ``spark-submit [--py-files airflow_pgcdc.zip]
+airflow_pgcdc/merge/spark_app.py --from s3://… --slot S --delta s3://… [...]``.
+
+Prints the result as one JSON line prefixed ``PGCDC_MERGE_RESULT `` on stdout (what
+the Airflow operator reads back), and exits 1 with a one-line error on failure.
+S3 endpoint and credentials come from the environment (boto3's conventions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+RESULT_PREFIX = "PGCDC_MERGE_RESULT "
+
+
+def parse_keys(items: list[str] | None) -> dict[str, list[str]]:
+    """``schema.table=col1,col2`` items → ``{"schema.table": ["col1", "col2"]}``."""
+    out: dict[str, list[str]] = {}
+    for item in items or ():
+        table, sep, cols = item.rpartition("=")
+        names = [c.strip() for c in cols.split(",") if c.strip()]
+        if not sep or not table or not names:
+            raise argparse.ArgumentTypeError(f"--key expects schema.table=col1[,col2...], got {item!r}")
+        out[table] = names
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", dest="source", required=True, metavar="S3URL",
+                   help="the change store: s3://bucket/prefix (as given to snapshot and drain)")
+    p.add_argument("--slot", required=True, help="the replication slot whose snapshot and windows to merge")
+    p.add_argument("--delta", required=True, metavar="S3URL",
+                   help="where the Delta tables live: s3://bucket/lake (one table per source table)")
+    p.add_argument("--tables", nargs="+", metavar="SCHEMA.TABLE", help="only these tables")
+    p.add_argument("--key", action="append", metavar="SCHEMA.TABLE=COL[,COL]",
+                   help="merge key for a table without primary key / replica identity index")
+    p.add_argument("--max-windows", type=int, metavar="N", help="merge at most N windows per table")
+    p.add_argument("--engine", choices=("delta-rs", "delta-spark"), default="delta-rs",
+                   help="Delta sink (default delta-rs; delta-spark needs the Delta and hadoop-aws jars)")
+
+
+def run(args: argparse.Namespace, spark=None) -> dict:
+    from airflow_pgcdc.merge.job import merge_slot
+    from airflow_pgcdc.merge.session import spark_session
+
+    if args.engine != "delta-rs":
+        from airflow_pgcdc.merge.plan import MergeError
+
+        raise MergeError(
+            f"engine {args.engine} is not available in this build",
+            hint="use --engine delta-rs",
+        )
+    spark = spark or spark_session(getattr(args, "master", None))
+    result = merge_slot(
+        spark, source=args.source, slot=args.slot, delta=args.delta, tables=args.tables,
+        keys=parse_keys(args.key), max_windows=args.max_windows,
+    )
+    return result.to_dict()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s",
+                        stream=sys.stderr)
+    p = argparse.ArgumentParser(prog="spark_app.py", description="airflow-pgcdc merge job")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    from airflow_pgcdc.errors import PgcdcError
+
+    try:
+        out = run(args)
+    except PgcdcError as e:
+        print(f"pgcdc merge: error: {e}", file=sys.stderr)
+        hint = getattr(e, "hint", None)
+        if hint:
+            print(f"hint: {hint}", file=sys.stderr)
+        return 1
+    print(RESULT_PREFIX + json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
