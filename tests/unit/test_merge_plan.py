@@ -1,0 +1,170 @@
+"""Pure parts of the merge: window selection, table plans, merge clauses, TOAST typing."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from airflow_pgcdc.merge.clauses import build_merge_spec, keep_column, quote_ident
+from airflow_pgcdc.merge.compact import toastable
+from airflow_pgcdc.merge.plan import (
+    KeyNotCovered,
+    MergeError,
+    NoMergeKey,
+    WindowGap,
+    WindowOrderError,
+    app_id,
+    delta_table_url,
+    plan_table,
+    select_windows,
+)
+from airflow_pgcdc.store.window import WindowManifest
+
+
+def win(seq, start, end, tables=(), truncates=()):
+    return WindowManifest(slot="s", window_seq=seq, start_lsn=start, end_lsn=end, end_reason="until_lsn",
+                          tables=tuple(tables), truncates=tuple(truncates))
+
+
+def chain(n, first="0/100"):
+    out, start = [], int(first.split("/")[1], 16)
+    for i in range(n):
+        out.append(win(i, f"0/{start + 0x100 * i:X}", f"0/{start + 0x100 * (i + 1):X}"))
+    return out
+
+
+def rv(version=0, cols=(("id", True), ("v", False)), ri="d", parts=("v0000-part-00000.parquet",), rows=3):
+    return {
+        "version": version, "relation_oid": 1, "replica_identity": ri,
+        "columns": [{"name": n, "pg_type": "int4" if n == "id" else "text", "key": k} for n, k in cols],
+        "old_columns": ["_pgcdc_old_id"], "rows": rows, "parts": [{"path": p, "rows": rows, "bytes": 1} for p in parts],
+    }
+
+
+def table(*versions, schema="public", name="t"):
+    return {"schema": schema, "table": name, "rows": 0, "bytes": 0, "relation_versions": list(versions)}
+
+
+# ----------------------------------------------------------------- select_windows
+
+
+def test_select_from_start_and_after_a_merged_window():
+    ws = chain(4)
+    assert [m.window_seq for m in select_windows(ws, after=None, consistent_point="0/100")] == [0, 1, 2, 3]
+    assert [m.window_seq for m in select_windows(ws, after=1)] == [2, 3]
+    assert select_windows(ws, after=3) == []
+    assert [m.window_seq for m in select_windows(list(reversed(ws)), after=None, limit=2)] == [0, 1]
+
+
+def test_a_gap_is_refused_never_skipped():
+    ws = chain(4)
+    del ws[2]
+    with pytest.raises(WindowGap, match="window 2 is not committed but window 3 is"):
+        select_windows(ws, after=None)
+    with pytest.raises(WindowGap):
+        select_windows(ws, after=1)
+    # a gap beyond the limit is not this batch's business
+    assert [m.window_seq for m in select_windows(ws, after=None, limit=2)] == [0, 1]
+
+
+def test_windows_must_tile_and_start_at_the_consistent_point():
+    ws = chain(3)
+    with pytest.raises(WindowOrderError, match="consistent point is 0/FF"):
+        select_windows(ws, after=None, consistent_point="0/FF")
+    bad = [ws[0], win(1, "0/250", "0/300")]
+    with pytest.raises(WindowOrderError, match="window 1 starts at 0/250 but window 0's end is 0/200"):
+        select_windows(bad, after=None)
+
+
+# ----------------------------------------------------------------- plan_table
+
+
+def test_plan_collects_parts_versions_and_the_last_truncate():
+    w0 = win(0, "0/100", "0/200", tables=[table(rv(0), rv(1, parts=("v0001-part-00000.parquet", "v0001-part-00001.parquet")))],
+             truncates=[{"seq": 4, "commit_lsn": "0/150", "tables": ["public.t"]}])
+    w1 = win(1, "0/200", "0/300", tables=[table(rv(0), name="other")],
+             truncates=[{"seq": 1, "commit_lsn": "0/250", "tables": ["public.t", "public.other"]},
+                        {"seq": 0, "commit_lsn": "0/240", "tables": ["public.other"]}])
+    plan = plan_table([w0, w1], schema="public", table="t", key_columns=["id"], window_prefix=lambda s: f"w{s}/t/")
+    assert plan.parts == ["w0/t/v0000-part-00000.parquet", "w0/t/v0001-part-00000.parquet", "w0/t/v0001-part-00001.parquet"]
+    assert plan.rows == 6 and plan.truncates == 2
+    assert plan.truncate_at == (0x250, 1)
+    assert (plan.first_window, plan.last_window, plan.start_lsn, plan.end_lsn) == (0, 1, "0/100", "0/300")
+    assert plan.has_work
+    empty = plan_table([w1], schema="public", table="t", key_columns=["id"], window_prefix=lambda s: "")
+    assert empty.parts == [] and empty.has_work, "a truncate alone is work"
+    none = plan_table([win(2, "0/300", "0/400")], schema="public", table="t", key_columns=["id"], window_prefix=str)
+    assert not none.has_work
+
+
+def test_plan_needs_a_key_covered_by_the_replica_identity():
+    w = win(0, "0/1", "0/2", tables=[table(rv(cols=(("id", False), ("v", True))))])
+    with pytest.raises(KeyNotCovered, match=r"does not include the merge key column\(s\) \['id'\]") as e:
+        plan_table([w], schema="public", table="t", key_columns=["id"], window_prefix=str)
+    assert "REPLICA IDENTITY FULL" in e.value.hint
+    full = win(0, "0/1", "0/2", tables=[table(rv(cols=(("id", False), ("v", False)), ri="f"))])
+    assert plan_table([full], schema="public", table="t", key_columns=["id"], window_prefix=str).rows == 3
+    with pytest.raises(NoMergeKey):
+        plan_table([full], schema="public", table="t", key_columns=[], window_prefix=str)
+
+
+def test_errors_keep_their_hint_across_pickling():
+    e = pickle.loads(pickle.dumps(MergeError("boom", hint="do this")))
+    assert str(e) == "boom" and e.hint == "do this"
+
+
+def test_names():
+    assert app_id("slot1", "public", "t") == "pgcdc:slot1:public.t"
+    assert delta_table_url("s3://b/lake/", "my.schema", "a/b") == "s3://b/lake/my%2Eschema.a%2Fb"
+
+
+# ----------------------------------------------------------------- clauses
+
+
+def test_quote_ident_per_dialect():
+    assert quote_ident('we"ird col', "delta-rs") == '"we""ird col"'
+    assert quote_ident("we`ird", "spark") == "`we``ird`"
+    with pytest.raises(ValueError):
+        quote_ident("x", "mysql")
+
+
+def test_merge_spec_clauses():
+    spec = build_merge_spec(target_columns=["id", "v", "big", "dropped"], source_columns=["id", "v", "big"],
+                            key_columns=["id"], keep_columns=["big"])
+    assert spec.predicate == 't."id" = s."id"'
+    assert spec.delete_when == "s.\"_pgcdc_op\" = 'D'" and spec.update_when == "s.\"_pgcdc_op\" <> 'D'"
+    assert spec.updates == {
+        '"id"': 's."id"', '"v"': 's."v"',
+        '"big"': f'CASE WHEN s."{keep_column("big")}" THEN t."big" ELSE s."big" END',
+        '"dropped"': "NULL",
+    }
+    assert spec.inserts == {'"id"': 's."id"', '"v"': 's."v"', '"big"': 's."big"'}
+    assert not spec.delete_not_matched_by_source
+
+
+def test_merge_spec_after_truncate_and_in_spark_dialect():
+    spec = build_merge_spec(target_columns=["a", "b", "v"], source_columns=["a", "b", "v"], key_columns=["a", "b"],
+                            keep_columns=["v"], truncated=True, dialect="spark")
+    assert spec.predicate == "t.`a` = s.`a` AND t.`b` = s.`b`"
+    assert spec.updates["`v`"] == "s.`v`", "after a truncate the target's values are gone"
+    assert spec.delete_not_matched_by_source
+
+
+def test_merge_spec_rejects_bad_input():
+    with pytest.raises(ValueError, match="at least one key"):
+        build_merge_spec(target_columns=["a"], source_columns=["a"], key_columns=[])
+    with pytest.raises(ValueError, match="missing"):
+        build_merge_spec(target_columns=["a"], source_columns=["b"], key_columns=["a"])
+    with pytest.raises(ValueError, match="keep flags"):
+        build_merge_spec(target_columns=["a", "x"], source_columns=["a"], key_columns=["a"], keep_columns=["x"])
+
+
+@pytest.mark.parametrize("pg_type,expected", [
+    ("int4", False), ("integer", False), ("timestamptz(3)", False), ("timestamp(3) with time zone", False),
+    ("uuid", False), ('"char"', False), ("interval", False), ("bool", False),
+    ("text", True), ("varchar(10)", True), ("character(5)", True), ("bpchar(5)", True), ("numeric(12,2)", True),
+    ("jsonb", True), ("bytea", True), ("int4[]", True), ("integer[]", True), ("public.mood", True),
+])
+def test_toastable(pg_type, expected):
+    assert toastable(pg_type) is expected
