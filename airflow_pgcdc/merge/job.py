@@ -23,6 +23,12 @@ A table with no change in the pending windows gets no commit (its app transactio
 version stays where it was; the next run looks at those windows again, finds nothing,
 and moves on once a window holds a change for it).
 
+Crash safety: a job killed before a table's commit leaves that table at its previous
+version (a Delta commit is one conditional put of the log entry); the rerun merges the
+same windows again. Killed after the commit, the rerun finds the app transaction
+version at the window and does nothing. Test hooks: ``PGCDC_FAULT=merge-after-stage``
+and ``merge-after-commit`` (:mod:`airflow_pgcdc.testhooks`).
+
 Staged files live under ``{prefix}/{slot}/merge-staging/{run_id}/`` and are removed after
 each commit; debris of a killed job older than :data:`STAGING_TTL_HOURS` is removed by
 the next job.
@@ -59,6 +65,7 @@ from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, encode_table_segment, new_run_id
 from airflow_pgcdc.store.manifest import committed_snapshot
 from airflow_pgcdc.store.window import committed_window_seqs, read_window
+from airflow_pgcdc.testhooks import fault_point
 
 __all__ = ["IncompatibleSchemaChange", "MergeResult", "TableResult", "merge_slot"]
 
@@ -393,6 +400,7 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     staging = ctx.staging(plan.schema, plan.table, f"w{plan.last_window}")
     _stage(ctx, compacted, staging, stage_schema)
     paths, _rows = deltars.read_staged(ctx.fs, staging)
+    fault_point("merge-after-stage", log)
     spec = build_merge_spec(
         target_columns=target.names, source_columns=columns, key_columns=keys,
         keep_columns=toast, truncated=plan.truncate_at is not None, dialect="delta-rs",
@@ -408,6 +416,7 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
             "pgcdc.end_lsn": plan.end_lsn,
         },
     )
+    fault_point("merge-after-commit", log)
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     return metrics, dt, added
 

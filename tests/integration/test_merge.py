@@ -174,3 +174,48 @@ def test_refuses_to_skip_a_window(fresh_db, slot_name, store, spark):
     s3store.delete_prefix(client, layout.bucket, layout.window_manifest(slot, 1))  # window 1 lost
     with pytest.raises(WindowGap, match="window 1 is not committed but window 2 is"):
         merge_slot(spark, source=src, slot=slot, delta=lake)
+
+
+@pytest.fixture
+def db18(pg18, request):
+    name = "m_" + request.node.name.lower().replace("[", "_").replace("]", "").replace("-", "_")[:40]
+    dsn = pg18.create_database(name)
+    yield dsn
+    pg18.drop_database(name)
+
+
+@pytest.mark.parametrize("fault", ["merge-after-stage", "merge-after-commit"])
+def test_killed_merge_then_rerun_merges_exactly_once(fault, db18, slot_name, store, spark, s3):
+    import os
+    import subprocess
+    import sys
+
+    client, src, lake = store
+    db = db18
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(db, "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 50) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    sql(db, "UPDATE t SET v = 'changed' WHERE id <= 10; DELETE FROM t WHERE id > 40; INSERT INTO t VALUES (100, 'n')")
+    drain(db, src, slot, client)
+    env = dict(os.environ, **s3.aws_env(), PGCDC_FAULT=fault, SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow_pgcdc.cli", "merge", "--from", src, "--slot", slot, "--delta", lake,
+         "--master", "local[1]"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    url = delta_table_url(lake, "public", "t")
+    dt = DeltaTable(url, storage_options=s3store.delta_storage_options())
+    app = app_id(slot, "public", "t")
+    if fault == "merge-after-stage":
+        assert dt.version() == 0 and dt.transaction_version(app) is None, "killed before the commit: bootstrap only"
+        assert len(delta_rows(url, "id")) == 50
+    else:
+        assert dt.version() == 1 and dt.transaction_version(app) == 0, "killed after the commit"
+    rerun = merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert rerun.tables[0].action == ("merged" if fault == "merge-after-stage" else "up-to-date")
+    dt.update_incremental()
+    assert dt.version() == 1 and dt.transaction_version(app) == 0, "exactly one merge commit"
+    assert_equal(db, lake, "public.t", "id")
