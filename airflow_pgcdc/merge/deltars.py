@@ -24,7 +24,7 @@ from airflow_pgcdc.merge.clauses import MergeSpec
 from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
-    "TableExists", "add_columns", "bootstrap", "merge", "merged_version", "open_table",
+    "TableExists", "add_columns", "append", "bootstrap", "merge", "merged_version", "open_table",
     "read_staged", "staged_reader",
 ]
 
@@ -107,6 +107,24 @@ def merge(table, reader: pa.RecordBatchReader, spec: MergeSpec, *, app: str, ver
     if spec.delete_not_matched_by_source:
         merger = merger.when_not_matched_by_source_delete()
     return merger.execute()
+
+
+def append(url: str, reader: pa.RecordBatchReader, target: pa.Schema, *,
+           storage_options: dict[str, str], app: str, version: int,
+           metadata: dict[str, str]) -> None:
+    """Append rows (conformed to ``target``, the table's schema) in one commit that records
+    the app transaction ``(app, version)``."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from airflow_pgcdc.merge.spark_io import conform
+
+    conformed = pa.RecordBatchReader.from_batches(target, (conform(b, target) for b in reader))
+    write_deltalake(
+        url, conformed, mode="append", storage_options=storage_options,
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(app, version)], custom_metadata=metadata
+        ),
+    )
 
 
 def add_columns(table, fields: list[pa.Field]) -> None:

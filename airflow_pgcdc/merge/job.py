@@ -71,6 +71,8 @@ __all__ = ["IncompatibleSchemaChange", "MergeResult", "TableResult", "merge_slot
 
 log = logging.getLogger(__name__)
 STAGING_TTL_HOURS = 6
+ENGINES = ("delta-rs", "delta-spark")
+HISTORIES = (None, "changelog")
 _META = {f.name: f for f in META_FIELDS}
 
 
@@ -94,6 +96,7 @@ class TableResult:
     added_columns: list[str] = field(default_factory=list)
     delta_version: int | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    history: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -119,10 +122,19 @@ def merge_slot(
     keys: Mapping[str, Sequence[str]] | None = None,
     max_windows: int | None = None,
     settings: s3store.S3Settings | None = None,
+    engine: str = "delta-rs",
+    history: str | None = None,
 ) -> MergeResult:
     """Bootstrap and merge every table of ``slot`` (or only ``tables``, ``schema.table``)
     from the store at ``source`` (``s3://bucket/prefix``) into Delta tables under
-    ``delta`` (``s3://bucket/lake``). ``keys`` overrides merge keys per table."""
+    ``delta`` (``s3://bucket/lake``). ``keys`` overrides merge keys per table.
+    ``engine``: ``delta-rs`` (default) or ``delta-spark`` (needs the Delta and hadoop-aws
+    jars on the cluster). ``history="changelog"`` also appends every change row to
+    ``{schema}.{table}__changelog``."""
+    if engine not in ENGINES:
+        raise MergeError(f"unknown engine {engine!r}", hint=f"one of {', '.join(ENGINES)}")
+    if history not in HISTORIES:
+        raise MergeError(f"unknown history {history!r}", hint="history is 'changelog' or none")
     t0 = time.monotonic()
     settings = settings or s3store.S3Settings.from_env()
     layout = Layout.parse(source)
@@ -130,7 +142,7 @@ def merge_slot(
     ctx = _Context(
         spark=spark, layout=layout, client=client, fs=s3store.make_pyarrow_fs(settings),
         storage=s3store.delta_storage_options(settings), slot=slot, delta=delta,
-        run_id=new_run_id(), s3_options=s3_options(settings),
+        run_id=new_run_id(), s3_options=s3_options(settings), engine=engine, history=history,
     )
     register(spark)
     _remove_old_staging(ctx)
@@ -161,6 +173,8 @@ class _Context:
     delta: str
     run_id: str
     s3_options: dict[str, str]
+    engine: str = "delta-rs"
+    history: str | None = None
 
     def staging(self, schema: str, table: str, what: str) -> str:
         """``bucket/…/merge-staging/{run}/{segment}/{what}/`` (a pyarrow fs path)."""
@@ -210,6 +224,8 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
         res.seconds = round(time.monotonic() - t0, 3)
         return res
     key_columns = _key_columns(name, entry, windows, keys)
+    if ctx.history == "changelog":
+        res.history = _changelog(ctx, schema, table, manifests, key_columns, max_windows)
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=key_columns,
         window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq),
@@ -357,26 +373,46 @@ def _bootstrap(ctx: _Context, snapshot, entry, url: str) -> int:
 # --------------------------------------------------------------------------- merge
 
 
-def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
-    name = plan.qualified_name
+def _batch_fields(ctx: _Context, plan: TablePlan) -> list[pa.Field]:
+    """The table's columns over the batch's relation versions, as Delta stores them."""
     schemas = []
     for v in plan.versions:
         if v.parts:
             schemas.append((f"window {v.window_seq} version {v.version}", _part_schema(ctx, v.parts[0])))
-    fields = [f.with_nullable(True) for f in to_delta_schema(pa.schema(_union_fields(name, schemas)))]
-    added: list[str] = []
-    if dt is None:  # a table that appeared after the snapshot: created empty, then merged
+    union = _union_fields(plan.qualified_name, schemas)
+    return [f.with_nullable(True) for f in to_delta_schema(pa.schema(union))]
+
+
+def _evolve(ctx: _Context, name: str, url: str, dt, fields: list[pa.Field], created: dict[str, str]):
+    """The Delta table at ``url`` with every column of ``fields``: created empty when
+    missing, new columns added. Returns ``(table, added column names)``."""
+    if dt is None:
         deltars.bootstrap(
             url, pa.RecordBatchReader.from_batches(pa.schema(fields), iter(())),
-            storage_options=ctx.storage, metadata={"pgcdc.slot": ctx.slot, "pgcdc.created": name},
+            storage_options=ctx.storage, metadata={"pgcdc.slot": ctx.slot, **created},
         )
-        dt = deltars.open_table(url, ctx.storage)
-    else:
-        new = _check_target(name, pa.schema(dt.schema().to_arrow()), fields)
-        if new:
-            deltars.add_columns(dt, new)
-            added = [f.name for f in new]
-            dt = deltars.open_table(url, ctx.storage)
+        return deltars.open_table(url, ctx.storage), []
+    new = _check_target(name, pa.schema(dt.schema().to_arrow()), fields)
+    if not new:
+        return dt, []
+    deltars.add_columns(dt, new)
+    return deltars.open_table(url, ctx.storage), [f.name for f in new]
+
+
+def _window_metadata(ctx: _Context, plan: TablePlan) -> dict[str, str]:
+    return {
+        "pgcdc.slot": ctx.slot,
+        "pgcdc.window_first": str(plan.first_window),
+        "pgcdc.window_last": str(plan.last_window),
+        "pgcdc.start_lsn": plan.start_lsn,
+        "pgcdc.end_lsn": plan.end_lsn,
+    }
+
+
+def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
+    name = plan.qualified_name
+    fields = _batch_fields(ctx, plan)
+    dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name})
     target = pa.schema(dt.schema().to_arrow())
     by_name = {f.name: f for f in fields}
     columns = [f.name for f in fields]
@@ -392,6 +428,20 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     compacted = compact(
         df, table_columns=columns, key_columns=keys, toast_columns=toast, truncate_at=plan.truncate_at,
     )
+    spec_args = dict(
+        target_columns=target.names, source_columns=columns, key_columns=keys,
+        keep_columns=toast, truncated=plan.truncate_at is not None,
+    )
+    if ctx.engine == "delta-spark":
+        from airflow_pgcdc.merge import deltaspark
+
+        metrics = deltaspark.merge(
+            ctx.spark, compacted, build_merge_spec(**spec_args, dialect="spark"),
+            path=deltaspark.s3a(url), app=app, version=plan.last_window,
+            metadata=_window_metadata(ctx, plan),
+        )
+        fault_point("merge-after-commit", log)
+        return metrics, dt, added
     stage_schema = pa.schema(
         fields
         + [_META["_pgcdc_op"], _META["_pgcdc_commit_lsn"], _META["_pgcdc_seq"]]
@@ -401,24 +451,61 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     _stage(ctx, compacted, staging, stage_schema)
     paths, _rows = deltars.read_staged(ctx.fs, staging)
     fault_point("merge-after-stage", log)
-    spec = build_merge_spec(
-        target_columns=target.names, source_columns=columns, key_columns=keys,
-        keep_columns=toast, truncated=plan.truncate_at is not None, dialect="delta-rs",
-    )
     metrics = deltars.merge(
-        dt, deltars.staged_reader(ctx.fs, paths, stage_schema), spec, app=app,
-        version=plan.last_window,
-        metadata={
-            "pgcdc.slot": ctx.slot,
-            "pgcdc.window_first": str(plan.first_window),
-            "pgcdc.window_last": str(plan.last_window),
-            "pgcdc.start_lsn": plan.start_lsn,
-            "pgcdc.end_lsn": plan.end_lsn,
-        },
+        dt, deltars.staged_reader(ctx.fs, paths, stage_schema),
+        build_merge_spec(**spec_args, dialect="delta-rs"), app=app, version=plan.last_window,
+        metadata=_window_metadata(ctx, plan),
     )
     fault_point("merge-after-commit", log)
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     return metrics, dt, added
+
+
+# --------------------------------------------------------------------------- history
+
+
+CHANGELOG_SUFFIX = "__changelog"
+CHANGELOG_META = ("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq", "_pgcdc_xid", "_pgcdc_commit_ts",
+                  "_pgcdc_unchanged_toast")
+
+
+def changelog_url(delta: str, schema: str, table: str) -> str:
+    """``{delta}/{schema}.{table}__changelog``: the append-only history of a table."""
+    return delta_table_url(delta, schema, table) + CHANGELOG_SUFFIX
+
+
+def _changelog(ctx: _Context, schema: str, table: str, manifests, key_columns, max_windows) -> dict:
+    """Append every change row of the windows not yet in the changelog table (its own app
+    transaction ``…:changelog``), as they are: one row per change, in commit order, with
+    the ``_pgcdc_`` metadata; truncates are not rows (they are in the window manifests)."""
+    name = f"{schema}.{table}"
+    url = changelog_url(ctx.delta, schema, table)
+    app = app_id(ctx.slot, schema, table) + ":changelog"
+    dt = deltars.open_table(url, ctx.storage)
+    windows = select_windows(manifests, after=deltars.merged_version(dt, app), limit=max_windows)
+    if not windows:
+        return {"changelog": url, "rows": 0}
+    plan = plan_table(
+        windows, schema=schema, table=table, key_columns=key_columns,
+        window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq),
+    )
+    if not plan.parts:
+        return {"changelog": url, "rows": 0}
+    meta = [_META[n] for n in CHANGELOG_META]
+    fields = _batch_fields(ctx, plan)
+    dt, _added = _evolve(ctx, name, url, dt, fields + meta, {"pgcdc.changelog": name})
+    schema_out = pa.schema(fields + meta)
+    staging = ctx.staging(schema, table, f"changelog-w{plan.last_window}")
+    _stage(ctx, _read(ctx, plan.parts, schema_out), staging, schema_out)
+    paths, rows = deltars.read_staged(ctx.fs, staging)
+    target = pa.schema(dt.schema().to_arrow())
+    deltars.append(
+        url, deltars.staged_reader(ctx.fs, paths, schema_out), target,
+        storage_options=ctx.storage, app=app, version=plan.last_window,
+        metadata=_window_metadata(ctx, plan),
+    )
+    s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+    return {"changelog": url, "rows": rows}
 
 
 def _pg_types(plan: TablePlan) -> dict[str, str]:

@@ -40,23 +40,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-windows", type=int, metavar="N", help="merge at most N windows per table")
     p.add_argument("--engine", choices=("delta-rs", "delta-spark"), default="delta-rs",
                    help="Delta sink (default delta-rs; delta-spark needs the Delta and hadoop-aws jars)")
+    p.add_argument("--history", choices=("changelog",),
+                   help="also append every change row to {schema}.{table}__changelog")
 
 
 def run(args: argparse.Namespace, spark=None) -> dict:
     from airflow_pgcdc.merge.job import merge_slot
     from airflow_pgcdc.merge.session import spark_session
 
-    if args.engine != "delta-rs":
-        from airflow_pgcdc.merge.plan import MergeError
-
-        raise MergeError(
-            f"engine {args.engine} is not available in this build",
-            hint="use --engine delta-rs",
-        )
     spark = spark or spark_session(getattr(args, "master", None))
     result = merge_slot(
         spark, source=args.source, slot=args.slot, delta=args.delta, tables=args.tables,
-        keys=parse_keys(args.key), max_windows=args.max_windows,
+        keys=parse_keys(args.key), max_windows=args.max_windows, engine=args.engine,
+        history=args.history,
     )
     return result.to_dict()
 

@@ -219,3 +219,32 @@ def test_killed_merge_then_rerun_merges_exactly_once(fault, db18, slot_name, sto
     dt.update_incremental()
     assert dt.version() == 1 and dt.transaction_version(app) == 0, "exactly one merge commit"
     assert_equal(db, lake, "public.t", "id")
+
+
+def test_changelog_history_appends_every_change_once(db18, slot_name, store, spark):
+    from airflow_pgcdc.merge.job import changelog_url
+
+    client, src, lake = store
+    db = db18
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(db, "INSERT INTO t VALUES (1, 'a')")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    sql(db, "INSERT INTO t VALUES (2, 'b'); UPDATE t SET v = 'a2' WHERE id = 1")
+    drain(db, src, slot, client)
+    sql(db, "DELETE FROM t WHERE id = 2; UPDATE t SET id = 3 WHERE id = 1")
+    drain(db, src, slot, client)
+    r = merge_slot(spark, source=src, slot=slot, delta=lake, history="changelog")
+    assert r.tables[0].history["rows"] == 4
+    log_rows = DeltaTable(changelog_url(lake, "public", "t"), storage_options=s3store.delta_storage_options())
+    got = sorted(log_rows.to_pyarrow_table().to_pylist(), key=lambda x: (x["_pgcdc_commit_lsn"], x["_pgcdc_seq"]))
+    assert [(x["_pgcdc_op"], x["id"], x["v"]) for x in got] == [
+        ("I", 2, "b"), ("U", 1, "a2"), ("D", 2, None), ("U", 3, "a2")]
+    assert all(x["_pgcdc_xid"] and x["_pgcdc_commit_ts"] for x in got)
+    assert_equal(db, lake, "public.t", "id")
+    # a replay appends nothing
+    again = merge_slot(spark, source=src, slot=slot, delta=lake, history="changelog")
+    assert again.tables[0].action == "up-to-date"
+    log_rows.update_incremental()
+    assert log_rows.to_pyarrow_table().num_rows == 4
