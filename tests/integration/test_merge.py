@@ -248,3 +248,36 @@ def test_changelog_history_appends_every_change_once(db18, slot_name, store, spa
     assert again.tables[0].action == "up-to-date"
     log_rows.update_incremental()
     assert log_rows.to_pyarrow_table().num_rows == 4
+
+
+def test_two_phase_and_replica_identity_full(fresh_db, slot_name, store, spark):
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(db, "CREATE TABLE f (id int PRIMARY KEY, big text, n int)")
+    sql(db, "ALTER TABLE f REPLICA IDENTITY FULL")
+    sql(db, "ALTER TABLE f ALTER COLUMN big SET STORAGE EXTERNAL")
+    sql(db, "INSERT INTO f VALUES (1, repeat('q', 4000), 1), (2, repeat('r', 4000), 2)")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t, f")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", two_phase=True, s3_client=client)
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute("BEGIN")
+        c.execute("INSERT INTO t VALUES (1, 'prepared')")
+        c.execute("PREPARE TRANSACTION 'g1'")
+        c.execute("BEGIN")
+        c.execute("INSERT INTO t VALUES (2, 'never')")
+        c.execute("PREPARE TRANSACTION 'g2'")
+        c.execute("INSERT INTO t VALUES (3, 'plain')")
+        c.execute("UPDATE f SET id = 10, n = 11 WHERE id = 1")  # key change under FULL: big carried
+        c.execute("UPDATE f SET n = 22 WHERE id = 2")
+    drain(db, src, slot, client)
+    merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert_equal(db, lake, "public.t", "id")  # only 'plain': prepared changes are held
+    assert_equal(db, lake, "public.f", "id")
+    sql(db, "COMMIT PREPARED 'g1'")
+    sql(db, "ROLLBACK PREPARED 'g2'")
+    drain(db, src, slot, client)
+    merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert_equal(db, lake, "public.t", "id")
+    assert [r["id"] for r in delta_rows(delta_table_url(lake, "public", "t"), "id")] == [1, 3]
