@@ -126,6 +126,9 @@ def render_report(result) -> str:
     last = ""
     if commit:
         last = f", last commit {commit.get('timestamp', '?')} {commit.get('operation', '')}".rstrip()
+        pgcdc = [f"{k}={v}" for k, v in sorted(commit.items()) if k.startswith("pgcdc")]
+        if pgcdc:  # what the merge recorded: windows, LSN range
+            last += " " + " ".join(pgcdc)
     lines.append(f"  delta     {c.delta_rows} rows  ({result.delta_url}, version {result.delta_version}{last})")
     lines.append(
         f"  key       {', '.join(c.key_columns)} ({result.key_source}); "

@@ -262,13 +262,74 @@ def _cut(text: str | None, limit: int = VALUE_CHARS) -> str | None:
     return text if text is None or len(text) <= limit else text[:limit]
 
 
+def _fixed_width(t: pa.DataType) -> bool:
+    """Types compared by their raw Arrow values (equal values ⟺ equal PostgreSQL text):
+    ints, floats (NaN made canonical), decimals, dates, times, timestamps, bool."""
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_temporal(t) and not pa.types.is_duration(t) and not pa.types.is_interval(t)
+        or pa.types.is_boolean(t)
+    )
+
+
+def _raw_rows(arrays: Sequence[pa.Array]) -> list[bytes]:
+    """Per row, the bytes of the fixed-width values of ``arrays`` (validity, then values;
+    a NULL's value bytes are zeros)."""
+    import numpy as np
+
+    n = len(arrays[0])
+    valid = []
+    values = []
+    for a in arrays:
+        t = a.type
+        if pa.types.is_boolean(t):
+            a = a.cast(pa.uint8())
+        elif pa.types.is_floating(t):  # every NaN is the one NaN PostgreSQL has
+            a = pc.if_else(pc.is_nan(a), pa.scalar(float("nan"), t), a)
+        width = a.type.bit_width // 8
+        ok = a.is_valid().to_numpy(zero_copy_only=False)
+        buf = a.buffers()[1]
+        data = np.frombuffer(buf, dtype=np.uint8)[a.offset * width : (a.offset + n) * width].reshape(n, width)
+        if a.null_count:
+            data = data.copy()
+            data[~ok] = 0
+        valid.append(ok.astype(np.uint8).reshape(n, 1))
+        values.append(data)
+    m = np.ascontiguousarray(np.hstack(valid + values))
+    return m.view(f"V{m.shape[1]}").ravel().tolist()
+
+
+_encode_key = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _render_keys(arrays: Sequence[pa.Array], columns: Sequence[PgColumn]) -> pa.Array:
+    """Per row, the key as a JSON list of PostgreSQL texts (``["1","x"]``; NULL: ``null``):
+    one string that joins and sorts, and reads back as the key's values."""
+    if all(pa.types.is_integer(a.type) for a in arrays):  # the common case, vectorised
+        parts: list[Any] = []
+        for a in arrays:
+            quoted = pc.binary_join_element_wise('"', a.cast(pa.string()), '"', "")
+            parts.append(pc.fill_null(quoted, "null"))
+        return pc.binary_join_element_wise("[", pc.binary_join_element_wise(*parts, ","), "]", "")
+    texts = [array_to_pg_text(a, c) for a, c in zip(arrays, columns, strict=True)]
+    if len(texts) == 1:
+        return pa.array([_encode_key([v]) for v in texts[0]], pa.string())
+    return pa.array([_encode_key(list(k)) for k in zip(*texts, strict=True)], pa.string())
+
+
 class _Side:
     """One side's rows: the Arrow batches (compared columns, type map types) and, per
-    row, the rendered key (JSON list of texts) and a digest of every rendered value."""
+    row, the rendered key (JSON list of texts) and a 16-byte digest of every value: raw
+    bytes for fixed-width types, PostgreSQL text for the others."""
 
     def __init__(self, columns: Sequence[PgColumn], key_idx: Sequence[int]) -> None:
         self.columns = list(columns)
         self.key_idx = list(key_idx)
+        types = [arrow_field(c).type for c in self.columns]
+        self.fixed_idx = [i for i, t in enumerate(types) if _fixed_width(t)]
+        self.text_idx = [i for i, t in enumerate(types) if not _fixed_width(t)]
         self.batches: list[pa.RecordBatch] = []
         self.keys: list[pa.Array] = []
         self.digests: list[pa.Array] = []
@@ -278,19 +339,25 @@ class _Side:
     def add(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
-        texts = [array_to_pg_text(batch.column(i), c) for i, c in enumerate(self.columns)]
-        if len(self.key_idx) == 1:
-            keys = [json.dumps([v], ensure_ascii=False) for v in texts[self.key_idx[0]]]
-        else:
-            keys = [
-                json.dumps(list(k), ensure_ascii=False)
-                for k in zip(*(texts[i] for i in self.key_idx), strict=True)
-            ]
+        cols = self.columns
+        keys = _render_keys([batch.column(i) for i in self.key_idx], [cols[i] for i in self.key_idx])
         blake = hashlib.blake2b
-        digests = [blake(repr(r).encode(), digest_size=_DIGEST).digest() for r in zip(*texts, strict=True)]
+        texts = [array_to_pg_text(batch.column(i), cols[i]) for i in self.text_idx]
+        if self.fixed_idx:
+            raw = _raw_rows([batch.column(i) for i in self.fixed_idx])
+            if texts:
+                digests = [
+                    blake(r + repr(t).encode(), digest_size=_DIGEST).digest()
+                    for r, t in zip(raw, zip(*texts, strict=True), strict=True)
+                ]
+            else:
+                digests = [blake(r, digest_size=_DIGEST).digest() for r in raw]
+            del raw
+        else:
+            digests = [blake(repr(t).encode(), digest_size=_DIGEST).digest() for t in zip(*texts, strict=True)]
         del texts
         self.batches.append(batch)
-        self.keys.append(pa.array(keys, pa.string()))
+        self.keys.append(keys)
         self.digests.append(pa.array(digests, pa.binary()))
         self.rows += batch.num_rows
         self._table = None
@@ -731,8 +798,8 @@ def verify_table(
         source = _delta_source(dt, comparer.delta_columns)
         for batch in _delta_batches(source, comparer.delta_columns):
             comparer.add_delta(batch)
-    except (DeltaTypeMismatch, VerifyError):
-        raise
+    except DeltaTypeMismatch as e:  # a data file that does not hold the table's types
+        raise DeltaReadError(f"cannot read the Delta table at {location}: {e}") from None
     except OSError as e:
         raise DeltaReadError(
             f"cannot read the Delta table at {location}: "

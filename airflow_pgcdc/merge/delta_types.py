@@ -84,7 +84,10 @@ def to_delta_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 def _normal(t: pa.DataType) -> pa.DataType:
     """``t`` with its physical variants collapsed: large/view strings, binaries and
-    lists to the plain ones, UTC spellings to ``UTC``, recursively."""
+    lists to the plain ones, dictionaries to their values, UTC spellings to ``UTC``,
+    recursively."""
+    if pa.types.is_dictionary(t):
+        return _normal(t.value_type)
     if pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return pa.string()
     if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
@@ -106,6 +109,10 @@ def _normal(t: pa.DataType) -> pa.DataType:
 def _from_delta(arr: pa.Array, target: pa.DataType) -> pa.Array:
     if arr.type == target:
         return arr
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+        if arr.type == target:
+            return arr
     delta_type = to_delta_type(target)
     if _normal(arr.type) != _normal(delta_type):
         raise DeltaTypeMismatch(f"expected {delta_type} (for {target}), found {arr.type}")
@@ -121,7 +128,7 @@ def from_delta_array(
     """A Delta column's values in the type map's type (``field_from_typemap``'s, e.g.
     :func:`airflow_pgcdc.changes.typemap.arrow_field`): int64 µs back to
     ``time64[us]`` (``24:00:00`` included: no range check), ``list<int64>`` to
-    ``list<time64[us]>``, large/view variants to the plain types. Values are never
+    ``list<time64[us]>``, large/view/dictionary variants to the plain types. Values are never
     changed; any other type difference raises :class:`DeltaTypeMismatch`."""
     target = field_from_typemap.type if isinstance(field_from_typemap, pa.Field) else field_from_typemap
     if isinstance(arr, pa.ChunkedArray):
