@@ -12,13 +12,16 @@ Both sides become Arrow with the type map's types (``docs/types.md``):
   Delta); any other type difference is reported, not cast.
 
 Rows are matched on the key (primary key or replica identity index, or the columns
-given by the user). Values are compared exactly, through PostgreSQL's own text output of
-each mapped value (:func:`~airflow_pgcdc.changes.typemap.array_to_pg_text`): ``1.50``
-is not ``1.5`` in an unconstrained numeric, ``infinity`` is not the largest timestamp,
-NULL is not ``''``, ``{1,NULL}`` is not ``{1}``. Per row only a 16-byte BLAKE2b digest of
-the rendered values and the rendered key are kept (memory: both tables in Arrow plus
-about 60 bytes a row); keys are matched with an Arrow hash join, and only the first
-``max_diffs`` differences of each kind are rendered column by column.
+given by the user). Values are compared exactly: fixed-width types (ints, floats,
+decimals, dates, times, timestamps, bool) by their raw Arrow values, which both sides
+hold in the same type (equal raw values ⟺ equal PostgreSQL text; every NaN counts as
+PostgreSQL's one NaN), every other type through PostgreSQL's own text output of the
+mapped value (:func:`~airflow_pgcdc.changes.typemap.array_to_pg_text`): ``1.50`` is not
+``1.5`` in an unconstrained numeric, ``infinity`` is not the largest timestamp, NULL is
+not ``''``, ``{1,NULL}`` is not ``{1}``. Per row only a 16-byte BLAKE2b digest of the
+values and the rendered key are kept (memory: both tables in Arrow plus about 60 bytes
+a row); keys are matched with an Arrow hash join, and only the first ``max_diffs``
+differences of each kind are rendered, column by column, as PostgreSQL text.
 
 The result says: row counts, keys only in PostgreSQL, keys only in Delta, keys whose
 rows differ (with the columns and both values), keys that occur more than once on a
