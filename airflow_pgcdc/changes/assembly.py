@@ -37,7 +37,8 @@ length) + the pgoutput message exactly as the server sent it. Flag bit 0: the me
 was inside a stream block (it carries an xid); bit 1: a Relation record (never dropped
 by a subtransaction abort).
 
-The sink (see :class:`Sink`) gets ``begin(txn)``, ``change(relation, msg)``,
+The sink (see :class:`Sink`) gets ``begin(txn)``, ``change(relation, msg, nbytes)``
+(``nbytes``: the size of the message on the wire, a cheap measure of the row's size),
 ``truncate(relations, msg)``, ``message(msg)``, ``commit(txn)``, ``nontx_message(msg)``,
 ``type_message(msg)``, ``prepared(held)``, ``prepared_resolved(gid, xid, outcome, lsn)``.
 """
@@ -93,7 +94,7 @@ class TxnInfo:
 
 class Sink(Protocol):  # pragma: no cover - interface
     def begin(self, txn: TxnInfo) -> None: ...
-    def change(self, relation: po.Relation, msg: Any) -> None: ...
+    def change(self, relation: po.Relation, msg: Any, nbytes: int) -> None: ...
     def truncate(self, relations: list[po.Relation], msg: po.Truncate) -> None: ...
     def message(self, msg: po.LogicalMessage) -> None: ...
     def commit(self, txn: TxnInfo) -> None: ...
@@ -189,9 +190,9 @@ class Spool:
             n += out.write(raw)
         return n
 
-    def messages(self) -> Iterator[Any]:
-        """Decoded messages in order (a fresh decoder per spool, primed for stream
-        records)."""
+    def messages(self) -> Iterator[tuple[Any, int]]:
+        """``(decoded message, size)`` in order (a fresh decoder per spool, primed for
+        stream records)."""
         plain = po.PgoutputDecoder(self.proto_version)
         streamed = None
         for flags, _subxid, raw in self.records():
@@ -199,9 +200,9 @@ class Spool:
                 if streamed is None:
                     streamed = po.PgoutputDecoder(self.proto_version)
                     streamed.decode(po.StreamStart(self.xid, True).encode(self.proto_version))
-                yield streamed.decode(raw)
+                yield streamed.decode(raw), len(raw)
             else:
-                yield plain.decode(raw)
+                yield plain.decode(raw), len(raw)
 
     def close(self) -> None:
         if not self._f.closed:
@@ -287,6 +288,20 @@ class TransactionAssembler:
 
     def feed(self, msg: Any, raw: bytes) -> None:
         t = type(msg)
+        if (t is po.Insert or t is po.Update or t is po.Delete) and self._stream_xid is None \
+                and self._prep is None and self._plain is not None:
+            # the hot path: a change of a plain transaction
+            if self._plain_skip:
+                return
+            if not self._plain_started:
+                self._start_plain()
+            entry = self.relations.get(msg.relation_oid)
+            if entry is None:
+                raise AssemblyError(
+                    f"a change for relation OID {msg.relation_oid} before its Relation message"
+                )
+            self.sink.change(entry[0], msg, len(raw))
+            return
         if self._stream_xid is not None and t is not po.StreamStop:
             self._in_stream(msg, raw, t)
             return
@@ -392,7 +407,7 @@ class TransactionAssembler:
         if self._plain_skip:
             return
         self._start_plain()
-        self.sink.change(self._rel(msg.relation_oid), msg)
+        self.sink.change(self._rel(msg.relation_oid), msg, 0)
 
     def _rel(self, oid: int) -> po.Relation:
         try:
@@ -515,7 +530,7 @@ class TransactionAssembler:
         sink = self.sink
         rels: dict[int, po.Relation] = {}
         started = False
-        for m in spool.messages():
+        for m, size in spool.messages():
             t = type(m)
             if t is po.Relation:
                 rels[m.relation_oid] = m
@@ -524,7 +539,7 @@ class TransactionAssembler:
                 sink.begin(txn)
                 started = True
             if t is po.Insert or t is po.Update or t is po.Delete:
-                sink.change(rels[m.relation_oid], m)
+                sink.change(rels[m.relation_oid], m, size)
             elif t is po.Truncate:
                 sink.truncate([rels[o] for o in m.relation_oids], m)
             elif t is po.LogicalMessage:

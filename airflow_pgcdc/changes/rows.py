@@ -35,7 +35,6 @@ caller converts each taken :class:`ChangeChunk` (a few thousand rows) with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -198,14 +197,6 @@ class ChangeChunk:
         return len(self.ops)
 
 
-def _tuple_bytes(t: Sequence) -> int:
-    n = 8 * len(t)
-    for v in t:
-        if type(v) is str or type(v) is bytes:
-            n += len(v)
-    return n
-
-
 def ts_us(ts: datetime | None) -> int | None:
     if ts is None:
         return None
@@ -237,7 +228,9 @@ class ChangeBuffer:
         seq: int,
         xid: int,
         commit_ts_us: int | None,
+        nbytes: int = 0,
     ) -> None:
+        """Add one change; ``nbytes`` is its size (the pgoutput message's length will do)."""
         if old is not None and op == "U" and self.version.replica_identity == "f" and UNCHANGED_TOAST in image:
             # REPLICA IDENTITY FULL: the old row may hold the value that was not resent
             image = tuple(
@@ -252,7 +245,7 @@ class ChangeBuffer:
         c.seqs.append(seq)
         c.xids.append(xid)
         c.commit_ts_us.append(commit_ts_us)
-        size = _tuple_bytes(image) + (_tuple_bytes(old) if old is not None else 0) + 48
+        size = nbytes + 48
         c.nbytes += size
         self.nbytes += size
         self.rows += 1

@@ -101,7 +101,7 @@ from airflow_pgcdc.protocol import pgoutput as po
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
 from airflow_pgcdc.protocol.pgtypes import PgColumn, PgTypeInfo, builtin_type
-from airflow_pgcdc.protocol.replication import PrimaryKeepalive
+from airflow_pgcdc.protocol.replication import XLogData
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.manifest import read_snapshot_manifest
@@ -248,6 +248,9 @@ class _Window:
         self._by_rel: dict[int, tuple[po.Relation, RelationVersion]] = {}
         self._txn: TxnInfo | None = None
         self._ts: int | None = None
+        self._last_rel: po.Relation | None = None  # cache of the last change's relation
+        self._last_rv: RelationVersion | None = None
+        self._last_buf: ChangeBuffer | None = None
         self.txn_ended = False
 
     # -- relation versions
@@ -285,8 +288,13 @@ class _Window:
         self._txn = txn
         self._ts = ts_us(txn.commit_ts)
 
-    def change(self, rel: po.Relation, msg: Any) -> None:
-        rv = self._version(rel)
+    def change(self, rel: po.Relation, msg: Any, nbytes: int) -> None:
+        if rel is self._last_rel:
+            rv, buf = self._last_rv, self._last_buf
+        else:
+            rv = self._version(rel)
+            buf = self.buffers[id(rv)]
+            self._last_rel, self._last_rv, self._last_buf = rel, rv, buf
         t = type(msg)
         if t is po.Insert:
             op, image, old = "I", msg.new, None
@@ -299,11 +307,10 @@ class _Window:
             if image is None:
                 image = (None,) * len(rv.columns)
         txn = self._txn
-        buf = self.buffers[id(rv)]
-        buf.add(op, image, old, txn.commit_lsn, self.seq, txn.xid, self._ts)  # type: ignore[union-attr]
+        buf.add(op, image, old, txn.commit_lsn, self.seq, txn.xid, self._ts, nbytes)  # type: ignore[union-attr]
         self.seq += 1
         self.rows += 1
-        if len(buf) >= CHUNK_ROWS or buf.nbytes >= CHUNK_BYTES:
+        if buf.nbytes >= CHUNK_BYTES or len(buf) >= CHUNK_ROWS:
             self.writer.submit_rows(rv, buf.take(), self.pump)
 
     def truncate(self, relations: list[po.Relation], msg: po.Truncate) -> None:
@@ -589,12 +596,56 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
     last_progress = time.monotonic()
     last_heartbeat = 0.0
     reason = None
-    n = 0
+    n = 0  # XLogData frames received
+    n_seen = 0  # ... as of the last silent read (changes do not touch last_progress)
     try:
+        read = conn.read_message
+        decode = stream.decoder.decode
+        feed = asm.feed
         while True:
-            item = stream.read(0.2)
+            frame = read(0.2)
+            if type(frame) is XLogData:
+                data = frame.data
+                msg = decode(data)
+                t = type(msg)
+                n += 1
+                if t is po.Insert or t is po.Update or t is po.Delete:  # the hot path
+                    received += len(data)
+                    feed(msg, data)
+                    if n & 4095 == 0:
+                        pump()
+                    continue
+                now = time.monotonic()
+                last_progress = now
+                if n & 255 == 0:
+                    pump()
+                pos = event_position(msg)
+                if pos is not None and pos >= end_lsn:
+                    reason = "until_lsn"
+                    break
+                received += len(data)
+                window.txn_ended = False
+                feed(msg, data)
+                if window.txn_ended:
+                    if window.last_end is not None and window.last_end > safe:
+                        safe = window.last_end
+                    if window.transactions >= fault_after:
+                        _fault("after-receive")
+                    if max_rows is not None and window.rows >= max_rows:
+                        reason = "max_rows"
+                    elif max_bytes is not None and received >= max_bytes:
+                        reason = "max_bytes"
+                    elif deadline is not None and now >= deadline:
+                        reason = "max_seconds"
+                    if reason is not None and not asm.in_transaction:
+                        break
+                    reason = None
+                continue
             now = time.monotonic()
-            if item is None:
+            if frame is None:
+                if n != n_seen:  # frames (maybe only changes) arrived since the last silent read
+                    n_seen = n
+                    last_progress = now
                 if deadline is not None and now >= deadline and not asm.in_transaction:
                     reason = "max_seconds"
                     break
@@ -608,44 +659,18 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
                     )
                 pump()
                 continue
-            frame, msg = item
-            n += 1
-            if n & 1023 == 0:
-                pump()
-            if msg is None:
-                if type(frame) is PrimaryKeepalive and not asm.in_transaction:
-                    if frame.wal_end >= end_lsn:
-                        reason = "until_lsn"
-                        break
-                    if frame.wal_end > safe:
-                        safe = frame.wal_end
-                        last_progress = now
-                if deadline is not None and now >= deadline and not asm.in_transaction:
+            # a keepalive: outside a transaction, everything before wal_end was decoded
+            pump()
+            if not asm.in_transaction:
+                if frame.wal_end >= end_lsn:
+                    reason = "until_lsn"
+                    break
+                if frame.wal_end > safe:
+                    safe = frame.wal_end
+                    last_progress = now
+                if deadline is not None and now >= deadline:
                     reason = "max_seconds"
                     break
-                continue
-            last_progress = now
-            pos = event_position(msg)
-            if pos is not None and pos >= end_lsn:
-                reason = "until_lsn"
-                break
-            received += len(frame.data)
-            window.txn_ended = False
-            asm.feed(msg, frame.data)
-            if window.txn_ended:
-                if window.last_end is not None and window.last_end > safe:
-                    safe = window.last_end
-                if window.transactions >= fault_after:
-                    _fault("after-receive")
-                if max_rows is not None and window.rows >= max_rows:
-                    reason = "max_rows"
-                elif max_bytes is not None and received >= max_bytes:
-                    reason = "max_bytes"
-                elif deadline is not None and now >= deadline:
-                    reason = "max_seconds"
-                if reason is not None and not asm.in_transaction:
-                    break
-                reason = None
         window_end = end_lsn if reason == "until_lsn" else max(safe, start)
         receive_seconds = time.monotonic() - receive_t0
         # ---- finish: parts, held prepared transactions, manifest, then the acknowledgement

@@ -28,7 +28,7 @@ class Recorder:
     def begin(self, txn):
         self.events.append(("begin", txn.xid, int(txn.commit_lsn), txn.kind))
 
-    def change(self, rel, msg):
+    def change(self, rel, msg, nbytes):
         self.events.append((msg.type, rel.relation_name, msg.new if msg.type != "delete" else msg.key))
 
     def truncate(self, rels, msg):
@@ -131,7 +131,7 @@ def test_relation_sent_inside_stream_is_spooled_for_later_plain_use(tmp_path):
 def test_schema_change_inside_stream_binds_each_change_to_its_definition(tmp_path):
     rec, asm, feed = make(tmp_path)
     seen = []
-    rec.change = lambda r, m: seen.append(([c.name for c in r.columns], m.new))
+    rec.change = lambda r, m, n: seen.append(([c.name for c in r.columns], m.new))
     feed(po.StreamStart(50, True), rel(xid=50), ins(1, xid=50),
          rel(xid=50, cols=("id", "v", "w")), po.Insert(50, 100, ("2", "x", "y")), po.StreamStop(),
          po.StreamCommit(50, 0, LSN(0x300), LSN(0x310), TS))
