@@ -118,8 +118,29 @@ def _from_delta(arr: pa.Array, target: pa.DataType) -> pa.Array:
         raise DeltaTypeMismatch(f"expected {delta_type} (for {target}), found {arr.type}")
     if _is_time(target):  # int64 (or int64 in a physical variant): view, no range check
         return arr.view(_TIME_US)
+    if pa.types.is_struct(target) and isinstance(arr, pa.StructArray):
+        return _struct_from_delta(arr, target)
     # lists of time and the physical variants: casts between these types keep the values
     return arr.cast(target)
+
+
+def _struct_from_delta(arr: pa.StructArray, target: pa.StructType) -> pa.StructArray:
+    """A struct column back in the type map's struct type. Delta (and Spark) make every
+    nested field nullable, so a NULL struct (a NULL ``interval``) comes back with NULL
+    children: under a NULL parent they are placeholders, set to zero where the type map
+    declares the child non-nullable; a NULL child under a non-NULL parent is a real
+    difference and still fails the cast."""
+    import pyarrow.compute as pc
+
+    parent_null = arr.is_null()
+    children = []
+    for i, f in enumerate(target):
+        child = arr.field(i)
+        if not f.nullable and child.null_count and pa.types.is_integer(f.type):
+            child = pc.if_else(parent_null, pa.scalar(0, child.type), child)
+        children.append(_from_delta(child, f.type))
+    mask = parent_null if arr.null_count else None
+    return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
 
 
 def from_delta_array(

@@ -72,12 +72,13 @@ def staged_reader(fs, paths: list[str], schema: pa.Schema) -> pa.RecordBatchRead
 
 
 def bootstrap(url: str, reader: pa.RecordBatchReader, *,
-              storage_options: dict[str, str], metadata: dict[str, str]) -> None:
+              storage_options: dict[str, str], metadata: dict[str, str],
+              configuration: dict[str, str] | None = None) -> None:
     from deltalake import CommitProperties, write_deltalake
 
     try:
         write_deltalake(
-            url, reader, mode="error", storage_options=storage_options,
+            url, reader, mode="error", storage_options=storage_options, configuration=configuration,
             commit_properties=CommitProperties(custom_metadata=metadata),
         )
     except Exception as e:  # delta-rs raises its own DeltaError for an existing table

@@ -285,6 +285,46 @@ def _table_fields(schema: pa.Schema) -> list[pa.Field]:
     return [f for f in schema if not f.name.startswith("_pgcdc_")]
 
 
+def _nullable_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with every nested field nullable (Spark hands back a NULL struct's children
+    as NULLs, e.g. an interval's ``months``)."""
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_nullable_type(f.type)).with_nullable(True) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_nullable_type(t.value_type)).with_nullable(True))
+    return t
+
+
+def _delta_fields(fields: list[pa.Field]) -> list[pa.Field]:
+    """Type-map fields → the Delta table's fields: Delta storage types, all nullable."""
+    return [
+        f.with_type(_nullable_type(f.type)).with_nullable(True)
+        for f in to_delta_schema(pa.schema(fields))
+    ]
+
+
+def _unsafe_for_stats(t: pa.DataType) -> bool:
+    if pa.types.is_date32(t) or (pa.types.is_timestamp(t) and t.tz is None):
+        return True
+    if pa.types.is_struct(t):
+        return any(_unsafe_for_stats(f.type) for f in t)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _unsafe_for_stats(t.value_type)
+    return False
+
+
+def table_configuration(fields: list[pa.Field]) -> dict[str, str] | None:
+    """Delta table properties for a new table: statistics are not collected for ``date``
+    and ``timestamp`` (without time zone) columns, because delta-rs panics computing
+    them for the ±infinity sentinels (docs/types.md); every other column keeps them."""
+    from airflow_pgcdc.merge.clauses import quote_ident
+
+    if not any(_unsafe_for_stats(f.type) for f in fields):
+        return None
+    safe = [quote_ident(f.name, "spark") for f in fields if not _unsafe_for_stats(f.type)]
+    return {"delta.dataSkippingStatsColumns": ",".join(safe)}
+
+
 def _part_schema(ctx: _Context, key: str) -> pa.Schema:
     import pyarrow.parquet as pq
 
@@ -349,7 +389,8 @@ def _bootstrap(ctx: _Context, snapshot, entry, url: str) -> int:
     parts = [base + p.path for p in entry.parts]
     if not parts:
         raise MergeError(f"table {name}: the snapshot {snapshot.snapshot_id} lists no part")
-    schema = pa.schema(to_delta_schema(pa.schema(_table_fields(_part_schema(ctx, parts[0])))))
+    fields = _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
+    schema = pa.schema(fields)
     staging = ctx.staging(entry.schema, entry.table, "bootstrap")
     df = _read(ctx, parts, schema)
     _stage(ctx, df, staging, schema)
@@ -357,6 +398,7 @@ def _bootstrap(ctx: _Context, snapshot, entry, url: str) -> int:
     try:
         deltars.bootstrap(
             url, deltars.staged_reader(ctx.fs, paths, schema), storage_options=ctx.storage,
+            configuration=table_configuration(fields),
             metadata={
                 "pgcdc.slot": ctx.slot,
                 "pgcdc.snapshot_id": snapshot.snapshot_id,
@@ -379,8 +421,7 @@ def _batch_fields(ctx: _Context, plan: TablePlan) -> list[pa.Field]:
     for v in plan.versions:
         if v.parts:
             schemas.append((f"window {v.window_seq} version {v.version}", _part_schema(ctx, v.parts[0])))
-    union = _union_fields(plan.qualified_name, schemas)
-    return [f.with_nullable(True) for f in to_delta_schema(pa.schema(union))]
+    return _delta_fields(_union_fields(plan.qualified_name, schemas))
 
 
 def _evolve(ctx: _Context, name: str, url: str, dt, fields: list[pa.Field], created: dict[str, str]):
@@ -389,7 +430,8 @@ def _evolve(ctx: _Context, name: str, url: str, dt, fields: list[pa.Field], crea
     if dt is None:
         deltars.bootstrap(
             url, pa.RecordBatchReader.from_batches(pa.schema(fields), iter(())),
-            storage_options=ctx.storage, metadata={"pgcdc.slot": ctx.slot, **created},
+            storage_options=ctx.storage, configuration=table_configuration(fields),
+            metadata={"pgcdc.slot": ctx.slot, **created},
         )
         return deltars.open_table(url, ctx.storage), []
     new = _check_target(name, pa.schema(dt.schema().to_arrow()), fields)
