@@ -49,6 +49,11 @@ def register(subparsers) -> None:
         "--format", choices=("sh", "dotenv", "json"), default="sh",
         help="sh: `export K=V` lines for eval (default); dotenv: K=V lines; json: an object",
     )
+    env.add_argument(
+        "--airflow", action="store_true",
+        help="also the AIRFLOW_CONN_* variables of the example DAGs' connections "
+        "(pgcdc_postgres, pgcdc_s3, spark_default = local[2])",
+    )
     env.set_defaults(handler=cmd_env)
 
     status = actions.add_parser("status", help="say whether the sandbox runs (exit 0 either way)")
@@ -100,7 +105,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    print(format_env(_sandbox(args).env(), args.format))
+    env = _sandbox(args).env()
+    if args.airflow:
+        from airflow_pgcdc.dagrun import sandbox_connections
+
+        env = {**env, **sandbox_connections(env)}
+    print(format_env(env, args.format))
     return 0
 
 

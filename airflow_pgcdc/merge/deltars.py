@@ -25,7 +25,7 @@ from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
     "TableExists", "add_columns", "append", "bootstrap", "merge", "merged_version", "open_table",
-    "read_staged", "staged_reader",
+    "read_staged", "staged_reader", "swap",
 ]
 
 log = logging.getLogger(__name__)
@@ -137,3 +137,25 @@ def add_columns(table, fields: list[pa.Field]) -> None:
     delta_fields = Schema.from_arrow(pa.schema([f.with_nullable(True) for f in fields])).fields
     table.alter.add_columns(list(delta_fields))
     log.info("Delta table %s: added column(s) %s", table.table_uri, [f.name for f in fields])
+
+
+def swap(rebuilt_url: str, live_url: str, *, app: str, storage_options: dict[str, str],
+         metadata: dict[str, str]) -> dict[str, Any]:
+    """Make the live table hold what a rebuilt table holds, in ONE commit on the live table
+    (an overwrite: readers see the old contents or the new, never a mix, and time travel
+    keeps the old versions). The commit carries the rebuilt table's app transaction
+    version, so the next merge continues from the window the rebuild reached (windows the
+    live table had merged beyond it are merged again: a merge is idempotent per key).
+    A live table that does not exist is created."""
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+    rebuilt = DeltaTable(rebuilt_url, storage_options=storage_options)
+    version = rebuilt.transaction_version(app)
+    reader = rebuilt.to_pyarrow_dataset().scanner(batch_size=BATCH_ROWS).to_reader()
+    txns = [Transaction(app, version)] if version is not None else None
+    write_deltalake(
+        live_url, reader, mode="overwrite", schema_mode="overwrite", storage_options=storage_options,
+        commit_properties=CommitProperties(app_transactions=txns, custom_metadata=metadata),
+    )
+    live = DeltaTable(live_url, storage_options=storage_options)
+    return {"live": live_url, "rebuilt": rebuilt_url, "window": version, "live_version": live.version()}

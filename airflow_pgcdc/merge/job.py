@@ -85,6 +85,7 @@ class TableResult:
     table: str
     delta_url: str
     action: str  # bootstrapped+merged | bootstrapped | merged | up-to-date | no-changes
+    app_id: str = ""
     bootstrap_rows: int = 0
     first_window: int | None = None
     last_window: int | None = None
@@ -206,8 +207,8 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     t0 = time.monotonic()
     name = f"{schema}.{table}"
     url = delta_table_url(ctx.delta, schema, table)
-    res = TableResult(table=name, delta_url=url, action="up-to-date")
     app = app_id(ctx.slot, schema, table)
+    res = TableResult(table=name, delta_url=url, action="up-to-date", app_id=app)
     entry = None
     if snapshot is not None:
         entry = next((t for t in snapshot.tables if t.schema == schema and t.table == table), None)

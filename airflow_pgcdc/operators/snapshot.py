@@ -38,7 +38,7 @@ class PgSnapshotToS3Operator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("to", "slot", "publication", "tables")
+    template_fields: Sequence[str] = ("to", "slot", "publication", "tables", "workers")
     ui_color = "#d6eaf8"
 
     def __init__(
@@ -80,7 +80,7 @@ class PgSnapshotToS3Operator(BaseOperator):
             slot=self.slot,
             publication=self.publication,
             tables=self.tables,
-            workers=self.workers,
+            workers=int(self.workers),
             rows_per_part=self.rows_per_part,
             two_phase=self.two_phase,
             s3_client=hook.s3_client(),

@@ -1,0 +1,94 @@
+"""``pgcdc_backfill``: rebuild Delta tables from S3 (the snapshot, then every committed
+window) into a fresh location, optionally verify, then swap them in.
+
+When: a Delta table was damaged or deleted, a merge bug was fixed, or a table's layout
+must change. The change store is the source of truth: the snapshot plus the windows,
+which the drain never deletes, replay the whole history of the slot.
+
+Consistency rule: the rebuilt table equals the source as of its last merged window's
+``end_lsn`` (the job refuses gaps, as always). The swap is one overwrite commit on the
+live table carrying the rebuilt table's app transaction version: readers see the old
+contents or the new, never a mix, and time travel keeps the old versions. Windows the
+live table merged while the rebuild ran are merged again by the next ``pgcdc_incremental``
+run (merging is idempotent per key, and windows are applied in order).
+
+Not supported: re-snapshotting one table while the slot keeps streaming (a new snapshot
+needs a new slot; run ``pgcdc_initial_load`` with a new slot for that).
+
+Params: ``tables`` (which tables; default all of the slot), ``store``, ``slot``,
+``delta`` (the live root), ``rebuild_root`` (default ``{delta}_rebuild``; each run
+builds under ``{rebuild_root}/{ts_nodash}``), ``max_windows`` (stop after N windows;
+null: all), ``verify`` (compare the rebuilt tables with PostgreSQL: only meaningful on a
+quiet source), ``swap`` (default true).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from _pgcdc_defaults import AWS_CONN_ID, PARAMS, POSTGRES_CONN_ID, SPARK_CONN_ID
+from airflow.sdk import DAG, Param, task
+
+from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
+from airflow_pgcdc.operators.verify import PgcdcVerifyOperator
+
+REBUILT = "{{ (params.rebuild_root or params.delta ~ '_rebuild') ~ '/' ~ ts_nodash }}"
+
+with DAG(
+    "pgcdc_backfill",
+    schedule=None,
+    start_date=datetime.datetime(2024, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    render_template_as_native_obj=True,
+    params={
+        **PARAMS,
+        "rebuild_root": Param(None, type=["null", "string"],
+                              description="where to rebuild (default {delta}_rebuild)"),
+        "max_windows": Param(None, type=["null", "integer"], minimum=0,
+                             description="merge at most N windows (null: all)"),
+        "verify": Param(False, type="boolean", description="verify the rebuilt tables (quiet source only)"),
+        "swap": Param(True, type="boolean", description="swap the rebuilt tables in"),
+    },
+    tags=["pgcdc"],
+    doc_md=__doc__,
+) as dag:
+    rebuild = PgcdcSparkMergeOperator(
+        task_id="rebuild",
+        source="{{ params.store }}",
+        slot="{{ params.slot }}",
+        delta=REBUILT,
+        tables="{{ params.tables }}",
+        max_windows="{{ params.max_windows }}",
+        aws_conn_id=AWS_CONN_ID,
+        conn_id=SPARK_CONN_ID,
+    )
+    verify = PgcdcVerifyOperator(
+        task_id="verify",
+        delta=REBUILT,
+        tables="{{ params.tables if params.verify else [] }}",
+        postgres_conn_id=POSTGRES_CONN_ID,
+        aws_conn_id=AWS_CONN_ID,
+    )
+
+    @task
+    def swap(merge_result: dict, params=None, ts_nodash=None) -> list[dict]:
+        """One overwrite commit per live table from its rebuilt table."""
+        from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+        from airflow_pgcdc.merge import deltars
+        from airflow_pgcdc.store.s3 import delta_storage_options
+
+        if not params["swap"]:
+            return []
+        storage = delta_storage_options(PgcdcHook(POSTGRES_CONN_ID, AWS_CONN_ID).s3_settings())
+        out = []
+        for t in merge_result["tables"]:
+            segment = t["delta_url"].rstrip("/").rsplit("/", 1)[1]  # {schema}.{table}, encoded
+            out.append(deltars.swap(
+                t["delta_url"], params["delta"].rstrip("/") + "/" + segment,
+                app=t["app_id"], storage_options=storage,
+                metadata={"pgcdc.swapped_from": t["delta_url"], "pgcdc.backfill": ts_nodash},
+            ))
+        return out
+
+    rebuild >> verify >> swap(rebuild.output)
