@@ -36,6 +36,18 @@ def test_provider_info_names_modules_that_import():
         assert hook.conn_type == ct["connection-type"]
 
 
+def test_provider_info_lists_every_operator_module():
+    import importlib
+
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    modules = [m for e in get_provider_info()["operators"] for m in e["python-modules"]]
+    for name in ("snapshot", "basebackup", "drain", "merge"):
+        assert f"airflow_pgcdc.operators.{name}" in modules
+    merge = importlib.import_module("airflow_pgcdc.operators.merge")
+    assert issubclass(merge.PgcdcSparkMergeOperator, SparkSubmitOperator)
+
+
 def test_airflow_lists_the_provider_and_its_hook(tmp_path):
     assert "airflow-pgcdc" in airflow_cli(tmp_path, "providers", "list")
     assert "airflow_pgcdc.hooks.pgcdc.PgcdcHook" in airflow_cli(tmp_path, "providers", "hooks")

@@ -1,0 +1,390 @@
+"""``PgcdcSparkMergeOperator``: the Spark merge (snapshot + change windows → Delta tables)
+submitted with ``spark-submit`` — a :class:`SparkSubmitOperator` that fills in the
+application, its arguments, the ``--py-files`` zip and the Spark conf itself.
+
+What is submitted: ``airflow_pgcdc/merge/spark_app.py`` of the installed package, with
+``--py-files airflow_pgcdc.zip`` (:func:`airflow_pgcdc.merge.session.build_py_files`),
+``--from/--slot/--delta [--tables …] [--key …] [--max-windows N]``, and the conf of
+:data:`airflow_pgcdc.merge.session.SPARK_CONF` plus ``spark.pyspark.python`` and
+``spark.pyspark.driver.python`` = this worker's interpreter (so a ``local[*]`` master
+runs the merge in the same virtual environment); ``conf=`` given to the operator wins.
+
+S3 endpoint and credentials (from ``aws_conn_id``, read as :class:`PgcdcHook` reads
+it) reach the job only through the environment of the ``spark-submit`` process
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``, ``AWS_REGION``): never in the application arguments, the
+operator's Spark conf, or its (rendered, stored) template fields. The driver reads them (:meth:`S3Settings.from_env`) and hands them to its Python
+data sources as reader options, so executors need no environment of their own. The
+secret key and session token are also registered with Airflow's secrets masker. On YARN
+the provider additionally turns ``env_vars`` into ``spark.yarn.appMasterEnv.*`` conf (its
+logged command masks values of keys containing ``SECRET``); on Kubernetes it turns them
+into ``spark.kubernetes.driverEnv.*`` only, so a Kubernetes *client*-mode driver gets no
+S3 environment from the connection (not supported; tested: ``local[*]``).
+
+The result: ``spark_app.py`` prints one line ``PGCDC_MERGE_RESULT {json}`` on stdout;
+the provider's hook streams spark-submit's output into the task log line by line
+(:meth:`SparkSubmitHook._process_spark_submit_log`), and :class:`PgcdcMergeSubmitHook`
+picks that line out of the stream on its way through. This needs the driver's stdout,
+i.e. client deploy mode (the default: ``local[*]``, standalone or YARN client); cluster
+deploy mode is refused.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Asset, AssetAlias
+
+from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
+
+__all__ = [
+    "MERGED_ACTIONS",
+    "PgcdcMergeSubmitHook",
+    "PgcdcSparkMergeOperator",
+    "delta_alias",
+    "merge_application_args",
+    "merge_spark_conf",
+    "s3_env",
+]
+
+MERGED_ACTIONS = frozenset({"bootstrapped", "merged", "bootstrapped+merged"})
+"""Table actions that made a Delta commit (and get an Asset event)."""
+
+_OWNED = ("application", "application_args")
+
+
+def delta_alias(slot: str | None = None) -> AssetAlias:
+    """The AssetAlias through which the merge of ``slot`` emits its per-table Asset events
+    (``pgcdc-delta-{slot}``; ``pgcdc-delta`` when the slot is only known at run time)."""
+    if slot and "{{" not in slot:
+        return AssetAlias(name=f"pgcdc-delta-{slot}")
+    return AssetAlias(name="pgcdc-delta")
+
+
+def merge_application_args(
+    *,
+    source: str,
+    slot: str,
+    delta: str,
+    tables: Sequence[str] | None = None,
+    keys: Mapping[str, Sequence[str]] | None = None,
+    max_windows: int | None = None,
+) -> list[str]:
+    """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`)."""
+    args = ["--from", source, "--slot", slot, "--delta", delta]
+    if tables:
+        args += ["--tables", *tables]
+    for table, cols in (keys or {}).items():
+        cols = [cols] if isinstance(cols, str) else list(cols)
+        if not cols or any(not c or "," in c for c in cols):
+            raise ValueError(f"keys[{table!r}] must be a non-empty list of column names without ',': {cols!r}")
+        args += ["--key", f"{table}={','.join(cols)}"]
+    if max_windows is not None:
+        args += ["--max-windows", str(max_windows)]
+    return args
+
+
+def merge_spark_conf(conf: Mapping[str, Any] | None = None, *, python: str | None = None) -> dict[str, Any]:
+    """:data:`SPARK_CONF`, the interpreter for driver and workers (``python``, default this
+    one), then ``conf`` on top."""
+    from airflow_pgcdc.merge.session import SPARK_CONF
+
+    python = python or sys.executable
+    return {
+        **SPARK_CONF,
+        "spark.pyspark.python": python,
+        "spark.pyspark.driver.python": python,
+        **(conf or {}),
+    }
+
+
+def s3_env(settings) -> dict[str, str]:
+    """boto3's environment variables for :class:`~airflow_pgcdc.store.s3.S3Settings`
+    (set fields only). Holds the secret key: for a process environment, never a log."""
+    env: dict[str, str] = {}
+    if settings.endpoint_url:
+        # both: an AWS_ENDPOINT_URL_S3 inherited from the worker would win over AWS_ENDPOINT_URL
+        env["AWS_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL_S3"] = settings.endpoint_url
+    if settings.access_key_id:
+        env["AWS_ACCESS_KEY_ID"] = settings.access_key_id
+    if settings.secret_access_key:
+        env["AWS_SECRET_ACCESS_KEY"] = settings.secret_access_key
+    if settings.session_token:
+        env["AWS_SESSION_TOKEN"] = settings.session_token
+    if settings.region:
+        env["AWS_REGION"] = env["AWS_DEFAULT_REGION"] = settings.region
+    return env
+
+
+def parse_result_line(line: str) -> dict[str, Any] | None:
+    """The JSON of a ``PGCDC_MERGE_RESULT {json}`` line (anywhere in ``line``), else ``None``."""
+    at = line.find(RESULT_PREFIX)
+    if at < 0:
+        return None
+    try:
+        value = json.loads(line[at + len(RESULT_PREFIX):])
+    except ValueError as e:
+        raise ValueError(f"unreadable {RESULT_PREFIX.strip()} line ({e}): {line[:300]!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{RESULT_PREFIX.strip()} is not a JSON object: {line[:300]!r}")
+    return value
+
+
+class PgcdcMergeSubmitHook(SparkSubmitHook):
+    """:class:`SparkSubmitHook` that keeps the merge's result line (``merge_result``) while
+    the provider logs spark-submit's output as usual, and finds ``spark-submit`` next to
+    this interpreter (pyspark's venv ``bin/``) when it is not on ``PATH``."""
+
+    merge_result: dict[str, Any] | None = None
+    merge_result_error: str | None = None
+
+    def _scan(self, lines: Iterator[Any]) -> Iterator[Any]:
+        # never raise here: the provider must read spark-submit's output to the end and wait for it
+        for line in lines:
+            try:
+                value = parse_result_line(str(line))
+            except ValueError as e:
+                self.merge_result_error = str(e)
+                value = None
+            if value is not None:
+                self.merge_result, self.merge_result_error = value, None
+            yield line
+
+    def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
+        super()._process_spark_submit_log(self._scan(itr))
+
+    def use_spark_beside_python(self) -> None:
+        """When ``spark-submit`` is not on ``PATH`` but pyspark installed it beside this
+        interpreter (a virtual environment's ``bin/``, not activated), submit with that one
+        and, unless ``SPARK_HOME`` is set, point ``SPARK_HOME`` at the pyspark package (its
+        launcher would otherwise look for pyspark with whatever ``python3`` is on ``PATH``)."""
+        binary = self._connection["spark_binary"]
+        if shutil.which(binary) is not None:
+            return
+        beside = Path(sys.executable).parent / binary
+        if not beside.is_file():
+            return
+        self._connection["spark_binary"] = str(beside)
+        if not os.environ.get("SPARK_HOME") and not (self._env_vars or {}).get("SPARK_HOME"):
+            spec = importlib.util.find_spec("pyspark")
+            if spec is not None and spec.origin:
+                self._env_vars = {"SPARK_HOME": str(Path(spec.origin).parent), **(self._env_vars or {})}
+
+
+class PgcdcSparkMergeOperator(SparkSubmitOperator):
+    """Merge the snapshot and the committed change windows of ``slot`` (in the store at
+    ``source``) into one Delta table per source table under ``delta``, with
+    ``spark-submit`` (see :mod:`airflow_pgcdc.merge.job`).
+
+    Which windows: every committed window after each table's last merged one, in order,
+    exactly once (the Delta app transaction records the last merged window), at most
+    ``max_windows`` per table and run. The operator needs no window numbers: running it
+    after any number of drains merges what they committed, and a rerun merges nothing
+    twice. ``max_windows`` is templated, e.g. to bound a catch-up run.
+
+    Returns (XCom ``return_value``) the job's result as ``spark_app.py`` prints it
+    (:meth:`airflow_pgcdc.merge.job.MergeResult.to_dict`)::
+
+        {"slot", "source", "delta", "seconds",
+         "tables": [{"table": "schema.table", "delta_url": "s3://…/schema.table",
+                     "action": "bootstrapped+merged" | "bootstrapped" | "merged"
+                               | "up-to-date" | "no-changes",
+                     "bootstrap_rows", "first_window", "last_window", "start_lsn", "end_lsn",
+                     "change_rows", "merged_rows", "truncates", "added_columns",
+                     "delta_version", "metrics", "seconds", ...}]}
+
+    Asset events: one per table whose Delta table got a commit (``action`` in
+    :data:`MERGED_ACTIONS`), on ``Asset(uri=<the table's Delta location>)``
+    (:func:`airflow_pgcdc.merge.plan.delta_table_url`; name = uri), extra
+    ``{window_seq: last_window, start_lsn, end_lsn, delta_version, action}``
+    (window fields ``None`` for a bootstrap without windows). They are emitted through
+    the operator's AssetAlias outlet (default :func:`delta_alias`), or directly on an
+    ``Asset`` given in ``outlets`` with the same uri. Consumers schedule on
+    ``Asset("s3://bucket/lake/public.orders")`` or on the alias.
+
+    :param source: the change store, ``s3://bucket/prefix`` (templated)
+    :param slot: the replication slot (templated)
+    :param delta: the Delta root, ``s3://bucket/lake`` (templated)
+    :param tables: only these ``schema.table`` (templated; a list, or one string of
+        names separated by commas/spaces)
+    :param keys: merge key per table without primary key / replica identity index,
+        ``{"schema.table": ["col1", "col2"]}``
+    :param max_windows: merge at most N windows per table in this run (templated)
+    :param aws_conn_id: Airflow ``aws`` connection for S3 (login = access key id,
+        password = secret key, extras ``endpoint_url``, ``region_name``); ``None``: the
+        worker's environment (boto3's conventions) is inherited by spark-submit
+    :param conn_id: Airflow Spark connection (default ``spark_default``); for local
+        mode: ``{"conn_type": "spark", "host": "local[*]"}``
+    :param py_files_dir: where to keep the ``airflow_pgcdc.zip`` shipped with
+        ``--py-files`` (rebuilt when a source is newer); default: a temporary directory
+        per run, removed afterwards
+    :param kwargs: any other :class:`SparkSubmitOperator` argument (``conf`` is laid
+        over the merge's conf; ``py_files`` and ``env_vars`` are added to the merge's;
+        ``application`` and ``application_args`` are the operator's own)
+    """
+
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields, "source", "slot", "delta", "tables", "max_windows",
+    )
+    ui_color = "#fdebd0"
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        slot: str,
+        delta: str,
+        tables: Sequence[str] | str | None = None,
+        keys: Mapping[str, Sequence[str]] | None = None,
+        max_windows: int | str | None = None,
+        aws_conn_id: str | None = None,
+        conn_id: str = "spark_default",
+        py_files_dir: str | None = None,
+        conf: Mapping[str, Any] | None = None,
+        name: str = "pgcdc-merge",
+        **kwargs: Any,
+    ) -> None:
+        given = [k for k in _OWNED if k in kwargs]
+        if given:
+            raise TypeError(f"PgcdcSparkMergeOperator sets {', '.join(given)} itself; do not pass them")
+        if "outlets" not in kwargs:
+            kwargs["outlets"] = [delta_alias(slot)]
+        from airflow_pgcdc.merge import spark_app
+
+        super().__init__(
+            application=str(Path(spark_app.__file__).resolve()),
+            conf=merge_spark_conf(conf),
+            conn_id=conn_id,
+            name=name,
+            **kwargs,
+        )
+        self.source = source
+        self.slot = slot
+        self.delta = delta
+        self.tables = tables
+        self.keys = {t: list(c) for t, c in (keys or {}).items()}
+        self.max_windows = max_windows
+        self.aws_conn_id = aws_conn_id
+        self.py_files_dir = py_files_dir
+        merge_application_args(source=source, slot=slot, delta=delta, keys=self.keys)  # bad keys fail at parse time
+
+    # ------------------------------------------------------------------ building
+
+    def _tables(self) -> list[str] | None:
+        value = self.tables
+        if value is None or value == "" or value == "None":
+            return None
+        if isinstance(value, str):
+            return [t for t in value.replace(",", " ").split() if t] or None
+        return [str(t) for t in value] or None
+
+    def _max_windows(self) -> int | None:
+        value = self.max_windows
+        if value is None or value == "" or value == "None":
+            return None
+        n = int(value)
+        if n < 1:
+            raise ValueError(f"max_windows must be at least 1, got {n}")
+        return n
+
+    def _get_hook(self) -> PgcdcMergeSubmitHook:
+        hook = super()._get_hook()
+        # The provider's _get_hook builds a SparkSubmitHook from ~35 operator attributes;
+        # rebuilding it here would silently drop any it adds later. Our subclass only adds
+        # methods and the merge_result(_error) attributes, so the built hook is re-classed.
+        hook.__class__ = PgcdcMergeSubmitHook
+        hook.merge_result = hook.merge_result_error = None
+        hook.use_spark_beside_python()
+        if hook._connection["deploy_mode"] == "cluster":
+            raise ValueError(
+                "PgcdcSparkMergeOperator reads the merge result from the driver's stdout, which "
+                "spark-submit only streams back in client deploy mode; use deploy_mode='client'"
+            )
+        if str(hook._connection["master"]).startswith("local") and "spark.ui.enabled" not in hook._conf:
+            hook._conf["spark.ui.enabled"] = "false"
+        env = self._s3_env()
+        if env:
+            # only on the hook (the spark-submit process environment), not on self.env_vars:
+            # template fields are rendered, stored and shown in the UI
+            hook._env_vars = {**(hook._env_vars or {}), **env}
+        return hook
+
+    def _s3_env(self) -> dict[str, str]:
+        if not self.aws_conn_id:
+            return {}
+        from airflow.sdk.log import mask_secret
+
+        settings = PgcdcHook(aws_conn_id=self.aws_conn_id).s3_settings()
+        for secret in (settings.secret_access_key, settings.session_token):
+            if secret:
+                mask_secret(secret)
+        return s3_env(settings)
+
+    # ------------------------------------------------------------------ running
+
+    def execute(self, context) -> dict[str, Any]:
+        from airflow_pgcdc.merge.session import build_py_files
+
+        self.application_args = merge_application_args(
+            source=self.source, slot=self.slot, delta=self.delta, tables=self._tables(),
+            keys=self.keys, max_windows=self._max_windows(),
+        )
+        user_py_files = [p for p in (self.py_files or "").split(",") if p]
+        with tempfile.TemporaryDirectory(prefix="pgcdc-merge-") as tmp:
+            zip_path = build_py_files(self.py_files_dir or tmp)
+            self.py_files = ",".join([zip_path, *user_py_files])
+            self.log.info("merge of slot %s from %s into %s (tables %s, max windows %s)", self.slot,
+                          self.source, self.delta, self._tables() or "all", self._max_windows() or "all")
+            try:
+                super().execute(context)
+            finally:
+                self.py_files = ",".join(user_py_files) or None
+        hook = self._hook
+        result = getattr(hook, "merge_result", None)
+        if result is None:
+            error = getattr(hook, "merge_result_error", None)
+            raise RuntimeError(
+                f"spark-submit finished but its merge result is unknown: {error}" if error else
+                f"spark-submit finished but printed no {RESULT_PREFIX.strip()} line: the merge "
+                "result is unknown (see the spark-submit output above)"
+            )
+        for t in result.get("tables", ()):
+            self.log.info("%s: %s, windows %s..%s (%s..%s), Delta version %s", t.get("table"),
+                          t.get("action"), t.get("first_window"), t.get("last_window"),
+                          t.get("start_lsn"), t.get("end_lsn"), t.get("delta_version"))
+        self._emit_asset_events(context, result)
+        return result
+
+    def _emit_asset_events(self, context, result: Mapping[str, Any]) -> None:
+        outlets = list(self.outlets or ())
+        declared = {o.uri: o for o in outlets if isinstance(o, Asset)}
+        aliases = [o for o in outlets if isinstance(o, AssetAlias)]
+        events = context["outlet_events"]
+        for t in result.get("tables", ()):
+            if t.get("action") not in MERGED_ACTIONS:
+                continue
+            asset = Asset(uri=t["delta_url"])
+            extra = {
+                "window_seq": t.get("last_window"),
+                "start_lsn": t.get("start_lsn"),
+                "end_lsn": t.get("end_lsn"),
+                "delta_version": t.get("delta_version"),
+                "action": t.get("action"),
+            }
+            if asset.uri in declared:
+                events[declared[asset.uri]].extra = extra
+            elif aliases:
+                events[aliases[0]].add(asset, extra=extra)
+            else:
+                self.log.warning("no AssetAlias or Asset outlet for %s: no Asset event", asset.uri)

@@ -1,0 +1,124 @@
+"""``PgcdcSparkMergeOperator`` in a real Airflow DAG run: snapshot and two drained windows
+of a PostgreSQL 18 database on the S3 server, then ``spark-submit`` on ``local[*]`` through
+the ``spark_default`` connection; the Delta tables must equal PostgreSQL, the XCom and the
+Asset events must say which windows were merged, and the S3 secret key must not reach
+the task log."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import psycopg
+import pytest
+from airflow_runner import airflow_env, run_dag
+
+from airflow_pgcdc.drain.drain import drain_window
+from airflow_pgcdc.merge.plan import delta_table_url
+from airflow_pgcdc.snapshot.export import snapshot_to_s3
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.verify import verify_table
+
+DAGS = Path(__file__).parent / "dags"
+
+
+def sql(dsn, query, params=None):
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(query, params)
+
+
+def asset_events(home: Path) -> list[dict]:
+    """Every Asset event in the run's metadata DB: uri, extra, source task, via alias."""
+    with sqlite3.connect(home / "airflow.db") as db:
+        rows = db.execute(
+            "SELECT a.uri, e.extra, e.source_task_id, "
+            "(SELECT group_concat(al.name) FROM asset_alias_asset_event x "
+            " JOIN asset_alias al ON al.id = x.alias_id WHERE x.event_id = e.id) "
+            "FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
+        ).fetchall()
+    return [{"uri": u, "extra": json.loads(x), "task": t, "aliases": al} for u, x, t, al in rows]
+
+
+@pytest.mark.parametrize("pg_server", ["pg18"], indirect=True)
+def test_merge_operator_in_a_dag_run(fresh_db, slot_name, s3, s3_bucket, tmp_path):
+    db = fresh_db
+    client = s3.client()
+    settings = s3store.S3Settings(endpoint_url=s3.endpoint_url, access_key_id=s3.access_key,
+                                  secret_access_key=s3.secret_key, region=s3.region)
+    storage = s3store.delta_storage_options(settings)
+    source, lake = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
+    sql(db, "CREATE TABLE orders (id int PRIMARY KEY, total numeric(10,2), note text)")
+    sql(db, "INSERT INTO orders SELECT g, g * 1.5, 'n' || g FROM generate_series(1, 200) g")
+    sql(db, "CREATE TABLE nokey (k int, v text)")  # no key: the operator's keys= gives one
+    sql(db, "ALTER TABLE nokey REPLICA IDENTITY FULL")
+    sql(db, "INSERT INTO nokey VALUES (1, 'a'), (2, 'b')")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE orders, nokey")
+    slot = slot_name()
+    snapshot_to_s3(db, source, slot=slot, publication="pub", workers=2, s3_client=client)
+    # window 0
+    sql(db, "INSERT INTO orders VALUES (1001, 9.99, 'new')")
+    sql(db, "UPDATE orders SET total = total + 1, note = 'upd' WHERE id <= 10")
+    sql(db, "DELETE FROM orders WHERE id BETWEEN 50 AND 59")
+    sql(db, "INSERT INTO nokey VALUES (3, 'c')")
+    w0 = drain_window(db, source, slot=slot, publications=["pub"], s3_client=client)
+    # window 1
+    sql(db, "UPDATE orders SET id = 2000 WHERE id = 100")  # key change
+    sql(db, "UPDATE orders SET note = NULL WHERE id = 1001")
+    sql(db, "INSERT INTO orders SELECT g, 0, 'late' FROM generate_series(3000, 3099) g")
+    w1 = drain_window(db, source, slot=slot, publications=["pub"], s3_client=client)
+    assert (w0.window_seq, w1.window_seq) == (0, 1) and w1.rows > 100
+
+    home = tmp_path / "airflow"
+    env = airflow_env(home, DAGS, {
+        "AIRFLOW_CONN_PGCDC_S3": json.dumps({"conn_type": "aws", "login": s3.access_key, "password": s3.secret_key,
+                                             "extra": {"endpoint_url": s3.endpoint_url, "region_name": s3.region}}),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+    })
+    # S3 must come from the connection, not from an environment the child would inherit
+    env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+    conf = {"source": source, "slot": slot, "delta": lake, "tables": ["public.orders", "public.nokey"],
+            "max_windows": 1}
+    result = run_dag(DAGS / "pgcdc_test_merge.py", "pgcdc_test_merge", env, conf)
+    assert result.state == "success", result.output[-6000:]
+
+    # merge_first: one window per table (max_windows templated from the run's conf)
+    out1 = result.xcom("merge_first")
+    assert (out1["slot"], out1["source"], out1["delta"]) == (slot, source, lake)
+    by1 = {t["table"]: t for t in out1["tables"]}
+    assert set(by1) == {"public.orders", "public.nokey"}
+    for name in by1:
+        t = by1[name]
+        assert t["action"] == "bootstrapped+merged", t
+        assert (t["first_window"], t["last_window"]) == (0, 0)
+        assert (t["start_lsn"], t["end_lsn"]) == (w0.start_lsn, w0.end_lsn)
+        assert t["delta_url"] == delta_table_url(lake, *name.split("."))
+    assert by1["public.orders"]["bootstrap_rows"] == 200
+
+    # merge: the rest, without window numbers from anyone
+    by2 = {t["table"]: t for t in result.xcom("merge")["tables"]}
+    orders = by2["public.orders"]
+    assert orders["action"] == "merged" and (orders["first_window"], orders["last_window"]) == (1, 1)
+    assert (orders["start_lsn"], orders["end_lsn"]) == (w1.start_lsn, w1.end_lsn)
+    assert by2["public.nokey"]["action"] == "no-changes"  # window 1 holds nothing for it: no commit
+
+    # the Delta tables equal PostgreSQL
+    for table, key in (("orders", None), ("nokey", ["k"])):
+        v = verify_table(db, lake, "public", table, key=key, storage_options=storage)
+        assert v.equal, json.dumps(v.to_dict(), indent=1, default=str)[:3000]
+
+    # Asset events: one per merged table per run, through the slot's alias
+    events = [e for e in asset_events(home) if e["task"] in ("merge_first", "merge")]
+    url = {n: delta_table_url(lake, "public", n) for n in ("orders", "nokey")}
+    got = sorted((e["uri"], e["extra"]["window_seq"], e["extra"]["end_lsn"]) for e in events)
+    expect = [(url["nokey"], 0, w0.end_lsn), (url["orders"], 0, w0.end_lsn), (url["orders"], 1, w1.end_lsn)]
+    assert got == sorted(expect), events
+    assert all(e["aliases"] == "pgcdc-delta" for e in events), events
+    first = next(e for e in events if e["uri"] == url["orders"] and e["extra"]["window_seq"] == 0)
+    assert first["extra"]["start_lsn"] == w0.start_lsn and first["extra"]["action"] == "bootstrapped+merged"
+
+    # the task log holds spark-submit's output, but never the secret key
+    assert result.output.count("Spark-Submit cmd") == 2 and "PGCDC_MERGE_RESULT" in result.output
+    assert "--slot " + slot in result.output and "--max-windows 1" in result.output
+    assert "--tables public.orders public.nokey --key public.nokey=k" in result.output
+    assert s3.secret_key not in result.output

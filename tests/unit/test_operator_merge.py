@@ -1,0 +1,253 @@
+"""``PgcdcSparkMergeOperator`` without servers: what it submits (arguments, conf,
+environment), how it reads the result back, and which Asset events it emits — the
+last two through a stand-in ``spark-submit`` script."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from airflow.sdk import Asset, AssetAlias
+
+from airflow_pgcdc.merge.session import SPARK_CONF
+from airflow_pgcdc.merge.spark_app import RESULT_PREFIX, add_arguments, parse_keys
+from airflow_pgcdc.operators.merge import (
+    PgcdcMergeSubmitHook,
+    PgcdcSparkMergeOperator,
+    delta_alias,
+    merge_application_args,
+    merge_spark_conf,
+    parse_result_line,
+    s3_env,
+)
+from airflow_pgcdc.store.s3 import S3Settings
+
+SECRET = "s3cr3t/Key+with=chars"
+
+
+def test_application_args_parse_back_with_the_apps_own_parser():
+    import argparse
+
+    args = merge_application_args(
+        source="s3://b/cdc", slot="shop", delta="s3://b/lake", tables=["public.a", "s.b"],
+        keys={"public.a": ["k1", "k2"], "my.schema.t": ("id",)}, max_windows=3,
+    )
+    assert args == ["--from", "s3://b/cdc", "--slot", "shop", "--delta", "s3://b/lake",
+                    "--tables", "public.a", "s.b", "--key", "public.a=k1,k2", "--key", "my.schema.t=id",
+                    "--max-windows", "3"]
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    ns = p.parse_args(args)
+    assert (ns.source, ns.slot, ns.delta, ns.tables, ns.max_windows) == (
+        "s3://b/cdc", "shop", "s3://b/lake", ["public.a", "s.b"], 3)
+    assert parse_keys(ns.key) == {"public.a": ["k1", "k2"], "my.schema.t": ["id"]}
+
+
+def test_application_args_minimal_and_bad_keys():
+    assert merge_application_args(source="s3://b/p", slot="s", delta="s3://b/l") == [
+        "--from", "s3://b/p", "--slot", "s", "--delta", "s3://b/l"]
+    for bad in ([], ["a,b"], [""]):
+        with pytest.raises(ValueError, match="keys"):
+            merge_application_args(source="s3://b/p", slot="s", delta="s3://b/l", keys={"t": bad})
+
+
+def test_spark_conf_defaults_python_and_user_override():
+    conf = merge_spark_conf()
+    assert {k: conf[k] for k in SPARK_CONF} == SPARK_CONF
+    assert conf["spark.pyspark.python"] == conf["spark.pyspark.driver.python"] == sys.executable
+    conf = merge_spark_conf({"spark.sql.shuffle.partitions": "64", "spark.pyspark.python": "/opt/py"}, python="/x/py")
+    assert conf["spark.sql.shuffle.partitions"] == "64" and conf["spark.pyspark.python"] == "/opt/py"
+    assert conf["spark.pyspark.driver.python"] == "/x/py"
+
+
+def test_s3_env_has_set_fields_only():
+    env = s3_env(S3Settings(endpoint_url="http://127.0.0.1:9000", access_key_id="AK", secret_access_key=SECRET,
+                            region="eu-west-1"))
+    assert env == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000",
+                   "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": SECRET,
+                   "AWS_REGION": "eu-west-1", "AWS_DEFAULT_REGION": "eu-west-1"}
+    assert s3_env(S3Settings()) == {}
+    assert s3_env(S3Settings(session_token="tok"))["AWS_SESSION_TOKEN"] == "tok"
+
+
+def test_result_line():
+    assert parse_result_line("26/11/23 INFO something") is None
+    assert parse_result_line(RESULT_PREFIX + '{"slot": "s", "tables": []}') == {"slot": "s", "tables": []}
+    assert parse_result_line("noise " + RESULT_PREFIX + '{"a": 1}') == {"a": 1}
+    with pytest.raises(ValueError, match="unreadable"):
+        parse_result_line(RESULT_PREFIX + "{truncated")
+    with pytest.raises(ValueError, match="not a JSON object"):
+        parse_result_line(RESULT_PREFIX + "[1]")
+
+
+def test_operator_fields_conf_and_outlets():
+    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake",
+                                 conf={"spark.executor.memory": "2g"}, py_files="/x/extra.zip")
+    for f in ("source", "slot", "delta", "tables", "max_windows", "application_args", "conf", "env_vars"):
+        assert f in op.template_fields
+    assert Path(op.application).name == "spark_app.py" and Path(op.application).is_file()
+    assert op.conf["spark.executor.memory"] == "2g" and op.conf["spark.sql.session.timeZone"] == "UTC"
+    assert op.outlets == [AssetAlias(name="pgcdc-delta-shop")]
+    templated = PgcdcSparkMergeOperator(task_id="m2", source="s3://b/cdc", slot="{{ params.slot }}", delta="s3://b/l")
+    assert templated.outlets == [delta_alias(None)] == [AssetAlias(name="pgcdc-delta")]
+    with pytest.raises(TypeError, match="application_args"):
+        PgcdcSparkMergeOperator(task_id="m3", source="s", slot="s", delta="d", application_args=["x"])
+    with pytest.raises(ValueError, match="keys"):
+        PgcdcSparkMergeOperator(task_id="m4", source="s", slot="s", delta="d", keys={"t": []})
+
+
+@pytest.mark.parametrize(("tables", "expect"), [
+    (None, None), ("None", None), ("", None), ("public.a, s.b", ["public.a", "s.b"]),
+    ("public.a s.b", ["public.a", "s.b"]), (["public.a"], ["public.a"]), ([], None),
+])
+def test_rendered_tables(tables, expect):
+    op = PgcdcSparkMergeOperator(task_id="m", source="s", slot="s", delta="d", tables=tables)
+    assert op._tables() == expect
+
+
+@pytest.mark.parametrize(("value", "expect"), [(None, None), ("None", None), ("", None), ("4", 4), (2, 2)])
+def test_rendered_max_windows(value, expect):
+    op = PgcdcSparkMergeOperator(task_id="m", source="s", slot="s", delta="d", max_windows=value)
+    assert op._max_windows() == expect
+
+
+def test_max_windows_must_be_positive():
+    with pytest.raises(ValueError, match="at least 1"):
+        PgcdcSparkMergeOperator(task_id="m", source="s", slot="s", delta="d", max_windows="0")._max_windows()
+
+
+# --------------------------------------------------------------------------- a stand-in spark-submit
+
+RESULT = {
+    "slot": "shop", "source": "s3://b/cdc", "delta": "s3://b/lake", "seconds": 1.0,
+    "tables": [
+        {"table": "public.a", "delta_url": "s3://b/lake/public.a", "action": "bootstrapped+merged",
+         "first_window": 0, "last_window": 2, "start_lsn": "0/10", "end_lsn": "0/90", "delta_version": 1},
+        {"table": "public.b", "delta_url": "s3://b/lake/public.b", "action": "merged",
+         "first_window": 1, "last_window": 2, "start_lsn": "0/40", "end_lsn": "0/90", "delta_version": 7},
+        {"table": "public.c", "delta_url": "s3://b/lake/public.c", "action": "up-to-date",
+         "first_window": None, "last_window": None, "start_lsn": None, "end_lsn": None, "delta_version": 3},
+    ],
+}
+
+
+@pytest.fixture
+def fake_spark(tmp_path, monkeypatch):
+    """``spark-submit`` on PATH that records its arguments and environment, then prints
+    noise, the result line and more noise (as Spark's shutdown logging does)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "result.json").write_text(json.dumps(RESULT))
+    script = bin_dir / "spark-submit"
+    script.write_text(f"""#!/bin/sh
+printf '%s\\n' "$@" > {tmp_path}/args.txt
+env > {tmp_path}/env.txt
+echo "26/11/23 07:57:45 INFO SparkContext: Running Spark version 4.2.0"
+printf '{RESULT_PREFIX}'; cat {tmp_path}/result.json; echo
+echo "26/11/23 07:58:33 INFO ShutdownHookManager: Shutdown hook called"
+exit "${{FAKE_EXIT:-0}}"
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
+    monkeypatch.setenv("AIRFLOW_CONN_S3", json.dumps({
+        "conn_type": "aws", "login": "AKIDEXAMPLE", "password": SECRET,
+        "extra": {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"}}))
+    for k in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    return tmp_path
+
+
+class _Event:
+    def __init__(self):
+        self.extra = {}
+        self.added = []
+
+    def add(self, asset, extra=None):
+        self.added.append((asset, extra))
+
+
+class _Events(dict):
+    def __missing__(self, key):
+        self[key] = _Event()
+        return self[key]
+
+
+def test_execute_submits_reads_the_result_and_emits_asset_events(fake_spark):
+    declared = Asset(uri="s3://b/lake/public.b")
+    op = PgcdcSparkMergeOperator(
+        task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake", tables="public.a,public.b",
+        keys={"public.a": ["id"]}, max_windows="5", aws_conn_id="s3",
+        outlets=[AssetAlias(name="lake"), declared], env_vars={"EXTRA": "1"},
+    )
+    events = _Events()
+    out = op.execute({"outlet_events": events})
+    assert out == RESULT
+    args = (fake_spark / "args.txt").read_text().splitlines()
+    cmd = " ".join(args)
+    assert args[args.index("--master") + 1] == "local[*]"
+    assert "spark.ui.enabled=false" in args and f"spark.pyspark.python={sys.executable}" in args
+    zip_path = args[args.index("--py-files") + 1]
+    assert zip_path.endswith("/airflow_pgcdc.zip") and not Path(zip_path).exists()  # a per-run temp dir
+    app = args.index(op.application)
+    assert args[app + 1:] == ["--from", "s3://b/cdc", "--slot", "shop", "--delta", "s3://b/lake",
+                              "--tables", "public.a", "public.b", "--key", "public.a=id", "--max-windows", "5"]
+    assert SECRET not in cmd and "AKIDEXAMPLE" not in cmd
+    env = dict(line.split("=", 1) for line in (fake_spark / "env.txt").read_text().splitlines() if "=" in line)
+    assert env["AWS_SECRET_ACCESS_KEY"] == SECRET and env["AWS_ACCESS_KEY_ID"] == "AKIDEXAMPLE"
+    assert env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000" and env["AWS_REGION"] == "eu-west-1"
+    assert env["EXTRA"] == "1"
+    # nothing secret stays on the operator (its template fields are rendered and stored)
+    assert SECRET not in repr(op.env_vars) and SECRET not in repr(op.conf)
+    # public.a through the alias, public.b on the declared Asset, public.c (no commit) none
+    alias_events = events[AssetAlias(name="lake")].added
+    assert [(a.uri, e) for a, e in alias_events] == [("s3://b/lake/public.a", {
+        "window_seq": 2, "start_lsn": "0/10", "end_lsn": "0/90", "delta_version": 1, "action": "bootstrapped+merged"})]
+    assert events[declared].extra == {"window_seq": 2, "start_lsn": "0/40", "end_lsn": "0/90",
+                                      "delta_version": 7, "action": "merged"}
+    assert isinstance(op._hook, PgcdcMergeSubmitHook)
+
+
+def test_no_result_line_is_an_error(fake_spark):
+    (fake_spark / "result.json").write_text("")  # the prefix alone, then nothing parseable
+    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake")
+    with pytest.raises(RuntimeError, match="merge result is unknown: unreadable"):
+        op.execute({"outlet_events": _Events()})
+    script = fake_spark / "bin" / "spark-submit"
+    script.write_text(script.read_text().replace(f"printf '{RESULT_PREFIX}'", "printf ''"))
+    (fake_spark / "result.json").write_text("{}")
+    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake")
+    with pytest.raises(RuntimeError, match="no PGCDC_MERGE_RESULT line"):
+        op.execute({"outlet_events": _Events()})
+
+
+def test_failed_submit_fails_the_task(fake_spark, monkeypatch):
+    monkeypatch.setenv("FAKE_EXIT", "1")
+    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake")
+    with pytest.raises(Exception, match="Error code is: 1"):
+        op.execute({"outlet_events": _Events()})
+
+
+def test_cluster_deploy_mode_is_refused(fake_spark):
+    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake",
+                                 deploy_mode="cluster")
+    with pytest.raises(ValueError, match="client deploy mode"):
+        op.execute({"outlet_events": _Events()})
+
+
+def test_spark_submit_beside_the_interpreter(tmp_path, monkeypatch):
+    """Not on PATH (a venv that is not activated): pyspark's own, with SPARK_HOME."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
+    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake")
+    hook = op._get_hook()
+    beside = Path(sys.executable).parent / "spark-submit"
+    if not beside.is_file():
+        pytest.skip("pyspark installed no spark-submit beside this interpreter")
+    assert hook._get_spark_binary_path() == [str(beside)]
+    assert (Path(hook._env_vars["SPARK_HOME"]) / "bin" / "spark-class").is_file()
