@@ -175,7 +175,7 @@ def _run(dag: str, env: dict[str, str], conf: dict) -> dict:
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     t_start = time.monotonic()
-    root = Path(".pgcdc")
+    root = Path(".pgcdc").absolute()
     sandbox = Sandbox(root)
     log.info("[1/6] starting the sandbox (PostgreSQL 18 + S3) under %s", root.absolute())
     env, started = sandbox.up()

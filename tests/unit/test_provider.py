@@ -42,7 +42,7 @@ def test_provider_info_lists_every_operator_module():
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     modules = [m for e in get_provider_info()["operators"] for m in e["python-modules"]]
-    for name in ("snapshot", "basebackup", "drain", "merge"):
+    for name in ("snapshot", "basebackup", "drain", "merge", "verify"):
         assert f"airflow_pgcdc.operators.{name}" in modules
     merge = importlib.import_module("airflow_pgcdc.operators.merge")
     assert issubclass(merge.PgcdcSparkMergeOperator, SparkSubmitOperator)
