@@ -103,7 +103,7 @@ class Workload(threading.Thread):
                     with conn.transaction():
                         conn.execute(
                             "INSERT INTO shop.orders (id, customer_id, total, items) "
-                            "SELECT g, 1 + (g % 20000), 9.99, ARRAY['sku-1'] FROM generate_series(%s, %s) g",
+                            "SELECT g, 1 + (g %% 20000), 9.99, ARRAY['sku-1'] FROM generate_series(%s, %s) g",
                             (next_order, next_order + 49),
                         )
                         next_order += 50
@@ -204,6 +204,8 @@ def main() -> int:
             log.info("      workload stopped after %d transactions; the last run catches up", workload.transactions)
         else:
             time.sleep(3)
+        if workload.error is not None:
+            raise SystemExit(f"the demo workload failed: {workload.error}")
         run = _run("pgcdc_incremental", aenv, conf)
         window = run["result"].xcom("drain")
         log.info("      run %d: window %s, %s..%s, %s change rows", i + 1, window["window_seq"],
@@ -229,12 +231,12 @@ def _summary(dsn: str, env: dict[str, str], delta: str, runs: list[dict]) -> tup
     storage = s3store.delta_storage_options(s3store.S3Settings.from_env(env))
     last_merge = {t["table"]: t for t in runs[-1]["result"].xcom("merge")["tables"]}
     merged_rows: dict[str, int] = {}
-    merge_seconds = 0.0
+    merge_seconds: dict[str, float] = {}
     for run in runs:
-        m = run["result"].xcom("merge")
-        merge_seconds += float(m.get("seconds") or 0)
-        for t in m["tables"]:
-            merged_rows[t["table"]] = merged_rows.get(t["table"], 0) + int(t.get("change_rows") or 0)
+        for t in run["result"].xcom("merge")["tables"]:
+            name = t["table"]
+            merged_rows[name] = merged_rows.get(name, 0) + int(t.get("change_rows") or 0)
+            merge_seconds[name] = merge_seconds.get(name, 0.0) + float(t.get("seconds") or 0)
     with psycopg.connect(dsn) as conn:
         current = LSN.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
     end = LSN.parse(runs[-1]["result"].xcom("drain")["end_lsn"])
@@ -253,7 +255,8 @@ def _summary(dsn: str, env: dict[str, str], delta: str, runs: list[dict]) -> tup
             "windows": "-" if t.get("last_window") is None else f"0..{t['last_window']}",
             "lag": f"{max(int(current) - int(end), 0):,} B",
             "changes": merged_rows.get(name, 0),
-            "rate": f"{merged_rows.get(name, 0) / merge_seconds:,.0f}/s" if merge_seconds else "-",
+            "rate": (f"{merged_rows.get(name, 0) / merge_seconds[name]:,.0f} rows/s"
+                     if merge_seconds.get(name) else "-"),
             "verify": d["result"] + ("" if r.equal else f" ({d['counts']})"),
         })
     return ok, rows
@@ -261,7 +264,7 @@ def _summary(dsn: str, env: dict[str, str], delta: str, runs: list[dict]) -> tup
 
 def _print(rows: list[dict]) -> None:
     head = ("table", "rows in PostgreSQL", "rows in Delta", "windows merged", "LSN lag",
-            "change rows merged", "merge rate", "verify")
+            "change rows merged", "merge throughput", "verify")
     keys = ("table", "postgres", "delta", "windows", "lag", "changes", "rate", "verify")
     cells = [[str(r[k]) if not isinstance(r[k], int) else f"{r[k]:,}" for k in keys] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
