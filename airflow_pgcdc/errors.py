@@ -13,6 +13,22 @@ class PgcdcError(Exception):
     """Base class of every error raised by airflow-pgcdc."""
 
 
+class HintedError(PgcdcError):
+    """An error with a ``hint``: what the user can do about it (the CLI prints it on its
+    own line). Pickles with its hint (Spark workers, multiprocessing)."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __reduce__(self):
+        return (_rebuild_hinted, (type(self), str(self), self.hint))
+
+
+def _rebuild_hinted(cls, message, hint):
+    return cls(message, hint=hint)
+
+
 class ProtocolError(PgcdcError, ValueError):
     """Bytes from a peer that do not follow the protocol.
 

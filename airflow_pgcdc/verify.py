@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_pgcdc.changes.typemap import PgColumn, array_to_pg_text, arrow_field, format_type
-from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.merge.delta_types import DeltaTypeMismatch, from_delta_array, to_delta_type
 
 __all__ = [
@@ -79,19 +79,8 @@ _DIGEST = 16
 # --------------------------------------------------------------------------- errors
 
 
-class VerifyError(PgcdcError):
+class VerifyError(HintedError):
     """``pgcdc verify`` cannot compare; ``hint`` says what to do."""
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), str(self), self.hint))
-
-
-def _rebuild(cls, message, hint):
-    return cls(message, hint=hint)
 
 
 class SourceTableNotFound(VerifyError):
@@ -605,10 +594,10 @@ def _delta_batches(delta: Any, names: list[str]) -> Iterator[pa.RecordBatch]:
 
 
 def delta_table_location(delta_url: str, schema: str, table: str) -> str:
-    """``{delta_url}/{schema}.{table}`` with the store's reversible segment encoding."""
-    from airflow_pgcdc.store.layout import encode_table_segment
+    """``{delta_url}/{schema}.{table}``: where the merge keeps the table (one rule, the merge's)."""
+    from airflow_pgcdc.merge.plan import delta_table_url
 
-    return delta_url.rstrip("/") + "/" + encode_table_segment(schema, table)
+    return delta_table_url(delta_url, schema, table)
 
 
 def _storage_options(url: str, storage_options: Mapping[str, str] | None) -> dict[str, str] | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store.layout import encode_table_segment
 
@@ -40,19 +40,8 @@ __all__ = [
 ]
 
 
-class MergeError(PgcdcError):
+class MergeError(HintedError):
     """The merge cannot go on; the message names table and window (``hint``: what to do)."""
-
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-    def __reduce__(self):  # keep the hint across pickling (Spark workers)
-        return (_rebuild, (type(self), str(self), self.hint))
-
-
-def _rebuild(cls, message, hint):
-    return cls(message, hint=hint)
 
 
 class WindowGap(MergeError):
