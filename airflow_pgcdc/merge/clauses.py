@@ -24,7 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["KEEP_PREFIX", "MergeSpec", "build_merge_spec", "keep_column", "quote_ident"]
+__all__ = [
+    "KEEP_PREFIX", "MergeSpec", "Scd2Spec", "build_merge_spec", "build_scd2_spec", "keep_column",
+    "quote_ident",
+]
 
 KEEP_PREFIX = "_pgcdc_keep_"
 OP = "_pgcdc_op"
@@ -102,4 +105,49 @@ def build_merge_spec(
         insert_when=f"{op} <> 'D'",
         inserts=inserts,
         delete_not_matched_by_source=truncated,
+    )
+
+
+@dataclass(frozen=True)
+class Scd2Spec:
+    """Clauses of an SCD type 2 merge (source rows from
+    :func:`airflow_pgcdc.merge.compact.scd2_rows`, TOAST already resolved)."""
+
+    predicate: str
+    close_updates: dict[str, str]
+    insert_when: str
+    inserts: dict[str, str]
+    close_all_updates: dict[str, str] | None  # after a truncate: every other current row
+    close_all_when: str | None
+
+
+def build_scd2_spec(
+    *,
+    target_columns: Sequence[str],
+    source_columns: Sequence[str],
+    key_columns: Sequence[str],
+    truncate_lsn: int | None = None,
+    dialect: str = "delta-rs",
+) -> Scd2Spec:
+    """``close`` source rows end the key's current history row (at the key's first change
+    in the batch, or at the truncate); ``version`` rows are inserted. ``target_columns``
+    are the history table's columns (the table's plus the ``__`` history columns)."""
+    from airflow_pgcdc.merge.compact import IS_CURRENT, KIND, VALID_FROM, VALID_TO
+
+    q = lambda n: quote_ident(n, dialect)  # noqa: E731
+    if not key_columns:
+        raise ValueError("a merge needs at least one key column")
+    src = set(source_columns)
+    keys = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key_columns)
+    predicate = f"{keys} AND t.{q(IS_CURRENT)} AND s.{q(KIND)} = 'close'"
+    end = str(int(truncate_lsn)) if truncate_lsn is not None else f"s.{q(VALID_FROM)}"
+    close = {q(VALID_TO): end, q(IS_CURRENT): "false"}
+    inserts = {q(c): (f"s.{q(c)}" if c in src else "NULL") for c in target_columns}
+    return Scd2Spec(
+        predicate=predicate,
+        close_updates=close,
+        insert_when=f"s.{q(KIND)} = 'version'",
+        inserts=inserts,
+        close_all_updates=dict(close) if truncate_lsn is not None else None,
+        close_all_when=f"t.{q(IS_CURRENT)}" if truncate_lsn is not None else None,
     )

@@ -25,7 +25,7 @@ from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
     "TableExists", "add_columns", "append", "bootstrap", "merge", "merged_version", "open_table",
-    "read_staged", "staged_reader", "swap",
+    "merge_scd2", "read_staged", "staged_reader", "swap",
 ]
 
 log = logging.getLogger(__name__)
@@ -159,3 +159,23 @@ def swap(rebuilt_url: str, live_url: str, *, app: str, storage_options: dict[str
     )
     live = DeltaTable(live_url, storage_options=storage_options)
     return {"live": live_url, "rebuilt": rebuilt_url, "window": version, "live_version": live.version()}
+
+
+def merge_scd2(table, reader: pa.RecordBatchReader, spec, *, app: str, version: int,
+               metadata: dict[str, str]) -> dict[str, Any]:
+    """One SCD type 2 MERGE commit (:class:`~airflow_pgcdc.merge.clauses.Scd2Spec`)."""
+    from deltalake import CommitProperties, Transaction
+
+    merger = table.merge(
+        reader, predicate=spec.predicate, source_alias="s", target_alias="t", streamed_exec=True,
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(app, version)], custom_metadata=metadata
+        ),
+    )
+    merger = merger.when_matched_update(updates=spec.close_updates)
+    merger = merger.when_not_matched_insert(updates=spec.inserts, predicate=spec.insert_when)
+    if spec.close_all_updates is not None:
+        merger = merger.when_not_matched_by_source_update(
+            updates=spec.close_all_updates, predicate=spec.close_all_when
+        )
+    return merger.execute()

@@ -61,6 +61,7 @@ from airflow_pgcdc.merge.plan import (
     select_windows,
 )
 from airflow_pgcdc.merge.spark_io import encode_schema, register, s3_options
+from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, encode_table_segment, new_run_id
 from airflow_pgcdc.store.manifest import committed_snapshot
@@ -72,7 +73,7 @@ __all__ = ["IncompatibleSchemaChange", "MergeResult", "TableResult", "merge_slot
 log = logging.getLogger(__name__)
 STAGING_TTL_HOURS = 6
 ENGINES = ("delta-rs", "delta-spark")
-HISTORIES = (None, "changelog")
+HISTORIES = (None, "changelog", "scd2")
 _META = {f.name: f for f in META_FIELDS}
 
 
@@ -131,11 +132,12 @@ def merge_slot(
     ``delta`` (``s3://bucket/lake``). ``keys`` overrides merge keys per table.
     ``engine``: ``delta-rs`` (default) or ``delta-spark`` (needs the Delta and hadoop-aws
     jars on the cluster). ``history="changelog"`` also appends every change row to
-    ``{schema}.{table}__changelog``."""
+    ``{schema}.{table}__changelog``; ``history="scd2"`` keeps ``{schema}.{table}__scd2``
+    (SCD type 2: one row per version of a row, with its LSN validity)."""
     if engine not in ENGINES:
         raise MergeError(f"unknown engine {engine!r}", hint=f"one of {', '.join(ENGINES)}")
     if history not in HISTORIES:
-        raise MergeError(f"unknown history {history!r}", hint="history is 'changelog' or none")
+        raise MergeError(f"unknown history {history!r}", hint="history is 'changelog', 'scd2' or none")
     t0 = time.monotonic()
     settings = settings or s3store.S3Settings.from_env()
     layout = Layout.parse(source)
@@ -217,6 +219,12 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
         res.bootstrap_rows = _bootstrap(ctx, snapshot, entry, url)
         res.action = "bootstrapped"
         dt = deltars.open_table(url, ctx.storage)
+    # history first: its own app transaction, committed before the table's merge, so a
+    # crash between the two leaves the history ahead, never behind
+    if ctx.history == "changelog":
+        res.history = _changelog(ctx, schema, table, manifests, keys, entry, max_windows)
+    elif ctx.history == "scd2":
+        res.history = _scd2(ctx, schema, table, snapshot, entry, manifests, keys, max_windows)
     merged = deltars.merged_version(dt, app)
     consistent = snapshot.consistent_point if (merged is None and entry is not None) else None
     windows = select_windows(manifests, after=merged, consistent_point=consistent, limit=max_windows)
@@ -225,8 +233,6 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
         res.seconds = round(time.monotonic() - t0, 3)
         return res
     key_columns = _key_columns(name, entry, windows, keys)
-    if ctx.history == "changelog":
-        res.history = _changelog(ctx, schema, table, manifests, key_columns, max_windows)
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=key_columns,
         window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq),
@@ -517,7 +523,7 @@ def changelog_url(delta: str, schema: str, table: str) -> str:
     return delta_table_url(delta, schema, table) + CHANGELOG_SUFFIX
 
 
-def _changelog(ctx: _Context, schema: str, table: str, manifests, key_columns, max_windows) -> dict:
+def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, max_windows) -> dict:
     """Append every change row of the windows not yet in the changelog table (its own app
     transaction ``…:changelog``), as they are: one row per change, in commit order, with
     the ``_pgcdc_`` metadata; truncates are not rows (they are in the window manifests)."""
@@ -529,7 +535,7 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, key_columns, m
     if not windows:
         return {"changelog": url, "rows": 0}
     plan = plan_table(
-        windows, schema=schema, table=table, key_columns=key_columns,
+        windows, schema=schema, table=table, key_columns=_key_columns(name, entry, windows, keys),
         window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq),
     )
     if not plan.parts:
@@ -563,10 +569,16 @@ def _pg_types(plan: TablePlan) -> dict[str, str]:
 
 
 def _read(ctx: _Context, parts: list[str], schema: pa.Schema):
+    """The store's Parquet parts (keys in the store's bucket) as a DataFrame of ``schema``."""
+    return _read_files(ctx, [f"{ctx.layout.bucket}/{p}" for p in parts], schema)
+
+
+def _read_files(ctx: _Context, paths: list[str], schema: pa.Schema):
+    """Parquet files (``bucket/key`` paths) as a DataFrame of ``schema``."""
     return (
         ctx.spark.read.format("pgcdc_parquet")
         .options(**ctx.s3_options)
-        .option("parts", json.dumps([f"{ctx.layout.bucket}/{p}" for p in parts]))
+        .option("parts", json.dumps(paths))
         .option("schema", encode_schema(schema))
         .load()
     )
@@ -598,3 +610,130 @@ def _remove_old_staging(ctx: _Context) -> None:
     for run in sorted(old_runs):
         s3store.delete_prefix(ctx.client, ctx.layout.bucket, prefix + run + "/")
         log.info("removed merge staging debris of run %s", run)
+
+
+SCD2_SUFFIX = "__scd2"
+
+
+def scd2_url(delta: str, schema: str, table: str) -> str:
+    """``{delta}/{schema}.{table}__scd2``: the SCD type 2 history of a table."""
+    return delta_table_url(delta, schema, table) + SCD2_SUFFIX
+
+
+def _scd2_fields() -> list[pa.Field]:
+    from airflow_pgcdc.merge.compact import HIST_OP, IS_CURRENT, VALID_FROM, VALID_TO
+
+    return [pa.field(VALID_FROM, pa.int64()), pa.field(VALID_TO, pa.int64()),
+            pa.field(IS_CURRENT, pa.bool_()), pa.field(HIST_OP, pa.string())]
+
+
+def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, keys, max_windows) -> dict:
+    """Keep ``{schema}.{table}__scd2``: bootstrapped from the snapshot (every row a version
+    valid from the consistent point, ``__op`` = ``S``), then one version per insert and
+    update, ended by the key's next change (``__valid_to_lsn``; NULL while current), in
+    one commit per batch with its own app transaction (``…:scd2``). LSNs are int64.
+    Limit: changes before a truncate in the same batch are not kept as versions (the
+    truncate ends every current version)."""
+    from pyspark.sql import functions as F
+
+    from airflow_pgcdc.merge.clauses import build_scd2_spec
+    from airflow_pgcdc.merge.compact import (
+        HIST_OP,
+        IS_CURRENT,
+        KIND,
+        VALID_FROM,
+        VALID_TO,
+        scd2_rows,
+    )
+
+    name = f"{schema}.{table}"
+    url = scd2_url(ctx.delta, schema, table)
+    app = app_id(ctx.slot, schema, table) + ":scd2"
+    out: dict[str, Any] = {"scd2": url, "versions": 0, "bootstrap_rows": 0}
+    dt = deltars.open_table(url, ctx.storage)
+    if dt is None and entry is not None:
+        base = ctx.layout.snapshot_prefix(ctx.slot, snapshot.snapshot_id)
+        parts = [base + p.path for p in entry.parts]
+        fields = _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
+        schema_h = pa.schema(fields + _scd2_fields())
+        df = _read(ctx, parts, pa.schema(fields)).select(
+            "*",
+            F.lit(int(LSN.parse(snapshot.consistent_point))).alias(VALID_FROM),
+            F.lit(None).cast("bigint").alias(VALID_TO),
+            F.lit(True).alias(IS_CURRENT),
+            F.lit("S").alias(HIST_OP),
+        )
+        staging = ctx.staging(schema, table, "scd2-bootstrap")
+        _stage(ctx, df, staging, schema_h)
+        paths, rows = deltars.read_staged(ctx.fs, staging)
+        deltars.bootstrap(
+            url, deltars.staged_reader(ctx.fs, paths, schema_h), storage_options=ctx.storage,
+            configuration=table_configuration(fields),
+            metadata={"pgcdc.slot": ctx.slot, "pgcdc.scd2": name, "pgcdc.snapshot_id": snapshot.snapshot_id},
+        )
+        s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+        out["bootstrap_rows"] = rows
+        dt = deltars.open_table(url, ctx.storage)
+    after = deltars.merged_version(dt, app)
+    consistent = snapshot.consistent_point if (after is None and entry is not None) else None
+    windows = select_windows(manifests, after=after, consistent_point=consistent, limit=max_windows)
+    if not windows:
+        return out
+    key_columns = _key_columns(name, entry, windows, keys)
+    plan = plan_table(
+        windows, schema=schema, table=table, key_columns=key_columns,
+        window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq),
+    )
+    if not plan.has_work:
+        return out
+    fields = _batch_fields(ctx, plan)
+    dt, _added = _evolve(ctx, name, url, dt, fields + _scd2_fields(), {"pgcdc.scd2": name})
+    columns = [f.name for f in fields]
+    by_name = {f.name: f for f in fields}
+    latest_types = _pg_types(plan)
+    toast = [c for c in columns if c not in key_columns and toastable(latest_types.get(c, "text"))]
+    read_schema = pa.schema(
+        fields
+        + [by_name[k].with_name(OLD_PREFIX + k) for k in key_columns]
+        + [_META[n] for n in ("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq", "_pgcdc_unchanged_toast")]
+    )
+    rows = scd2_rows(
+        _read(ctx, plan.parts, read_schema), table_columns=columns, key_columns=key_columns,
+        toast_columns=toast, truncate_at=plan.truncate_at,
+    )
+    if toast:  # values not in the batch: the key's current version in the history
+        files = [u[len("s3://"):] if u.startswith("s3://") else u for u in dt.file_uris()]
+        hist_schema = pa.schema(fields + _scd2_fields())
+        current = (
+            _read_files(ctx, files, hist_schema)
+            .where(F.col(IS_CURRENT))
+            .select(*[F.col(k) for k in key_columns], *[F.col(c).alias("_pgcdc_h_" + c) for c in toast])
+        )
+        rows = rows.join(current, on=list(key_columns), how="left").select(
+            *[
+                (F.when(F.col(keep_column(c)), F.col("_pgcdc_h_" + c)).otherwise(F.col(c)).alias(c)
+                 if c in toast else F.col(c))
+                for c in columns
+            ],
+            F.col(VALID_FROM), F.col(VALID_TO), F.col(IS_CURRENT), F.col(HIST_OP), F.col(KIND),
+        )
+    else:
+        rows = rows.select(*columns, VALID_FROM, VALID_TO, IS_CURRENT, HIST_OP, KIND)
+    stage_schema = pa.schema(fields + _scd2_fields() + [pa.field(KIND, pa.string())])
+    staging = ctx.staging(schema, table, f"scd2-w{plan.last_window}")
+    _stage(ctx, rows, staging, stage_schema)
+    paths, staged = deltars.read_staged(ctx.fs, staging)
+    target = pa.schema(dt.schema().to_arrow())
+    truncate_lsn = plan.truncate_at[0] if plan.truncate_at is not None else None
+    spec = build_scd2_spec(
+        target_columns=target.names, source_columns=columns + [f.name for f in _scd2_fields()],
+        key_columns=key_columns, truncate_lsn=truncate_lsn,
+    )
+    metrics = deltars.merge_scd2(
+        dt, deltars.staged_reader(ctx.fs, paths, stage_schema), spec, app=app,
+        version=plan.last_window, metadata=_window_metadata(ctx, plan),
+    )
+    s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+    out["versions"] = int(metrics.get("num_target_rows_inserted", 0))
+    out["closed"] = int(metrics.get("num_target_rows_updated", 0))
+    return out

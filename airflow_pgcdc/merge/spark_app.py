@@ -40,8 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-windows", type=int, metavar="N", help="merge at most N windows per table")
     p.add_argument("--engine", choices=("delta-rs", "delta-spark"), default="delta-rs",
                    help="Delta sink (default delta-rs; delta-spark needs the Delta and hadoop-aws jars)")
-    p.add_argument("--history", choices=("changelog",),
-                   help="also append every change row to {schema}.{table}__changelog")
+    p.add_argument("--history", choices=("changelog", "scd2"),
+                   help="also keep a history table: changelog = every change row appended to "
+                   "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")
 
 
 def run(args: argparse.Namespace, spark=None) -> dict:

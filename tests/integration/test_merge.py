@@ -14,6 +14,7 @@ from deltalake import DeltaTable
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.merge.plan import WindowGap, app_id, delta_table_url
+from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
@@ -319,3 +320,47 @@ def test_types_survive_the_merge_exactly(fresh_db, slot_name, store, spark):
     # and the comparison is sharp: one changed value in PostgreSQL is seen
     sql(db, "UPDATE t SET n = 12.340 WHERE id = 1")
     assert verify_table(db, lake, "public", "t").to_dict()["counts"]["changed"] == 1
+
+
+def test_scd2_history_keeps_every_version_with_its_lsn_validity(db18, slot_name, store, spark):
+    from airflow_pgcdc.merge.job import scd2_url
+
+    client, src, lake = store
+    db = db18
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text, big text)")
+    sql(db, "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")
+    sql(db, "INSERT INTO t VALUES (1, 'a', repeat('B', 3000)), (2, 'b', NULL)")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    snap = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    sql(db, "UPDATE t SET v = 'a2' WHERE id = 1")  # big unchanged: taken from the history's current row
+    sql(db, "DELETE FROM t WHERE id = 2")
+    sql(db, "INSERT INTO t VALUES (3, 'c', NULL); UPDATE t SET v = 'c2' WHERE id = 3")
+    drain(db, src, slot, client)
+    sql(db, "UPDATE t SET v = 'a3' WHERE id = 1")
+    drain(db, src, slot, client)
+    r = merge_slot(spark, source=src, slot=slot, delta=lake, history="scd2")
+    assert r.tables[0].history["bootstrap_rows"] == 2
+    assert_equal(db, lake, "public.t", "id")
+    h = DeltaTable(scd2_url(lake, "public", "t"), storage_options=s3store.delta_storage_options())
+    rows = sorted(h.to_pyarrow_table().to_pylist(), key=lambda x: (x["id"], x["__valid_from_lsn"]))
+    cp = int(LSN.parse(snap.consistent_point))
+    by_key = {}
+    for x in rows:
+        by_key.setdefault(x["id"], []).append(x)
+    assert [(x["__op"], x["v"], x["__is_current"]) for x in by_key[1]] == [
+        ("S", "a", False), ("U", "a2", False), ("U", "a3", True)]
+    assert all(x["big"] == "B" * 3000 for x in by_key[1]), "unchanged TOAST carried into every version"
+    assert by_key[1][0]["__valid_from_lsn"] == cp
+    for a, b in zip(by_key[1], by_key[1][1:], strict=False):
+        assert a["__valid_to_lsn"] == b["__valid_from_lsn"], "versions tile the LSN line"
+    assert by_key[1][-1]["__valid_to_lsn"] is None
+    assert [(x["__op"], x["__is_current"]) for x in by_key[2]] == [("S", False)]
+    assert by_key[2][0]["__valid_to_lsn"] > cp, "the delete ended the version"
+    assert [(x["__op"], x["v"], x["__is_current"]) for x in by_key[3]] == [("I", "c", False), ("U", "c2", True)]
+    current = sorted((x["id"], x["v"]) for x in rows if x["__is_current"])
+    assert current == sorted(sql(db, "SELECT id, v FROM t")), "the current versions are the table"
+    again = merge_slot(spark, source=src, slot=slot, delta=lake, history="scd2")
+    assert again.tables[0].history["versions"] == 0
+    h.update_incremental()
+    assert h.to_pyarrow_table().num_rows == len(rows), "a replay adds no version"
