@@ -51,6 +51,8 @@ def test_provider_info_lists_every_operator_module():
 def test_airflow_lists_the_provider_and_its_hook(tmp_path):
     assert "airflow-pgcdc" in airflow_cli(tmp_path, "providers", "list")
     assert "airflow_pgcdc.hooks.pgcdc.PgcdcHook" in airflow_cli(tmp_path, "providers", "hooks")
+    triggers = [line for line in airflow_cli(tmp_path, "providers", "triggers").splitlines() if "airflow-pgcdc" in line]
+    assert triggers and "airflow_pgcdc.triggers.changes" in triggers[0], "Airflow lists trigger modules"
 
 
 def test_hook_builds_dsn_with_tls_extras_and_hides_password(monkeypatch):
