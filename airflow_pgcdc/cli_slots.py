@@ -4,8 +4,9 @@
 and time, retained WAL, ``wal_status``) and, with a store URL, the last committed window
 and the windows not yet merged, read from the committed window manifests under
 ``{prefix}/{slot}/changes/`` (a window exists if and only if its ``_manifest.json``
-does). The merge job does not record its progress in the store yet, so every committed
-window counts as not merged (``merged_through`` is ``null``).
+does). Merge progress is each Delta table's app transaction: with ``--delta``,
+``merged_through`` is the lowest last-merged window over the slot's tables; without it
+(or when a table has none merged), every committed window counts as not merged.
 """
 
 from __future__ import annotations
@@ -159,6 +160,8 @@ def register(subparsers) -> None:
     p.add_argument("--slot", required=True, help="slot name")
     p.add_argument("--publication", help="also check that this publication exists")
     p.add_argument("--from", dest="store", metavar="S3_URL", help="the store, s3://bucket/prefix")
+    p.add_argument("--delta", metavar="S3_URL",
+                   help="the Delta root (s3://bucket/lake): count windows merged into every table")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run_status)
 
@@ -240,7 +243,7 @@ def run_publication_ensure(args: argparse.Namespace) -> int:
 # -- status ---------------------------------------------------------------------------
 
 
-def committed_windows(client: Any, store_url: str, slot: str) -> dict[str, Any]:
+def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | None = None) -> dict[str, Any]:
     """What the store holds for ``slot``: ``windows_committed``, ``last_window`` (the
     newest committed manifest's ``window_seq``, ``start_lsn``, ``end_lsn`` and the rest of
     its top-level scalar fields), ``uncommitted_folders`` (window folders without a
@@ -279,14 +282,40 @@ def committed_windows(client: Any, store_url: str, slot: str) -> dict[str, Any]:
             break
         uncommitted.append(seq)
     committed = 0 if last is None else sum(1 for s in seqs if s <= last["window_seq"])
-    return {
+    merged_through = None
+    per_table = None
+    if delta_url and last is not None:
+        per_table = _merged_per_table(client, layout, slot, delta_url, last["window_seq"])
+        done = list(per_table.values())
+        merged_through = None if not done or None in done else min(done)
+    not_merged = committed if merged_through is None else max(last["window_seq"] - merged_through, 0)
+    out = {
         "store": layout.root.url,
         "windows_committed": committed,
         "last_window": last,
         "uncommitted_folders": sorted(uncommitted),
-        "merged_through": None,  # the merge job records no progress in the store yet
-        "windows_not_merged": committed,
+        "merged_through": merged_through,
+        "windows_not_merged": not_merged,
     }
+    if per_table is not None:
+        out["merged_per_table"] = per_table
+    return out
+
+
+def _merged_per_table(client: Any, layout: Any, slot: str, delta_url: str, last_seq: int) -> dict:
+    from airflow_pgcdc.merge.deltars import merge_progress
+    from airflow_pgcdc.store.manifest import committed_snapshot
+    from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options
+    from airflow_pgcdc.store.window import read_window
+
+    tables: dict[tuple[str, str], None] = {}
+    snapshot = committed_snapshot(client, layout, slot)
+    for t in snapshot.tables if snapshot is not None else ():
+        tables[(t.schema, t.table)] = None
+    for t in read_window(client, layout, slot, last_seq).tables:
+        tables[(t["schema"], t["table"])] = None
+    return merge_progress(delta_url, slot, list(tables),
+                          storage_options=delta_storage_options(S3Settings.from_env()))
 
 
 def slot_status(
@@ -296,6 +325,7 @@ def slot_status(
     publication: str | None = None,
     store_url: str | None = None,
     s3_client: Any = None,
+    delta_url: str | None = None,
 ) -> dict[str, Any]:
     """The status of ``slot`` (and of its windows in the store at ``store_url``).
 
@@ -327,7 +357,7 @@ def slot_status(
             from airflow_pgcdc.store.s3 import S3Settings, make_s3_client
 
             s3_client = make_s3_client(S3Settings.from_env())
-        store = committed_windows(s3_client, store_url, slot)
+        store = committed_windows(s3_client, store_url, slot, delta_url)
         last = store["last_window"]
         agreement = None
         if last and isinstance(last.get("end_lsn"), str) and health.confirmed_flush_lsn is not None:
@@ -366,8 +396,10 @@ def _print_status(status: dict[str, Any]) -> None:
             "none" if not last
             else f"{last['window_seq']} [{last.get('start_lsn')}, {last.get('end_lsn')})",
         ))
+        merged = store.get("merged_through")
         lines.append(("windows", f"{store['windows_committed']} committed, "
-                      f"{store['windows_not_merged']} not yet merged"))
+                      f"{store['windows_not_merged']} not yet merged"
+                      + (f" (merged through window {merged})" if merged is not None else "")))
         if store["uncommitted_folders"]:
             lines.append(("uncommitted", ", ".join(map(str, store["uncommitted_folders"]))
                           + " (being written, or left by a crashed drain)"))
@@ -383,7 +415,8 @@ def _print_status(status: dict[str, Any]) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    status = slot_status(args.dsn, args.slot, publication=args.publication, store_url=args.store)
+    status = slot_status(args.dsn, args.slot, publication=args.publication, store_url=args.store,
+                         delta_url=args.delta)
     if args.json:
         _print_json(status)
     else:

@@ -25,7 +25,7 @@ from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
     "TableExists", "add_columns", "append", "bootstrap", "merge", "merged_version", "open_table",
-    "merge_scd2", "read_staged", "staged_reader", "swap",
+    "merge_progress", "merge_scd2", "read_staged", "staged_reader", "swap",
 ]
 
 log = logging.getLogger(__name__)
@@ -179,3 +179,16 @@ def merge_scd2(table, reader: pa.RecordBatchReader, spec, *, app: str, version: 
             updates=spec.close_all_updates, predicate=spec.close_all_when
         )
     return merger.execute()
+
+
+def merge_progress(delta: str, slot: str, tables: list[tuple[str, str]], *,
+                   storage_options: dict[str, str]) -> dict[str, int | None]:
+    """``{"schema.table": last merged window_seq or None}`` read from each Delta table's
+    app transaction (no Spark: the driver-side view of what the merge job did)."""
+    from airflow_pgcdc.merge.plan import app_id, delta_table_url
+
+    out: dict[str, int | None] = {}
+    for schema, table in tables:
+        dt = open_table(delta_table_url(delta, schema, table), storage_options)
+        out[f"{schema}.{table}"] = merged_version(dt, app_id(slot, schema, table))
+    return out

@@ -236,8 +236,15 @@ def test_changelog_history_appends_every_change_once(db18, slot_name, store, spa
     drain(db, src, slot, client)
     sql(db, "DELETE FROM t WHERE id = 2; UPDATE t SET id = 3 WHERE id = 1")
     drain(db, src, slot, client)
+    from airflow_pgcdc.cli_slots import committed_windows
+
+    before = committed_windows(client, src, slot, lake)
+    assert before["merged_through"] is None and before["windows_not_merged"] == 2
     r = merge_slot(spark, source=src, slot=slot, delta=lake, history="changelog")
     assert r.tables[0].history["rows"] == 4
+    after = committed_windows(client, src, slot, lake)  # what `pgcdc status --delta` shows
+    assert after["merged_through"] == 1 and after["windows_not_merged"] == 0
+    assert after["merged_per_table"] == {"public.t": 1}
     log_rows = DeltaTable(changelog_url(lake, "public", "t"), storage_options=s3store.delta_storage_options())
     got = sorted(log_rows.to_pyarrow_table().to_pylist(), key=lambda x: (x["_pgcdc_commit_lsn"], x["_pgcdc_seq"]))
     assert [(x["_pgcdc_op"], x["id"], x["v"]) for x in got] == [
