@@ -302,21 +302,27 @@ def test_startup_message_reports_the_server(pgl: PglogicalDb, slot_name):
     slot = slot_name("pgl_")
     pgl.create_slot(slot)
 
-    # Nothing but keepalives before the first transaction: 'S' waits for a BEGIN.
+    # 'S' waits for a BEGIN: before our first transaction only keepalives come, unless a
+    # transaction of the cluster's own workers (pglogical's, autovacuum's) commits in this
+    # database meanwhile: that one arrives with the startup message and nothing in it.
     with ReplicationConnection.connect(pgl.dsn) as conn:
         stream = LogicalStream.pglogical(conn, slot, text_options())
         stream.decoder = recorder = _Recorder(stream.decoder)
+        early = []
         deadline = time.monotonic() + 1.5
         while (left := deadline - time.monotonic()) > 0:
             item = stream.read(left)
-            assert item is None or not isinstance(item[0], XLogData), item
+            if item is not None and isinstance(item[0], XLogData):
+                early.append(item[1])
         walsender_pid = pgl.one(
             "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)
         )
         pgl.sql("INSERT INTO st_t VALUES (1)")
-        msgs = stream.read_until(pgl.insert_lsn(), timeout=READ_TIMEOUT)
+        msgs = early + stream.read_until(pgl.insert_lsn(), timeout=READ_TIMEOUT)
     check_common(msgs, recorder.raw)
-    assert [m.tag for m in msgs] == ["S", "B", "R", "I", "C"]
+    tags = [m.tag for m in msgs]
+    assert tags[0] == "S", tags
+    assert "".join(tags[1:]).replace("BC", "") == "BRIC", f"only empty transactions besides ours: {tags}"
     startup = msgs[0]
     assert startup.startup_message_version == 1
 
