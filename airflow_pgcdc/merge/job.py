@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 STAGING_TTL_HOURS = 6
 ENGINES = ("delta-rs", "delta-spark")
 HISTORIES = (None, "changelog", "scd2")
+READERS = ("python", "s3a")
 _META = {f.name: f for f in META_FIELDS}
 
 
@@ -126,6 +127,7 @@ def merge_slot(
     settings: s3store.S3Settings | None = None,
     engine: str = "delta-rs",
     history: str | None = None,
+    reader: str = "python",
 ) -> MergeResult:
     """Bootstrap and merge every table of ``slot`` (or only ``tables``, ``schema.table``)
     from the store at ``source`` (``s3://bucket/prefix``) into Delta tables under
@@ -133,7 +135,11 @@ def merge_slot(
     ``engine``: ``delta-rs`` (default) or ``delta-spark`` (needs the Delta and hadoop-aws
     jars on the cluster). ``history="changelog"`` also appends every change row to
     ``{schema}.{table}__changelog``; ``history="scd2"`` keeps ``{schema}.{table}__scd2``
-    (SCD type 2: one row per version of a row, with its LSN validity)."""
+    (SCD type 2: one row per version of a row, with its LSN validity). ``reader``:
+    ``python`` (default: a Spark Python Data Source on pyarrow's S3 filesystem) or
+    ``s3a`` (Spark's own Parquet reader through hadoop-aws, for clusters that have it)."""
+    if reader not in READERS:
+        raise MergeError(f"unknown reader {reader!r}", hint=f"one of {', '.join(READERS)}")
     if engine not in ENGINES:
         raise MergeError(f"unknown engine {engine!r}", hint=f"one of {', '.join(ENGINES)}")
     if history not in HISTORIES:
@@ -146,6 +152,7 @@ def merge_slot(
         spark=spark, layout=layout, client=client, fs=s3store.make_pyarrow_fs(settings),
         storage=s3store.delta_storage_options(settings), slot=slot, delta=delta,
         run_id=new_run_id(), s3_options=s3_options(settings), engine=engine, history=history,
+        reader=reader,
     )
     register(spark)
     _remove_old_staging(ctx)
@@ -178,6 +185,7 @@ class _Context:
     s3_options: dict[str, str]
     engine: str = "delta-rs"
     history: str | None = None
+    reader: str = "python"
 
     def staging(self, schema: str, table: str, what: str) -> str:
         """``bucket/…/merge-staging/{run}/{segment}/{what}/`` (a pyarrow fs path)."""
@@ -575,6 +583,8 @@ def _read(ctx: _Context, parts: list[str], schema: pa.Schema):
 
 def _read_files(ctx: _Context, paths: list[str], schema: pa.Schema):
     """Parquet files (``bucket/key`` paths) as a DataFrame of ``schema``."""
+    if ctx.reader == "s3a":
+        return _read_s3a(ctx, paths, schema)
     return (
         ctx.spark.read.format("pgcdc_parquet")
         .options(**ctx.s3_options)
@@ -582,6 +592,25 @@ def _read_files(ctx: _Context, paths: list[str], schema: pa.Schema):
         .option("schema", encode_schema(schema))
         .load()
     )
+
+
+def _read_s3a(ctx: _Context, paths: list[str], schema: pa.Schema):
+    """The same files through Spark's own Parquet reader (``s3a://``, hadoop-aws on the
+    classpath and ``spark.hadoop.fs.s3a.*`` set by the user), conformed to ``schema`` like
+    the Python reader: missing columns NULL, types cast (``time`` to int64 µs needs a Spark
+    that reads Parquet TIME as a type castable to bigint). Not runnable on a machine
+    without hadoop-aws."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    df = ctx.spark.read.option("mergeSchema", "true").parquet(*[f"s3a://{p}" for p in paths])
+    have = set(df.columns)
+    cols = []
+    for f in schema:
+        t = from_arrow_type(f.type)
+        quoted = "`" + f.name.replace("`", "``") + "`"
+        cols.append((F.col(quoted).cast(t) if f.name in have else F.lit(None).cast(t)).alias(f.name))
+    return df.select(*cols)
 
 
 def _stage(ctx: _Context, df, staging: str, schema: pa.Schema) -> None:

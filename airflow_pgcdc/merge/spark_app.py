@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-windows", type=int, metavar="N", help="merge at most N windows per table")
     p.add_argument("--engine", choices=("delta-rs", "delta-spark"), default="delta-rs",
                    help="Delta sink (default delta-rs; delta-spark needs the Delta and hadoop-aws jars)")
+    p.add_argument("--reader", choices=("python", "s3a"), default="python",
+                   help="how executors read the store: python (default: pyarrow's S3 filesystem in "
+                   "a Spark Python Data Source) or s3a (Spark's Parquet reader; needs hadoop-aws)")
     p.add_argument("--history", choices=("changelog", "scd2"),
                    help="also keep a history table: changelog = every change row appended to "
                    "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace, spark=None) -> dict:
     result = merge_slot(
         spark, source=args.source, slot=args.slot, delta=args.delta, tables=args.tables,
         keys=parse_keys(args.key), max_windows=args.max_windows, engine=args.engine,
-        history=args.history,
+        history=args.history, reader=args.reader,
     )
     return result.to_dict()
 

@@ -1,4 +1,5 @@
-"""The delta-spark sink (Delta Lake's own Spark MERGE through hadoop-aws' s3a://).
+"""The delta-spark sink (Delta Lake's own Spark MERGE through hadoop-aws' s3a://), with
+either reader of the store (the Python data source, or Spark's Parquet reader on s3a://).
 
 It needs ``io.delta:delta-spark`` and ``hadoop-aws`` jars, which this development
 machine cannot download (no Maven access): the test skips unless ``PGCDC_SPARK_JARS``
@@ -43,7 +44,9 @@ def spark_with_delta(s3):
     s.stop()
 
 
-def test_delta_spark_sink_merges_like_delta_rs(fresh_db, slot_name, s3, s3_bucket, monkeypatch, spark_with_delta):
+@pytest.mark.parametrize("reader", ["python", "s3a"])
+def test_delta_spark_sink_merges_like_delta_rs(reader, fresh_db, slot_name, s3, s3_bucket, monkeypatch,
+                                               spark_with_delta):
     from deltalake import DeltaTable
 
     from airflow_pgcdc.drain.drain import drain_window
@@ -62,7 +65,7 @@ def test_delta_spark_sink_merges_like_delta_rs(fresh_db, slot_name, s3, s3_bucke
     snapshot_to_s3(fresh_db, src, slot=slot, publication="pub")
     sql(fresh_db, "UPDATE t SET v = 'y' WHERE id < 5; DELETE FROM t WHERE id > 15; UPDATE t SET id = 99 WHERE id = 10")
     drain_window(fresh_db, src, slot=slot, publications="pub")
-    merge_slot(spark_with_delta, source=src, slot=slot, delta=lake, engine="delta-spark")
+    merge_slot(spark_with_delta, source=src, slot=slot, delta=lake, engine="delta-spark", reader=reader)
     dt = DeltaTable(delta_table_url(lake, "public", "t"), storage_options=s3store.delta_storage_options())
     assert dt.transaction_version(app_id(slot, "public", "t")) == 0
     got = sorted((r["id"], r["v"]) for r in dt.to_pyarrow_table().to_pylist())
