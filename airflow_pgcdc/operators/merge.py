@@ -80,9 +80,15 @@ def merge_application_args(
     tables: Sequence[str] | None = None,
     keys: Mapping[str, Sequence[str]] | None = None,
     max_windows: int | None = None,
+    history: str | None = None,
+    engine: str | None = None,
+    reader: str | None = None,
 ) -> list[str]:
     """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`)."""
     args = ["--from", source, "--slot", slot, "--delta", delta]
+    for flag, value in (("--history", history), ("--engine", engine), ("--reader", reader)):
+        if value:
+            args += [flag, value]
     if tables:
         args += ["--tables", *tables]
     for table, cols in (keys or {}).items():
@@ -221,6 +227,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     :param keys: merge key per table without primary key / replica identity index,
         ``{"schema.table": ["col1", "col2"]}``
     :param max_windows: merge at most N windows per table in this run (templated)
+    :param history: also keep a history table per table: ``changelog`` or ``scd2`` (templated)
+    :param engine: ``delta-rs`` (default) or ``delta-spark`` (needs the Delta and hadoop-aws jars)
+    :param reader: ``python`` (default) or ``s3a`` (Spark's Parquet reader; needs hadoop-aws)
     :param aws_conn_id: Airflow ``aws`` connection for S3 (login = access key id,
         password = secret key, extras ``endpoint_url``, ``region_name``); ``None``: the
         worker's environment (boto3's conventions) is inherited by spark-submit
@@ -236,6 +245,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
 
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields, "source", "slot", "delta", "tables", "max_windows",
+        "history",
     )
     ui_color = "#fdebd0"
 
@@ -248,6 +258,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         tables: Sequence[str] | str | None = None,
         keys: Mapping[str, Sequence[str]] | None = None,
         max_windows: int | str | None = None,
+        history: str | None = None,
+        engine: str | None = None,
+        reader: str | None = None,
         aws_conn_id: str | None = None,
         conn_id: str = "spark_default",
         py_files_dir: str | None = None,
@@ -275,6 +288,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.tables = tables
         self.keys = {t: list(c) for t, c in (keys or {}).items()}
         self.max_windows = max_windows
+        self.history = history
+        self.engine = engine
+        self.reader = reader
         self.aws_conn_id = aws_conn_id
         self.py_files_dir = py_files_dir
         merge_application_args(source=source, slot=slot, delta=delta, keys=self.keys)  # bad keys fail at parse time
@@ -339,6 +355,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.application_args = merge_application_args(
             source=self.source, slot=self.slot, delta=self.delta, tables=self._tables(),
             keys=self.keys, max_windows=self._max_windows(),
+            history=None if self.history in (None, "", "None") else self.history,
+            engine=self.engine, reader=self.reader,
         )
         user_py_files = [p for p in (self.py_files or "").split(",") if p]
         with tempfile.TemporaryDirectory(prefix="pgcdc-merge-") as tmp:

@@ -47,6 +47,20 @@ def test_application_args_parse_back_with_the_apps_own_parser():
     assert parse_keys(ns.key) == {"public.a": ["k1", "k2"], "my.schema.t": ["id"]}
 
 
+def test_application_args_history_engine_reader_parse_back():
+    import argparse
+
+    args = merge_application_args(source="s3://b/p", slot="s", delta="s3://b/l", history="scd2",
+                                  engine="delta-spark", reader="s3a")
+    assert args[6:] == ["--history", "scd2", "--engine", "delta-spark", "--reader", "s3a"]
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    ns = p.parse_args(args)
+    assert (ns.history, ns.engine, ns.reader) == ("scd2", "delta-spark", "s3a")
+    ns = p.parse_args(merge_application_args(source="s3://b/p", slot="s", delta="s3://b/l"))
+    assert (ns.history, ns.engine, ns.reader) == (None, "delta-rs", "python"), "the app's defaults"
+
+
 def test_application_args_minimal_and_bad_keys():
     assert merge_application_args(source="s3://b/p", slot="s", delta="s3://b/l") == [
         "--from", "s3://b/p", "--slot", "s", "--delta", "s3://b/l"]
