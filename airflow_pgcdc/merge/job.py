@@ -471,16 +471,8 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     fields = _batch_fields(ctx, plan)
     dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name})
     target = pa.schema(dt.schema().to_arrow())
-    by_name = {f.name: f for f in fields}
-    columns = [f.name for f in fields]
     keys = list(plan.key_columns)
-    latest_types = _pg_types(plan)
-    toast = [c for c in columns if c not in keys and toastable(latest_types.get(c, "text"))]
-    read_schema = pa.schema(
-        fields
-        + [by_name[k].with_name(OLD_PREFIX + k) for k in keys]
-        + [_META[n] for n in ("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq", "_pgcdc_unchanged_toast")]
-    )
+    columns, toast, read_schema = _change_inputs(plan, fields, keys)
     df = _read(ctx, plan.parts, read_schema)
     compacted = compact(
         df, table_columns=columns, key_columns=keys, toast_columns=toast, truncate_at=plan.truncate_at,
@@ -563,6 +555,22 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, m
     )
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     return {"changelog": url, "rows": rows}
+
+
+def _change_inputs(plan: TablePlan, fields: list[pa.Field], keys) -> tuple[list[str], list[str], pa.Schema]:
+    """For a batch's change rows: the table columns, those that may hold an unchanged TOAST
+    value (variable-length, not a key), and the schema to read the parts with (columns,
+    the old key columns, the ``_pgcdc_`` metadata the compaction needs)."""
+    by_name = {f.name: f for f in fields}
+    columns = [f.name for f in fields]
+    latest_types = _pg_types(plan)
+    toast = [c for c in columns if c not in keys and toastable(latest_types.get(c, "text"))]
+    read_schema = pa.schema(
+        fields
+        + [by_name[k].with_name(OLD_PREFIX + k) for k in keys]
+        + [_META[n] for n in ("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq", "_pgcdc_unchanged_toast")]
+    )
+    return columns, toast, read_schema
 
 
 def _pg_types(plan: TablePlan) -> dict[str, str]:
@@ -717,15 +725,7 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
         return out
     fields = _batch_fields(ctx, plan)
     dt, _added = _evolve(ctx, name, url, dt, fields + _scd2_fields(), {"pgcdc.scd2": name})
-    columns = [f.name for f in fields]
-    by_name = {f.name: f for f in fields}
-    latest_types = _pg_types(plan)
-    toast = [c for c in columns if c not in key_columns and toastable(latest_types.get(c, "text"))]
-    read_schema = pa.schema(
-        fields
-        + [by_name[k].with_name(OLD_PREFIX + k) for k in key_columns]
-        + [_META[n] for n in ("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq", "_pgcdc_unchanged_toast")]
-    )
+    columns, toast, read_schema = _change_inputs(plan, fields, key_columns)
     rows = scd2_rows(
         _read(ctx, plan.parts, read_schema), table_columns=columns, key_columns=key_columns,
         toast_columns=toast, truncate_at=plan.truncate_at,
