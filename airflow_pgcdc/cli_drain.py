@@ -37,7 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-heartbeat", action="store_true",
                    help="never emit a heartbeat message to move a stalled stream past the window end")
     p.add_argument("--max-wait", type=float, default=300.0, metavar="SEC",
-                   help="give up if the stream does not reach the window end (default 300)")
+                   help="give up if the stream receives nothing (heartbeats aside) for this long "
+                        "before reaching the window end (default 300)")
     p.add_argument("--connect-options", metavar="OPTS",
                    help="extra libpq options for the replication connection, e.g. '-c wal_sender_timeout=10s'")
     p.add_argument("--spool-dir", help="where streamed transactions are spooled (default: a temp dir)")

@@ -29,7 +29,9 @@ One call, :func:`drain_window`:
    ``end_lsn``: after ``heartbeat_after`` seconds without reaching it, the drain emits
    a non-transactional logical message (prefix ``pgcdc.heartbeat``, never written to
    the window) whose record is past ``end_lsn``, and gives up with
-   :class:`DrainTimeout` after ``max_wait`` seconds. So it never waits forever.
+   :class:`DrainTimeout` after ``max_wait`` seconds without receiving anything (its own
+   heartbeats aside: a long window that keeps receiving is not cut short, an end the
+   stream never reaches still times out). So it never waits forever.
    ``max_rows``, ``max_bytes`` (bytes of pgoutput messages received) and
    ``max_seconds`` end the window earlier, always after a whole transaction: the
    window then ends at that transaction's commit end LSN (or at the last keepalive
@@ -595,9 +597,11 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
     received = 0
     last_progress = time.monotonic()
     last_heartbeat = 0.0
+    last_data = last_progress  # the last frame other than a heartbeat (for max_wait)
     reason = None
     n = 0  # XLogData frames received
     n_seen = 0  # ... as of the last silent read (changes do not touch last_progress)
+    n_heartbeats = n_data_seen = 0
     try:
         read = conn.read_message
         decode = stream.decoder.decode
@@ -617,6 +621,10 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
                     continue
                 now = time.monotonic()
                 last_progress = now
+                if t is po.LogicalMessage and msg.prefix == HEARTBEAT_PREFIX:
+                    n_heartbeats += 1
+                else:
+                    last_data = now
                 if n & 255 == 0:
                     pump()
                 pos = event_position(msg)
@@ -646,15 +654,18 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
                 if n != n_seen:  # frames (maybe only changes) arrived since the last silent read
                     n_seen = n
                     last_progress = now
+                    if n - n_heartbeats != n_data_seen:
+                        n_data_seen = n - n_heartbeats
+                        last_data = now
                 if deadline is not None and now >= deadline and not asm.in_transaction:
                     reason = "max_seconds"
                     break
                 if now - last_progress > heartbeat_after and heartbeat and now - last_heartbeat > heartbeat_after:
                     _emit_heartbeat(sql)
                     last_heartbeat = now
-                if now - receive_t0 > max_wait:
+                if now - last_data > max_wait:
                     raise DrainTimeout(
-                        f"slot {slot}: the stream did not reach {end_lsn} within {max_wait}s "
+                        f"slot {slot}: the stream did not reach {end_lsn}: nothing received for {max_wait}s "
                         f"(received up to {conn.received_lsn})"
                     )
                 pump()
