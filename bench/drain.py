@@ -30,6 +30,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from stream import fill_inserts, fill_updates  # noqa: E402  (the same workloads as bench/stream.py)
+
 from airflow_pgcdc.drain.drain import drain_window  # noqa: E402
 from airflow_pgcdc.protocol.lsn import LSN  # noqa: E402
 from airflow_pgcdc.sandbox import PostgresServer, S3Server  # noqa: E402
@@ -38,27 +40,6 @@ from airflow_pgcdc.sandbox import PostgresServer, S3Server  # noqa: E402
 def setup(conn: psycopg.Connection) -> None:
     conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, a int, b text, c timestamptz, d numeric(12,2))")
     conn.execute("CREATE PUBLICATION bench_pub FOR TABLE bench")
-
-
-def fill_inserts(conn: psycopg.Connection, rows: int, txns: int, first: int = 1) -> None:
-    per = rows // txns
-    for t in range(txns):
-        lo = first - 1 + t * per
-        conn.execute(
-            "INSERT INTO bench SELECT g, g %% 1000, md5(g::text), now(), g / 7.0 "
-            "FROM generate_series(%s::bigint, %s::bigint) g",
-            (lo + 1, lo + per),
-        )
-
-
-def fill_updates(conn: psycopg.Connection, count: int) -> None:
-    conn.execute("SET synchronous_commit = off")
-    conn.execute(
-        f"""DO $$ BEGIN
-              FOR i IN 1..{count} LOOP
-                UPDATE bench SET a = a + 1 WHERE id = i; COMMIT;
-              END LOOP; END $$"""
-    )
 
 
 def create_slots(server: PostgresServer, names: list[str]) -> None:

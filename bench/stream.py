@@ -39,10 +39,11 @@ def workload_inserts(conn: psycopg.Connection, rows: int, txns: int) -> None:
     conn.execute("CREATE PUBLICATION bench_pub FOR TABLE bench")
 
 
-def fill_inserts(conn: psycopg.Connection, rows: int, txns: int) -> None:
+def fill_inserts(conn: psycopg.Connection, rows: int, txns: int, first: int = 1) -> None:
+    """``rows`` rows with ids from ``first``, inserted in ``txns`` transactions."""
     per = rows // txns
     for t in range(txns):
-        lo = t * per
+        lo = first - 1 + t * per
         conn.execute(
             "INSERT INTO bench SELECT g, g %% 1000, md5(g::text), now(), g / 7.0 "
             "FROM generate_series(%s::bigint, %s::bigint) g",
