@@ -398,13 +398,18 @@ def _check_target(name: str, target: pa.Schema, fields: list[pa.Field]) -> list[
 # --------------------------------------------------------------------------- bootstrap
 
 
-def _bootstrap(ctx: _Context, snapshot, entry, url: str) -> int:
-    name = entry.qualified_name
+def _snapshot_input(ctx: _Context, snapshot, entry) -> tuple[list[str], list[pa.Field]]:
+    """A snapshot table's part keys and its columns as Delta stores them."""
     base = ctx.layout.snapshot_prefix(ctx.slot, snapshot.snapshot_id)
     parts = [base + p.path for p in entry.parts]
     if not parts:
-        raise MergeError(f"table {name}: the snapshot {snapshot.snapshot_id} lists no part")
-    fields = _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
+        raise MergeError(f"table {entry.qualified_name}: the snapshot {snapshot.snapshot_id} lists no part")
+    return parts, _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
+
+
+def _bootstrap(ctx: _Context, snapshot, entry, url: str) -> int:
+    name = entry.qualified_name
+    parts, fields = _snapshot_input(ctx, snapshot, entry)
     schema = pa.schema(fields)
     staging = ctx.staging(entry.schema, entry.table, "bootstrap")
     df = _read(ctx, parts, schema)
@@ -689,9 +694,7 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
     out: dict[str, Any] = {"scd2": url, "versions": 0, "bootstrap_rows": 0}
     dt = deltars.open_table(url, ctx.storage)
     if dt is None and entry is not None:
-        base = ctx.layout.snapshot_prefix(ctx.slot, snapshot.snapshot_id)
-        parts = [base + p.path for p in entry.parts]
-        fields = _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
+        parts, fields = _snapshot_input(ctx, snapshot, entry)
         schema_h = pa.schema(fields + _scd2_fields())
         df = _read(ctx, parts, pa.schema(fields)).select(
             "*",
