@@ -177,6 +177,24 @@ def _binary_all(values: list, width: int, label: str) -> tuple[bytes, np.ndarray
     return b"".join(values), null_mask
 
 
+def _wire(data: bytes | np.ndarray, dtype) -> np.ndarray:
+    """Fixed-width big-endian values joined in ``data`` as a numpy array of ``dtype``."""
+    if isinstance(data, np.ndarray):
+        return data.view(dtype).reshape(-1)
+    return np.frombuffer(data, dtype=dtype)
+
+
+def _fixed_value(data: bytes | np.ndarray, width: int, i: int) -> bytes:
+    """The ``i``-th ``width``-byte value of ``data`` (for error messages)."""
+    if isinstance(data, np.ndarray):
+        return data.reshape(-1)[i * width : (i + 1) * width].tobytes()
+    return bytes(data[i * width : (i + 1) * width])
+
+
+def _mask(null_mask: np.ndarray) -> np.ndarray | None:
+    return null_mask if null_mask.any() else None
+
+
 # --------------------------------------------------------------------------- calendar
 
 
@@ -297,9 +315,20 @@ class Codec:
 
     # -- binary
     binary_supported = False
+    fixed_width: int | None = None
+    """Bytes of every binary value when the type's binary form has a fixed width: such a
+    codec also converts a whole column at once with :meth:`from_fixed`."""
 
     def from_binary(self, values: list) -> pa.Array:
+        if self.fixed_width is not None:
+            return self.from_fixed(*_binary_all(values, self.fixed_width, self.pg.name))
         raise BadValue(0, f"binary format of {format_type(self.pg, self.typmod)} is not supported")
+
+    def from_fixed(self, data: bytes | np.ndarray, null_mask: np.ndarray) -> pa.Array:
+        """A column of fixed-width binary values, ``fixed_width`` bytes each, joined in
+        ``data`` (bytes, or a uint8 array), with ``null_mask`` (the bytes of a NULL are
+        ignored)."""
+        raise NotImplementedError
 
     # -- back to PostgreSQL text
     def to_text(self, arr: pa.Array) -> list[str | None]:
@@ -424,10 +453,11 @@ class BoolCodec(Codec):
             return False
         raise _OneBad("boolean must be 't' or 'f'")
 
-    def from_binary(self, values):
-        data, null_mask = _binary_all(values, 1, "bool")
-        vals = np.frombuffer(data, dtype=np.uint8) != 0
-        return pa.array(vals, pa.bool_(), mask=null_mask if null_mask.any() else None)
+    fixed_width = 1
+
+    def from_fixed(self, data, null_mask):
+        vals = _wire(data, np.uint8) != 0
+        return pa.array(vals, pa.bool_(), mask=_mask(null_mask))
 
     def to_text(self, arr):
         return [None if v is None else ("t" if v else "f") for v in arr.to_pylist()]
@@ -468,10 +498,13 @@ class IntCodec(Codec):
             raise _OneBad(f"integer out of range [{self.lo}, {self.hi}]")
         return v
 
-    def from_binary(self, values):
-        data, null_mask = _binary_all(values, self.wire.itemsize, self.pg.name)
-        vals = np.frombuffer(data, dtype=self.wire).astype(self.arrow_type.to_pandas_dtype())
-        return pa.array(vals, self.arrow_type, mask=null_mask if null_mask.any() else None)
+    @property
+    def fixed_width(self):
+        return self.wire.itemsize
+
+    def from_fixed(self, data, null_mask):
+        vals = _wire(data, self.wire).astype(self.arrow_type.to_pandas_dtype())
+        return pa.array(vals, self.arrow_type, mask=_mask(null_mask))
 
     def to_text(self, arr):
         return [None if v is None else str(v) for v in arr.to_pylist()]
@@ -502,10 +535,13 @@ class FloatCodec(Codec):
             raise _OneBad("not a floating-point number")
         return float(text.replace("Infinity", "inf"))
 
-    def from_binary(self, values):
-        data, null_mask = _binary_all(values, self.wire.itemsize, self.pg.name)
-        vals = np.frombuffer(data, dtype=self.wire).astype(self.wire.newbyteorder("="))
-        return pa.array(vals, self.arrow_type, mask=null_mask if null_mask.any() else None)
+    @property
+    def fixed_width(self):
+        return self.wire.itemsize
+
+    def from_fixed(self, data, null_mask):
+        vals = _wire(data, self.wire).astype(self.wire.newbyteorder("="))
+        return pa.array(vals, self.arrow_type, mask=_mask(null_mask))
 
     def to_text(self, arr):
         return [None if v is None else format_float(v, self.single) for v in arr.to_pylist()]
@@ -770,15 +806,17 @@ class DateCodec(_SpecialsMixin, Codec):
             raise _OneBad("not an ISO date (is DateStyle ISO?)")
         return _parse_date_parts(m[1], m[2], m[3], bool(m[4]))
 
-    def from_binary(self, values):
-        data, null_mask = _binary_all(values, 4, "date")
-        raw = np.frombuffer(data, dtype=">i4").astype(np.int64)
+    fixed_width = 4
+
+    def from_fixed(self, data, null_mask):
+        raw = _wire(data, ">i4").astype(np.int64)
         special = (raw == INT32_MAX) | (raw == INT32_MIN)
         shifted = np.where(special, raw, raw + UNIX_EPOCH_PG_DAYS)
-        if ((shifted >= INT32_MAX) & ~special).any() or ((shifted <= INT32_MIN) & ~special).any():
-            i = int(np.flatnonzero(~special & ((shifted >= INT32_MAX) | (shifted <= INT32_MIN)))[0])
-            raise BadValue(i, "date out of range", bytes(values[i]), unrepresentable=True)
-        storage = pa.array(shifted.astype(np.int32), pa.int32(), mask=null_mask if null_mask.any() else None)
+        bad = ~special & ~null_mask & ((shifted >= INT32_MAX) | (shifted <= INT32_MIN))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise BadValue(i, "date out of range", _fixed_value(data, 4, i), unrepresentable=True)
+        storage = pa.array(shifted.astype(np.int32), pa.int32(), mask=_mask(null_mask))
         return _view(storage, pa.date32())
 
     def to_text(self, arr):
@@ -844,16 +882,19 @@ class TimestampCodec(_SpecialsMixin, Codec):
             )
         return us
 
-    def from_binary(self, values):
-        data, null_mask = _binary_all(values, 8, self.pg.name)
-        raw = np.frombuffer(data, dtype=">i8").astype(np.int64)
+    fixed_width = 8
+
+    def from_fixed(self, data, null_mask):
+        raw = _wire(data, ">i8").astype(np.int64)
         special = (raw == INT64_MAX) | (raw == INT64_MIN)
-        too_big = ~special & (raw >= INT64_MAX - UNIX_EPOCH_PG_US)
+        too_big = ~special & ~null_mask & (raw >= INT64_MAX - UNIX_EPOCH_PG_US)
         if too_big.any():
             i = int(np.flatnonzero(too_big)[0])
-            raise BadValue(i, "timestamp beyond Arrow's timestamp[us] range", bytes(values[i]), unrepresentable=True)
+            raise BadValue(
+                i, "timestamp beyond Arrow's timestamp[us] range", _fixed_value(data, 8, i), unrepresentable=True
+            )
         shifted = np.where(special, raw, raw + UNIX_EPOCH_PG_US)
-        storage = pa.array(shifted, pa.int64(), mask=null_mask if null_mask.any() else None)
+        storage = pa.array(shifted, pa.int64(), mask=_mask(null_mask))
         return _view(storage, self.arrow_type)
 
     def to_text(self, arr):
@@ -919,13 +960,15 @@ class TimeCodec(Codec):
             raise _OneBad("time of day out of range")
         return us
 
-    def from_binary(self, values):
-        data, null_mask = _binary_all(values, 8, "time")
-        raw = np.frombuffer(data, dtype=">i8").astype(np.int64)
-        if ((raw < 0) | (raw > TIME_24H_US)).any():
-            i = int(np.flatnonzero((raw < 0) | (raw > TIME_24H_US))[0])
-            raise BadValue(i, "time out of range", bytes(values[i]))
-        storage = pa.array(raw, pa.int64(), mask=null_mask if null_mask.any() else None)
+    fixed_width = 8
+
+    def from_fixed(self, data, null_mask):
+        raw = _wire(data, ">i8").astype(np.int64)
+        bad = ~null_mask & ((raw < 0) | (raw > TIME_24H_US))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise BadValue(i, "time out of range", _fixed_value(data, 8, i))
+        storage = pa.array(raw, pa.int64(), mask=_mask(null_mask))
         return _view(storage, self.arrow_type)
 
     def to_text(self, arr):
