@@ -151,7 +151,7 @@ def _ints_with_overrides(
     vals = np.array(pc.fill_null(base, 0).to_numpy(zero_copy_only=False), dtype=np_dtype)
     for i, v in overrides.items():
         vals[i] = v
-    storage = pa.array(vals, type=pa.from_numpy_dtype(np.dtype(np_dtype)), mask=null_mask)
+    storage = _from_numpy(vals, pa.from_numpy_dtype(np.dtype(np_dtype)), null_mask)
     return _view(storage, arrow_type)
 
 
@@ -191,8 +191,25 @@ def _fixed_value(data: bytes | np.ndarray, width: int, i: int) -> bytes:
     return bytes(data[i * width : (i + 1) * width])
 
 
-def _mask(null_mask: np.ndarray) -> np.ndarray | None:
-    return null_mask if null_mask.any() else None
+def _from_numpy(values: np.ndarray, arrow_type: pa.DataType, null_mask: np.ndarray | None = None) -> pa.Array:
+    """A primitive Arrow array over ``values`` (a numpy array of ``arrow_type``'s width;
+    bool for ``pa.bool_()``), NULL where ``null_mask`` is true.
+
+    Built from buffers: ``pa.array(ndarray)`` asks pyarrow's pandas shim whether the
+    array is a pandas object, and the shim's first use imports pandas (about 1 s and
+    50 MB per process, under the GIL).
+    """
+    n = len(values)
+    validity, nulls = None, 0
+    if null_mask is not None:
+        nulls = int(np.count_nonzero(null_mask))
+        if nulls:
+            validity = pa.py_buffer(np.packbits(~null_mask, bitorder="little"))
+    if values.dtype == np.bool_:
+        data = pa.py_buffer(np.packbits(values, bitorder="little"))
+    else:
+        data = pa.py_buffer(np.ascontiguousarray(values))
+    return pa.Array.from_buffers(arrow_type, n, [validity, data], nulls)
 
 
 # --------------------------------------------------------------------------- calendar
@@ -457,7 +474,7 @@ class BoolCodec(Codec):
 
     def from_fixed(self, data, null_mask):
         vals = _wire(data, np.uint8) != 0
-        return pa.array(vals, pa.bool_(), mask=_mask(null_mask))
+        return _from_numpy(vals, pa.bool_(), null_mask)
 
     def to_text(self, arr):
         return [None if v is None else ("t" if v else "f") for v in arr.to_pylist()]
@@ -504,7 +521,7 @@ class IntCodec(Codec):
 
     def from_fixed(self, data, null_mask):
         vals = _wire(data, self.wire).astype(self.arrow_type.to_pandas_dtype())
-        return pa.array(vals, self.arrow_type, mask=_mask(null_mask))
+        return _from_numpy(vals, self.arrow_type, null_mask)
 
     def to_text(self, arr):
         return [None if v is None else str(v) for v in arr.to_pylist()]
@@ -541,7 +558,7 @@ class FloatCodec(Codec):
 
     def from_fixed(self, data, null_mask):
         vals = _wire(data, self.wire).astype(self.wire.newbyteorder("="))
-        return pa.array(vals, self.arrow_type, mask=_mask(null_mask))
+        return _from_numpy(vals, self.arrow_type, null_mask)
 
     def to_text(self, arr):
         return [None if v is None else format_float(v, self.single) for v in arr.to_pylist()]
@@ -816,7 +833,7 @@ class DateCodec(_SpecialsMixin, Codec):
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise BadValue(i, "date out of range", _fixed_value(data, 4, i), unrepresentable=True)
-        storage = pa.array(shifted.astype(np.int32), pa.int32(), mask=_mask(null_mask))
+        storage = _from_numpy(shifted.astype(np.int32), pa.int32(), null_mask)
         return _view(storage, pa.date32())
 
     def to_text(self, arr):
@@ -894,7 +911,7 @@ class TimestampCodec(_SpecialsMixin, Codec):
                 i, "timestamp beyond Arrow's timestamp[us] range", _fixed_value(data, 8, i), unrepresentable=True
             )
         shifted = np.where(special, raw, raw + UNIX_EPOCH_PG_US)
-        storage = pa.array(shifted, pa.int64(), mask=_mask(null_mask))
+        storage = _from_numpy(shifted, pa.int64(), null_mask)
         return _view(storage, self.arrow_type)
 
     def to_text(self, arr):
@@ -968,7 +985,7 @@ class TimeCodec(Codec):
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise BadValue(i, "time out of range", _fixed_value(data, 8, i))
-        storage = pa.array(raw, pa.int64(), mask=_mask(null_mask))
+        storage = _from_numpy(raw, pa.int64(), null_mask)
         return _view(storage, self.arrow_type)
 
     def to_text(self, arr):
