@@ -10,6 +10,10 @@ Vectorised means pyarrow.compute kernels (and numpy over Arrow buffers): a per-v
 Python loop runs only for rare types (interval, timetz, arrays with quoted elements,
 numeric in binary form) and for the few irregular values of common types (±infinity,
 BC dates, years past 9999, ``24:00:00``).
+
+Arrays and scalars made from Python or numpy values (the literals given to compute
+kernels included) are built by :mod:`airflow_pgcdc.changes.arrays`, never by
+``pa.array``/``pa.scalar``/``to_numpy``: those make pyarrow import pandas.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.protocol.pgtypes import PgTypeInfo, format_type
 
 # --------------------------------------------------------------------------- constants
@@ -89,17 +94,24 @@ class _OneBad(Exception):
 # --------------------------------------------------------------------------- helpers
 
 
+def _str(value: str | None) -> pa.Scalar:
+    """A string scalar, for compute kernels (given a Python ``str``, they call
+    ``pa.scalar``, which makes pyarrow import pandas)."""
+    return arrays.scalar(value, pa.string())
+
+
+_FALSE = arrays.scalar(False, pa.bool_())
+_TRUE = arrays.scalar(True, pa.bool_())
+
+
 def _to_np_mask(arr: pa.Array) -> np.ndarray:
     """Boolean numpy array: True where ``arr`` is null."""
-    if arr.null_count == 0:
-        return np.zeros(len(arr), dtype=bool)
-    return np.asarray(pc.is_null(arr).to_numpy(zero_copy_only=False), dtype=bool)
+    return arrays.null_mask(arr)
 
 
 def _true_positions(mask: pa.Array) -> np.ndarray:
     """Indices where a boolean array is true (nulls count as false)."""
-    m = pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
-    return np.flatnonzero(m)
+    return np.flatnonzero(arrays.true_mask(mask))
 
 
 def _any_true(mask: pa.Array) -> bool:
@@ -114,7 +126,7 @@ def _per_value(arr: pa.Array, parse_one, positions=None) -> dict[int, Any]:
         pairs = enumerate(arr.to_pylist())
     else:  # convert only the few values asked for
         positions = [int(i) for i in positions]
-        pairs = zip(positions, arr.take(pa.array(positions, pa.int64())).to_pylist(), strict=True)
+        pairs = zip(positions, arr.take(arrays.ints(positions)).to_pylist(), strict=True)
     for i, v in pairs:
         if v is None:
             continue
@@ -148,7 +160,8 @@ def _ints_with_overrides(
     base: pa.Array, overrides: dict[int, int], null_mask: np.ndarray, np_dtype, arrow_type: pa.DataType
 ) -> pa.Array:
     """``base`` (castable to ints) with some positions replaced, nulls from ``null_mask``."""
-    vals = np.array(pc.fill_null(base, 0).to_numpy(zero_copy_only=False), dtype=np_dtype)
+    vals = np.array(arrays.numpy_values(base), dtype=np_dtype)
+    vals[arrays.null_mask(base)] = 0
     for i, v in overrides.items():
         vals[i] = v
     storage = _from_numpy(vals, pa.from_numpy_dtype(np.dtype(np_dtype)), null_mask)
@@ -192,24 +205,9 @@ def _fixed_value(data: bytes | np.ndarray, width: int, i: int) -> bytes:
 
 
 def _from_numpy(values: np.ndarray, arrow_type: pa.DataType, null_mask: np.ndarray | None = None) -> pa.Array:
-    """A primitive Arrow array over ``values`` (a numpy array of ``arrow_type``'s width;
-    bool for ``pa.bool_()``), NULL where ``null_mask`` is true.
-
-    Built from buffers: ``pa.array(ndarray)`` asks pyarrow's pandas shim whether the
-    array is a pandas object, and the shim's first use imports pandas (about 1 s and
-    50 MB per process, under the GIL).
-    """
-    n = len(values)
-    validity, nulls = None, 0
-    if null_mask is not None:
-        nulls = int(np.count_nonzero(null_mask))
-        if nulls:
-            validity = pa.py_buffer(np.packbits(~null_mask, bitorder="little"))
-    if values.dtype == np.bool_:
-        data = pa.py_buffer(np.packbits(values, bitorder="little"))
-    else:
-        data = pa.py_buffer(np.ascontiguousarray(values))
-    return pa.Array.from_buffers(arrow_type, n, [validity, data], nulls)
+    """A primitive Arrow array over ``values``, NULL where ``null_mask`` is true (see
+    :func:`airflow_pgcdc.changes.arrays.from_numpy`)."""
+    return arrays.from_numpy(values, arrow_type, null_mask)
 
 
 # --------------------------------------------------------------------------- calendar
@@ -402,7 +400,7 @@ class TextCodec(Codec):
                 else:
                     b = v[0]
                     out.append("" if b == 0 else chr(b) if b < 0x80 else f"\\{b:03o}")
-            return pa.array(out, pa.string())
+            return arrays.strings(out)
         return super().from_binary(values)
 
     def to_text(self, arr: pa.Array) -> list[str | None]:
@@ -410,7 +408,7 @@ class TextCodec(Codec):
 
 
 def _utf8_from_binary(values: list) -> pa.Array:
-    arr = pa.array(values, pa.binary())
+    arr = arrays.binaries(values)
     try:
         return arr.cast(pa.string())
     except pa.ArrowInvalid:
@@ -442,7 +440,7 @@ def _uuid_from_binary(values: list) -> pa.Array:
         pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out.tobytes())]
     )
     if null_mask.any():
-        storage = pc.if_else(pa.array(null_mask), pa.scalar(None, pa.string()), storage)
+        storage = pc.if_else(_from_numpy(null_mask, pa.bool_()), _str(None), storage)
     return storage
 
 
@@ -457,8 +455,8 @@ class BoolCodec(Codec):
 
     def from_text(self, arr):
         arr = _as_string(arr)
-        t = pc.equal(arr, "t")
-        bad = pc.and_(pc.invert(t), pc.not_equal(arr, "f"))
+        t = pc.equal(arr, _str("t"))
+        bad = pc.and_(pc.invert(t), pc.not_equal(arr, _str("f")))
         if _any_true(bad):
             raise _locate(arr, self.parse_one, "invalid boolean")
         return t
@@ -503,7 +501,10 @@ class IntCodec(Codec):
             out = pc.cast(arr, self.arrow_type)
         except pa.ArrowInvalid as e:
             raise _locate(arr, self.parse_one, str(e)) from None
-        if self.lo == 0 and (_any_true(pc.less(out, 0)) or _any_true(pc.greater(out, self.hi))):
+        if self.lo == 0 and (
+            _any_true(pc.less(out, arrays.scalar(0, self.arrow_type)))
+            or _any_true(pc.greater(out, arrays.scalar(self.hi, self.arrow_type)))
+        ):
             raise _locate(arr, self.parse_one, "out of range")
         return out
 
@@ -598,8 +599,8 @@ class DecimalCodec(Codec):
             return pc.cast(arr, self.arrow_type)
         except pa.ArrowInvalid:
             pass
-        is_nan = pc.equal(arr, "NaN")
-        fixed = pc.if_else(is_nan, self.nan_text, arr)
+        is_nan = pc.equal(arr, _str("NaN"))
+        fixed = pc.if_else(is_nan, _str(self.nan_text), arr)
         try:
             out = pc.cast(fixed, self.arrow_type)
         except pa.ArrowInvalid as e:
@@ -631,7 +632,7 @@ class DecimalCodec(Codec):
                 texts.append(numeric_binary_to_text(v))
             except _OneBad as e:
                 raise BadValue(i, e.reason, bytes(v)) from None
-        return self.from_text(pa.array(texts, pa.string()))
+        return self.from_text(arrays.strings(texts))
 
     def to_text(self, arr):
         out: list[str | None] = []
@@ -668,7 +669,7 @@ class NumericTextCodec(TextCodec):
                 texts.append(numeric_binary_to_text(v))
             except _OneBad as e:
                 raise BadValue(i, e.reason, bytes(v)) from None
-        return pa.array(texts, pa.string())
+        return arrays.strings(texts)
 
 
 def numeric_binary_to_text(v: bytes) -> str:
@@ -714,11 +715,11 @@ class ByteaCodec(Codec):
     def from_text(self, arr):
         arr = _as_string(arr)
         starts = pc.starts_with(arr, "\\x")
-        if not pc.all(pc.fill_null(starts, True)).as_py():
+        if not pc.all(pc.fill_null(starts, _TRUE)).as_py():
             # escape format (bytea_output = escape): per value
             vals = _per_value(arr, self.parse_one)
             out = [vals.get(i) for i in range(len(arr))]
-            return pa.array(out, pa.binary())
+            return arrays.binaries(out)
         body = pc.binary_slice(arr.cast(pa.binary()), 2, INT32_MAX)
         validity, offsets_buf, data_buf = body.buffers()
         n = len(body)
@@ -764,7 +765,7 @@ class ByteaCodec(Codec):
         return bytes(out)
 
     def from_binary(self, values):
-        return pa.array([None if v is None else bytes(v) for v in values], pa.binary())
+        return arrays.binaries(values)
 
     def to_text(self, arr):
         return [None if v is None else "\\x" + v.hex() for v in arr.to_pylist()]
@@ -775,10 +776,10 @@ class _SpecialsMixin:
 
     def _irregular(self, arr: pa.Array) -> pa.Array:
         # ±infinity, BC, and years of more (or fewer) than four digits
-        m = pc.or_(pc.equal(arr, "infinity"), pc.equal(arr, "-infinity"))
+        m = pc.or_(pc.equal(arr, _str("infinity")), pc.equal(arr, _str("-infinity")))
         m = pc.or_(m, pc.ends_with(arr, " BC"))
-        m = pc.or_(m, pc.not_equal(pc.utf8_slice_codeunits(arr, 4, 5), "-"))
-        return pc.fill_null(m, False)
+        m = pc.or_(m, pc.not_equal(pc.utf8_slice_codeunits(arr, 4, 5), _str("-")))
+        return pc.fill_null(m, _FALSE)
 
     def _text_to_storage(self, arr: pa.Array, cast_type, np_dtype, storage_type) -> pa.Array:
         arr = _as_string(arr)
@@ -788,7 +789,7 @@ class _SpecialsMixin:
             pass
         irregular = self._irregular(arr)
         positions = _true_positions(irregular)
-        regular = pc.if_else(irregular, pa.scalar(None, pa.string()), arr)
+        regular = pc.if_else(irregular, _str(None), arr)
         try:
             base = pc.cast(regular, cast_type).cast(storage_type)
         except pa.ArrowInvalid:
@@ -955,10 +956,10 @@ class TimeCodec(Codec):
 
     def from_text(self, arr):
         arr = _as_string(arr)
-        irregular = pc.fill_null(pc.starts_with(arr, "24:"), False)
+        irregular = pc.fill_null(pc.starts_with(arr, "24:"), _FALSE)
         positions = _true_positions(irregular)
-        regular = pc.if_else(irregular, pa.scalar(None, pa.string()), arr)
-        joined = pc.binary_join_element_wise("1970-01-01", regular, " ")
+        regular = pc.if_else(irregular, _str(None), arr)
+        joined = pc.binary_join_element_wise(_str("1970-01-01"), regular, _str(" "))
         try:
             base = pc.cast(joined, pa.timestamp("us")).cast(pa.int64())
         except pa.ArrowInvalid:
@@ -1024,7 +1025,7 @@ class TimetzCodec(TextCodec):
             else:
                 us, zone = struct.unpack(">qi", v)
                 out.append(format_timetz(us, zone))
-        return pa.array(out, pa.string())
+        return arrays.strings(out)
 
 
 class IntervalCodec(Codec):
@@ -1078,9 +1079,9 @@ class IntervalCodec(Codec):
             months[i], days[i], us[i] = mo, d, u
             valid[i] = True
         return pa.StructArray.from_arrays(
-            [pa.array(months), pa.array(days), pa.array(us)],
+            [_from_numpy(months, pa.int32()), _from_numpy(days, pa.int32()), _from_numpy(us, pa.int64())],
             fields=list(INTERVAL_TYPE),
-            mask=pa.array(~valid),
+            mask=_from_numpy(~valid, pa.bool_()),
         )
 
     def from_binary(self, values):
@@ -1088,12 +1089,12 @@ class IntervalCodec(Codec):
         rec = np.frombuffer(data, dtype=np.dtype([("us", ">i8"), ("days", ">i4"), ("months", ">i4")]))
         return pa.StructArray.from_arrays(
             [
-                pa.array(rec["months"].astype(np.int32)),
-                pa.array(rec["days"].astype(np.int32)),
-                pa.array(rec["us"].astype(np.int64)),
+                _from_numpy(rec["months"], pa.int32()),
+                _from_numpy(rec["days"], pa.int32()),
+                _from_numpy(rec["us"], pa.int64()),
             ],
             fields=list(INTERVAL_TYPE),
-            mask=pa.array(null_mask),
+            mask=_from_numpy(null_mask, pa.bool_()),
         )
 
     def to_text(self, arr):
@@ -1337,7 +1338,7 @@ class ArrayCodec(Codec):
                 raise BadValue(i, e.reason, v) from None
             self._check_shape(i, v, dims, lbounds)
             parsed[i] = (dims, elems)
-        return self._assemble(parsed, lambda flat: self.element.from_text(pa.array(flat, pa.string())))
+        return self._assemble(parsed, lambda flat: self.element.from_text(arrays.strings(flat)))
 
     def _check_shape(self, i: int, v: Any, dims: list[int], lbounds) -> None:
         if lbounds is not None:
@@ -1355,18 +1356,19 @@ class ArrayCodec(Codec):
     def _fast_1d(self, arr: pa.Array) -> pa.Array | None:
         """1-D arrays without quoted elements: split with compute kernels."""
         ok = pc.and_(pc.starts_with(arr, "{"), pc.ends_with(arr, "}"))
-        ok = pc.and_(ok, pc.equal(pc.count_substring(arr, "{"), 1))
-        ok = pc.and_(ok, pc.equal(pc.count_substring(arr, "}"), 1))
+        one = arrays.scalar(1, pa.int32())
+        ok = pc.and_(ok, pc.equal(pc.count_substring(arr, "{"), one))
+        ok = pc.and_(ok, pc.equal(pc.count_substring(arr, "}"), one))
         ok = pc.and_(ok, pc.invert(pc.match_substring(arr, '"')))
-        if not pc.all(pc.fill_null(ok, True)).as_py():
+        if not pc.all(pc.fill_null(ok, _TRUE)).as_py():
             return None
         inner = pc.utf8_slice_codeunits(arr, 1, -1)
-        empty = pc.equal(inner, "")
-        inner = pc.if_else(empty, pa.scalar(None, pa.string()), inner)
+        empty = pc.equal(inner, _str(""))
+        inner = pc.if_else(empty, _str(None), inner)
         lists = pc.split_pattern(inner, self.delimiter)
         flat = lists.flatten()
-        flat = pc.if_else(pc.equal(flat, "NULL"), pa.scalar(None, pa.string()), flat)
-        if _any_true(pc.equal(flat, "")):
+        flat = pc.if_else(pc.equal(flat, _str("NULL")), _str(None), flat)
+        if _any_true(pc.equal(flat, _str(""))):
             return None  # malformed (empty unquoted element): let the parser say where
         offsets = _list_offsets(lists)
         try:
@@ -1376,7 +1378,7 @@ class ArrayCodec(Codec):
             raise BadValue(row, f"element {e.index - offsets[row] + 1}: {e.reason}", arr[row].as_py(),
                            unrepresentable=e.unrepresentable) from None
         mask = pc.is_null(arr)
-        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), typed, type=self.arrow_type, mask=mask)
+        return pa.ListArray.from_arrays(_from_numpy(offsets, pa.int32()), typed, type=self.arrow_type, mask=mask)
 
     def _assemble(self, parsed: list, convert) -> pa.Array:
         """Nested lists from per-row ``(dims, flat elements)`` (None = NULL row)."""
@@ -1412,9 +1414,9 @@ class ArrayCodec(Codec):
                 t = pa.list_(t)
             mask = None
             if level == 0:
-                mask = pa.array([p is None for p in parsed], pa.bool_())
+                mask = arrays.bools([p is None for p in parsed])
             values = pa.ListArray.from_arrays(
-                pa.array(level_offsets[level], pa.int32()), values, type=t, mask=mask
+                arrays.ints(level_offsets[level], pa.int32()), values, type=t, mask=mask
             )
         return values
 
@@ -1498,7 +1500,7 @@ def _nest(items: list[str], dims: list[int], delim: str) -> str:
 
 
 def _list_offsets(arr: pa.Array) -> np.ndarray:
-    offs = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    offs = arrays.numpy_values(arr.offsets).astype(np.int64)
     return offs
 
 

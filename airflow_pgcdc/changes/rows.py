@@ -37,11 +37,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import chain
 
+import numpy as np
 import pyarrow as pa
 
+from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.changes.tuples import TupleDecoder
-from airflow_pgcdc.changes.typemap import TypeMapError
+from airflow_pgcdc.changes.typemap import TypeMapError, ValueConversionError
 from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST
 from airflow_pgcdc.protocol.pgtypes import PgColumn, format_type
 
@@ -154,26 +157,44 @@ class RelationVersion:
         """Convert a taken chunk to a record batch of :attr:`schema_arrow`."""
         n = len(chunk.ops)
         decoded = self.decoder.decode(chunk.images, row_offset=chunk.first_seq)
-        arrays = list(decoded.batch.columns)
+        out = list(decoded.batch.columns)
         if self.old_decoder is not None:
-            width = len(self.old_indexes)
-            nulls = (None,) * width
-            idx = self.old_indexes
-            olds = [
-                nulls if o is None else tuple(None if o[i] is UNCHANGED_TOAST else o[i] for i in idx)
-                for o in chunk.olds
-            ]
-            arrays += list(self.old_decoder.decode(olds, row_offset=chunk.first_seq).batch.columns)
-        arrays += [
-            pa.array(chunk.ops, pa.string()),
-            pa.array(chunk.commit_lsns, pa.int64()),
-            pa.array(chunk.seqs, pa.int64()),
-            pa.array(chunk.xids, pa.int64()),
-            pa.array(chunk.commit_ts_us, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            out += self._old_columns(chunk.olds, n, chunk.first_seq)
+        ops = "".join(chunk.ops).encode("ascii")  # one character each: I, U or D
+        out += [
+            pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(n + 1, dtype=np.int32)),
+                                                   pa.py_buffer(ops)]),
+            arrays.ints(chunk.commit_lsns),
+            arrays.ints(chunk.seqs),
+            arrays.ints(chunk.xids),
+            arrays.ints(chunk.commit_ts_us, META_FIELDS[4].type),
             decoded.unchanged_toast,
         ]
-        assert all(len(a) == n for a in arrays)
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema_arrow)
+        assert len(ops) == n and all(len(a) == n for a in out)
+        return pa.RecordBatch.from_arrays(out, schema=self.schema_arrow)
+
+    def _old_columns(self, olds: list[tuple | None], n: int, row_offset: int) -> list[pa.Array]:
+        """The ``_pgcdc_old_*`` columns: the replica-identity columns of the old key or
+        old row where the server sent one (an unchanged TOAST value in it: NULL), else
+        NULL."""
+        dec = self.old_decoder
+        assert dec is not None
+        if olds.count(None) == n:  # inserts, deletes, updates that kept their key
+            return [pa.nulls(n, f.type) for f in dec.schema]
+        width = len(self.columns)
+        nulls = (None,) * width
+        if not set(map(len, filter(None, olds))) <= {width}:
+            raise ValueConversionError(
+                f"an old row does not have the relation's {width} columns", table=self.qualified_name,
+            )
+        flat = list(chain.from_iterable(nulls if o is None else o for o in olds))
+        columns = []
+        for i in self.old_indexes:
+            values = flat[i::width]
+            if UNCHANGED_TOAST in values:
+                values = [None if v is UNCHANGED_TOAST else v for v in values]
+            columns.append(values)
+        return list(dec.decode_columns(columns, n, row_offset=row_offset).batch.columns)
 
 
 @dataclass(slots=True)

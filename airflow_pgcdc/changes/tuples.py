@@ -4,22 +4,26 @@ A row is what :mod:`airflow_pgcdc.protocol.pgoutput` decodes: a tuple with one i
 column, ``None`` (NULL), :data:`~airflow_pgcdc.protocol.pgoutput.UNCHANGED_TOAST`,
 ``str`` (text format) or ``bytes`` (binary format, ``binary true``).
 
-The batch is transposed once (``zip(*rows)``, in C), each column's values become one
-Arrow array (``pa.array``, in C) and the column's codec converts it with compute
-kernels, exactly as on the snapshot path, so both produce identical arrays.
-Only a column holding unchanged-TOAST markers or a mix of text and binary values
-takes a per-value pass to split them.
+The batch is transposed once (flattened with ``itertools.chain``, then one strided
+slice per column, in C), each column's values become one Arrow array (built over
+buffers by :mod:`airflow_pgcdc.changes.arrays`, which keeps pyarrow from importing
+pandas) and the column's codec converts it with compute kernels, exactly as on the
+snapshot path, so both produce identical arrays. Only a column holding
+unchanged-TOAST markers or a mix of text and binary values takes a per-value pass to
+split them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.changes.codecs import BadValue, Codec
 from airflow_pgcdc.changes.typemap import (
     PgColumn,
@@ -66,26 +70,31 @@ class TupleDecoder:
         """Decode ``rows``; ``row_offset`` is added to row numbers in errors."""
         ncols = len(self.columns)
         n = len(rows)
-        if n == 0:
-            empty = pa.RecordBatch.from_arrays(
-                [pa.array([], f.type) for f in self.schema], schema=self.schema
-            )
-            return DecodedTuples(empty, pa.array([], UNCHANGED_TOAST_TYPE), [None] * ncols)
-        if set(map(len, rows)) != {ncols}:
+        if n and set(map(len, rows)) != {ncols}:
             for i, row in enumerate(rows):
                 if len(row) != ncols:
                     raise ValueConversionError(
                         f"row has {len(row)} values, the relation has {ncols} columns",
                         table=self.table, row=row_offset + i,
                     )
-        columns = list(zip(*rows, strict=True))  # lengths checked above
-        arrays = []
+        flat = list(chain.from_iterable(rows))  # row-major; lengths checked above
+        return self.decode_columns([flat[i::ncols] for i in range(ncols)], n, row_offset=row_offset)
+
+    def decode_columns(
+        self, columns: Sequence[Sequence], n: int, *, row_offset: int = 0
+    ) -> DecodedTuples:
+        """Decode a batch of ``n`` rows given column by column (``columns[i]``: the
+        values of column ``i``, ``n`` each)."""
+        if n == 0:
+            empty = pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in self.schema], schema=self.schema)
+            return DecodedTuples(empty, self._unchanged_names(0, []), [None] * len(self.columns))
+        out = []
         masks: list[np.ndarray | None] = []
         for i, values in enumerate(columns):
             arr, mask = self.decode_column(i, values, row_offset=row_offset)
-            arrays.append(arr)
+            out.append(arr)
             masks.append(mask)
-        batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        batch = pa.RecordBatch.from_arrays(out, schema=self.schema)
         return DecodedTuples(batch, self._unchanged_names(n, masks), masks)
 
     def decode_column(
@@ -100,7 +109,7 @@ class TupleDecoder:
             if not kinds:
                 return pa.nulls(n, codec.arrow_type), None
             if kinds == _STR:
-                return codec.from_text(pa.array(values, pa.string())), None
+                return codec.from_text(arrays.strings(values)), None
             if kinds == _BYTES:
                 return self._binary(codec, column, list(values), row_offset), None
             return self._mixed(codec, column, values, row_offset)
@@ -139,23 +148,21 @@ class TupleDecoder:
                 raise BadValue(i, f"not a TupleData value: {type(v).__name__}")
         mask = unchanged if unchanged.any() else None
         if bins is None:
-            return codec.from_text(pa.array(texts, pa.string())), mask
+            return codec.from_text(arrays.strings(texts)), mask
         bin_arr = self._binary(codec, column, bins, row_offset)
         if not has_text:
             return bin_arr, mask
-        text_arr = codec.from_text(pa.array(texts, pa.string()))
-        is_bin = pa.array([b is not None for b in bins])
+        text_arr = codec.from_text(arrays.strings(texts))
+        is_bin = arrays.bools([b is not None for b in bins])
         return pc.if_else(is_bin, bin_arr, text_arr), mask
 
     def _unchanged_names(self, n: int, masks: list[np.ndarray | None]) -> pa.Array:
         if all(m is None for m in masks):
-            return pa.ListArray.from_arrays(
-                pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string())
-            )
-        names: list[list[str]] = [[] for _ in range(n)]
-        for col, m in zip(self.columns, masks, strict=True):
-            if m is None:
-                continue
-            for r in np.flatnonzero(m):
-                names[r].append(col.name)
-        return pa.array(names, UNCHANGED_TOAST_TYPE)
+            return arrays.list_array(np.zeros(n + 1, dtype=np.int32), arrays.strings(()), UNCHANGED_TOAST_TYPE)
+        # row-major (row, column) pairs: each row's names in column order
+        marked = np.stack([np.zeros(n, dtype=bool) if m is None else m for m in masks], axis=1)
+        rows_at, cols_at = np.nonzero(marked)
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(np.bincount(rows_at, minlength=n), out=offsets[1:])
+        names = [self.columns[c].name for c in cols_at.tolist()]
+        return arrays.list_array(offsets, arrays.strings(names), UNCHANGED_TOAST_TYPE)

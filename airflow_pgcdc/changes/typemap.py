@@ -32,6 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.changes import codecs as _c
 from airflow_pgcdc.changes.codecs import (
     DATE_NEG_INFINITY,
@@ -213,8 +214,8 @@ class AsTextCodec(_c.TextCodec):
 
     def from_binary(self, values):
         if isinstance(self.inner, _c.ArrayCodec):
-            return pa.array(self.inner.binary_to_text(values), pa.string())
-        return pa.array(self.inner.to_text(self.inner.from_binary(values)), pa.string())
+            return arrays.strings(self.inner.binary_to_text(values))
+        return arrays.strings(self.inner.to_text(self.inner.from_binary(values)))
 
 
 def _codec(t: PgTypeInfo, typmod: int, ndims: int) -> Codec:
@@ -377,7 +378,7 @@ def convert_text(
     """PostgreSQL text values (``None`` = NULL) of one column → an Arrow array of its
     mapped type."""
     codec = codec_for(column)
-    arr = values if isinstance(values, pa.Array) else pa.array(values, pa.string())
+    arr = values if isinstance(values, pa.Array) else arrays.strings(values)
     try:
         return codec.from_text(arr)
     except BadValue as e:
