@@ -30,6 +30,12 @@ def register(subparsers) -> None:
     p.add_argument("--two-phase", action="store_true", help="create the slot with TWO_PHASE")
     p.add_argument("--snapshot-id", help="name of this snapshot's folder (default: a UTC timestamp id)")
     p.add_argument("--progress-interval", type=float, default=10.0, metavar="SEC")
+    p.add_argument(
+        "--copy-format",
+        choices=("binary", "csv"),
+        default="binary",
+        help="COPY format: binary (default; types without a binary decoder travel as text) or csv",
+    )
     p.set_defaults(handler=run, _parser=p)
 
 
@@ -50,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         two_phase=args.two_phase,
         snapshot_id=args.snapshot_id,
         progress_interval=args.progress_interval,
+        copy_format=args.copy_format,
     )
     json.dump(json.loads(manifest.to_json()), sys.stdout, indent=2)
     sys.stdout.write("\n")

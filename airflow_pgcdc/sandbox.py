@@ -1071,6 +1071,11 @@ class S3Server:
     Every port weed mini opens is chosen here (no default port is used, so several
     servers and other programs do not collide). ``weed mini`` supports conditional
     puts (``If-None-Match: *`` answers 412 on an existing key).
+
+    ``volume_size_limit_mb``: weed's volume size. Small (64, the default) lets the test
+    suite create many buckets; but every time a bucket's volumes fill up, weed grows new
+    ones and an upload waits about a second for it, so a benchmark writing hundreds of
+    megabytes asks for large volumes (an S3 service has no such pauses).
     """
 
     _PORT_NAMES = (
@@ -1091,8 +1096,10 @@ class S3Server:
         detached: bool = False,
         startup_timeout: float = 60.0,
         log_file: str | os.PathLike | None = None,
+        volume_size_limit_mb: int = 64,
     ) -> None:
         self.weed = weed_binary()
+        self.volume_size_limit_mb = volume_size_limit_mb
         self._temp = base_dir is None
         self.base_dir = _make_temp_base("s3") if base_dir is None else Path(base_dir).absolute()
         self.data_dir = self.base_dir / "data"
@@ -1220,7 +1227,7 @@ class S3Server:
             # weed gives every bucket its own volumes; with the default 1 GiB volume size
             # the auto-sized volume limit (free disk / size) ran out after ~75 buckets.
             # Volumes are sparse files: a small size just means more of them.
-            "master.volumeSizeLimitMB": "64",
+            "master.volumeSizeLimitMB": str(self.volume_size_limit_mb),
             "s3.config": str(identities),
             "filer.localSocket": str(self._sock_dir / "filer.sock"),
             "s3.localSocket": str(self._sock_dir / "s3.sock"),

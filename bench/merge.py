@@ -466,9 +466,9 @@ def main() -> int:
         keep_dir = Path(tempfile.mkdtemp(prefix="bench-merge-servers-"))
         keep_dir.chmod(0o711)  # PostgreSQL runs as `postgres` when we are root
         pg = PostgresServer(args.server, settings=settings, detached=True, base_dir=keep_dir / "pg")
-        s3 = S3Server(detached=True, base_dir=keep_dir / "s3")
+        s3 = S3Server(detached=True, base_dir=keep_dir / "s3", volume_size_limit_mb=1024)
     else:
-        pg, s3 = PostgresServer(args.server, settings=settings), S3Server()
+        pg, s3 = PostgresServer(args.server, settings=settings), S3Server(volume_size_limit_mb=1024)
     pg.start()
     s3.start()
     try:

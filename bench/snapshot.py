@@ -47,7 +47,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--server", choices=("pg18", "pg15"), default="pg18")
     args = ap.parse_args()
-    with PostgresServer(args.server, settings={"max_wal_size": "4GB"}) as pg, S3Server() as s3:
+    with PostgresServer(args.server, settings={"max_wal_size": "4GB"}) as pg, S3Server(volume_size_limit_mb=1024) as s3:
         bucket = s3.create_bucket("bench")
         with psycopg.connect(pg.socket_dsn, autocommit=True) as c:
             t0 = time.perf_counter()

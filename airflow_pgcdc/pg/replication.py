@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from array import array
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -452,27 +453,36 @@ class _ReplicationProtocol:
         if not results or results[-1].status != "COPY_OUT":
             raise ReplicationStateError(f"{command[:60]!r} did not start a COPY TO STDOUT")
 
-    def _gen_copy_chunk(self, max_bytes: int) -> PQGen[bytes | None]:
+    def _gen_copy_chunk(self, max_bytes: int, lengths: array | None = None) -> PQGen[bytes | None]:
         """Up to about ``max_bytes`` of COPY data (whole rows); ``None`` at the end.
 
-        PostgreSQL sends one CopyData message per row: they are appended straight into
-        one buffer, so the per-row cost is one libpq call.
+        PostgreSQL sends one CopyData message per row: the inner loop only calls libpq
+        and keeps the message (about 0.3 µs per row), the join comes once per chunk.
+        ``lengths``: extend it with each message's size (the row boundaries, for the
+        binary decoder).
         """
         if self.state != _State.COPY_OUT:
             return None
         pgconn = self.pgconn
         get = pgconn.get_copy_data
-        buf = bytearray()
-        while len(buf) < max_bytes:
+        parts: list[bytes] = []
+        append = parts.append
+        total = 0
+        while total < max_bytes:
             try:
                 nbytes, data = get(1)
+                while nbytes > 0:
+                    append(data)
+                    total += nbytes
+                    if total >= max_bytes:
+                        break
+                    nbytes, data = get(1)
             except Exception as exc:
                 raise self._lost(exc) from None
             if nbytes > 0:
-                buf += data
-                continue
+                break  # max_bytes reached
             if nbytes == 0:
-                if buf:
+                if parts:
                     break
                 yield pgconn.socket, WAIT_R, None
                 self._consume()
@@ -485,7 +495,11 @@ class _ReplicationProtocol:
             if res is not None and res.status == _ES.FATAL_ERROR:
                 raise _server_error(res, self.encoding, self._command)
             raise self._lost(RuntimeError("error reading COPY data"))
-        return bytes(buf) if buf else None
+        if not parts:
+            return None
+        if lengths is not None:
+            lengths.extend(map(len, parts))
+        return b"".join(parts)
 
     # -- base backup -----------------------------------------------------------------------------
     def _gen_base_backup_next(self):
@@ -653,16 +667,19 @@ class ReplicationConnection(_ReplicationProtocol):
         """End the stream cleanly (CopyDone) and return the command's final results."""
         return wait_sync(self._gen_stop())
 
-    def copy_to(self, command: str, *, chunk_bytes: int = 4 << 20) -> Iterator[bytes]:
+    def copy_to(self, command: str, *, chunk_bytes: int = 4 << 20, row_lengths: bool = False) -> Iterator:
         """Run ``COPY ... TO STDOUT`` and yield its data in chunks of whole rows of about
         ``chunk_bytes``. Works on a plain SQL session (``replication="false"``) and on a
-        ``replication=database`` one."""
+        ``replication=database`` one. With ``row_lengths``, yield ``(chunk, lengths)``:
+        ``lengths`` an ``array('q')`` of the chunk's CopyData message sizes (one row each;
+        the binary header rides in the first row's message, the trailer has its own)."""
         wait_sync(self._gen_copy_start(command))
         while True:
-            chunk = wait_sync(self._gen_copy_chunk(chunk_bytes))
+            lengths = array("q") if row_lengths else None
+            chunk = wait_sync(self._gen_copy_chunk(chunk_bytes, lengths))
             if chunk is None:
                 return
-            yield chunk
+            yield (chunk, lengths) if row_lengths else chunk
 
     def base_backup(self, **options) -> Iterator:
         """Run ``BASE_BACKUP`` (options as :func:`commands.base_backup`) and yield its

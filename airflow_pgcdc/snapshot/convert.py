@@ -1,11 +1,18 @@
-"""Joins a table description (pg.tables) to the type map's snapshot decoder."""
+"""Joins a table description (pg.tables) to the type map's snapshot decoders."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
 
+from airflow_pgcdc.changes.copy_binary import (
+    BINARY_COPY_OPTIONS,
+    FUNCTION_CASTS_SQL,
+    BinaryCopyDecoder,
+    binary_select_list,
+)
 from airflow_pgcdc.changes.snapshot_copy import COPY_OPTIONS, SnapshotDecoder, copy_select_list
 from airflow_pgcdc.changes.typemap import session_setup_sql
 from airflow_pgcdc.pg.catalog import load_type_info
@@ -15,6 +22,10 @@ from airflow_pgcdc.protocol.pgtypes import PgColumn
 SESSION_SETUP = session_setup_sql()
 """SET statements every COPY session runs: the text output the decoders expect."""
 
+COPY_FORMATS = ("binary", "csv")
+"""``binary`` (the default: cheaper for the server, see :mod:`airflow_pgcdc.changes.copy_binary`)
+or ``csv`` (every column as text, parsed by pyarrow's CSV reader)."""
+
 
 @dataclass(frozen=True)
 class TableConverter:
@@ -22,10 +33,39 @@ class TableConverter:
     columns: tuple[PgColumn, ...]
     schema: pa.Schema
     select_list: str
+    """The CSV path's SELECT list."""
+    binary_select_list: str = ""
+    """The binary path's SELECT list (types without a binary decoder as text)."""
     copy_options: str = COPY_OPTIONS
 
     def decoder(self) -> SnapshotDecoder:
+        """The CSV decoder (``COPY (SELECT select_list …) TO STDOUT copy_options``)."""
         return SnapshotDecoder(self.columns, table=self.table.display)
+
+    def copy_sql(self, where: str = "", copy_format: str = "binary") -> str:
+        """The COPY statement for ``copy_format``; ``where`` (`` WHERE …``, quoted by the
+        caller) is appended to the SELECT."""
+        if copy_format == "binary":
+            select, options = self.binary_select_list, BINARY_COPY_OPTIONS
+        elif copy_format == "csv":
+            select, options = self.select_list, self.copy_options
+        else:
+            raise ValueError(f"copy_format must be one of {COPY_FORMATS}, not {copy_format!r}")
+        return f"COPY (SELECT {select} FROM {self.table.qualified}{where}) TO STDOUT {options}"
+
+    def batches(self, session, where: str = "", copy_format: str = "binary") -> Iterator[pa.RecordBatch]:
+        """Run the COPY on ``session`` (a :class:`ReplicationConnection` with
+        :data:`SESSION_SETUP` applied) and yield its rows as batches of :attr:`schema`."""
+        sql = self.copy_sql(where, copy_format)
+        if copy_format == "binary":
+            dec = BinaryCopyDecoder(self.columns, table=self.table.display)
+            for chunk, lengths in session.copy_to(sql, row_lengths=True):
+                yield from dec.feed(chunk, lengths)
+        else:
+            dec = self.decoder()
+            for chunk in session.copy_to(sql):
+                yield from dec.feed(chunk)
+        yield from dec.finish()
 
 
 def table_converter(conn, table: TableInfo) -> TableConverter:
@@ -35,7 +75,12 @@ def table_converter(conn, table: TableInfo) -> TableConverter:
         PgColumn(name=c.name, type=types[c.type_oid], typmod=c.typmod, ndims=c.ndims)
         for c in table.columns
     )
-    probe = SnapshotDecoder(columns, table=table.display)
+    function_casts = frozenset(row[0] for row in conn.execute(FUNCTION_CASTS_SQL))
+    probe = BinaryCopyDecoder(columns, table=table.display)
     return TableConverter(
-        table=table, columns=columns, schema=probe.schema, select_list=copy_select_list(columns)
+        table=table,
+        columns=columns,
+        schema=probe.schema,
+        select_list=copy_select_list(columns),
+        binary_select_list=binary_select_list(columns, probe.codecs, function_casts),
     )

@@ -39,7 +39,12 @@ from airflow_pgcdc.pg.errors import AdminShutdown, ConnectionLost, DuplicateObje
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.tables import TableInfo, describe_table, parse_table_names, publication_tables
 from airflow_pgcdc.protocol.quoting import quote_literal
-from airflow_pgcdc.snapshot.convert import SESSION_SETUP, TableConverter, table_converter
+from airflow_pgcdc.snapshot.convert import (
+    COPY_FORMATS,
+    SESSION_SETUP,
+    TableConverter,
+    table_converter,
+)
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id
 from airflow_pgcdc.store.manifest import ColumnEntry, PartEntry, SnapshotManifest, TableEntry
@@ -183,16 +188,20 @@ def snapshot_to_s3(
     s3_client=None,
     progress_interval: float = 10.0,
     on_slot_created: Callable[[str, str], None] | None = None,
+    copy_format: str = "binary",
 ) -> SnapshotManifest:
     """Create ``slot`` with an exported snapshot and copy the tables to ``to``.
 
     Returns the committed manifest. ``on_slot_created(consistent_point, snapshot_name)``
-    is called once the slot exists (tests use it to interleave writes).
+    is called once the slot exists (tests use it to interleave writes). ``copy_format``:
+    ``binary`` (default) or ``csv`` (see :data:`~airflow_pgcdc.snapshot.convert.COPY_FORMATS`).
     """
     if workers < 1:
         raise SnapshotError("workers must be at least 1")
     if rows_per_part < 1:
         raise SnapshotError("rows_per_part must be at least 1")
+    if copy_format not in COPY_FORMATS:
+        raise SnapshotError(f"copy_format must be one of {', '.join(COPY_FORMATS)}, not {copy_format!r}")
     location = to if isinstance(to, s3store.S3Location) else s3store.S3Location.parse(to)
     layout = Layout(location)
     client = s3_client or s3store.make_s3_client()
@@ -249,7 +258,9 @@ def snapshot_to_s3(
             if warning:
                 log.warning(warning)
         parts = [p for t in infos for p in plan_parts(t, rows_per_part)]
-        results = _copy_all(parts, converters, sessions, client, layout, slot, sid, progress_interval)
+        results = _copy_all(
+            parts, converters, sessions, client, layout, slot, sid, progress_interval, copy_format
+        )
         manifest = SnapshotManifest(
             slot=slot,
             snapshot_id=sid,
@@ -319,9 +330,9 @@ def _copy_part(
     slot: str,
     sid: str,
     progress: _Progress,
+    copy_format: str = "binary",
 ) -> tuple[int, str, int, int]:
     t = part.table
-    sql = f"COPY (SELECT {conv.select_list} FROM {t.qualified}{part.where()}) TO STDOUT {conv.copy_options}"
     key = layout.snapshot_part(slot, sid, t.schema, t.name, part.number)
     seq = PartSequence(
         conv.schema,
@@ -331,14 +342,8 @@ def _copy_part(
         target_bytes=None,
         first_number=part.number,
     )
-    decoder = conv.decoder()
     try:
-        for chunk in session.copy_to(sql):
-            for batch in decoder.feed(chunk):
-                seq.write_batch(batch)
-                with progress.lock:
-                    progress.rows += batch.num_rows
-        for batch in decoder.finish():
+        for batch in conv.batches(session, part.where(), copy_format):
             seq.write_batch(batch)
             with progress.lock:
                 progress.rows += batch.num_rows
@@ -362,7 +367,7 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionLost, AdminShutdown, s3store.S3RequestError, s3store.UploadAborted, OSError))
 
 
-def _copy_all(parts, converters, sessions, client, layout, slot, sid, progress_interval) -> dict:
+def _copy_all(parts, converters, sessions, client, layout, slot, sid, progress_interval, copy_format) -> dict:
     work: queue.Queue = queue.Queue()
     for p in parts:
         work.put((p, 1))
@@ -383,7 +388,9 @@ def _copy_all(parts, converters, sessions, client, layout, slot, sid, progress_i
                     return
                 continue
             try:
-                res = _copy_part(session, part, converters[part.table.oid], client, layout, slot, sid, progress)
+                res = _copy_part(
+                    session, part, converters[part.table.oid], client, layout, slot, sid, progress, copy_format
+                )
             except BaseException as exc:  # this session's transaction is unusable now
                 session.close()
                 with lock:

@@ -159,7 +159,7 @@ def test_snapshot_and_stream_meet_exactly_at_consistent_point(fresh_db, slot_nam
 
 def test_killed_worker_part_is_retried(fresh_db, slot_name, store, s3):
     client, url = store
-    make_source(fresh_db, rows=60000)
+    make_source(fresh_db, rows=300000)  # enough COPY time for the killer to find one
     slot = slot_name()
     killed = []
 
@@ -174,11 +174,11 @@ def test_killed_worker_part_is_retried(fresh_db, slot_name, store, s3):
                 time.sleep(0.005)
         threading.Thread(target=run, daemon=True).start()
 
-    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=3, rows_per_part=2000, s3_client=client, on_slot_created=killer)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=3, rows_per_part=10000, s3_client=client, on_slot_created=killer)
     assert killed, "a worker backend was terminated mid-copy"
-    assert manifest.table("public", "big").rows == 60000
+    assert manifest.table("public", "big").rows == 300000
     ids = read_table(s3, url, manifest, "public", "big").column("id").to_pylist()
-    assert sorted(ids) == list(range(1, 60001))
+    assert sorted(ids) == list(range(1, 300001))
 
 
 def test_failed_run_drops_its_slot_and_prefix(fresh_db, slot_name, store):
