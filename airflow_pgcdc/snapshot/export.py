@@ -108,6 +108,10 @@ def plan_parts(table: TableInfo, rows_per_part: int) -> list[SnapshotPart]:
 
 @dataclass
 class _Progress:
+    """Counters of a running copy. The percentage is by heap pages: a finished part counts
+    its pages; a running one the share of its pages its rows so far make, by the table's
+    rows per page (``reltuples / relpages``), so the figure moves inside large parts."""
+
     total_pages: int
     started: float = field(default_factory=time.monotonic)
     done_pages: int = 0
@@ -115,17 +119,42 @@ class _Progress:
     bytes: int = 0
     parts_done: int = 0
     tables_done: int = 0
+    running: dict = field(default_factory=dict)  # (table oid, part number) -> (pages, expected rows, rows)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def part_rows(self, part: SnapshotPart, rows: int) -> None:
+        """``rows`` more rows of ``part`` (call with the lock held)."""
+        key = (part.table.oid, part.number)
+        t = part.table
+        expected = t.reltuples * part.pages / t.relpages if t.relpages > 0 and t.reltuples > 0 else 0.0
+        pages, exp, done = self.running.get(key, (part.pages, expected, 0))
+        self.running[key] = (pages, exp, done + rows)
+        self.rows += rows
+
+    def part_done(self, part: SnapshotPart, size: int) -> None:
+        """``part`` is copied and uploaded (call with the lock held)."""
+        self.running.pop((part.table.oid, part.number), None)
+        self.bytes += size
+        self.done_pages += part.pages
+        self.parts_done += 1
+
+    def percent(self) -> float:
+        if not self.total_pages:
+            return 100.0
+        pages = self.done_pages + sum(
+            pages * min(done / exp, 1.0) for pages, exp, done in self.running.values() if exp > 0
+        )
+        return min(100.0 * pages / self.total_pages, 100.0)
 
     def line(self, tables: int, parts: int) -> str:
         elapsed = time.monotonic() - self.started
-        pct = 100.0 * self.done_pages / self.total_pages if self.total_pages else 100.0
+        pct = self.percent()
         rate = self.rows / elapsed if elapsed > 0 else 0.0
-        eta = elapsed * (100.0 - pct) / pct if pct > 0 else float("nan")
+        eta = f"{elapsed * (100.0 - pct) / pct:,.0f}s" if pct > 0 else "unknown"
         return (
             f"snapshot: {self.tables_done}/{tables} tables, {self.parts_done}/{parts} parts, "
             f"{self.rows:,} rows, {self.bytes / 1e6:,.1f} MB, {pct:.1f}% of pages, "
-            f"{rate:,.0f} rows/s, ETA {eta:,.0f}s"
+            f"{rate:,.0f} rows/s, ETA {eta}"
         )
 
 
@@ -346,7 +375,7 @@ def _copy_part(
         for batch in conv.batches(session, part.where(), copy_format):
             seq.write_batch(batch)
             with progress.lock:
-                progress.rows += batch.num_rows
+                progress.part_rows(part, batch.num_rows)
         infos = seq.close()
     except BaseException:
         seq.abort()
@@ -354,9 +383,7 @@ def _copy_part(
     rows = sum(i.rows for i in infos)
     size = sum(i.bytes for i in infos)
     with progress.lock:
-        progress.bytes += size
-        progress.done_pages += part.pages
-        progress.parts_done += 1
+        progress.part_done(part, size)
     relative = key[len(layout.snapshot_prefix(slot, sid)) :].lstrip("/")
     return part.number, relative, rows, size
 

@@ -243,3 +243,36 @@ def test_plan_parts_open_ended_ranges():
     tiny = TableInfo(oid=1, schema="s", name="t", relkind="r", replica_identity="d", columns=(), key_columns=(),
                      key_source=None, relpages=3, reltuples=10.0)
     assert len(plan_parts(tiny, 1)) == 1 and plan_parts(tiny, 1)[0].where() == ""
+
+
+def test_progress_counts_pages_of_running_parts():
+    from airflow_pgcdc.pg.tables import TableInfo
+    from airflow_pgcdc.snapshot.export import _Progress
+
+    t = TableInfo(oid=1, schema="s", name="t", relkind="r", replica_identity="d", columns=(), key_columns=("id",),
+                  key_source="primary key", relpages=1000, reltuples=100_000.0)
+    first, second = plan_parts(t, 50_000)
+    p = _Progress(total_pages=1000)
+    assert "0.0% of pages" in p.line(1, 2) and "ETA unknown" in p.line(1, 2)
+    p.part_rows(first, 25_000)  # half of a 500-page part: a quarter of the table
+    assert p.percent() == pytest.approx(25.0)
+    p.part_rows(second, 100_000)  # more rows than the statistics said: capped at the part
+    assert p.percent() == pytest.approx(75.0)
+    p.part_done(first, 123)
+    assert p.percent() == pytest.approx(100.0) and p.rows == 125_000 and p.bytes == 123
+    line = p.line(1, 2)
+    assert "1/2 parts" in line and "125,000 rows" in line and "100.0% of pages" in line and "ETA 0s" in line
+
+
+def test_snapshot_logs_progress(fresh_db, slot_name, store, caplog):
+    client, url = store
+    make_source(fresh_db, rows=100000)
+    slot = slot_name()
+    with caplog.at_level("INFO", logger="airflow_pgcdc.snapshot.export"):
+        snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=2, rows_per_part=20000,
+                       s3_client=client, progress_interval=0.0)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("snapshot: ")]
+    assert len(lines) >= 2, lines
+    assert "100.0% of pages" in lines[-1] and "tables," in lines[-1] and "rows/s" in lines[-1]
+    assert "100,004 rows" in lines[-1]  # big's 100000 + nokey's 2 + small's 2
+    assert "3/3 tables" in lines[-1]
