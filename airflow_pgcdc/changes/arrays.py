@@ -33,6 +33,7 @@ __all__ = [
     "ints",
     "list_array",
     "null_mask",
+    "nulls",
     "numpy_values",
     "scalar",
     "strings",
@@ -156,6 +157,30 @@ def list_array(offsets: np.ndarray, values: pa.Array, arrow_type: pa.DataType | 
     return pa.ListArray.from_arrays(
         from_numpy(np.asarray(offsets), pa.int32()), values, type=arrow_type, mask=mask
     )
+
+
+def nulls(n: int, arrow_type: pa.DataType) -> pa.Array:
+    """``n`` nulls of ``arrow_type``. Unlike ``pa.nulls``, the children of a struct are
+    not null themselves but zeros (or empty), so that a struct whose fields are declared
+    non-nullable (``interval``'s) stays valid, e.g. for the Parquet writer."""
+    if not pa.types.is_struct(arrow_type):
+        return pa.nulls(n, arrow_type)
+    children = [nulls(n, f.type) if f.nullable else _zeros(n, f.type) for f in arrow_type]
+    return pa.StructArray.from_arrays(children, fields=list(arrow_type),
+                                      mask=from_numpy(np.ones(n, dtype=bool), pa.bool_()))
+
+
+def _zeros(n: int, arrow_type: pa.DataType) -> pa.Array:
+    """``n`` non-null zero values (empty strings, empty lists, structs of zeros)."""
+    if pa.types.is_struct(arrow_type):
+        return pa.StructArray.from_arrays([_zeros(n, f.type) for f in arrow_type], fields=list(arrow_type))
+    if pa.types.is_list(arrow_type):
+        return list_array(np.zeros(n + 1, dtype=np.int32), nulls(0, arrow_type.value_type), arrow_type)
+    if pa.types.is_string(arrow_type) or pa.types.is_binary(arrow_type):
+        offsets = pa.py_buffer(np.zeros(n + 1, dtype=np.int32))
+        return pa.Array.from_buffers(arrow_type, n, [None, offsets, pa.py_buffer(b"")])
+    return from_numpy(np.zeros(n, dtype=bool if pa.types.is_boolean(arrow_type) else _numpy_dtype(arrow_type)),
+                      arrow_type)
 
 
 def scalar(value: Any, arrow_type: pa.DataType) -> pa.Scalar:

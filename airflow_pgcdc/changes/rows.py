@@ -180,7 +180,7 @@ class RelationVersion:
         dec = self.old_decoder
         assert dec is not None
         if olds.count(None) == n:  # inserts, deletes, updates that kept their key
-            return [pa.nulls(n, f.type) for f in dec.schema]
+            return [arrays.nulls(n, f.type) for f in dec.schema]
         width = len(self.columns)
         nulls = (None,) * width
         if not set(map(len, filter(None, olds))) <= {width}:

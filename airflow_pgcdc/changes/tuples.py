@@ -86,7 +86,7 @@ class TupleDecoder:
         """Decode a batch of ``n`` rows given column by column (``columns[i]``: the
         values of column ``i``, ``n`` each)."""
         if n == 0:
-            empty = pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in self.schema], schema=self.schema)
+            empty = pa.RecordBatch.from_arrays([arrays.nulls(0, f.type) for f in self.schema], schema=self.schema)
             return DecodedTuples(empty, self._unchanged_names(0, []), [None] * len(self.columns))
         out = []
         masks: list[np.ndarray | None] = []
@@ -107,7 +107,7 @@ class TupleDecoder:
         kinds.discard(_NONE)
         try:
             if not kinds:
-                return pa.nulls(n, codec.arrow_type), None
+                return arrays.nulls(n, codec.arrow_type), None
             if kinds == _STR:
                 return codec.from_text(arrays.strings(values)), None
             if kinds == _BYTES:

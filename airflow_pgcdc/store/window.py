@@ -52,6 +52,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.changes.rows import ChangeChunk, RelationVersion
 from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN
 from airflow_pgcdc.store import s3 as s3store
@@ -321,6 +322,16 @@ def read_window_rows(client: Any, layout: Layout, slot: str, manifest: WindowMan
     return out
 
 
+def messages_batch(rows: list[dict]) -> pa.RecordBatch:
+    """Rows of logical decoding messages (dicts with the fields of
+    :data:`MESSAGES_SCHEMA`) as a record batch, built over buffers
+    (``RecordBatch.from_pylist`` would make pyarrow import pandas)."""
+    build = {pa.int64(): arrays.ints, pa.bool_(): arrays.bools, pa.string(): arrays.strings,
+             pa.binary(): arrays.binaries}
+    columns = [build[f.type]([r[f.name] for r in rows]) for f in MESSAGES_SCHEMA]
+    return pa.RecordBatch.from_arrays(columns, schema=MESSAGES_SCHEMA)
+
+
 def prepared_key(layout: Layout, slot: str, window_seq: int, xid: int, gid: str) -> str:
     """``…/w=…/prepared/{xid}-{gid encoded}.spool``."""
     return layout.window_prefix(slot, window_seq) + f"prepared/{xid}-{encode_name(gid)}.spool"
@@ -520,8 +531,7 @@ class WindowWriter:
                 open_sink=self._open_sink,
                 target_bytes=self.target_part_bytes,
             )
-        batch = pa.RecordBatch.from_pylist(rows, schema=MESSAGES_SCHEMA)
-        self._messages.write_batch(batch)
+        self._messages.write_batch(messages_batch(rows))
 
     def _write_prepared(self, entry: dict, write: Callable[[Any], int]) -> None:
         key = prepared_key(self.layout, self.slot, self.window_seq, entry["xid"], entry["gid"])

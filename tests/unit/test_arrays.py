@@ -172,3 +172,30 @@ def test_change_rows_do_not_import_pandas() -> None:
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False", "converting change rows imported pandas"
+
+
+def test_null_structs_keep_non_nullable_fields_valid() -> None:
+    """An all-NULL interval column (or the old key of a chunk of inserts whose key is an
+    interval) must still write to Parquet: INTERVAL_TYPE's fields are non-nullable."""
+    import pyarrow.parquet as pq
+
+    from airflow_pgcdc.changes.codecs import INTERVAL_TYPE
+    from airflow_pgcdc.changes.rows import ChangeBuffer, RelationVersion
+    from airflow_pgcdc.changes.tuples import TupleDecoder
+    from airflow_pgcdc.protocol.pgtypes import BUILTIN_BY_NAME, PgColumn
+
+    nested = pa.struct([pa.field("a", pa.string(), nullable=False), pa.field("b", INTERVAL_TYPE, nullable=False),
+                        pa.field("c", pa.list_(pa.int32()), nullable=False), pa.field("d", pa.bool_())])
+    for typ in (INTERVAL_TYPE, nested, pa.int64(), pa.list_(INTERVAL_TYPE)):
+        got = arrays.nulls(3, typ)
+        got.validate(full=True)
+        assert got.type == typ and got.null_count == 3 and got.to_pylist() == [None] * 3
+    iv = PgColumn("iv", BUILTIN_BY_NAME["interval"])
+    batch = TupleDecoder([iv]).decode([(None,), (None,)]).batch
+    rv = RelationVersion(1, "public", "t", "d", (iv, PgColumn("x", BUILTIN_BY_NAME["int4"])), (True, False))
+    buf = ChangeBuffer(rv)
+    buf.add("I", ("1 day", "1"), None, 1, 0, 1, 0)
+    for b in (batch, rv.to_batch(buf.take())):
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_batches([b]), sink)
+        assert pq.ParquetFile(pa.BufferReader(sink.getvalue())).read().num_rows == b.num_rows
