@@ -14,7 +14,8 @@
 4. ``_manifest.json`` is written last, with a conditional put: the snapshot exists if
    and only if its manifest does.
 
-A part that fails is retried on another worker while the snapshot lives. If the run
+A part that fails is retried while the snapshot lives: the slot connection stays idle
+until the copy ends, so a worker whose session died imports the snapshot again. If the run
 fails as a whole, it drops the slot it created and removes its partial prefix, so no
 orphan slot retains WAL and a rerun starts clean. A rerun after a crash (no cleanup
 ran) finds the slot without a committed snapshot and starts over the same way.
@@ -275,7 +276,8 @@ def snapshot_to_s3(
             n_workers = workers
             for _ in range(n_workers):
                 sessions.append(_import_snapshot(dsn, snapshot_name))
-            repl.close()  # the snapshot is held by the importers now
+            # the slot connection stays idle until the copy ends: while it does, the
+            # exported snapshot lives, and a worker whose session died imports it again
             if on_slot_created is not None:
                 on_slot_created(str(created.consistent_point), snapshot_name)
             infos = _discover(catalog_conn, publication, tables)
@@ -287,8 +289,14 @@ def snapshot_to_s3(
             if warning:
                 log.warning(warning)
         parts = [p for t in infos for p in plan_parts(t, rows_per_part)]
+        def reconnect() -> ReplicationConnection:
+            session = _import_snapshot(dsn, snapshot_name)
+            sessions.append(session)
+            return session
+
         results = _copy_all(
-            parts, converters, sessions, client, layout, slot, sid, progress_interval, copy_format
+            parts, converters, list(sessions), client, layout, slot, sid, progress_interval, copy_format,
+            reconnect=reconnect,
         )
         manifest = SnapshotManifest(
             slot=slot,
@@ -394,7 +402,13 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionLost, AdminShutdown, s3store.S3RequestError, s3store.UploadAborted, OSError))
 
 
-def _copy_all(parts, converters, sessions, client, layout, slot, sid, progress_interval, copy_format) -> dict:
+def _copy_all(
+    parts, converters, sessions, client, layout, slot, sid, progress_interval, copy_format, *, reconnect=None
+) -> dict:
+    """Copy ``parts`` on one thread per session. A part that fails on a lost session or a
+    storage error is put back (up to :data:`MAX_PART_ATTEMPTS` tries); its worker takes a
+    new session from ``reconnect()`` (one importing the same snapshot) or, failing that,
+    stops, leaving the part to the others."""
     work: queue.Queue = queue.Queue()
     for p in parts:
         work.put((p, 1))
@@ -420,18 +434,30 @@ def _copy_all(parts, converters, sessions, client, layout, slot, sid, progress_i
                 )
             except BaseException as exc:  # this session's transaction is unusable now
                 session.close()
+                retry = attempt < MAX_PART_ATTEMPTS and _retryable(exc)
+                new_session = None
+                if retry and reconnect is not None:
+                    try:
+                        new_session = reconnect()
+                    except Exception as again:
+                        log.warning("worker could not import the snapshot again: %s", again)
                 with lock:
-                    alive[0] -= 1
-                    if attempt < MAX_PART_ATTEMPTS and alive[0] > 0 and _retryable(exc):
+                    if new_session is None:
+                        alive[0] -= 1
+                    if retry and alive[0] > 0:
                         log.warning(
-                            "part %d of %s failed (attempt %d): %s; retrying on another worker",
+                            "part %d of %s failed (attempt %d): %s; retrying%s",
                             part.number, part.table.display, attempt, exc,
+                            " on a new session" if new_session is not None else " on another worker",
                         )
                         work.put((part, attempt + 1))
                     else:
                         failures.append(exc)
                         stop.set()
-                return
+                if new_session is None:
+                    return
+                session = new_session
+                continue
             with lock:
                 results[part.table.oid].append(res)
                 remaining[part.table.oid] -= 1

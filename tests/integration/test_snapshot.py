@@ -181,6 +181,36 @@ def test_killed_worker_part_is_retried(fresh_db, slot_name, store, s3):
     assert sorted(ids) == list(range(1, 300001))
 
 
+def test_only_worker_killed_reimports_the_snapshot(fresh_db, slot_name, store, s3):
+    """With one worker, a killed session is replaced by a new one that imports the same
+    snapshot (the slot connection keeps it alive until the copy ends)."""
+    client, url = store
+    make_source(fresh_db, rows=300000)
+    slot = slot_name()
+    killed = []
+
+    def killer(_cp, _name):
+        def run():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not killed:
+                rows = sql(fresh_db.socket_dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgcdc-snapshot' AND query LIKE 'COPY%%' AND state = 'active'")
+                if rows:
+                    sql(fresh_db.socket_dsn, "SELECT pg_terminate_backend(%s)", (rows[0][0],))
+                    killed.append(rows[0][0])
+                time.sleep(0.005)
+        threading.Thread(target=run, daemon=True).start()
+
+    # a row written after the slot was created must not appear: the new session sees the snapshot
+    def both(cp, name):
+        sql(fresh_db.socket_dsn, "INSERT INTO big (id) VALUES (-1)")
+        killer(cp, name)
+
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, rows_per_part=10000, s3_client=client, on_slot_created=both)
+    assert killed, "the worker backend was terminated mid-copy"
+    ids = read_table(s3, url, manifest, "public", "big").column("id").to_pylist()
+    assert sorted(ids) == list(range(1, 300001))
+
+
 def test_failed_run_drops_its_slot_and_prefix(fresh_db, slot_name, store):
     client, url = store
     sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY)")
