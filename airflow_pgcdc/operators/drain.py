@@ -8,6 +8,7 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.operators.assets import default_outlets, emit
 
 
 def changes_asset(to: str, slot: str) -> Asset:
@@ -29,8 +30,10 @@ class PgcdcDrainOperator(BaseOperator):
         {"window_seq", "start_lsn", "end_lsn", "end_reason", "transactions", "rows",
          "tables": {"schema.table": rows}, "bytes", "manifest": "s3://…/_manifest.json"}
 
-    ``window_seq`` is ``None`` when there was nothing to drain. Emits an Asset event on
-    ``s3://bucket/prefix/<slot>/changes`` (extra: window_seq, end_lsn, rows).
+    ``window_seq`` is ``None`` when there was nothing to drain. A committed window emits an
+    Asset event on ``s3://bucket/prefix/<slot>/changes`` (extra: window_seq, end_lsn,
+    rows; through the AssetAlias ``pgcdc-changes[-<slot>]`` when ``to`` or ``slot`` is
+    templated, see :mod:`airflow_pgcdc.operators.assets`).
 
     :param to: ``s3://bucket/prefix`` (templated)
     :param slot: the logical replication slot (pgoutput) (templated)
@@ -66,8 +69,8 @@ class PgcdcDrainOperator(BaseOperator):
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if "outlets" not in kwargs and "{{" not in to and "{{" not in slot:
-            kwargs["outlets"] = [changes_asset(to, slot)]
+        if "outlets" not in kwargs:
+            kwargs["outlets"] = default_outlets("changes", to, slot, changes_asset)
         super().__init__(**kwargs)
         self.to = to
         self.slot = slot
@@ -122,9 +125,8 @@ class PgcdcDrainOperator(BaseOperator):
         out = result.to_dict()
         self.log.info("window %s [%s, %s): %s transactions, %s rows, %s bytes", out["window_seq"],
                       out["start_lsn"], out["end_lsn"], out["transactions"], out["rows"], out["bytes"])
-        for outlet in self.outlets or ():
-            if isinstance(outlet, Asset):
-                context["outlet_events"][outlet].extra = {
-                    "window_seq": result.window_seq, "end_lsn": result.end_lsn, "rows": result.rows,
-                }
+        if result.window_seq is not None:
+            emit(self, context, changes_asset(self.to, self.slot), {
+                "window_seq": result.window_seq, "end_lsn": str(result.end_lsn), "rows": result.rows,
+            })
         return out

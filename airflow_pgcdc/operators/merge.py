@@ -47,6 +47,7 @@ from airflow.sdk import Asset, AssetAlias
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
+from airflow_pgcdc.operators import assets
 
 __all__ = [
     "MERGED_ACTIONS",
@@ -67,9 +68,7 @@ _OWNED = ("application", "application_args")
 def delta_alias(slot: str | None = None) -> AssetAlias:
     """The AssetAlias through which the merge of ``slot`` emits its per-table Asset events
     (``pgcdc-delta-{slot}``; ``pgcdc-delta`` when the slot is only known at run time)."""
-    if slot and "{{" not in slot:
-        return AssetAlias(name=f"pgcdc-delta-{slot}")
-    return AssetAlias(name="pgcdc-delta")
+    return assets.alias("delta", slot)
 
 
 def merge_application_args(
@@ -385,24 +384,13 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         return result
 
     def _emit_asset_events(self, context, result: Mapping[str, Any]) -> None:
-        outlets = list(self.outlets or ())
-        declared = {o.uri: o for o in outlets if isinstance(o, Asset)}
-        aliases = [o for o in outlets if isinstance(o, AssetAlias)]
-        events = context["outlet_events"]
         for t in result.get("tables", ()):
             if t.get("action") not in MERGED_ACTIONS:
                 continue
-            asset = Asset(uri=t["delta_url"])
-            extra = {
+            assets.emit(self, context, Asset(uri=t["delta_url"]), {
                 "window_seq": t.get("last_window"),
                 "start_lsn": t.get("start_lsn"),
                 "end_lsn": t.get("end_lsn"),
                 "delta_version": t.get("delta_version"),
                 "action": t.get("action"),
-            }
-            if asset.uri in declared:
-                events[declared[asset.uri]].extra = extra
-            elif aliases:
-                events[aliases[0]].add(asset, extra=extra)
-            else:
-                self.log.warning("no AssetAlias or Asset outlet for %s: no Asset event", asset.uri)
+            })

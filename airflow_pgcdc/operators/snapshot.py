@@ -8,6 +8,7 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.operators.assets import default_outlets, emit
 
 
 def snapshot_asset(to: str, slot: str) -> Asset:
@@ -25,7 +26,9 @@ class PgSnapshotToS3Operator(BaseOperator):
          "tables": {"schema.table": {"rows", "parts", "has_key"}}}
 
     and an Asset event on ``s3://bucket/prefix/<slot>/snapshot`` with
-    ``{snapshot_id, consistent_point, rows}`` as extra.
+    ``{snapshot_id, consistent_point, rows}`` as extra (through the AssetAlias
+    ``pgcdc-snapshot[-<slot>]`` when ``to`` or ``slot`` is templated; see
+    :mod:`airflow_pgcdc.operators.assets`).
 
     :param to: ``s3://bucket/prefix`` (templated)
     :param slot: replication slot to create (templated)
@@ -55,8 +58,8 @@ class PgSnapshotToS3Operator(BaseOperator):
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if "outlets" not in kwargs and "{{" not in to and "{{" not in slot:
-            kwargs["outlets"] = [snapshot_asset(to, slot)]
+        if "outlets" not in kwargs:
+            kwargs["outlets"] = default_outlets("snapshot", to, slot, snapshot_asset)
         super().__init__(**kwargs)
         self.to = to
         self.slot = slot
@@ -101,11 +104,9 @@ class PgSnapshotToS3Operator(BaseOperator):
                 for t in manifest.tables
             },
         }
-        for outlet in self.outlets or ():
-            if isinstance(outlet, Asset):
-                context["outlet_events"][outlet].extra = {
-                    "snapshot_id": manifest.snapshot_id,
-                    "consistent_point": manifest.consistent_point,
-                    "rows": manifest.rows,
-                }
+        emit(self, context, snapshot_asset(self.to, self.slot), {
+            "snapshot_id": manifest.snapshot_id,
+            "consistent_point": manifest.consistent_point,
+            "rows": manifest.rows,
+        })
         return result

@@ -1,5 +1,23 @@
-"""The DAG runner of the tests: :mod:`airflow_pgcdc.dagrun` (shared with ``make demo``)."""
+"""The DAG runner of the tests: :mod:`airflow_pgcdc.dagrun` (shared with ``make demo``),
+and a reader of the Asset events a run left in its metadata DB."""
+
+import json
+import sqlite3
+from pathlib import Path
 
 from airflow_pgcdc.dagrun import DagRunResult, airflow_env, migrate, run_dag
 
-__all__ = ["DagRunResult", "airflow_env", "migrate", "run_dag"]
+__all__ = ["DagRunResult", "airflow_env", "asset_events", "migrate", "run_dag"]
+
+
+def asset_events(home: Path) -> list[dict]:
+    """Every Asset event in the metadata DB of ``home`` (an ``AIRFLOW_HOME``): uri, extra,
+    source task, and the aliases it came through."""
+    with sqlite3.connect(Path(home) / "airflow.db") as db:
+        rows = db.execute(
+            "SELECT a.uri, e.extra, e.source_task_id, "
+            "(SELECT group_concat(al.name) FROM asset_alias_asset_event x "
+            " JOIN asset_alias al ON al.id = x.alias_id WHERE x.event_id = e.id) "
+            "FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
+        ).fetchall()
+    return [{"uri": u, "extra": json.loads(x), "task": t, "aliases": al} for u, x, t, al in rows]

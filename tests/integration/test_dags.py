@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from airflow_runner import airflow_env, run_dag
+from airflow_runner import airflow_env, asset_events, run_dag
 from deltalake import DeltaTable
 from psycopg.conninfo import conninfo_to_dict
 
@@ -89,6 +89,19 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
         merged = {t["table"]: t for t in run.xcom("merge")["tables"]}
         assert merged["shop.orders"]["last_window"] == round_
         assert_all_equal(db, delta)
+
+    # Asset events (the DAGs' locations are templated: they come through the aliases)
+    events = asset_events(tmp_path / "airflow")
+    snap_events = [e for e in events if e["task"] == "snapshot"]
+    assert [e["uri"] for e in snap_events] == [f"{store}/{slot}/snapshot"]
+    assert snap_events[0]["aliases"] == "pgcdc-snapshot" and snap_events[0]["extra"]["rows"] == 1200
+    assert snap_events[0]["extra"]["consistent_point"] == first.xcom("snapshot")["consistent_point"]
+    drains = [e for e in events if e["task"] == "drain"]
+    assert [(e["uri"], e["extra"]["window_seq"]) for e in drains] == [(f"{store}/{slot}/changes", 0),
+                                                                      (f"{store}/{slot}/changes", 1)]
+    assert drains[-1]["extra"]["end_lsn"] == window["end_lsn"] and drains[-1]["aliases"] == "pgcdc-changes"
+    merged_uris = {e["uri"] for e in events if e["task"] == "merge"}
+    assert merged_uris == {delta_table_url(delta, *t.split(".")) for t in TABLES}
 
     back = run_dag(DAGS / "pgcdc_backfill.py", "pgcdc_backfill", env, {**conf, "verify": True})
     assert back.state == "success", back.output[-5000:]

@@ -7,12 +7,11 @@ the task log."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import psycopg
 import pytest
-from airflow_runner import airflow_env, run_dag
+from airflow_runner import airflow_env, asset_events, run_dag
 
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.merge.plan import delta_table_url
@@ -26,18 +25,6 @@ DAGS = Path(__file__).parent / "dags"
 def sql(dsn, query, params=None):
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(query, params)
-
-
-def asset_events(home: Path) -> list[dict]:
-    """Every Asset event in the run's metadata DB: uri, extra, source task, via alias."""
-    with sqlite3.connect(home / "airflow.db") as db:
-        rows = db.execute(
-            "SELECT a.uri, e.extra, e.source_task_id, "
-            "(SELECT group_concat(al.name) FROM asset_alias_asset_event x "
-            " JOIN asset_alias al ON al.id = x.alias_id WHERE x.event_id = e.id) "
-            "FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
-        ).fetchall()
-    return [{"uri": u, "extra": json.loads(x), "task": t, "aliases": al} for u, x, t, al in rows]
 
 
 @pytest.mark.parametrize("pg_server", ["pg18"], indirect=True)
