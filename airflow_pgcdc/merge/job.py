@@ -598,8 +598,11 @@ def _read_files(ctx: _Context, paths: list[str], schema: pa.Schema):
     """Parquet files (``bucket/key`` paths) as a DataFrame of ``schema``."""
     if ctx.reader == "s3a":
         return _read_s3a(ctx, paths, schema)
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     return (
         ctx.spark.read.format("pgcdc_parquet")
+        .schema(from_arrow_schema(schema))  # given: Spark need not ask the source (a Python worker)
         .options(**ctx.s3_options)
         .option("parts", json.dumps(paths))
         .option("schema", encode_schema(schema))
