@@ -250,6 +250,7 @@ class _Window:
         self._by_rel: dict[int, tuple[po.Relation, RelationVersion]] = {}
         self._txn: TxnInfo | None = None
         self._ts: int | None = None
+        self._commit_lsn = 0
         self._last_rel: po.Relation | None = None  # cache of the last change's relation
         self._last_rv: RelationVersion | None = None
         self._last_buf: ChangeBuffer | None = None
@@ -289,6 +290,9 @@ class _Window:
     def begin(self, txn: TxnInfo) -> None:
         self._txn = txn
         self._ts = ts_us(txn.commit_ts)
+        # a plain int: the buffered rows hold it until their chunk is written, and an LSN
+        # (an int subclass) is tracked by the cyclic GC, whose full collections it would slow
+        self._commit_lsn = int(txn.commit_lsn)
 
     def change(self, rel: po.Relation, msg: Any, nbytes: int) -> None:
         if rel is self._last_rel:
@@ -308,8 +312,7 @@ class _Window:
             image = msg.old if msg.old is not None else msg.key
             if image is None:
                 image = (None,) * len(rv.columns)
-        txn = self._txn
-        buf.add(op, image, old, txn.commit_lsn, self.seq, txn.xid, self._ts, nbytes)  # type: ignore[union-attr]
+        buf.add(op, image, old, self._commit_lsn, self.seq, self._txn.xid, self._ts, nbytes)  # type: ignore[union-attr]
         self.seq += 1
         self.rows += 1
         if buf.nbytes >= CHUNK_BYTES or len(buf) >= CHUNK_ROWS:
@@ -590,7 +593,10 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
         skip_origins=frozenset(skip_origins), message_prefixes=tuple(message_prefixes) if message_prefixes is not None else None,
         held=held, fetch_prepared=fetch,
     )
+    # the after-receive point is checked after every transaction: read the environment once
     fault_after = int(os.environ.get("PGCDC_FAULT_AFTER", "1"))
+    if "after-receive" not in (os.environ.get(FAULT_ENV), os.environ.get("PGCDC_PAUSE")):
+        fault_after = None
     receive_t0 = time.monotonic()
     deadline = receive_t0 + max_seconds if max_seconds is not None else None
     safe = start  # the furthest position where a window could end right now
@@ -637,7 +643,7 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
                 if window.txn_ended:
                     if window.last_end is not None and window.last_end > safe:
                         safe = window.last_end
-                    if window.transactions >= fault_after:
+                    if fault_after is not None and window.transactions >= fault_after:
                         _fault("after-receive")
                     if max_rows is not None and window.rows >= max_rows:
                         reason = "max_rows"

@@ -628,6 +628,7 @@ _UNPACK_I16 = _I16.unpack_from
 _UNPACK_OID_B = _OID_B.unpack_from
 _UNPACK_OID_B_I16 = struct.Struct("!IBh").unpack_from  # relation oid + 'N' + column count
 _UNPACK_XID_OID_B = _XID_OID_B.unpack_from
+_new_lsn = int.__new__  # LSN values straight from a "Q" unpack are always in range
 
 _N, _K, _O = ord("N"), ord("K"), ord("O")
 _2_31 = 1 << 31
@@ -1066,7 +1067,7 @@ class PgoutputDecoder:
         self._outside_stream(label)
         lsn, ts, xid = _L_BEGIN.read(data, 1, label)
         _finish(data, 1 + _L_BEGIN.size, label)
-        return Begin(LSN(lsn), _ts(ts, label, 9, "commit timestamp"), xid)
+        return Begin(_new_lsn(LSN, lsn), _ts(ts, label, 9, "commit timestamp"), xid)
 
     def _commit(self, data: bytes) -> Commit:
         label = Commit.label
@@ -1074,14 +1075,14 @@ class PgoutputDecoder:
         flags, lsn, end_lsn, ts = _L_COMMIT.read(data, 1, label)
         _flags_zero(flags, label, 1)
         _finish(data, 1 + _L_COMMIT.size, label)
-        return Commit(flags, LSN(lsn), LSN(end_lsn), _ts(ts, label, 18, "commit timestamp"))
+        return Commit(flags, _new_lsn(LSN, lsn), _new_lsn(LSN, end_lsn), _ts(ts, label, 18, "commit timestamp"))
 
     def _origin(self, data: bytes) -> Origin:
         label = Origin.label
         (lsn,) = _L_LSN.read(data, 1, label)
         name, pos = _cstring(data, 9, label, "origin name", self.encoding)
         _finish(data, pos, label)
-        return Origin(LSN(lsn), name)
+        return Origin(_new_lsn(LSN, lsn), name)
 
     # -- changes -----------------------------------------------------------------------
     def _xid(self, data: bytes, label: str) -> tuple[int | None, int]:
@@ -1112,7 +1113,7 @@ class PgoutputDecoder:
             )
         content = data[pos : pos + ln]
         _finish(data, pos + ln, label)
-        return LogicalMessage(xid, flags, LSN(lsn), prefix, content)
+        return LogicalMessage(xid, flags, _new_lsn(LSN, lsn), prefix, content)
 
     def _relation(self, data: bytes) -> Relation:
         label = Relation.label
@@ -1330,7 +1331,7 @@ class PgoutputDecoder:
         _flags_zero(flags, label, 5)
         _finish(data, 1 + _L_STREAM_COMMIT.size, label)
         return StreamCommit(
-            xid, flags, LSN(lsn), LSN(end_lsn), _ts(ts, label, 22, "commit timestamp")
+            xid, flags, _new_lsn(LSN, lsn), _new_lsn(LSN, end_lsn), _ts(ts, label, 22, "commit timestamp")
         )
 
     def _stream_abort(self, data: bytes) -> StreamAbort:
@@ -1339,7 +1340,7 @@ class PgoutputDecoder:
         if self.parallel_streaming and len(data) > 1 + _L_STREAM_ABORT.size:
             xid, subxid, lsn, ts = _L_STREAM_ABORT_V4.read(data, 1, label)
             _finish(data, 1 + _L_STREAM_ABORT_V4.size, label)
-            return StreamAbort(xid, subxid, LSN(lsn), _ts(ts, label, 17, "abort timestamp"))
+            return StreamAbort(xid, subxid, _new_lsn(LSN, lsn), _ts(ts, label, 17, "abort timestamp"))
         xid, subxid = _L_STREAM_ABORT.read(data, 1, label)
         _finish(data, 1 + _L_STREAM_ABORT.size, label)
         return StreamAbort(xid, subxid, None, None)
@@ -1352,7 +1353,7 @@ class PgoutputDecoder:
         gid, pos = _cstring(data, 1 + _L_BEGIN_PREPARE.size, label, "GID", self.encoding)
         _finish(data, pos, label)
         return BeginPrepare(
-            LSN(lsn), LSN(end_lsn), _ts(ts, label, 17, "prepare timestamp"), xid, gid
+            _new_lsn(LSN, lsn), _new_lsn(LSN, end_lsn), _ts(ts, label, 17, "prepare timestamp"), xid, gid
         )
 
     def _prepare_like(self, data: bytes, cls: type[Message], layout: _Layout, ts_what: str) -> Any:
@@ -1363,7 +1364,7 @@ class PgoutputDecoder:
         _flags_zero(flags, label, 1)
         gid, pos = _cstring(data, 1 + layout.size, label, "GID", self.encoding)
         _finish(data, pos, label)
-        return cls(flags, LSN(lsn), LSN(end_lsn), _ts(ts, label, 18, ts_what), xid, gid)
+        return cls(flags, _new_lsn(LSN, lsn), _new_lsn(LSN, end_lsn), _ts(ts, label, 18, ts_what), xid, gid)
 
     def _prepare(self, data: bytes) -> Prepare:
         return self._prepare_like(data, Prepare, _L_PREPARE, "prepare timestamp")
@@ -1383,8 +1384,8 @@ class PgoutputDecoder:
         _finish(data, pos, label)
         return RollbackPrepared(
             flags,
-            LSN(lsn),
-            LSN(end_lsn),
+            _new_lsn(LSN, lsn),
+            _new_lsn(LSN, end_lsn),
             _ts(pts, label, 18, "prepare timestamp"),
             _ts(rts, label, 26, "rollback timestamp"),
             xid,
