@@ -145,7 +145,7 @@ def main() -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
     settings = {"max_wal_size": "8GB", "wal_sender_timeout": "0", "checkpoint_timeout": "30min"}
     results = {}
-    with PostgresServer(args.server, settings=settings) as server, S3Server() as s3:
+    with PostgresServer(args.server, settings=settings) as server, S3Server(volume_size_limit_mb=1024) as s3:
         bucket = s3.create_bucket("bench")
         url = f"s3://{bucket}/lake"
         with psycopg.connect(server.socket_dsn, autocommit=True) as c:

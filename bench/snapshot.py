@@ -7,7 +7,7 @@ multipart uploads), against ``psql -c "COPY t TO STDOUT" > /dev/null``. Printed:
 times, the ratio snapshot/COPY (target <= 1.5), rows/s, MB/s of COPY text, and the
 snapshot process's peak RSS (target <= 1 GB).
 
-    .venv/bin/python bench/snapshot.py [--rows 5000000] [--workers 2] [--rounds 2]
+    .venv/bin/python bench/snapshot.py [--rows 5000000] [--workers 2] [--rounds 2] [--copy-format binary|csv]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def main() -> int:
     ap.add_argument("--rows-per-part", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--server", choices=("pg18", "pg15"), default="pg18")
+    ap.add_argument("--copy-format", choices=("binary", "csv"), default="binary")
     args = ap.parse_args()
     with PostgresServer(args.server, settings={"max_wal_size": "4GB"}) as pg, S3Server(volume_size_limit_mb=1024) as s3:
         bucket = s3.create_bucket("bench")
@@ -81,7 +82,7 @@ def main() -> int:
                     cmd = [sys.executable, "-m", "airflow_pgcdc.cli", "snapshot", "--dsn", pg.dsn, "--slot", slot,
                            "--publication", "bench_pub", "--to", f"s3://{bucket}/round{i}",
                            "--workers", str(args.workers), "--rows-per-part", str(args.rows_per_part),
-                           "--progress-interval", "5"]
+                           "--progress-interval", "5", "--copy-format", args.copy_format]
                     dt, peak = timed_child(cmd, env)
                     snap.append(dt)
                     rss.append(peak)
@@ -93,7 +94,7 @@ def main() -> int:
     print(
         f"RESULT snapshot {s:.2f}s ({args.rows / s:,.0f} rows/s, {copy_bytes / s / 1e6:,.1f} MB/s of COPY text) "
         f"vs plain COPY {p:.2f}s ({args.rows / p:,.0f} rows/s); ratio snapshot/COPY = {s / p:.2f} (target <= 1.5); "
-        f"peak RSS {max(rss) / 1e6:,.0f} MB (target <= 1000); workers {args.workers}",
+        f"peak RSS {max(rss) / 1e6:,.0f} MB (target <= 1000); workers {args.workers}, COPY format {args.copy_format}",
         flush=True,
     )
     return 0
