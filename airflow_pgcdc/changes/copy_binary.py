@@ -196,14 +196,13 @@ class BinaryCopyDecoder:
         if len(starts) and ends[-1] - starts[-1] == 2 and data[int(starts[-1]) : int(ends[-1])] == b"\xff\xff":
             self._trailer = True
             starts, ends = starts[:-1], ends[:-1]
-        self.bytes += size
         if not len(starts):
+            self.bytes += size
             return []
-        batch = self._decode(buf, data, starts, ends, offset)
+        batch = self._decode(buf, data, starts, ends, offset)  # errors name this block's offset
+        self.bytes += size
         self.rows += batch.num_rows
         return [batch]
-
-    # ---- internals
 
     def _fail(self, reason: str, *, row: int | None = None, column: int | None = None, value=None):
         raise ValueConversionError(
@@ -211,7 +210,7 @@ class BinaryCopyDecoder:
             table=self.table,
             column=self.columns[column].name if column is not None else None,
             row=row,
-            offset=self.bytes,
+            offset=self.bytes,  # the start of the block being decoded
             value=value,
         )
 

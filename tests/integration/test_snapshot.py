@@ -157,6 +157,19 @@ def test_snapshot_and_stream_meet_exactly_at_consistent_point(fresh_db, slot_nam
     assert streamed == list(range(k + 1, last + 1)), "the stream starts right after the snapshot"
 
 
+def kill_one_copy(dsn, killed: list) -> None:
+    """In a thread: terminate the first snapshot COPY backend seen (its pid into ``killed``)."""
+    def run():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not killed:
+            rows = sql(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgcdc-snapshot' AND query LIKE 'COPY%%' AND state = 'active'")
+            if rows:
+                sql(dsn, "SELECT pg_terminate_backend(%s)", (rows[0][0],))
+                killed.append(rows[0][0])
+            time.sleep(0.005)
+    threading.Thread(target=run, daemon=True).start()
+
+
 def test_killed_worker_part_is_retried(fresh_db, slot_name, store, s3):
     client, url = store
     make_source(fresh_db, rows=300000)  # enough COPY time for the killer to find one
@@ -164,15 +177,7 @@ def test_killed_worker_part_is_retried(fresh_db, slot_name, store, s3):
     killed = []
 
     def killer(_cp, _name):
-        def run():
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not killed:
-                rows = sql(fresh_db.socket_dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgcdc-snapshot' AND query LIKE 'COPY%%' AND state = 'active'")
-                if rows:
-                    sql(fresh_db.socket_dsn, "SELECT pg_terminate_backend(%s)", (rows[0][0],))
-                    killed.append(rows[0][0])
-                time.sleep(0.005)
-        threading.Thread(target=run, daemon=True).start()
+        kill_one_copy(fresh_db.socket_dsn, killed)
 
     manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=3, rows_per_part=10000, s3_client=client, on_slot_created=killer)
     assert killed, "a worker backend was terminated mid-copy"
@@ -189,21 +194,10 @@ def test_only_worker_killed_reimports_the_snapshot(fresh_db, slot_name, store, s
     slot = slot_name()
     killed = []
 
-    def killer(_cp, _name):
-        def run():
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not killed:
-                rows = sql(fresh_db.socket_dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgcdc-snapshot' AND query LIKE 'COPY%%' AND state = 'active'")
-                if rows:
-                    sql(fresh_db.socket_dsn, "SELECT pg_terminate_backend(%s)", (rows[0][0],))
-                    killed.append(rows[0][0])
-                time.sleep(0.005)
-        threading.Thread(target=run, daemon=True).start()
-
     # a row written after the slot was created must not appear: the new session sees the snapshot
     def both(cp, name):
         sql(fresh_db.socket_dsn, "INSERT INTO big (id) VALUES (-1)")
-        killer(cp, name)
+        kill_one_copy(fresh_db.socket_dsn, killed)
 
     manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, rows_per_part=10000, s3_client=client, on_slot_created=both)
     assert killed, "the worker backend was terminated mid-copy"

@@ -135,9 +135,11 @@ def test_truncated_stream_and_data_after_trailer():
 
 def test_row_number_counts_across_blocks():
     rows = sample_rows() * 3 + [row(b"short")]
+    msgs = messages(rows)
     with pytest.raises(ValueConversionError) as info:
-        decode(messages(rows), per_feed=2)
+        decode(msgs, per_feed=2)
     assert info.value.row == 12
+    assert info.value.offset == sum(map(len, msgs[:12]))  # the start of the block holding it
 
 
 def test_out_of_range_date_is_unrepresentable():
