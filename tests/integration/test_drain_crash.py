@@ -166,3 +166,32 @@ def test_postgres_restart_or_dropped_connection_mid_window(fresh_db, slot_name, 
     assert windows(client, url, slot) == [], "nothing committed"
     assert rerun(fresh_db, url, slot, client).transactions > 0
     finish_and_verify(fresh_db, url, slot, s3, client, start, last)
+
+
+def test_window_committed_by_someone_else_meanwhile(fresh_db, slot_name, store, s3, tmp_path):
+    """A manifest that appears at our window's key while we upload (another drain won the
+    conditional put): WindowConflict, nothing acknowledged, the other manifest untouched."""
+    from airflow_pgcdc.store.layout import Layout
+
+    client, url = store
+    slot = slot_name()
+    start = setup(fresh_db, slot)
+    backlog(fresh_db, txns=5)
+    marker = tmp_path / "paused"
+    proc = start_drain(fresh_db, url, slot, s3, {
+        "PGCDC_PAUSE": "after-parts", "PGCDC_PAUSE_FILE": str(marker), "PGCDC_PAUSE_SECONDS": "3",
+    })
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    layout = Layout.parse(url)
+    key = layout.window_manifest(slot, 0)
+    foreign = b'{"written_by": "another drain"}'
+    client.put_object(Bucket=layout.bucket, Key=key, Body=foreign)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, (proc.returncode, err[-3000:])
+    assert "window 0 of slot" in err and "committed by someone else meanwhile" in err, err[-3000:]
+    assert confirmed(fresh_db, slot) == start, "a window we did not commit is not acknowledged"
+    assert client.get_object(Bucket=layout.bucket, Key=key)["Body"].read() == foreign
