@@ -158,7 +158,7 @@ def merge_slot(
     _remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
     seqs = committed_window_seqs(client, layout, slot)
-    manifests = [read_window(client, layout, slot, s) for s in seqs]
+    manifests = _read_windows(client, layout, slot, seqs)
     wanted = _table_names(snapshot, manifests, tables)
     result = MergeResult(slot=slot, source=source, delta=delta)
     try:
@@ -191,6 +191,23 @@ class _Context:
         """``bucket/…/merge-staging/{run}/{segment}/{what}/`` (a pyarrow fs path)."""
         prefix = self.layout.merge_staging_prefix(self.slot, self.run_id)
         return f"{self.layout.bucket}/{prefix}{encode_table_segment(schema, table)}/{what}/"
+
+
+MANIFEST_READERS = 16
+"""Window manifests read at once (the S3 client pools 32 connections): a slot with months
+of windows has thousands, and one GET after the other would cost the job minutes."""
+
+
+def _read_windows(client, layout: Layout, slot: str, seqs: Sequence[int]) -> list:
+    """Every window manifest in ``seqs``, in that order (read concurrently; boto3 clients
+    are thread-safe)."""
+    if len(seqs) <= 1:
+        return [read_window(client, layout, slot, s) for s in seqs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = min(MANIFEST_READERS, len(seqs))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pgcdc-manifests") as pool:
+        return list(pool.map(lambda s: read_window(client, layout, slot, s), seqs))
 
 
 def _table_names(snapshot, manifests, only: Sequence[str] | None) -> list[tuple[str, str]]:
