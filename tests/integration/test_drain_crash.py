@@ -136,10 +136,11 @@ def backlog(dsn, txns=60, rows=1000):
     return txns * rows
 
 
-def paused_drain(dsn, url, slot, s3, tmp_path):
+def paused_drain(dsn, url, slot, s3, tmp_path, point="after-receive", seconds=4):
+    """A ``pgcdc drain`` process, returned once it is paused at fault ``point``."""
     marker = tmp_path / "paused"
     proc = start_drain(dsn, url, slot, s3, {
-        "PGCDC_PAUSE": "after-receive", "PGCDC_PAUSE_FILE": str(marker), "PGCDC_PAUSE_SECONDS": "4",
+        "PGCDC_PAUSE": point, "PGCDC_PAUSE_FILE": str(marker), "PGCDC_PAUSE_SECONDS": str(seconds),
     })
     deadline = time.monotonic() + 60
     while not marker.exists():
@@ -177,15 +178,7 @@ def test_window_committed_by_someone_else_meanwhile(fresh_db, slot_name, store, 
     slot = slot_name()
     start = setup(fresh_db, slot)
     backlog(fresh_db, txns=5)
-    marker = tmp_path / "paused"
-    proc = start_drain(fresh_db, url, slot, s3, {
-        "PGCDC_PAUSE": "after-parts", "PGCDC_PAUSE_FILE": str(marker), "PGCDC_PAUSE_SECONDS": "3",
-    })
-    deadline = time.monotonic() + 60
-    while not marker.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    proc = paused_drain(fresh_db, url, slot, s3, tmp_path, point="after-parts", seconds=3)
     layout = Layout.parse(url)
     key = layout.window_manifest(slot, 0)
     foreign = b'{"written_by": "another drain"}'
