@@ -38,6 +38,7 @@ __all__ = [
     "scalar",
     "strings",
     "true_mask",
+    "validity",
 ]
 
 INT32_MAX = 2**31 - 1
@@ -48,7 +49,7 @@ def _not_none(values: Sequence) -> np.ndarray:
     return np.fromiter(map(operator.is_not, values, repeat(None)), dtype=bool, count=len(values))
 
 
-def _validity(null_mask: np.ndarray | None) -> tuple[pa.Buffer | None, int]:
+def validity(null_mask: np.ndarray | None) -> tuple[pa.Buffer | None, int]:
     """The validity bitmap of ``null_mask`` (True where null) and the null count."""
     if null_mask is None:
         return None, 0
@@ -74,12 +75,12 @@ def from_numpy(values: np.ndarray, arrow_type: pa.DataType, null_mask: np.ndarra
     ``values`` (converted to the type's storage dtype, without range checks);
     ``null_mask`` is True where the value is null."""
     n = len(values)
-    validity, nulls = _validity(null_mask)
+    bitmap, nulls = validity(null_mask)
     if pa.types.is_boolean(arrow_type):
         data = np.packbits(np.asarray(values, dtype=bool), bitorder="little")
     else:
         data = np.ascontiguousarray(values, dtype=_numpy_dtype(arrow_type))
-    return pa.Array.from_buffers(arrow_type, n, [validity, pa.py_buffer(data)], nulls)
+    return pa.Array.from_buffers(arrow_type, n, [bitmap, pa.py_buffer(data)], nulls)
 
 
 def bools(values: Sequence[bool]) -> pa.Array:
@@ -111,8 +112,8 @@ def _varlen(arrow_type: pa.DataType, n: int, lengths: np.ndarray, data: bytes,
         arrow_type = pa.large_string() if pa.types.is_string(arrow_type) else pa.large_binary()
     else:
         offsets = offsets.astype(np.int32)
-    validity, nulls = _validity(None if valid is None else ~valid)
-    return pa.Array.from_buffers(arrow_type, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
+    bitmap, nulls = validity(None if valid is None else ~valid)
+    return pa.Array.from_buffers(arrow_type, n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
 
 
 def strings(values: Sequence[str | None]) -> pa.Array:

@@ -104,11 +104,6 @@ _FALSE = arrays.scalar(False, pa.bool_())
 _TRUE = arrays.scalar(True, pa.bool_())
 
 
-def _to_np_mask(arr: pa.Array) -> np.ndarray:
-    """Boolean numpy array: True where ``arr`` is null."""
-    return arrays.null_mask(arr)
-
-
 def _true_positions(mask: pa.Array) -> np.ndarray:
     """Indices where a boolean array is true (nulls count as false)."""
     return np.flatnonzero(arrays.true_mask(mask))
@@ -164,7 +159,7 @@ def _ints_with_overrides(
     vals[arrays.null_mask(base)] = 0
     for i, v in overrides.items():
         vals[i] = v
-    storage = _from_numpy(vals, pa.from_numpy_dtype(np.dtype(np_dtype)), null_mask)
+    storage = arrays.from_numpy(vals, pa.from_numpy_dtype(np.dtype(np_dtype)), null_mask)
     return _view(storage, arrow_type)
 
 
@@ -202,12 +197,6 @@ def _fixed_value(data: bytes | np.ndarray, width: int, i: int) -> bytes:
     if isinstance(data, np.ndarray):
         return data.reshape(-1)[i * width : (i + 1) * width].tobytes()
     return bytes(data[i * width : (i + 1) * width])
-
-
-def _from_numpy(values: np.ndarray, arrow_type: pa.DataType, null_mask: np.ndarray | None = None) -> pa.Array:
-    """A primitive Arrow array over ``values``, NULL where ``null_mask`` is true (see
-    :func:`airflow_pgcdc.changes.arrays.from_numpy`)."""
-    return arrays.from_numpy(values, arrow_type, null_mask)
 
 
 # --------------------------------------------------------------------------- calendar
@@ -377,7 +366,7 @@ class TextCodec(Codec):
     def from_binary(self, values: list) -> pa.Array:
         kind = self.binary
         if kind == "utf8":
-            return _utf8_from_binary(values)
+            return utf8_from_binary(values)
         if kind == "jsonb":
             out = []
             for i, v in enumerate(values):
@@ -387,7 +376,7 @@ class TextCodec(Codec):
                     raise BadValue(i, "binary jsonb must start with version byte 1", bytes(v))
                 else:
                     out.append(bytes(v[1:]))
-            return _utf8_from_binary(out)
+            return utf8_from_binary(out)
         if kind == "uuid":
             return _uuid_from_binary(values)
         if kind == "char":
@@ -407,7 +396,9 @@ class TextCodec(Codec):
         return arr.to_pylist()
 
 
-def _utf8_from_binary(values: list) -> pa.Array:
+def utf8_from_binary(values: list) -> pa.Array:
+    """Binary values that are UTF-8 text (``None``: NULL) as a string array; invalid
+    UTF-8 raises :class:`BadValue` naming the first bad value."""
     arr = arrays.binaries(values)
     try:
         return arr.cast(pa.string())
@@ -440,7 +431,7 @@ def _uuid_from_binary(values: list) -> pa.Array:
         pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out.tobytes())]
     )
     if null_mask.any():
-        storage = pc.if_else(_from_numpy(null_mask, pa.bool_()), _str(None), storage)
+        storage = pc.if_else(arrays.from_numpy(null_mask, pa.bool_()), _str(None), storage)
     return storage
 
 
@@ -472,7 +463,7 @@ class BoolCodec(Codec):
 
     def from_fixed(self, data, null_mask):
         vals = _wire(data, np.uint8) != 0
-        return _from_numpy(vals, pa.bool_(), null_mask)
+        return arrays.from_numpy(vals, pa.bool_(), null_mask)
 
     def to_text(self, arr):
         return [None if v is None else ("t" if v else "f") for v in arr.to_pylist()]
@@ -522,7 +513,7 @@ class IntCodec(Codec):
 
     def from_fixed(self, data, null_mask):
         vals = _wire(data, self.wire).astype(self.arrow_type.to_pandas_dtype())
-        return _from_numpy(vals, self.arrow_type, null_mask)
+        return arrays.from_numpy(vals, self.arrow_type, null_mask)
 
     def to_text(self, arr):
         return [None if v is None else str(v) for v in arr.to_pylist()]
@@ -559,7 +550,7 @@ class FloatCodec(Codec):
 
     def from_fixed(self, data, null_mask):
         vals = _wire(data, self.wire).astype(self.wire.newbyteorder("="))
-        return _from_numpy(vals, self.arrow_type, null_mask)
+        return arrays.from_numpy(vals, self.arrow_type, null_mask)
 
     def to_text(self, arr):
         return [None if v is None else format_float(v, self.single) for v in arr.to_pylist()]
@@ -797,7 +788,7 @@ class _SpecialsMixin:
             base = pa.nulls(len(arr), storage_type)
             positions = None
         overrides = _per_value(arr, self.parse_one, positions)
-        return _ints_with_overrides(base, overrides, _to_np_mask(arr), np_dtype, self.arrow_type)
+        return _ints_with_overrides(base, overrides, arrays.null_mask(arr), np_dtype, self.arrow_type)
 
 
 class DateCodec(_SpecialsMixin, Codec):
@@ -834,7 +825,7 @@ class DateCodec(_SpecialsMixin, Codec):
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise BadValue(i, "date out of range", _fixed_value(data, 4, i), unrepresentable=True)
-        storage = _from_numpy(shifted.astype(np.int32), pa.int32(), null_mask)
+        storage = arrays.from_numpy(shifted.astype(np.int32), pa.int32(), null_mask)
         return _view(storage, pa.date32())
 
     def to_text(self, arr):
@@ -912,7 +903,7 @@ class TimestampCodec(_SpecialsMixin, Codec):
                 i, "timestamp beyond Arrow's timestamp[us] range", _fixed_value(data, 8, i), unrepresentable=True
             )
         shifted = np.where(special, raw, raw + UNIX_EPOCH_PG_US)
-        storage = _from_numpy(shifted, pa.int64(), null_mask)
+        storage = arrays.from_numpy(shifted, pa.int64(), null_mask)
         return _view(storage, self.arrow_type)
 
     def to_text(self, arr):
@@ -966,7 +957,7 @@ class TimeCodec(Codec):
             base = pa.nulls(len(arr), pa.int64())
             positions = None
         overrides = _per_value(arr, self.parse_one, positions)
-        return _ints_with_overrides(base, overrides, _to_np_mask(arr), np.int64, self.arrow_type)
+        return _ints_with_overrides(base, overrides, arrays.null_mask(arr), np.int64, self.arrow_type)
 
     def parse_one(self, text):
         m = self._RE.fullmatch(text)
@@ -986,7 +977,7 @@ class TimeCodec(Codec):
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise BadValue(i, "time out of range", _fixed_value(data, 8, i))
-        storage = _from_numpy(raw, pa.int64(), null_mask)
+        storage = arrays.from_numpy(raw, pa.int64(), null_mask)
         return _view(storage, self.arrow_type)
 
     def to_text(self, arr):
@@ -1079,9 +1070,9 @@ class IntervalCodec(Codec):
             months[i], days[i], us[i] = mo, d, u
             valid[i] = True
         return pa.StructArray.from_arrays(
-            [_from_numpy(months, pa.int32()), _from_numpy(days, pa.int32()), _from_numpy(us, pa.int64())],
+            [arrays.from_numpy(months, pa.int32()), arrays.from_numpy(days, pa.int32()), arrays.from_numpy(us, pa.int64())],
             fields=list(INTERVAL_TYPE),
-            mask=_from_numpy(~valid, pa.bool_()),
+            mask=arrays.from_numpy(~valid, pa.bool_()),
         )
 
     def from_binary(self, values):
@@ -1089,12 +1080,12 @@ class IntervalCodec(Codec):
         rec = np.frombuffer(data, dtype=np.dtype([("us", ">i8"), ("days", ">i4"), ("months", ">i4")]))
         return pa.StructArray.from_arrays(
             [
-                _from_numpy(rec["months"], pa.int32()),
-                _from_numpy(rec["days"], pa.int32()),
-                _from_numpy(rec["us"], pa.int64()),
+                arrays.from_numpy(rec["months"], pa.int32()),
+                arrays.from_numpy(rec["days"], pa.int32()),
+                arrays.from_numpy(rec["us"], pa.int64()),
             ],
             fields=list(INTERVAL_TYPE),
-            mask=_from_numpy(null_mask, pa.bool_()),
+            mask=arrays.from_numpy(null_mask, pa.bool_()),
         )
 
     def to_text(self, arr):
@@ -1378,7 +1369,7 @@ class ArrayCodec(Codec):
             raise BadValue(row, f"element {e.index - offsets[row] + 1}: {e.reason}", arr[row].as_py(),
                            unrepresentable=e.unrepresentable) from None
         mask = pc.is_null(arr)
-        return pa.ListArray.from_arrays(_from_numpy(offsets, pa.int32()), typed, type=self.arrow_type, mask=mask)
+        return pa.ListArray.from_arrays(arrays.from_numpy(offsets, pa.int32()), typed, type=self.arrow_type, mask=mask)
 
     def _assemble(self, parsed: list, convert) -> pa.Array:
         """Nested lists from per-row ``(dims, flat elements)`` (None = NULL row)."""

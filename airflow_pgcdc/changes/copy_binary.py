@@ -27,13 +27,15 @@ integers big-endian. The header arrives in the first row's message.
 
 from __future__ import annotations
 
+import contextlib
 from array import array
 from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from airflow_pgcdc.changes.codecs import BadValue, ByteaCodec, Codec, TextCodec
+from airflow_pgcdc.changes import arrays
+from airflow_pgcdc.changes.codecs import BadValue, ByteaCodec, Codec, TextCodec, utf8_from_binary
 from airflow_pgcdc.changes.typemap import (
     PgColumn,
     ValueConversionError,
@@ -230,18 +232,18 @@ class BinaryCopyDecoder:
         short = ends - starts < 2
         if short.any():
             self._fail("row shorter than its field count", row=self.rows + int(np.flatnonzero(short)[0]))
-        fields = _gather_be(buf, starts, 2, ">i2")
+        fields = _gather_be(buf, starts, ">i2")
         wrong = fields != ncols
         if wrong.any():
             i = int(np.flatnonzero(wrong)[0])
             self._fail(f"row has {int(fields[i])} fields, expected {ncols}", row=self.rows + i)
         pos = starts + 2
-        arrays = []
+        out = []
         for j, (codec, kind) in enumerate(zip(self.codecs, self.kinds, strict=True)):
             over = pos + 4 > ends
             if over.any():
                 self._fail("row ends inside a field length", row=self.rows + int(np.flatnonzero(over)[0]), column=j)
-            flen = _gather_be(buf, pos, 4, ">i4").astype(np.int64)
+            flen = _gather_be(buf, pos, ">i4").astype(np.int64)
             null = flen == -1
             bad = flen < -1
             if bad.any():
@@ -254,14 +256,14 @@ class BinaryCopyDecoder:
             if over.any():
                 self._fail("field runs past the end of its row", row=self.rows + int(np.flatnonzero(over)[0]), column=j)
             try:
-                arrays.append(self._column(j, codec, kind, buf, data, dstart, vlen, null))
+                out.append(self._column(j, codec, kind, buf, data, dstart, vlen, null))
             except BadValue as e:
                 raise wrap_bad(e, self.columns[j], table=self.table, row_offset=self.rows, offset=offset) from None
         extra = pos != ends
         if extra.any():
             i = int(np.flatnonzero(extra)[0])
             self._fail(f"{int(ends[i] - pos[i])} bytes after the last field", row=self.rows + i)
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        return pa.RecordBatch.from_arrays(out, schema=self.schema)
 
     def _column(self, j, codec: Codec, kind, buf, data, dstart, vlen, null) -> pa.Array:
         if kind == "fixed":
@@ -278,15 +280,9 @@ class BinaryCopyDecoder:
         try:
             text = values.cast(pa.string())
         except pa.ArrowInvalid:
-            text = None
-        if text is None:
-            for i, v in enumerate(values.to_pylist()):
-                if v is not None:
-                    try:
-                        v.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        raise BadValue(i, f"invalid UTF-8: {e}", v) from None
-            raise BadValue(0, "invalid UTF-8")
+            with contextlib.suppress(pa.ArrowInvalid):
+                utf8_from_binary(values.to_pylist())  # raises the BadValue naming the row
+            raise BadValue(0, "invalid UTF-8") from None
         if kind == "utf8":
             return text
         return codec.from_text(text)
@@ -304,8 +300,8 @@ def _gather(buf: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     return _strided(buf, f"V{width}")[at].view(np.uint8)
 
 
-def _gather_be(buf: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarray:
-    """The big-endian integers of ``width`` bytes at each of ``at``."""
+def _gather_be(buf: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:
+    """The big-endian integers (``dtype``, e.g. ``>i4``) at each of ``at``."""
     return _strided(buf, dtype)[at]
 
 
@@ -334,9 +330,6 @@ def _varlen(buf: np.ndarray, data: bytes, dstart: np.ndarray, vlen: np.ndarray, 
         inline = _gather(buf, dstart[short], _INLINE).reshape(-1, _INLINE).copy()
         inline[np.arange(_INLINE)[None, :] >= lens[:, None]] = 0
         views.view(np.uint8).reshape(n, 16)[short, 4:] = inline
-    validity = None
-    nulls = int(np.count_nonzero(null))
-    if nulls:
-        validity = pa.py_buffer(np.packbits(~null, bitorder="little"))
-    arr = pa.Array.from_buffers(pa.binary_view(), n, [validity, pa.py_buffer(views), pa.py_buffer(data)], nulls)
+    bitmap, nulls = arrays.validity(null)
+    arr = pa.Array.from_buffers(pa.binary_view(), n, [bitmap, pa.py_buffer(views), pa.py_buffer(data)], nulls)
     return arr.cast(pa.binary())

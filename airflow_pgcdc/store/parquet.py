@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_pgcdc.store.layout import part_name
@@ -125,8 +126,6 @@ def choose_dictionary_columns(sample: pa.Table) -> list[str] | bool:
     rows = sample.num_rows
     if rows == 0:
         return True
-    import pyarrow.compute as pc
-
     chosen = []
     for name, column in zip(sample.column_names, sample.columns, strict=True):
         if pa.types.is_boolean(column.type) or pa.types.is_null(column.type):
