@@ -74,6 +74,12 @@ class SnapshotPart:
     end_block: int | None  # exclusive; None: to the end
     pages: int  # for progress
 
+    @property
+    def expected_rows(self) -> float:
+        """Rows the statistics promise this part (``reltuples`` per page); 0 when unknown."""
+        t = self.table
+        return t.reltuples * self.pages / t.relpages if t.relpages > 0 and t.reltuples > 0 else 0.0
+
     def where(self) -> str:
         conds = []
         if self.start_block is not None:
@@ -120,16 +126,14 @@ class _Progress:
     bytes: int = 0
     parts_done: int = 0
     tables_done: int = 0
-    running: dict = field(default_factory=dict)  # (table oid, part number) -> (pages, expected rows, rows)
+    running: dict = field(default_factory=dict)  # (table oid, part number) -> (part, rows so far)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def part_rows(self, part: SnapshotPart, rows: int) -> None:
         """``rows`` more rows of ``part`` (call with the lock held)."""
         key = (part.table.oid, part.number)
-        t = part.table
-        expected = t.reltuples * part.pages / t.relpages if t.relpages > 0 and t.reltuples > 0 else 0.0
-        pages, exp, done = self.running.get(key, (part.pages, expected, 0))
-        self.running[key] = (pages, exp, done + rows)
+        _, done = self.running.get(key, (part, 0))
+        self.running[key] = (part, done + rows)
         self.rows += rows
 
     def part_done(self, part: SnapshotPart, size: int) -> None:
@@ -143,7 +147,9 @@ class _Progress:
         if not self.total_pages:
             return 100.0
         pages = self.done_pages + sum(
-            pages * min(done / exp, 1.0) for pages, exp, done in self.running.values() if exp > 0
+            part.pages * min(done / part.expected_rows, 1.0)
+            for part, done in self.running.values()
+            if part.expected_rows > 0
         )
         return min(100.0 * pages / self.total_pages, 100.0)
 
@@ -367,7 +373,7 @@ def _copy_part(
     slot: str,
     sid: str,
     progress: _Progress,
-    copy_format: str = "binary",
+    copy_format: str,
 ) -> tuple[int, str, int, int]:
     t = part.table
     key = layout.snapshot_part(slot, sid, t.schema, t.name, part.number)
