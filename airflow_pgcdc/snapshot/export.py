@@ -28,7 +28,8 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -64,6 +65,10 @@ class SnapshotError(PgcdcError):
 
 class SnapshotExists(SnapshotError):
     """The slot already has a committed snapshot: the pipeline is past its initial load."""
+
+
+class SnapshotBusy(SnapshotError):
+    """Another snapshot run is using the slot right now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +204,51 @@ def _find_committed(client, layout: Layout, slot: str) -> str | None:
     return None
 
 
+@contextmanager
+def _slot_lock(dsn: str, slot: str) -> Iterator[None]:
+    """Hold a session advisory lock named after ``slot`` for the run, so two runs never
+    share a slot: the second one would otherwise take the first one's live slot for a dead
+    run's leftover, drop it and delete its parts. The lock goes with the session, so a
+    SIGKILLed coordinator releases it as soon as the server sees its socket close."""
+    conn = psycopg.connect(dsn, autocommit=True, application_name="pgcdc-snapshot-lock")
+    try:
+        got = conn.execute(
+            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (f"pgcdc-snapshot:{slot}",)
+        ).fetchone()[0]
+    except BaseException:
+        conn.close()
+        raise
+    if not got:
+        conn.close()
+        raise SnapshotBusy(
+            f"another snapshot run is using slot {slot} (it holds the slot's advisory lock); "
+            "wait for it to end, or pick another slot name"
+        )
+    try:
+        yield
+    finally:
+        conn.close()
+
+
+def _sweep_other_runs(client, layout: Layout, slot: str, sid: str) -> int:
+    """Delete what other runs left under the slot's snapshot prefix (objects and pending
+    multipart uploads). Runs once this run's manifest is committed: a run killed before the
+    rerun started may still have had uploads in flight, which the storage can complete
+    after the rerun's first clean-up. Only uncommitted runs can be there (the rerun checked
+    for a manifest, and the slot lock keeps other runs out). Returns the objects deleted."""
+    prefix = layout.snapshots_prefix(slot)
+    ours = layout.snapshot_prefix(slot, sid)
+    keys = list(s3store.list_keys(client, layout.bucket, prefix))
+    keys += [u["Key"] for u in s3store.pending_uploads(client, layout.bucket, prefix)]
+    others = sorted({prefix + k[len(prefix):].split("/", 1)[0] + "/" for k in keys if not k.startswith(ours)})
+    deleted = 0
+    for other in others:
+        deleted += s3store.delete_prefix(client, layout.bucket, other)
+    if others:
+        log.info("removed %d object(s) of dead runs under %s", deleted, ", ".join(others))
+    return deleted
+
+
 def _drop_slot(dsn: str, slot: str) -> None:
     try:
         with ReplicationConnection.connect(dsn) as conn:
@@ -241,100 +291,105 @@ def snapshot_to_s3(
     location = to if isinstance(to, s3store.S3Location) else s3store.S3Location.parse(to)
     layout = Layout(location)
     client = s3_client or s3store.make_s3_client()
-    committed = _find_committed(client, layout, slot)
-    if committed:
-        raise SnapshotExists(
-            f"slot {slot} already has a committed snapshot (s3://{location.bucket}/{committed}); "
-            "drain its changes, or drop the slot and the prefix to start over"
-        )
-    sid = snapshot_id or new_run_id()
-    started_at = datetime.now(UTC)
-    log.info("snapshot %s of %s into %s (slot %s)", sid, redact(dsn), location.url, slot)
+    with _slot_lock(dsn, slot):
+        committed = _find_committed(client, layout, slot)
+        if committed:
+            raise SnapshotExists(
+                f"slot {slot} already has a committed snapshot (s3://{location.bucket}/{committed}); "
+                "drain its changes, or drop the slot and the prefix to start over"
+            )
+        sid = snapshot_id or new_run_id()
+        started_at = datetime.now(UTC)
+        log.info("snapshot %s of %s into %s (slot %s)", sid, redact(dsn), location.url, slot)
 
-    repl = ReplicationConnection.connect(dsn, application_name="pgcdc-snapshot")
-    slot_created = False
-    sessions: list[ReplicationConnection] = []
-    try:
-        ident = repl.identify_system()
+        repl = ReplicationConnection.connect(dsn, application_name="pgcdc-snapshot")
+        slot_created = False
+        sessions: list[ReplicationConnection] = []
         try:
-            created = repl.create_slot(
-                slot, output_plugin="pgoutput", two_phase=True if two_phase else None, snapshot="export"
+            ident = repl.identify_system()
+            try:
+                created = repl.create_slot(
+                    slot, output_plugin="pgoutput", two_phase=True if two_phase else None, snapshot="export"
+                )
+            except DuplicateObject:
+                # a slot without a committed snapshot: left by a run that died before cleanup
+                log.warning("slot %s exists without a committed snapshot: dropping it and starting over", slot)
+                s3store.delete_prefix(client, location.bucket, layout.snapshots_prefix(slot))
+                repl.drop_slot(slot, wait=True)
+                created = repl.create_slot(
+                    slot, output_plugin="pgoutput", two_phase=True if two_phase else None, snapshot="export"
+                )
+            slot_created = True
+            snapshot_name = created.snapshot_name
+            if not snapshot_name:
+                raise SnapshotError("the server did not export a snapshot")
+            log.info("slot %s created at consistent point %s, snapshot %s", slot, created.consistent_point, snapshot_name)
+            # every session imports the snapshot before the slot connection does anything else
+            catalog_conn = psycopg.connect(dsn, autocommit=False, application_name="pgcdc-snapshot-catalog")
+            try:
+                with catalog_conn.cursor() as cur:
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    cur.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot_name)}")
+                n_workers = workers
+                for _ in range(n_workers):
+                    sessions.append(_import_snapshot(dsn, snapshot_name))
+                # the slot connection stays idle until the copy ends: while it does, the
+                # exported snapshot lives, and a worker whose session died imports it again
+                if on_slot_created is not None:
+                    on_slot_created(str(created.consistent_point), snapshot_name)
+                infos = _discover(catalog_conn, publication, tables)
+                converters = {t.oid: table_converter(catalog_conn, t) for t in infos}
+            finally:
+                catalog_conn.close()
+            for t in infos:
+                warning = t.key_warning()
+                if warning:
+                    log.warning(warning)
+            parts = [p for t in infos for p in plan_parts(t, rows_per_part)]
+            def reconnect() -> ReplicationConnection:
+                session = _import_snapshot(dsn, snapshot_name)
+                sessions.append(session)
+                return session
+
+            results = _copy_all(
+                parts, converters, list(sessions), client, layout, slot, sid, progress_interval, copy_format,
+                reconnect=reconnect,
             )
-        except DuplicateObject:
-            # a slot without a committed snapshot: left by a run that died before cleanup
-            log.warning("slot %s exists without a committed snapshot: dropping it and starting over", slot)
-            s3store.delete_prefix(client, location.bucket, layout.snapshots_prefix(slot))
-            repl.drop_slot(slot, wait=True)
-            created = repl.create_slot(
-                slot, output_plugin="pgoutput", two_phase=True if two_phase else None, snapshot="export"
+            manifest = SnapshotManifest(
+                slot=slot,
+                snapshot_id=sid,
+                snapshot_name=snapshot_name,
+                consistent_point=str(created.consistent_point),
+                system_id=ident.systemid,
+                timeline=ident.timeline,
+                started_at=started_at,
+                finished_at=datetime.now(UTC),
+                tables=tuple(_table_entry(t, results, layout, slot, sid) for t in infos),
             )
-        slot_created = True
-        snapshot_name = created.snapshot_name
-        if not snapshot_name:
-            raise SnapshotError("the server did not export a snapshot")
-        log.info("slot %s created at consistent point %s, snapshot %s", slot, created.consistent_point, snapshot_name)
-        # every session imports the snapshot before the slot connection does anything else
-        catalog_conn = psycopg.connect(dsn, autocommit=False, application_name="pgcdc-snapshot-catalog")
-        try:
-            with catalog_conn.cursor() as cur:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                cur.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot_name)}")
-            n_workers = workers
-            for _ in range(n_workers):
-                sessions.append(_import_snapshot(dsn, snapshot_name))
-            # the slot connection stays idle until the copy ends: while it does, the
-            # exported snapshot lives, and a worker whose session died imports it again
-            if on_slot_created is not None:
-                on_slot_created(str(created.consistent_point), snapshot_name)
-            infos = _discover(catalog_conn, publication, tables)
-            converters = {t.oid: table_converter(catalog_conn, t) for t in infos}
+            key = layout.snapshot_manifest(slot, sid)
+            if not s3store.put_if_absent(client, location.bucket, key, manifest.to_json().encode()):
+                raise SnapshotError(f"a manifest already exists at s3://{location.bucket}/{key}")
+            log.info(
+                "snapshot %s committed: %d tables, %d rows, %.1f MB, consistent point %s",
+                sid, len(infos), manifest.rows, manifest.bytes / 1e6, manifest.consistent_point,
+            )
+        except BaseException:
+            if slot_created:
+                _drop_slot(dsn, slot)
+            try:
+                s3store.delete_prefix(client, location.bucket, layout.snapshot_prefix(slot, sid))
+            except Exception as exc:
+                log.error("could not remove the partial snapshot prefix: %s", exc)
+            raise
         finally:
-            catalog_conn.close()
-        for t in infos:
-            warning = t.key_warning()
-            if warning:
-                log.warning(warning)
-        parts = [p for t in infos for p in plan_parts(t, rows_per_part)]
-        def reconnect() -> ReplicationConnection:
-            session = _import_snapshot(dsn, snapshot_name)
-            sessions.append(session)
-            return session
-
-        results = _copy_all(
-            parts, converters, list(sessions), client, layout, slot, sid, progress_interval, copy_format,
-            reconnect=reconnect,
-        )
-        manifest = SnapshotManifest(
-            slot=slot,
-            snapshot_id=sid,
-            snapshot_name=snapshot_name,
-            consistent_point=str(created.consistent_point),
-            system_id=ident.systemid,
-            timeline=ident.timeline,
-            started_at=started_at,
-            finished_at=datetime.now(UTC),
-            tables=tuple(_table_entry(t, results, layout, slot, sid) for t in infos),
-        )
-        key = layout.snapshot_manifest(slot, sid)
-        if not s3store.put_if_absent(client, location.bucket, key, manifest.to_json().encode()):
-            raise SnapshotError(f"a manifest already exists at s3://{location.bucket}/{key}")
-        log.info(
-            "snapshot %s committed: %d tables, %d rows, %.1f MB, consistent point %s",
-            sid, len(infos), manifest.rows, manifest.bytes / 1e6, manifest.consistent_point,
-        )
-        return manifest
-    except BaseException:
-        if slot_created:
-            _drop_slot(dsn, slot)
+            repl.close()
+            for s in sessions:
+                s.close()
         try:
-            s3store.delete_prefix(client, location.bucket, layout.snapshot_prefix(slot, sid))
-        except Exception as exc:
-            log.error("could not remove the partial snapshot prefix: %s", exc)
-        raise
-    finally:
-        repl.close()
-        for s in sessions:
-            s.close()
+            _sweep_other_runs(client, layout, slot, sid)
+        except Exception as exc:  # the snapshot is committed; leftovers are only garbage
+            log.warning("could not remove dead runs' objects under %s: %s", layout.snapshots_prefix(slot), exc)
+        return manifest
 
 
 def _table_entry(t: TableInfo, results: dict, layout: Layout, slot: str, sid: str) -> TableEntry:

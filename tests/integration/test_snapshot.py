@@ -20,7 +20,7 @@ from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
-from airflow_pgcdc.snapshot.export import SnapshotError, SnapshotExists, plan_parts, snapshot_to_s3
+from airflow_pgcdc.snapshot.export import SnapshotBusy, SnapshotError, SnapshotExists, plan_parts, snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.manifest import SnapshotManifest
@@ -252,6 +252,48 @@ def test_killed_coordinator_rerun_starts_clean(fresh_db, slot_name, store, s3):
     keys = list(s3store.list_keys(client, layout.bucket, layout.snapshots_prefix(slot)))
     assert all(k.startswith(layout.snapshot_prefix(slot, manifest.snapshot_id)) for k in keys), "the dead run's parts are gone"
     assert sql(fresh_db.socket_dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,))[0][0] == 1
+
+
+def test_second_run_on_a_live_slot_is_refused(fresh_db, slot_name, store):
+    """A second run while the first one copies must not take the live slot for a dead
+    run's leftover (it would drop it and delete the first run's parts)."""
+    client, url = store
+    make_source(fresh_db)
+    slot = slot_name()
+    second: list[BaseException] = []
+
+    def start_second(_cp, _name):
+        try:
+            snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, s3_client=client)
+        except BaseException as exc:
+            second.append(exc)
+
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, s3_client=client, on_slot_created=start_second)
+    assert len(second) == 1 and isinstance(second[0], SnapshotBusy), second
+    assert slot in str(second[0])
+    assert manifest.table("public", "big").rows == 20000
+    assert slot_exists(fresh_db, slot), "the first run's slot survives the second run"
+    layout = Layout.parse(url)
+    assert s3store.exists(client, layout.bucket, layout.snapshot_manifest(slot, manifest.snapshot_id))
+
+
+def test_dead_run_objects_landing_late_are_swept(fresh_db, slot_name, store):
+    """A killed run's upload can complete on the storage after the rerun's first clean-up:
+    the rerun sweeps again once its manifest is committed (objects and pending uploads)."""
+    client, url = store
+    make_source(fresh_db)
+    slot = slot_name()
+    layout = Layout.parse(url)
+    dead = layout.snapshot_prefix(slot, "20000101T000000Z-deadbeef")
+
+    def late_landing(_cp, _name):
+        client.put_object(Bucket=layout.bucket, Key=dead + "public.big/part-00000.parquet", Body=b"x")
+        client.create_multipart_upload(Bucket=layout.bucket, Key=dead + "public.big/part-00001.parquet")
+
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, s3_client=client, on_slot_created=late_landing)
+    keys = list(s3store.list_keys(client, layout.bucket, layout.snapshots_prefix(slot)))
+    assert keys and all(k.startswith(layout.snapshot_prefix(slot, manifest.snapshot_id)) for k in keys), keys
+    assert s3store.pending_uploads(client, layout.bucket, dead) == []
 
 
 def test_plan_parts_open_ended_ranges():
