@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from airflow_pgcdc.sandbox import PostgresServer, S3Server  # noqa: E402
 
 
-def timed_child(cmd: list[str], env: dict, stdout=subprocess.DEVNULL) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of a child process."""
+def timed_child(cmd: list[str], env: dict, stdout=subprocess.DEVNULL) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS (bytes) and CPU seconds (user + system) of a child process."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE)
     _pid, status, usage = os.wait4(proc.pid, 0)
@@ -36,7 +36,7 @@ def timed_child(cmd: list[str], env: dict, stdout=subprocess.DEVNULL) -> tuple[f
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if status != 0:
         raise SystemExit(f"{cmd[:3]} failed ({status}): {err[-2000:]}")
-    return elapsed, usage.ru_maxrss * 1024
+    return elapsed, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
@@ -66,13 +66,13 @@ def main() -> int:
             print(f"table: {args.rows:,} rows, {size / 1e6:,.0f} MB heap, built in {time.perf_counter() - t0:.1f}s", flush=True)
         env = {**os.environ, **s3.aws_env()}
         copy_bytes = None
-        snap, plain, rss = [], [], []
+        snap, plain, rss, cpus = [], [], [], []
         for i in range(args.rounds):
             order = ("copy", "snapshot") if i % 2 == 0 else ("snapshot", "copy")
             for who in order:
                 if who == "copy":
                     cmd = [str(pg.bin_dir / "psql"), pg.dsn, "-X", "-q", "-c", "COPY t TO STDOUT"]
-                    dt, _ = timed_child(cmd, env)
+                    dt, _, _ = timed_child(cmd, env)
                     plain.append(dt)
                     if copy_bytes is None:
                         with psycopg.connect(pg.socket_dsn) as c:
@@ -83,13 +83,15 @@ def main() -> int:
                            "--publication", "bench_pub", "--to", f"s3://{bucket}/round{i}",
                            "--workers", str(args.workers), "--rows-per-part", str(args.rows_per_part),
                            "--progress-interval", "5", "--copy-format", args.copy_format]
-                    dt, peak = timed_child(cmd, env)
+                    dt, peak, cpu = timed_child(cmd, env)
                     snap.append(dt)
                     rss.append(peak)
+                    cpus.append(cpu)
                     with psycopg.connect(pg.socket_dsn, autocommit=True) as c:
                         c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
                 last = (plain if who == "copy" else snap)[-1]
-                print(f"round {i + 1} {who:8s} {last:6.2f}s", flush=True)
+                cpu_note = f" ({cpus[-1]:.2f} CPU-s in the snapshot process)" if who == "snapshot" else ""
+                print(f"round {i + 1} {who:8s} {last:6.2f}s{cpu_note}", flush=True)
     s, p = statistics.median(snap), statistics.median(plain)
     print(
         f"RESULT snapshot {s:.2f}s ({args.rows / s:,.0f} rows/s, {copy_bytes / s / 1e6:,.1f} MB/s of COPY text) "
