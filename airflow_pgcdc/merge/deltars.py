@@ -24,7 +24,7 @@ from airflow_pgcdc.merge.clauses import MergeSpec
 from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
-    "TableExists", "add_columns", "append", "bootstrap", "merge", "merged_version", "open_table",
+    "CONCURRENT", "ConcurrentCommit", "TableExists", "add_columns", "append", "bootstrap", "merge", "merged_version", "open_table",
     "merge_progress", "merge_scd2", "read_staged", "staged_reader", "swap",
 ]
 
@@ -34,6 +34,47 @@ BATCH_ROWS = 65_536
 
 class TableExists(MergeError):
     """The Delta table already exists (a bootstrap ran before)."""
+
+
+class ConcurrentCommit(MergeError):
+    """Another writer committed to the Delta table between this job's read and its commit,
+    and that commit was not this window's merge: rerun the job (nothing was written)."""
+
+
+CONCURRENT = {"concurrent_commit": True, "num_source_rows": 0}
+"""What :func:`merge`, :func:`merge_scd2` and :func:`append` return when a concurrent job
+committed the same app transaction version first (the window is merged, once)."""
+
+
+def _commit_once(run, table, *, url: str, app: str, version: int) -> dict[str, Any]:
+    """``run()``: a commit carrying the app transaction ``(app, version)``, made against
+    ``table``'s loaded version. If ``table`` already holds ``version`` (the caller's handle
+    was reloaded after another job merged the window), nothing is done. When delta-rs
+    refuses the commit because another one won the race (two merge jobs of one slot at
+    once: an overlapping Airflow run, a manual rerun), the table is reloaded: if it holds
+    ``version`` or later, the other job merged this window, which is a success here
+    (:data:`CONCURRENT`); anything else is :class:`ConcurrentCommit`."""
+    from deltalake.exceptions import CommitFailedError
+
+    done = merged_version(table, app)
+    if done is not None and done >= version:
+        log.warning("Delta table %s: window %d is already merged (at window %d); nothing to do", url, version, done)
+        return dict(CONCURRENT)
+    try:
+        return run()
+    except CommitFailedError as exc:
+        table.update_incremental()
+        done = merged_version(table, app)
+        if done is not None and done >= version:
+            log.warning(
+                "Delta table %s: window %d was committed by a concurrent job (now at window %d); "
+                "this job's commit was refused, nothing written twice", url, version, done,
+            )
+            return dict(CONCURRENT)
+        raise ConcurrentCommit(
+            f"Delta table {url}: another writer committed while this job merged window {version} "
+            f"({exc}); nothing was written, rerun the merge"
+        ) from exc
 
 
 def open_table(url: str, storage_options: dict[str, str]):
@@ -107,25 +148,34 @@ def merge(table, reader: pa.RecordBatchReader, spec: MergeSpec, *, app: str, ver
     merger = merger.when_not_matched_insert(updates=spec.inserts, predicate=spec.insert_when)
     if spec.delete_not_matched_by_source:
         merger = merger.when_not_matched_by_source_delete()
-    return merger.execute()
+    return _commit_once(merger.execute, table, url=table.table_uri, app=app, version=version)
 
 
-def append(url: str, reader: pa.RecordBatchReader, target: pa.Schema, *,
-           storage_options: dict[str, str], app: str, version: int,
-           metadata: dict[str, str]) -> None:
-    """Append rows (conformed to ``target``, the table's schema) in one commit that records
-    the app transaction ``(app, version)``."""
+def append(table, reader: pa.RecordBatchReader, target: pa.Schema, *, app: str, version: int,
+           metadata: dict[str, str]) -> dict[str, Any]:
+    """Append rows (conformed to ``target``, the table's schema) to ``table`` (the
+    DeltaTable the caller read the last merged window from) in one commit that records the
+    app transaction ``(app, version)``. Returns ``{}``, or :data:`CONCURRENT`.
+
+    The commit is made against ``table``'s version, not the latest: a window another job
+    appended since then makes delta-rs refuse it (an append to a fresh handle would not
+    conflict with anything and would add the rows twice)."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     from airflow_pgcdc.merge.spark_io import conform
 
     conformed = pa.RecordBatchReader.from_batches(target, (conform(b, target) for b in reader))
-    write_deltalake(
-        url, conformed, mode="append", storage_options=storage_options,
-        commit_properties=CommitProperties(
-            app_transactions=[Transaction(app, version)], custom_metadata=metadata
-        ),
-    )
+
+    def run() -> dict[str, Any]:
+        write_deltalake(
+            table, conformed, mode="append",
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(app, version)], custom_metadata=metadata
+            ),
+        )
+        return {}
+
+    return _commit_once(run, table, url=table.table_uri, app=app, version=version)
 
 
 def add_columns(table, fields: list[pa.Field]) -> None:
@@ -178,7 +228,7 @@ def merge_scd2(table, reader: pa.RecordBatchReader, spec, *, app: str, version: 
         merger = merger.when_not_matched_by_source_update(
             updates=spec.close_all_updates, predicate=spec.close_all_when
         )
-    return merger.execute()
+    return _commit_once(merger.execute, table, url=table.table_uri, app=app, version=version)
 
 
 def merge_progress(delta: str, slot: str, tables: list[tuple[str, str]], *,

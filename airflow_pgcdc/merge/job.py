@@ -275,6 +275,8 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     res.added_columns = added
     res.merged_rows = int(metrics.get("num_source_rows", 0))
     res.action = "bootstrapped+merged" if res.action == "bootstrapped" else "merged"
+    if metrics.get("concurrent_commit"):
+        res.action = "merged-by-concurrent-job"
     res.delta_version = deltars.open_table(url, ctx.storage).version()
     res.seconds = round(time.monotonic() - t0, 3)
     log.info(
@@ -570,12 +572,13 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, m
     _stage(ctx, _read(ctx, plan.parts, schema_out), staging, schema_out)
     paths, rows = deltars.read_staged(ctx.fs, staging)
     target = pa.schema(dt.schema().to_arrow())
-    deltars.append(
-        url, deltars.staged_reader(ctx.fs, paths, schema_out), target,
-        storage_options=ctx.storage, app=app, version=plan.last_window,
-        metadata=_window_metadata(ctx, plan),
+    done = deltars.append(
+        dt, deltars.staged_reader(ctx.fs, paths, schema_out), target,
+        app=app, version=plan.last_window, metadata=_window_metadata(ctx, plan),
     )
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+    if done.get("concurrent_commit"):
+        return {"changelog": url, "rows": 0, "concurrent_commit": True}
     return {"changelog": url, "rows": rows}
 
 

@@ -20,7 +20,13 @@ from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
-from airflow_pgcdc.snapshot.export import SnapshotBusy, SnapshotError, SnapshotExists, plan_parts, snapshot_to_s3
+from airflow_pgcdc.snapshot.export import (
+    SnapshotBusy,
+    SnapshotError,
+    SnapshotExists,
+    plan_parts,
+    snapshot_to_s3,
+)
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.manifest import SnapshotManifest
