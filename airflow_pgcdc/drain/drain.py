@@ -101,6 +101,7 @@ from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.protocol import pgoutput as po
 from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST
 from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
 from airflow_pgcdc.protocol.pgtypes import PgColumn, PgTypeInfo, builtin_type
 from airflow_pgcdc.protocol.replication import XLogData
@@ -174,6 +175,9 @@ class DrainResult:
     manifest: str | None = None
     acknowledged_lost: bool = False
     seconds: float = 0.0
+    # {"schema.table": {"updates", "columns", "first_commit_lsn"}}: key-changing updates
+    # whose unchanged TOAST values the server did not send (the merge writes NULL there)
+    lost_toast: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -188,6 +192,7 @@ class DrainResult:
             "tables": dict(self.tables),
             "manifest": self.manifest,
             "acknowledged_lost": self.acknowledged_lost,
+            "lost_toast": {k: dict(v) for k, v in self.lost_toast.items()},
             "seconds": round(self.seconds, 3),
         }
 
@@ -240,6 +245,8 @@ class _Window:
         self.last_commit: LSN | None = None
         self.last_end: LSN | None = None  # end LSN of the last complete transaction
         self.truncates: list[dict] = []
+        # key-changing updates that left TOASTed values unsent (see _note_lost_toast)
+        self.lost_toast: dict[str, dict[str, Any]] = {}
         self.origins: list[dict] = []
         self.committed_prepared: list[dict] = []
         self.rolled_back_prepared: list[dict] = []
@@ -307,6 +314,8 @@ class _Window:
         elif t is po.Update:
             op, image = "U", msg.new
             old = msg.old if msg.old is not None else msg.key
+            if msg.key is not None and UNCHANGED_TOAST in image:
+                self._note_lost_toast(rv, image)
         else:
             op, old = "D", None
             image = msg.old if msg.old is not None else msg.key
@@ -317,6 +326,19 @@ class _Window:
         self.rows += 1
         if buf.nbytes >= CHUNK_BYTES or len(buf) >= CHUNK_ROWS:
             self.writer.submit_rows(rv, buf.take(), self.pump)
+
+    def _note_lost_toast(self, rv: RelationVersion, image: tuple) -> None:
+        """A key-changing update (the server sent the old key, not the old row: the table
+        is not ``REPLICA IDENTITY FULL``) whose new row has unchanged TOAST values: the
+        server sent neither them nor the old row, so the merge cannot carry them to the new
+        key (it writes NULL). Counted per table, reported when the window commits."""
+        entry = self.lost_toast.setdefault(
+            rv.qualified_name, {"updates": 0, "columns": [], "first_commit_lsn": str(LSN(self._commit_lsn))},
+        )
+        entry["updates"] += 1
+        for col, v in zip(rv.columns, image, strict=False):
+            if v is UNCHANGED_TOAST and col.name not in entry["columns"]:
+                entry["columns"].append(col.name)
 
     def truncate(self, relations: list[po.Relation], msg: po.Truncate) -> None:
         txn = self._txn
@@ -750,6 +772,14 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
     log.info("slot %s: window %d committed [%s, %s) %s: %d transactions, %d rows, %.1f MB",
              slot, seq, start, window_end, manifest.end_reason, manifest.transactions, manifest.rows,
              manifest.bytes / 1e6)
+    for table, lost in window.lost_toast.items():
+        log.warning(
+            "slot %s: window %d: %d key-changing update(s) of %s left TOASTed column(s) %s unchanged "
+            "(first at commit %s); without REPLICA IDENTITY FULL PostgreSQL sends neither those values "
+            "nor the old row, so the merge writes NULL there; set REPLICA IDENTITY FULL on %s",
+            slot, seq, lost["updates"], table, ", ".join(lost["columns"]), lost["first_commit_lsn"], table,
+        )
+    result.lost_toast = window.lost_toast
     result.window_seq = seq
     result.end_lsn = str(window_end)
     result.end_reason = manifest.end_reason

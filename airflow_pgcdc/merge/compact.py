@@ -18,7 +18,8 @@ Known limit: a key-changing update that leaves a TOASTed column unchanged, on a 
 without ``REPLICA IDENTITY FULL``, cannot carry the value to the new key: PostgreSQL
 sends neither the value nor the old row. The moved row gets NULL there (it never takes
 a value of another row that had the new key before). Use ``REPLICA IDENTITY FULL`` on
-tables whose keys change and which have large values.
+tables whose keys change and which have large values. The drain reports each such update
+(``DrainResult.lost_toast`` and a warning).
 """
 
 from __future__ import annotations
