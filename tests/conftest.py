@@ -20,6 +20,7 @@ to ``<basetemp>/server-logs/`` when the session has failures.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import secrets
@@ -29,6 +30,11 @@ from pathlib import Path
 import pytest
 
 from airflow_pgcdc.sandbox import PostgresServer, S3Server, SandboxError
+
+# py4j logs "Closing down clientserver connection" (INFO) from a finalizer at interpreter
+# exit, after pytest closed the stream logging writes to: a "--- Logging error ---" trace
+# at the end of every run with Spark tests. Its INFO lines say nothing a test needs.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 _SERVER_FIXTURES = {"pg15", "pg18", "pg_server", "s3", "s3_bucket", "fresh_db"}
 _started: dict[str, PostgresServer | S3Server] = {}  # name -> server, for logs and cleanup
