@@ -108,7 +108,7 @@ from airflow_pgcdc.protocol.replication import XLogData
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.manifest import read_snapshot_manifest
-from airflow_pgcdc.store.window import WindowManifest, WindowWriter, latest_window
+from airflow_pgcdc.store.window import KEY_MOVES_FIELD, WindowManifest, WindowWriter, latest_window
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,8 @@ class DrainResult:
     acknowledged_lost: bool = False
     seconds: float = 0.0
     # {"schema.table": {"updates", "columns", "first_commit_lsn"}}: key-changing updates
-    # whose unchanged TOAST values the server did not send (the merge writes NULL there)
+    # whose unchanged TOAST values the server did not send (the merge recovers them from
+    # the old key's row when it can, see merge.compact; else it writes NULL there)
     lost_toast: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -330,8 +331,9 @@ class _Window:
     def _note_lost_toast(self, rv: RelationVersion, image: tuple) -> None:
         """A key-changing update (the server sent the old key, not the old row: the table
         is not ``REPLICA IDENTITY FULL``) whose new row has unchanged TOAST values: the
-        server sent neither them nor the old row, so the merge cannot carry them to the new
-        key (it writes NULL). Counted per table, reported when the window commits."""
+        server sent neither them nor the old row. Counted per table, reported when the
+        window commits and in the manifest, whose count makes the merge match such rows on
+        their old key to keep the values (:func:`airflow_pgcdc.merge.compact.compact`)."""
         entry = self.lost_toast.setdefault(
             rv.qualified_name, {"updates": 0, "columns": [], "first_commit_lsn": str(LSN(self._commit_lsn))},
         )
@@ -733,6 +735,10 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
             writer.submit_prepared(entry, h.spool.write_filtered, pump)
             pending.append(entry)  # completed (path, bytes) by the writer
         out = writer.finish(pump)
+        for t in out["tables"]:  # tells the merge to take those values from the old key's row
+            lost = window.lost_toast.get(f"{t['schema']}.{t['table']}")
+            if lost:
+                t[KEY_MOVES_FIELD] = lost["updates"]
         _fault("after-parts")
         manifest = WindowManifest(
             slot=slot, window_seq=seq, start_lsn=str(start), end_lsn=str(window_end),
@@ -776,7 +782,8 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
         log.warning(
             "slot %s: window %d: %d key-changing update(s) of %s left TOASTed column(s) %s unchanged "
             "(first at commit %s); without REPLICA IDENTITY FULL PostgreSQL sends neither those values "
-            "nor the old row, so the merge writes NULL there; set REPLICA IDENTITY FULL on %s",
+            "nor the old row: the merge keeps them from the old key's row unless that key changed "
+            "earlier in the same batch (then NULL); set REPLICA IDENTITY FULL on %s to be sure",
             slot, seq, lost["updates"], table, ", ".join(lost["columns"]), lost["first_commit_lsn"], table,
         )
     result.lost_toast = window.lost_toast

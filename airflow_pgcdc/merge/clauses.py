@@ -25,11 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
-    "KEEP_PREFIX", "MergeSpec", "Scd2Spec", "build_merge_spec", "build_scd2_spec", "keep_column",
+    "KEEP_PREFIX", "MATCH_PREFIX", "MergeSpec", "Scd2Spec", "build_merge_spec", "build_scd2_spec", "keep_column",
     "quote_ident",
 ]
 
 KEEP_PREFIX = "_pgcdc_keep_"
+MATCH_PREFIX = "_pgcdc_match_"
+"""A rekeyed batch's ``_pgcdc_match_<k>``: the target key each row is matched on
+(:func:`airflow_pgcdc.merge.compact.compact` with ``rekey``)."""
 OP = "_pgcdc_op"
 DIALECTS = ("delta-rs", "spark")
 
@@ -69,10 +72,13 @@ def build_merge_spec(
     keep_columns: Sequence[str] = (),
     truncated: bool = False,
     dialect: str = "delta-rs",
+    rekeyed: bool = False,
 ) -> MergeSpec:
     """The clauses for a compacted batch. ``target_columns``: the Delta table's columns
     (after adding new source columns); ``source_columns``: the table columns present in
-    the batch; ``keep_columns``: those with a ``_pgcdc_keep_`` flag in the batch."""
+    the batch; ``keep_columns``: those with a ``_pgcdc_keep_`` flag in the batch;
+    ``rekeyed``: the batch has ``_pgcdc_match_<k>`` columns, which the predicate matches
+    the target's key on (the update then sets the key too)."""
     q = lambda n: quote_ident(n, dialect)  # noqa: E731
     if not key_columns:
         raise ValueError("a merge needs at least one key column")
@@ -83,7 +89,8 @@ def build_merge_spec(
     keep = set(keep_columns) - set(key_columns)
     if keep - src:
         raise ValueError(f"keep flags for columns not in the source: {sorted(keep - src)}")
-    predicate = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key_columns)
+    match = (lambda k: MATCH_PREFIX + k) if rekeyed else (lambda k: k)  # noqa: E731
+    predicate = " AND ".join(f"t.{q(k)} = s.{q(match(k))}" for k in key_columns)
     op = f"s.{q(OP)}"
     updates: dict[str, str] = {}
     inserts: dict[str, str] = {}

@@ -14,12 +14,14 @@ batch.
 4. Per key, the last change wins: ``I``/``U`` upsert, ``D`` deletes (an insert then a
    delete in the batch leaves nothing; a delete of an absent key is a no-op).
 
-Known limit: a key-changing update that leaves a TOASTed column unchanged, on a table
-without ``REPLICA IDENTITY FULL``, cannot carry the value to the new key: PostgreSQL
-sends neither the value nor the old row. The moved row gets NULL there (it never takes
-a value of another row that had the new key before). Use ``REPLICA IDENTITY FULL`` on
-tables whose keys change and which have large values. The drain reports each such update
-(``DrainResult.lost_toast`` and a warning).
+A key-changing update that leaves a TOASTed column unchanged, on a table without
+``REPLICA IDENTITY FULL``, carries neither the value nor the old row: PostgreSQL sends
+neither. The drain counts such updates (``key_moves_unchanged_toast`` in the window
+manifest); for such a batch, ``compact(rekey=True)`` matches the moved row on its old key
+when that key has no other change in the batch, and the MERGE updates the target row in
+place, key included, keeping the value. Otherwise (the old key changed earlier in the
+batch, a second move) the moved row gets NULL there; it never takes a value of another
+row that had the new key before. ``REPLICA IDENTITY FULL`` avoids all of it.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ import re
 from collections.abc import Sequence
 
 from airflow_pgcdc.changes.rows import OLD_PREFIX
-from airflow_pgcdc.merge.clauses import keep_column
+from airflow_pgcdc.merge.clauses import MATCH_PREFIX, keep_column
 
 __all__ = ["FIXED_WIDTH_TYPES", "compact", "ordered_changes", "scd2_rows", "toastable"]
 
 OP, LSN, SEQ, TOAST = "_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq", "_pgcdc_unchanged_toast"
 MOVED = "_pgcdc_moved"
+MOVE_D = "_pgcdc_move_d"  # the D row a key-changing update adds for its old key
+FROM_PREFIX = "_pgcdc_from_"  # a moved row's old key
 
 # PostgreSQL types stored inline at a fixed width (pg_type.typlen > 0): never TOASTed.
 # Both spellings: typname (the window manifests) and SQL (format_type).
@@ -66,7 +70,8 @@ def ordered_changes(
 ):
     """Steps 1 and 2: the change rows after the last truncate, a key-changing update
     followed by a ``D`` row for its old key; columns ``table_columns``, ``_pgcdc_op``,
-    ``_pgcdc_commit_lsn``, ``_pgcdc_seq``, ``_pgcdc_unchanged_toast``, ``_pgcdc_moved``."""
+    ``_pgcdc_commit_lsn``, ``_pgcdc_seq``, ``_pgcdc_unchanged_toast``, ``_pgcdc_moved``,
+    ``_pgcdc_move_d`` (the added ``D`` rows) and ``_pgcdc_from_<k>`` (a moved row's old key)."""
     from pyspark.sql import functions as F
 
     c = F.col
@@ -77,15 +82,17 @@ def ordered_changes(
         df = df.where((c(LSN) > F.lit(t_lsn)) | ((c(LSN) == F.lit(t_lsn)) & (c(SEQ) > F.lit(t_seq))))
     meta = [OP, LSN, SEQ, TOAST, MOVED]
     olds = [OLD_PREFIX + k for k in keys]
+    types = dict(df.dtypes)
     if not all(o in df.columns for o in olds):
-        return df.withColumn(MOVED, F.lit(False)).select(*[c(x) for x in cols + meta])
+        df = df.withColumn(MOVED, F.lit(False)).withColumn(MOVE_D, F.lit(False))
+        froms = [F.lit(None).cast(types[k]).alias(FROM_PREFIX + k) for k in keys]
+        return df.select(*[c(x) for x in cols + meta], c(MOVE_D), *froms)
     sent = F.lit(True)
     same = F.lit(True)
     for k, o in zip(keys, olds, strict=True):
         sent = sent & c(o).isNotNull()
         same = same & c(o).eqNullSafe(c(k))
     df = df.withColumn(MOVED, (c(OP) == F.lit("U")) & sent & ~same)
-    types = dict(df.dtypes)
     old_rows = df.where(c(MOVED)).select(
         *[(c(OLD_PREFIX + x) if x in keys else F.lit(None).cast(types[x])).alias(x) for x in cols],
         F.lit("D").alias(OP),
@@ -93,8 +100,12 @@ def ordered_changes(
         c(SEQ),
         F.array().cast("array<string>").alias(TOAST),
         F.lit(False).alias(MOVED),
+        F.lit(True).alias(MOVE_D),
+        *[F.lit(None).cast(types[k]).alias(FROM_PREFIX + k) for k in keys],
     )
-    return df.select(*[c(x) for x in cols + meta]).unionByName(old_rows)
+    froms = [F.when(c(MOVED), c(OLD_PREFIX + k)).alias(FROM_PREFIX + k) for k in keys]
+    rows = df.select(*[c(x) for x in cols + meta], F.lit(False).alias(MOVE_D), *froms)
+    return rows.unionByName(old_rows)
 
 
 def _key_window(keys: Sequence[str], *, upto: bool):
@@ -106,9 +117,11 @@ def _key_window(keys: Sequence[str], *, upto: bool):
     return w.rowsBetween(Window.unboundedPreceding, end)
 
 
-def _resolved(toast_cols: Sequence[str], keys: Sequence[str]) -> list:
+def _resolved(toast_cols: Sequence[str], keys: Sequence[str], first_moved=None) -> list:
     """Step 3's lookups: per TOAST-able column, the key's latest value carried up to
-    this row (a struct, NULL when none in the batch)."""
+    this row (a struct, NULL when none in the batch). ``first_moved``: a condition true on
+    a moved row that opens its key's history in the batch (rekey mode): the values it did
+    not carry stay unresolved (to be kept from the target row it is matched to)."""
     from pyspark.sql import functions as F
 
     c = F.col
@@ -116,7 +129,10 @@ def _resolved(toast_cols: Sequence[str], keys: Sequence[str]) -> list:
     out = []
     for x in toast_cols:
         # a moved row is a boundary: it never takes a value of the new key's past
-        carried = (~F.array_contains(c(TOAST), x) & c(OP).isin("I", "U")) | c(MOVED)
+        boundary = c(MOVED)
+        if first_moved is not None:
+            boundary = boundary & ~(first_moved & F.array_contains(c(TOAST), x))
+        carried = (~F.array_contains(c(TOAST), x) & c(OP).isin("I", "U")) | boundary
         out.append(
             F.last(F.when(carried, F.struct(c(x).alias("v"))), ignorenulls=True)
             .over(w_upto)
@@ -154,12 +170,22 @@ def compact(
     key_columns: Sequence[str],
     toast_columns: Sequence[str] = (),
     truncate_at: tuple[int, int] | None = None,
+    rekey: bool = False,
 ):
     """The compacted batch: ``table_columns``, ``_pgcdc_op``, ``_pgcdc_commit_lsn``,
     ``_pgcdc_seq`` and ``_pgcdc_keep_<c>`` for each of ``toast_columns``.
 
     ``df`` holds change rows (:mod:`airflow_pgcdc.changes.rows`); ``_pgcdc_old_<k>``
-    columns, when present for every key column, detect key changes."""
+    columns, when present for every key column, detect key changes.
+
+    ``rekey`` (the batch has key-changing updates whose unchanged TOAST values were not
+    sent): also ``_pgcdc_match_<k>``, the target key the MERGE matches each row on. It is
+    the row's key, except for a key B whose history in the batch starts with a move from
+    key A where A has no other change in the batch (the target's row A is then A's row at
+    the move, and nothing else claims it): B's row is matched on A, so the MERGE updates
+    that row in place, key included, keeping the values the move did not carry
+    (``_pgcdc_keep_<c>``); A's ``D`` row is dropped (the update replaces it). Any other
+    move keeps the documented limit (NULL)."""
     from pyspark.sql import functions as F
 
     c = F.col
@@ -167,15 +193,64 @@ def compact(
     keys = list(key_columns)
     toast_cols = [t for t in toast_columns if t not in keys]
     base = ordered_changes(df, table_columns=cols, key_columns=keys, truncate_at=truncate_at)
+    whole = _key_window(keys, upto=False)
+    pos = F.struct(c(LSN), c(SEQ))
     exprs = [c(x) for x in cols + [OP, LSN, SEQ, TOAST, MOVED]]
-    exprs.append(F.last(F.struct(c(LSN), c(SEQ))).over(_key_window(keys, upto=False)).alias("_pgcdc_last"))
-    exprs += _resolved(toast_cols, keys)
+    exprs.append(F.last(pos).over(whole).alias("_pgcdc_last"))
+    first_moved = None
+    if rekey:
+        # the key's first change in the batch; when it is a move: where from, and when
+        base = base.withColumn("_pgcdc_first", F.first(pos).over(whole))
+        origin = F.struct(*[c(FROM_PREFIX + k).alias(k) for k in keys], c(LSN), c(SEQ))
+        exprs += [
+            c(MOVE_D), c("_pgcdc_first"), F.first(F.when(c(MOVED), origin)).over(whole).alias("_pgcdc_origin"),
+        ]
+        first_moved = c(MOVED) & (c(LSN) == c("_pgcdc_first." + LSN)) & (c(SEQ) == c("_pgcdc_first." + SEQ))
+    exprs += _resolved(toast_cols, keys, first_moved)
     ranked = base.select(*exprs)
     last = ranked.where(
         (c(LSN) == c("_pgcdc_last." + LSN)) & (c(SEQ) == c("_pgcdc_last." + SEQ))
     )
     values, flags = _values_and_flags(cols, toast_cols)
-    return last.select(*values, c(OP), c(LSN), c(SEQ), *flags)
+    if not rekey:
+        return last.select(*values, c(OP), c(LSN), c(SEQ), *flags)
+    return _rekeyed(last, keys, values, flags)
+
+
+def _rekeyed(last, keys: Sequence[str], values: list, flags: list):
+    """``compact``'s rekey step on the per-key last rows (see :func:`compact`)."""
+    from pyspark.sql import functions as F
+
+    c = F.col
+    # a move's D row that is its old key's only change in the batch
+    alone = (
+        c(MOVE_D)
+        & (c(LSN) == c("_pgcdc_first." + LSN)) & (c(SEQ) == c("_pgcdc_first." + SEQ))
+    )
+    sources = last.where(alone).select(
+        *[c(k).alias("_pgcdc_a_" + k) for k in keys], c(LSN).alias("_pgcdc_a_lsn"), c(SEQ).alias("_pgcdc_a_seq"),
+    )
+    on = [c("_pgcdc_origin." + k) == c("_pgcdc_a_" + k) for k in keys]
+    on += [c("_pgcdc_origin." + LSN) == c("_pgcdc_a_lsn"), c("_pgcdc_origin." + SEQ) == c("_pgcdc_a_seq")]
+    joined = last.join(sources, on=_all(on), how="left")
+    moved_here = c("_pgcdc_a_lsn").isNotNull()
+    match = [F.when(moved_here, c("_pgcdc_a_" + k)).otherwise(c(k)).alias(MATCH_PREFIX + k) for k in keys]
+    out = joined.select(*values, c(OP), c(LSN), c(SEQ), *flags, *match, c(MOVE_D))
+    # the D rows whose key a moved row now takes over in place
+    taken = joined.where(moved_here).select(
+        *[c("_pgcdc_a_" + k).alias("_pgcdc_t_" + k) for k in keys],
+        c("_pgcdc_a_lsn").alias("_pgcdc_t_lsn"), c("_pgcdc_a_seq").alias("_pgcdc_t_seq"),
+    )
+    on = [c(k) == c("_pgcdc_t_" + k) for k in keys] + [c(LSN) == c("_pgcdc_t_lsn"), c(SEQ) == c("_pgcdc_t_seq")]
+    kept = out.join(taken, on=_all(on) & c(MOVE_D), how="left_anti")
+    return kept.drop(MOVE_D)
+
+
+def _all(conditions: list):
+    out = conditions[0]
+    for cond in conditions[1:]:
+        out = out & cond
+    return out
 
 
 # SCD type 2 history columns

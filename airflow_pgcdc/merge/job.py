@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from airflow_pgcdc.changes.rows import META_FIELDS, OLD_PREFIX
 from airflow_pgcdc.merge import deltars
-from airflow_pgcdc.merge.clauses import build_merge_spec, keep_column
+from airflow_pgcdc.merge.clauses import MATCH_PREFIX, build_merge_spec, keep_column
 from airflow_pgcdc.merge.compact import compact, toastable
 from airflow_pgcdc.merge.delta_types import to_delta_schema
 from airflow_pgcdc.merge.plan import (
@@ -498,13 +498,19 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     keys = list(plan.key_columns)
     columns, toast, read_schema = _change_inputs(plan, fields, keys)
     df = _read(ctx, plan.parts, read_schema)
+    # key-changing updates left TOAST values unsent: match such rows on their old key
+    rekey = plan.key_moves > 0 and bool(toast)
     compacted = compact(
         df, table_columns=columns, key_columns=keys, toast_columns=toast, truncate_at=plan.truncate_at,
+        rekey=rekey,
     )
     spec_args = dict(
         target_columns=target.names, source_columns=columns, key_columns=keys,
-        keep_columns=toast, truncated=plan.truncate_at is not None,
+        keep_columns=toast, truncated=plan.truncate_at is not None, rekeyed=rekey,
     )
+    if rekey:
+        log.info("%s: %d key-changing update(s) without their TOAST values: matching them on the old key",
+                 name, plan.key_moves)
     if ctx.engine == "delta-spark":
         from airflow_pgcdc.merge import deltaspark
 
@@ -515,10 +521,12 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
         )
         fault_point("merge-after-commit", log)
         return metrics, dt, added
+    by_name = {f.name: f for f in fields}
     stage_schema = pa.schema(
         fields
         + [_META["_pgcdc_op"], _META["_pgcdc_commit_lsn"], _META["_pgcdc_seq"]]
         + [pa.field(keep_column(c), pa.bool_()) for c in toast]
+        + ([by_name[k].with_name(MATCH_PREFIX + k) for k in keys] if rekey else [])
     )
     staging = ctx.staging(plan.schema, plan.table, f"w{plan.last_window}")
     _stage(ctx, compacted, staging, stage_schema)

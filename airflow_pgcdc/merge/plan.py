@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store.layout import encode_table_segment
+from airflow_pgcdc.store.window import KEY_MOVES_FIELD
 
 __all__ = [
     "KeyNotCovered",
@@ -142,6 +143,9 @@ class TablePlan:
     # before it are superseded, and target rows not in the source are deleted
     truncate_at: tuple[int, int] | None = None
     truncates: int = 0
+    # key-changing updates whose unchanged TOAST values were not sent (the windows'
+    # ``key_moves_unchanged_toast``): the compaction then matches such rows on the old key
+    key_moves: int = 0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -185,11 +189,13 @@ def plan_table(
     versions: list[VersionInput] = []
     truncate_at = None
     truncates = 0
+    key_moves = 0
     for m in windows:
         base = window_prefix(m.window_seq)
         for t in m.tables:
             if t["schema"] != schema or t["table"] != table:
                 continue
+            key_moves += int(t.get(KEY_MOVES_FIELD, 0))
             for rv in t["relation_versions"]:
                 cols = tuple(rv["columns"])
                 _check_key_covered(name, m.window_seq, rv, key_columns)
@@ -219,6 +225,7 @@ def plan_table(
         versions=tuple(versions),
         truncate_at=truncate_at,
         truncates=truncates,
+        key_moves=key_moves,
     )
 
 

@@ -19,7 +19,7 @@ Manifest (``"format": 1``, ``"kind": "window"``)::
     end_reason                                    until_lsn | max_rows | max_bytes | max_seconds | caught_up
     system_id, timeline, snapshot_id              (snapshot_id: the snapshot this stream continues)
     transactions, first_commit_lsn, last_commit_lsn, rows, bytes
-    tables: [{schema, table, rows, bytes,
+    tables: [{schema, table, rows, bytes, [key_moves_unchanged_toast,]
               relation_versions: [{version, relation_oid, replica_identity,
                                    columns: [{name, pg_type, type_oid, typmod, key}],
                                    old_columns, rows, bytes, parts: [{path, rows, bytes}]}]}]
@@ -31,6 +31,10 @@ Manifest (``"format": 1``, ``"kind": "window"``)::
                committed: [{gid, xid, commit_lsn}], rolled_back: [{gid, xid, lsn}]}
     streamed: {committed, aborted}
     timings: {started_at, finished_at, receive_seconds, finish_seconds}
+
+``key_moves_unchanged_toast`` (only when non-zero): the table's key-changing updates whose
+unchanged TOAST values the server did not send (no ``REPLICA IDENTITY FULL``); the merge
+then matches such a row on its old key to keep those values.
 
 ``prepared.pending`` lists every prepared transaction not yet resolved at ``end_lsn``,
 including those prepared in earlier windows (``window_seq`` says whose folder holds the
@@ -100,6 +104,9 @@ def _lsn(value: Any, what: str, key: str | None) -> str:
     except (InvalidLSN, TypeError, AttributeError) as e:
         raise WindowManifestError(f"{what}: {e}", key=key) from None
 
+
+KEY_MOVES_FIELD = "key_moves_unchanged_toast"
+"""A table entry's count of key-changing updates with unsent TOAST values (see above)."""
 
 _CORE = (
     "format", "kind", "slot", "window_seq", "start_lsn", "end_lsn", "end_reason", "system_id",

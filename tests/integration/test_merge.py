@@ -371,3 +371,49 @@ def test_scd2_history_keeps_every_version_with_its_lsn_validity(db18, slot_name,
     assert again.tables[0].history["versions"] == 0
     h.update_incremental()
     assert h.to_pyarrow_table().num_rows == len(rows), "a replay adds no version"
+
+
+def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark):
+    """Without REPLICA IDENTITY FULL a key-changing update sends neither its unchanged TOAST
+    values nor the old row. When the old key has no other change in the batch, the merge
+    matches the moved row on the old key and updates that row in place, key included,
+    keeping those values; otherwise it writes NULL (the documented limit), never a value
+    of another row."""
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text, big text)")
+    sql(db, "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")
+    sql(db, "INSERT INTO t SELECT g, 'v' || g, repeat(chr(64 + g), 3000) FROM generate_series(1, 12) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", workers=1, s3_client=client)
+    merge_slot(spark, source=src, slot=slot, delta=lake)  # bootstrap: rows 1..12 in Delta
+    sql(db, "UPDATE t SET id = 101 WHERE id = 1")  # a plain move
+    sql(db, "UPDATE t SET id = 102 WHERE id = 2")
+    sql(db, "UPDATE t SET v = 'moved then updated' WHERE id = 102")  # big unchanged again
+    sql(db, "UPDATE t SET id = 103 WHERE id = 3")
+    sql(db, "DELETE FROM t WHERE id = 103")  # moved then deleted: both keys gone
+    sql(db, "UPDATE t SET big = repeat('n', 3000) WHERE id = 4")
+    sql(db, "UPDATE t SET id = 104 WHERE id = 4")  # the value is in the batch, not the target
+    sql(db, "UPDATE t SET id = 105 WHERE id = 5")
+    sql(db, "UPDATE t SET id = 106 WHERE id = 105")  # a chain
+    sql(db, "UPDATE t SET id = 107, big = 'sent' WHERE id = 7")  # the value was sent
+    sql(db, "INSERT INTO t VALUES (200, 'other', repeat('o', 3000))")
+    sql(db, "UPDATE t SET v = 'plain update' WHERE id = 8")  # big kept the usual way
+    sql(db, "DELETE FROM t WHERE id = 9")
+    w = drain(db, src, slot, client)
+    assert w.lost_toast["public.t"]["updates"] == 6  # 1, 2, 3, 4, 5 and 105 (7 sent big)
+    r = merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert r.tables[0].action == "merged"
+    url = delta_table_url(lake, "public", "t")
+    got = {x["id"]: x for x in delta_rows(url, "id")}
+    want = {x["id"]: x for x in pg_rows(db, "public.t", "id")}
+    assert set(got) == set(want), "every key once: old keys gone, new keys there"
+    limited = {104, 106}  # value only in the batch (4) or moved twice (5): NULL, the limit
+    for k, row in want.items():
+        if k in limited:
+            assert got[k]["big"] is None and got[k]["v"] == row["v"], k
+        else:
+            assert got[k] == row, k
+    assert got[101]["big"] == "A" * 3000 and got[102]["big"] == "B" * 3000
+    assert got[102]["v"] == "moved then updated"
