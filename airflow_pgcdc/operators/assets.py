@@ -37,7 +37,9 @@ def default_outlets(kind: str, to: str, slot: str, asset) -> list:
 
 def emit(operator, context: Mapping[str, Any], asset: Asset, extra: dict[str, Any]) -> None:
     """The Asset event for ``asset``: on the outlet declaring that uri, else through the
-    operator's first AssetAlias outlet; a warning when it has neither."""
+    operator's first AssetAlias outlet. With neither, the Asset outlets the user declared
+    instead (Airflow emits their events anyway) carry ``extra``, and the log says that
+    ``asset`` itself gets no event; a warning when the operator has no outlet at all."""
     outlets = list(operator.outlets or ())
     events = context["outlet_events"]
     for o in outlets:
@@ -45,7 +47,16 @@ def emit(operator, context: Mapping[str, Any], asset: Asset, extra: dict[str, An
             events[o].extra = extra
             return
     aliases = [o for o in outlets if isinstance(o, AssetAlias)]
+    declared = [o for o in outlets if isinstance(o, Asset)]
     if aliases:
         events[aliases[0]].add(asset, extra=extra)
+    elif declared:
+        for o in declared:
+            events[o].extra = extra
+        operator.log.info(
+            "the declared outlet(s) %s carry this run's facts; %s gets no event of its own "
+            "(declare it, or an AssetAlias, as an outlet for that)",
+            ", ".join(o.uri for o in declared), asset.uri,
+        )
     else:
-        operator.log.warning("no AssetAlias or Asset outlet for %s: no Asset event", asset.uri)
+        operator.log.warning("the operator has no outlet: no Asset event for %s", asset.uri)
