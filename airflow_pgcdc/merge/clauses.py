@@ -147,7 +147,10 @@ def build_scd2_spec(
     src = set(source_columns)
     keys = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key_columns)
     predicate = f"{keys} AND t.{q(IS_CURRENT)} AND s.{q(KIND)} = 'close'"
-    end = str(int(truncate_lsn)) if truncate_lsn is not None else f"s.{q(VALID_FROM)}"
+    end = f"s.{q(VALID_FROM)}"
+    if truncate_lsn is not None:  # a key whose first change came after the truncate ended there
+        t = str(int(truncate_lsn))
+        end = f"CASE WHEN s.{q(VALID_FROM)} < {t} THEN s.{q(VALID_FROM)} ELSE {t} END"
     close = {q(VALID_TO): end, q(IS_CURRENT): "false"}
     inserts = {q(c): (f"s.{q(c)}" if c in src else "NULL") for c in target_columns}
     return Scd2Spec(
@@ -155,6 +158,8 @@ def build_scd2_spec(
         close_updates=close,
         insert_when=f"s.{q(KIND)} = 'version'",
         inserts=inserts,
-        close_all_updates=dict(close) if truncate_lsn is not None else None,
+        close_all_updates=(
+            {q(VALID_TO): str(int(truncate_lsn)), q(IS_CURRENT): "false"} if truncate_lsn is not None else None
+        ),
         close_all_when=f"t.{q(IS_CURRENT)}" if truncate_lsn is not None else None,
     )

@@ -273,7 +273,12 @@ def scd2_rows(
     valid from its commit LSN to the key's next change (NULL: still current). A delete
     only ends the version before it. Unchanged TOAST values are resolved as in
     :func:`compact`; where the batch has none, ``_pgcdc_keep_<c>`` asks the writer to
-    take the value of the key's current history row."""
+    take the value of the key's current history row.
+
+    ``truncate_at`` (the batch's last truncate of the table, ``(lsn, seq)``): versions
+    before it are kept, and end at the key's next change before it or else at the
+    truncate's LSN (the spec closes the history's current rows there too, see
+    :func:`~airflow_pgcdc.merge.clauses.build_scd2_spec`)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -281,19 +286,30 @@ def scd2_rows(
     cols = list(table_columns)
     keys = list(key_columns)
     toast_cols = [t for t in toast_columns if t not in keys]
-    base = ordered_changes(df, table_columns=cols, key_columns=keys, truncate_at=truncate_at)
+    base = ordered_changes(df, table_columns=cols, key_columns=keys)  # history keeps it all
     ordered = Window.partitionBy(*keys).orderBy(c(LSN), c(SEQ))
     exprs = [c(x) for x in cols + [OP, LSN, SEQ, TOAST, MOVED]]
     exprs.append(F.lead(c(LSN)).over(ordered).alias("_pgcdc_next"))
+    exprs.append(F.lead(c(SEQ)).over(ordered).alias("_pgcdc_next_seq"))
     exprs.append(F.first(c(LSN)).over(_key_window(keys, upto=False)).alias("_pgcdc_first"))
     exprs += _resolved(toast_cols, keys)
     ranked = base.select(*exprs)
     values, flags = _values_and_flags(cols, toast_cols)
+    valid_to = c("_pgcdc_next")
+    if truncate_at is not None:
+        t_lsn, t_seq = (F.lit(int(v)) for v in truncate_at)
+
+        def before(lsn, seq):
+            return (lsn < t_lsn) | ((lsn == t_lsn) & (seq < t_seq))
+
+        # a version before the truncate ends at its next change if that is before it too
+        ends_early = c("_pgcdc_next").isNotNull() & before(c("_pgcdc_next"), c("_pgcdc_next_seq"))
+        valid_to = F.when(before(c(LSN), c(SEQ)) & ~ends_early, t_lsn).otherwise(valid_to)
     versions = ranked.where(c(OP) != F.lit("D")).select(
         *values,
         c(LSN).alias(VALID_FROM),
-        c("_pgcdc_next").alias(VALID_TO),
-        c("_pgcdc_next").isNull().alias(IS_CURRENT),
+        valid_to.cast("bigint").alias(VALID_TO),
+        valid_to.isNull().alias(IS_CURRENT),
         c(OP).alias(HIST_OP),
         *flags,
         F.lit("version").alias(KIND),

@@ -705,8 +705,8 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
     valid from the consistent point, ``__op`` = ``S``), then one version per insert and
     update, ended by the key's next change (``__valid_to_lsn``; NULL while current), in
     one commit per batch with its own app transaction (``…:scd2``). LSNs are int64.
-    Limit: changes before a truncate in the same batch are not kept as versions (the
-    truncate ends every current version)."""
+    A truncate ends every version current at that point at its LSN, including versions
+    made earlier in the same batch."""
     from pyspark.sql import functions as F
 
     from airflow_pgcdc.merge.clauses import build_scd2_spec

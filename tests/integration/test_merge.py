@@ -18,6 +18,7 @@ from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.window import read_window
 
 SMALL_WORK_MEM = "-c logical_decoding_work_mem=64kB"
 
@@ -417,3 +418,42 @@ def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark)
             assert got[k] == row, k
     assert got[101]["big"] == "A" * 3000 and got[102]["big"] == "B" * 3000
     assert got[102]["v"] == "moved then updated"
+
+
+def test_scd2_keeps_the_versions_before_a_truncate_in_the_batch(fresh_db, slot_name, store, spark):
+    from airflow_pgcdc.merge.job import scd2_url
+
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(db, "INSERT INTO t VALUES (1, 'a'), (2, 'b'), (5, 'e')")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    snap = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    sql(db, "UPDATE t SET v = 'a2' WHERE id = 1")
+    sql(db, "UPDATE t SET v = 'e2' WHERE id = 5")
+    sql(db, "UPDATE t SET v = 'e3' WHERE id = 5")
+    sql(db, "INSERT INTO t VALUES (3, 'c')")
+    sql(db, "TRUNCATE t")
+    sql(db, "INSERT INTO t VALUES (1, 'new1'), (4, 'd')")
+    w = drain(db, src, slot, client)
+    assert w.transactions == 6
+    merge_slot(spark, source=src, slot=slot, delta=lake, history="scd2")
+    assert_equal(db, lake, "public.t", "id")
+    manifest = read_window(client, Layout.parse(src), slot, w.window_seq)
+    t_lsn = int(LSN.parse(manifest.truncates[0]["commit_lsn"]))
+    h = DeltaTable(scd2_url(lake, "public", "t"), storage_options=s3store.delta_storage_options())
+    by_key = {}
+    for x in sorted(h.to_pyarrow_table().to_pylist(), key=lambda x: (x["id"], x["__valid_from_lsn"])):
+        by_key.setdefault(x["id"], []).append((x["__op"], x["v"], x["__valid_from_lsn"], x["__valid_to_lsn"]))
+    cp = int(LSN.parse(snap.consistent_point))
+    (s1, u1, i1), (s2,), (i3,), (i4,), (s5, u5a, u5b) = (by_key[k] for k in (1, 2, 3, 4, 5))
+    assert (s1[:3], u1[:2], u1[3], i1[:2], i1[3]) == (("S", "a", cp), ("U", "a2"), t_lsn, ("I", "new1"), None)
+    assert s1[3] == u1[2] < t_lsn < i1[2], "a2 lived from its update to the truncate"
+    assert s2 == ("S", "b", cp, t_lsn), "an unchanged row ends at the truncate"
+    assert i3[:2] == ("I", "c") and i3[2] < t_lsn == i3[3], "a row inserted and truncated in the batch is kept"
+    assert i4[:2] == ("I", "d") and i4[3] is None
+    assert [x[:2] for x in (s5, u5a, u5b)] == [("S", "e"), ("U", "e2"), ("U", "e3")]
+    assert s5[3] == u5a[2] and u5a[3] == u5b[2] and u5b[3] == t_lsn, "versions tile up to the truncate"
+    current = sorted((k, v[-1][1]) for k, v in by_key.items() if v[-1][3] is None)
+    assert current == sorted(sql(db, "SELECT id, v FROM t"))
