@@ -65,7 +65,7 @@ from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, encode_table_segment, new_run_id
 from airflow_pgcdc.store.manifest import committed_snapshot
-from airflow_pgcdc.store.window import committed_window_seqs, read_window
+from airflow_pgcdc.store.window import read_window, window_folders
 from airflow_pgcdc.testhooks import fault_point
 
 __all__ = ["IncompatibleSchemaChange", "MergeResult", "TableResult", "merge_slot"]
@@ -157,9 +157,7 @@ def merge_slot(
     register(spark)
     _remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
-    seqs = committed_window_seqs(client, layout, slot)
-    manifests = _read_windows(client, layout, slot, seqs)
-    wanted = _table_names(snapshot, manifests, tables)
+    manifests, wanted = _load_windows(ctx, snapshot, tables)
     result = MergeResult(slot=slot, source=source, delta=delta)
     try:
         for schema, table in wanted:
@@ -199,25 +197,125 @@ of windows has thousands, and one GET after the other would cost the job minutes
 
 
 def _read_windows(client, layout: Layout, slot: str, seqs: Sequence[int]) -> list:
-    """Every window manifest in ``seqs``, in that order (read concurrently; boto3 clients
-    are thread-safe)."""
+    """The committed window manifests among ``seqs``, in that order (read concurrently;
+    boto3 clients are thread-safe); a folder without a manifest (a crashed attempt, a
+    drain in progress) is left out."""
+
+    def read(seq: int):
+        try:
+            return read_window(client, layout, slot, seq)
+        except s3store.ObjectNotFound:
+            return None
+
     if len(seqs) <= 1:
-        return [read_window(client, layout, slot, s) for s in seqs]
-    from concurrent.futures import ThreadPoolExecutor
+        found = [read(s) for s in seqs]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
 
-    workers = min(MANIFEST_READERS, len(seqs))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pgcdc-manifests") as pool:
-        return list(pool.map(lambda s: read_window(client, layout, slot, s), seqs))
+        workers = min(MANIFEST_READERS, len(seqs))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pgcdc-manifests") as pool:
+            found = list(pool.map(read, seqs))
+    return [m for m in found if m is not None]
 
 
-def _table_names(snapshot, manifests, only: Sequence[str] | None) -> list[tuple[str, str]]:
+TABLES_INDEX_FORMAT = 1
+
+
+def _load_windows(ctx: _Context, snapshot, only: Sequence[str] | None) -> tuple[list, list[tuple[str, str]]]:
+    """The window manifests this job needs and the tables to merge, without reading every
+    manifest of a slot that has run for months.
+
+    A merge needs, per table, the windows after its last merged one; the tables are the
+    snapshot's and every table some window holds. The tables index
+    (:meth:`Layout.merge_tables_index`: the tables of windows ``0..through``, written by
+    the previous job) spares reading old manifests for discovery, so this job reads the
+    manifests after ``through``, then those from the lowest last-merged window of the
+    tables to merge (the floor) up to ``through``. A missing, unreadable or stale index
+    (its ``through`` window no longer ends where it did) means reading them all."""
+    client, layout, slot = ctx.client, ctx.layout, ctx.slot
+    folders = window_folders(client, layout, slot)
+    through, indexed = _read_tables_index(ctx, folders)
+    newer = _read_windows(client, layout, slot, [s for s in folders if s > through])
     names: dict[tuple[str, str], None] = {}
     if snapshot is not None:
         for t in snapshot.tables:
             names[(t.schema, t.table)] = None
-    for m in manifests:
+    for name in indexed:
+        names[name] = None
+    for m in newer:
         for t in m.tables:
             names[(t["schema"], t["table"])] = None
+    wanted = _select_tables(names, only)
+    floor = _merged_floor(ctx, wanted) if through >= 0 else 0
+    older = _read_windows(client, layout, slot, [s for s in folders if floor <= s <= through])
+    manifests = older + newer
+    seen = {m.window_seq for m in newer}
+    new_through = through
+    while new_through + 1 in seen:  # only a gapless run extends what the index covers
+        new_through += 1
+    if new_through > through:
+        ends = {m.window_seq: m.end_lsn for m in newer}
+        _write_tables_index(ctx, new_through, ends[new_through], names)
+    log.info(
+        "slot %s: %d window folder(s); read %d manifest(s) (index through window %d, floor %d)",
+        slot, len(folders), len(manifests), through, floor,
+    )
+    return manifests, wanted
+
+
+def _read_tables_index(ctx: _Context, folders: list[int]) -> tuple[int, list[tuple[str, str]]]:
+    """``(through, tables)`` from the index, or ``(-1, [])`` when there is none usable."""
+    key = ctx.layout.merge_tables_index(ctx.slot)
+    try:
+        doc = s3store.get_json(ctx.client, ctx.layout.bucket, key)
+        if doc.get("format") != TABLES_INDEX_FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}")
+        through = int(doc["through"])
+        tables = [(str(t["schema"]), str(t["table"])) for t in doc["tables"]]
+        if through not in folders or read_window(ctx.client, ctx.layout, ctx.slot, through).end_lsn != doc["end_lsn"]:
+            raise ValueError(f"window {through} is not the one the index saw")
+        return through, tables
+    except s3store.ObjectNotFound:
+        return -1, []
+    except Exception as exc:  # a cache: never trust a doubtful one, never fail on it
+        log.warning("ignoring the merge tables index s3://%s/%s: %s", ctx.layout.bucket, key, exc)
+        return -1, []
+
+
+def _write_tables_index(ctx: _Context, through: int, end_lsn: str, names) -> None:
+    doc = {
+        "format": TABLES_INDEX_FORMAT,
+        "slot": ctx.slot,
+        "through": through,
+        "end_lsn": end_lsn,
+        "tables": [{"schema": s, "table": t} for s, t in names],
+    }
+    try:
+        s3store.put_bytes(ctx.client, ctx.layout.bucket, ctx.layout.merge_tables_index(ctx.slot),
+                          json.dumps(doc, indent=1), content_type="application/json")
+    except Exception as exc:  # only a cache: the next job reads more manifests
+        log.warning("could not write the merge tables index: %s", exc)
+
+
+def _merged_floor(ctx: _Context, wanted: list[tuple[str, str]]) -> int:
+    """The lowest last-merged window over ``wanted`` (and their history tables): every
+    window a table still needs comes after it. ``0`` when a table has merged none."""
+    floor = None
+    for schema, table in wanted:
+        targets = [(delta_table_url(ctx.delta, schema, table), app_id(ctx.slot, schema, table))]
+        if ctx.history == "changelog":
+            targets.append((changelog_url(ctx.delta, schema, table), app_id(ctx.slot, schema, table) + ":changelog"))
+        elif ctx.history == "scd2":
+            targets.append((scd2_url(ctx.delta, schema, table), app_id(ctx.slot, schema, table) + ":scd2"))
+        for url, app in targets:
+            merged = deltars.merged_version(deltars.open_table(url, ctx.storage), app)
+            if merged is None:
+                return 0
+            floor = merged if floor is None else min(floor, merged)
+    return 0 if floor is None else floor
+
+
+def _select_tables(names: dict, only: Sequence[str] | None) -> list[tuple[str, str]]:
     if only:
         known = {f"{s}.{t}": (s, t) for s, t in names}
         missing = [n for n in only if n not in known]
@@ -253,7 +351,8 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     merged = deltars.merged_version(dt, app)
     consistent = snapshot.consistent_point if (merged is None and entry is not None) else None
     windows = select_windows(manifests, after=merged, consistent_point=consistent, limit=max_windows)
-    if not windows:
+    if not windows or not _holds(windows, name):
+        res.action = "no-changes" if windows else res.action
         res.delta_version = dt.version() if dt is not None else None
         res.seconds = round(time.monotonic() - t0, 3)
         return res
@@ -285,6 +384,17 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
         plan.rows, res.merged_rows, res.delta_version, res.seconds,
     )
     return res
+
+
+def _holds(windows, name: str) -> bool:
+    """Whether one of ``windows`` holds changes or a truncate of table ``name``
+    (``schema.table``): a table without any has nothing to merge, and a table that appeared after the snapshot
+    has no key to merge on but in the windows that hold it."""
+    return any(
+        any(f"{t['schema']}.{t['table']}" == name for t in m.tables)
+        or any(name in tr.get("tables", ()) for tr in m.truncates)
+        for m in windows
+    )
 
 
 def _key_columns(name: str, entry, windows, keys) -> tuple[str, ...]:
@@ -564,7 +674,7 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, m
     app = app_id(ctx.slot, schema, table) + ":changelog"
     dt = deltars.open_table(url, ctx.storage)
     windows = select_windows(manifests, after=deltars.merged_version(dt, app), limit=max_windows)
-    if not windows:
+    if not windows or not _holds(windows, name):
         return {"changelog": url, "rows": 0}
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=_key_columns(name, entry, windows, keys),
@@ -748,7 +858,7 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
     after = deltars.merged_version(dt, app)
     consistent = snapshot.consistent_point if (after is None and entry is not None) else None
     windows = select_windows(manifests, after=after, consistent_point=consistent, limit=max_windows)
-    if not windows:
+    if not windows or not _holds(windows, name):
         return out
     key_columns = _key_columns(name, entry, windows, keys)
     plan = plan_table(

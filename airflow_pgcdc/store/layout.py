@@ -313,6 +313,11 @@ class Layout:
     def window_manifest(self, slot: str, window_seq: int) -> str:
         return self.window_prefix(slot, window_seq) + MANIFEST_NAME
 
+    def merge_tables_index(self, slot: str) -> str:
+        """``{prefix}/{slot}/merge-state/tables.json``: the tables the slot's windows hold,
+        up to a window (a merge job's cache, so that it need not read every manifest)."""
+        return self._key(validate_slot(slot), "merge-state", "tables.json")
+
     def merge_staging_prefix(self, slot: str, run_id: str | None = None) -> str:
         """``{prefix}/{slot}/merge-staging/[{run_id}/]``: files a merge job stages for its
         Delta commits (removed after each commit; debris of a killed job is removed later)."""

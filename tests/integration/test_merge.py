@@ -457,3 +457,64 @@ def test_scd2_keeps_the_versions_before_a_truncate_in_the_batch(fresh_db, slot_n
     assert s5[3] == u5a[2] and u5a[3] == u5b[2] and u5b[3] == t_lsn, "versions tile up to the truncate"
     current = sorted((k, v[-1][1]) for k, v in by_key.items() if v[-1][3] is None)
     assert current == sorted(sql(db, "SELECT id, v FROM t"))
+
+
+def test_a_job_reads_only_the_window_manifests_it_needs(db18, slot_name, store, spark, monkeypatch):
+    """After a merge, the tables index spares reading old manifests: the next job reads the
+    new windows and those from the lowest last-merged window on. Without the index (or
+    with a stale one) it reads them all, with the same result."""
+    from airflow_pgcdc.merge import job
+
+    client, src, lake = store
+    db = db18
+    layout = Layout.parse(src)
+    sql(db, "CREATE TABLE t1 (id int PRIMARY KEY, v text)")
+    sql(db, "INSERT INTO t1 SELECT g, 'v' FROM generate_series(1, 10) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t1")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    sql(db, "UPDATE t1 SET v = 'w0' WHERE id = 1")
+    drain(db, src, slot, client)  # window 0
+    sql(db, "CREATE TABLE t2 (id int PRIMARY KEY, v text)")
+    sql(db, "ALTER PUBLICATION pub ADD TABLE t2")
+    sql(db, "INSERT INTO t2 VALUES (1, 'only in window 1')")
+    drain(db, src, slot, client)  # window 1: the only one holding t2
+    sql(db, "UPDATE t1 SET v = 'w2' WHERE id = 2")
+    drain(db, src, slot, client)  # window 2
+    merge_slot(spark, source=src, slot=slot, delta=lake)
+    for i in range(3):
+        sql(db, "UPDATE t1 SET v = %s WHERE id = 3", (f"w{3 + i}",))
+        drain(db, src, slot, client)  # windows 3, 4, 5: t1 only
+    read: list[int] = []
+    real = job._read_windows
+
+    def spy(client_, layout_, slot_, seqs):
+        read.extend(seqs)
+        return real(client_, layout_, slot_, seqs)
+
+    monkeypatch.setattr(job, "_read_windows", spy)
+    r = merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert {t.table: t.action for t in r.tables} == {"public.t1": "merged", "public.t2": "no-changes"}
+    # both tables merged up to window 2 (the index covers 0..2): windows 0 and 1, t2's only
+    # one, are not read again; window 2 is (the next window must start where it ended)
+    assert sorted(read) == [2, 3, 4, 5]
+    assert_equal(db, lake, "public.t1", "id")
+    assert_equal(db, lake, "public.t2", "id")
+    # no index: every manifest is read, same result
+    s3store.delete_prefix(client, layout.bucket, layout.merge_tables_index(slot))
+    sql(db, "UPDATE t1 SET v = 'w6' WHERE id = 4")
+    sql(db, "INSERT INTO t2 VALUES (2, 'w6')")
+    drain(db, src, slot, client)  # window 6
+    read.clear()
+    merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert sorted(read) == list(range(7))
+    assert_equal(db, lake, "public.t1", "id")
+    assert_equal(db, lake, "public.t2", "id")
+    # a stale index (its window 6 ended elsewhere: the slot's windows were made again) is ignored
+    doc = s3store.get_json(client, layout.bucket, layout.merge_tables_index(slot))
+    assert doc["through"] == 6 and {"schema": "public", "table": "t2"} in doc["tables"]
+    s3store.put_bytes(client, layout.bucket, layout.merge_tables_index(slot),
+                      json.dumps({**doc, "end_lsn": "0/1", "tables": []}))
+    read.clear()
+    merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert sorted(read) == list(range(7))
