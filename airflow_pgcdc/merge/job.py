@@ -184,6 +184,16 @@ class _Context:
     engine: str = "delta-rs"
     history: str | None = None
     reader: str = "python"
+    # "schema.table" -> window N: no window up to N holds the table after its last merged
+    # one (the tables index says so), so its merge starts after N (see _load_windows)
+    anchors: dict[str, int] = field(default_factory=dict)
+
+    def after(self, name: str, merged: int | None) -> int | None:
+        """Where ``name``'s windows start: after ``merged``, or after its anchor."""
+        anchor = self.anchors.get(name)
+        if anchor is not None and (merged is None or merged < anchor):
+            return anchor
+        return merged
 
     def staging(self, schema: str, table: str, what: str) -> str:
         """``bucket/…/merge-staging/{run}/{segment}/{what}/`` (a pyarrow fs path)."""
@@ -225,70 +235,87 @@ def _load_windows(ctx: _Context, snapshot, only: Sequence[str] | None) -> tuple[
     """The window manifests this job needs and the tables to merge, without reading every
     manifest of a slot that has run for months.
 
-    A merge needs, per table, the windows after its last merged one; the tables are the
-    snapshot's and every table some window holds. The tables index
-    (:meth:`Layout.merge_tables_index`: the tables of windows ``0..through``, written by
-    the previous job) spares reading old manifests for discovery, so this job reads the
-    manifests after ``through``, then those from the lowest last-merged window of the
-    tables to merge (the floor) up to ``through``. A missing, unreadable or stale index
-    (its ``through`` window no longer ends where it did) means reading them all."""
+    A merge needs, per table, the windows after its last merged one that hold it; the
+    tables are the snapshot's and every table some window holds. The tables index
+    (:meth:`Layout.merge_tables_index`, written by the previous job) says which tables
+    windows ``0..through`` hold and the last of those windows holding each. This job
+    reads the manifests after ``through``; a table that no window up to ``through`` holds
+    after its last merged one is anchored at ``through`` (``ctx.anchors``: it needs
+    nothing before); the others need the windows from their last merged one, so the
+    manifests from the lowest of those (the floor) up to ``through`` are read too. A
+    missing, unreadable or stale index (its ``through`` window no longer ends where it
+    did) means reading them all."""
     client, layout, slot = ctx.client, ctx.layout, ctx.slot
     folders = window_folders(client, layout, slot)
-    through, indexed = _read_tables_index(ctx, folders)
+    through, last_seen = _read_tables_index(ctx, folders)
     newer = _read_windows(client, layout, slot, [s for s in folders if s > through])
     names: dict[tuple[str, str], None] = {}
     if snapshot is not None:
         for t in snapshot.tables:
             names[(t.schema, t.table)] = None
-    for name in indexed:
+    for name in last_seen:
         names[name] = None
     for m in newer:
-        for t in m.tables:
-            names[(t["schema"], t["table"])] = None
+        for held in _held_tables(m):
+            names[held] = None
     wanted = _select_tables(names, only)
-    floor = _merged_floor(ctx, wanted) if through >= 0 else 0
+    floor = _merged_floor(ctx, wanted, through, last_seen) if through >= 0 else 0
     older = _read_windows(client, layout, slot, [s for s in folders if floor <= s <= through])
     manifests = older + newer
-    seen = {m.window_seq for m in newer}
+    seen = {m.window_seq: m for m in newer}
     new_through = through
     while new_through + 1 in seen:  # only a gapless run extends what the index covers
         new_through += 1
+        for held in _held_tables(seen[new_through]):
+            last_seen[held] = new_through
+    for name in names:
+        last_seen.setdefault(name, -1)
     if new_through > through:
-        ends = {m.window_seq: m.end_lsn for m in newer}
-        _write_tables_index(ctx, new_through, ends[new_through], names)
+        _write_tables_index(ctx, new_through, seen[new_through].end_lsn, last_seen)
     log.info(
-        "slot %s: %d window folder(s); read %d manifest(s) (index through window %d, floor %d)",
-        slot, len(folders), len(manifests), through, floor,
+        "slot %s: %d window folder(s); read %d manifest(s) (index through window %d, floor %d, "
+        "%d table(s) anchored)", slot, len(folders), len(manifests), through, floor, len(ctx.anchors),
     )
     return manifests, wanted
 
 
-def _read_tables_index(ctx: _Context, folders: list[int]) -> tuple[int, list[tuple[str, str]]]:
-    """``(through, tables)`` from the index, or ``(-1, [])`` when there is none usable."""
+def _held_tables(m) -> set[tuple[str, str]]:
+    """The tables a window holds changes or a truncate of."""
+    out = {(t["schema"], t["table"]) for t in m.tables}
+    for tr in m.truncates:
+        for name in tr.get("tables", ()):
+            schema, _, table = name.partition(".")
+            out.add((schema, table))
+    return out
+
+
+def _read_tables_index(ctx: _Context, folders: list[int]) -> tuple[int, dict[tuple[str, str], int]]:
+    """``(through, {table: last window up to through holding it, -1: none})`` from the
+    index, or ``(-1, {})`` when there is none usable."""
     key = ctx.layout.merge_tables_index(ctx.slot)
     try:
         doc = s3store.get_json(ctx.client, ctx.layout.bucket, key)
         if doc.get("format") != TABLES_INDEX_FORMAT:
             raise ValueError(f"format {doc.get('format')!r}")
         through = int(doc["through"])
-        tables = [(str(t["schema"]), str(t["table"])) for t in doc["tables"]]
+        tables = {(str(t["schema"]), str(t["table"])): int(t["last_window"]) for t in doc["tables"]}
         if through not in folders or read_window(ctx.client, ctx.layout, ctx.slot, through).end_lsn != doc["end_lsn"]:
             raise ValueError(f"window {through} is not the one the index saw")
         return through, tables
     except s3store.ObjectNotFound:
-        return -1, []
+        return -1, {}
     except Exception as exc:  # a cache: never trust a doubtful one, never fail on it
         log.warning("ignoring the merge tables index s3://%s/%s: %s", ctx.layout.bucket, key, exc)
-        return -1, []
+        return -1, {}
 
 
-def _write_tables_index(ctx: _Context, through: int, end_lsn: str, names) -> None:
+def _write_tables_index(ctx: _Context, through: int, end_lsn: str, last_seen: dict) -> None:
     doc = {
         "format": TABLES_INDEX_FORMAT,
         "slot": ctx.slot,
         "through": through,
         "end_lsn": end_lsn,
-        "tables": [{"schema": s, "table": t} for s, t in names],
+        "tables": [{"schema": s, "table": t, "last_window": w} for (s, t), w in sorted(last_seen.items())],
     }
     try:
         s3store.put_bytes(ctx.client, ctx.layout.bucket, ctx.layout.merge_tables_index(ctx.slot),
@@ -297,22 +324,24 @@ def _write_tables_index(ctx: _Context, through: int, end_lsn: str, names) -> Non
         log.warning("could not write the merge tables index: %s", exc)
 
 
-def _merged_floor(ctx: _Context, wanted: list[tuple[str, str]]) -> int:
-    """The lowest last-merged window over ``wanted`` (and their history tables): every
-    window a table still needs comes after it. ``0`` when a table has merged none."""
-    floor = None
+def _merged_floor(ctx: _Context, wanted: list[tuple[str, str]], through: int, last_seen: dict) -> int:
+    """The lowest window the tables in ``wanted`` need read (and set ``ctx.anchors``): a
+    table's last merged window (over it and its history tables; ``0`` when one has
+    merged none), or ``through`` when no window up to ``through`` holds it after that."""
+    floor = through
     for schema, table in wanted:
         targets = [(delta_table_url(ctx.delta, schema, table), app_id(ctx.slot, schema, table))]
         if ctx.history == "changelog":
             targets.append((changelog_url(ctx.delta, schema, table), app_id(ctx.slot, schema, table) + ":changelog"))
         elif ctx.history == "scd2":
             targets.append((scd2_url(ctx.delta, schema, table), app_id(ctx.slot, schema, table) + ":scd2"))
-        for url, app in targets:
-            merged = deltars.merged_version(deltars.open_table(url, ctx.storage), app)
-            if merged is None:
-                return 0
-            floor = merged if floor is None else min(floor, merged)
-    return 0 if floor is None else floor
+        merged = [deltars.merged_version(deltars.open_table(url, ctx.storage), app) for url, app in targets]
+        lowest = min(-1 if v is None else v for v in merged)
+        if last_seen.get((schema, table), -1) <= lowest:
+            ctx.anchors[f"{schema}.{table}"] = through
+        else:
+            floor = min(floor, max(lowest, 0))
+    return floor
 
 
 def _select_tables(names: dict, only: Sequence[str] | None) -> list[tuple[str, str]]:
@@ -348,11 +377,13 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
         res.history = _changelog(ctx, schema, table, manifests, keys, entry, max_windows)
     elif ctx.history == "scd2":
         res.history = _scd2(ctx, schema, table, snapshot, entry, manifests, keys, max_windows)
-    merged = deltars.merged_version(dt, app)
+    last_merged = deltars.merged_version(dt, app)
+    merged = ctx.after(name, last_merged)  # anchored: windows up to there hold nothing for it
     consistent = snapshot.consistent_point if (merged is None and entry is not None) else None
     windows = select_windows(manifests, after=merged, consistent_point=consistent, limit=max_windows)
     if not windows or not _holds(windows, name):
-        res.action = "no-changes" if windows else res.action
+        if (windows or merged != last_merged) and res.action == "up-to-date":
+            res.action = "no-changes"
         res.delta_version = dt.version() if dt is not None else None
         res.seconds = round(time.monotonic() - t0, 3)
         return res
@@ -388,8 +419,8 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
 
 def _holds(windows, name: str) -> bool:
     """Whether one of ``windows`` holds changes or a truncate of table ``name``
-    (``schema.table``): a table without any has nothing to merge, and a table that appeared after the snapshot
-    has no key to merge on but in the windows that hold it."""
+    (``schema.table``): a table without any has nothing to merge, and a table that
+    appeared after the snapshot has no key to merge on but in the windows that hold it."""
     return any(
         any(f"{t['schema']}.{t['table']}" == name for t in m.tables)
         or any(name in tr.get("tables", ()) for tr in m.truncates)
@@ -673,7 +704,7 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, m
     url = changelog_url(ctx.delta, schema, table)
     app = app_id(ctx.slot, schema, table) + ":changelog"
     dt = deltars.open_table(url, ctx.storage)
-    windows = select_windows(manifests, after=deltars.merged_version(dt, app), limit=max_windows)
+    windows = select_windows(manifests, after=ctx.after(name, deltars.merged_version(dt, app)), limit=max_windows)
     if not windows or not _holds(windows, name):
         return {"changelog": url, "rows": 0}
     plan = plan_table(
@@ -855,7 +886,7 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
         s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
         out["bootstrap_rows"] = rows
         dt = deltars.open_table(url, ctx.storage)
-    after = deltars.merged_version(dt, app)
+    after = ctx.after(name, deltars.merged_version(dt, app))
     consistent = snapshot.consistent_point if (after is None and entry is not None) else None
     windows = select_windows(manifests, after=after, consistent_point=consistent, limit=max_windows)
     if not windows or not _holds(windows, name):

@@ -470,7 +470,9 @@ def test_a_job_reads_only_the_window_manifests_it_needs(db18, slot_name, store, 
     layout = Layout.parse(src)
     sql(db, "CREATE TABLE t1 (id int PRIMARY KEY, v text)")
     sql(db, "INSERT INTO t1 SELECT g, 'v' FROM generate_series(1, 10) g")
-    sql(db, "CREATE PUBLICATION pub FOR TABLE t1")
+    sql(db, "CREATE TABLE t0 (id int PRIMARY KEY)")  # in the snapshot, never changed
+    sql(db, "INSERT INTO t0 VALUES (1)")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t1, t0")
     slot = slot_name()
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
     sql(db, "UPDATE t1 SET v = 'w0' WHERE id = 1")
@@ -481,7 +483,9 @@ def test_a_job_reads_only_the_window_manifests_it_needs(db18, slot_name, store, 
     drain(db, src, slot, client)  # window 1: the only one holding t2
     sql(db, "UPDATE t1 SET v = 'w2' WHERE id = 2")
     drain(db, src, slot, client)  # window 2
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    first = merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert {t.table: t.action for t in first.tables} == {
+        "public.t1": "bootstrapped+merged", "public.t0": "bootstrapped", "public.t2": "merged"}
     for i in range(3):
         sql(db, "UPDATE t1 SET v = %s WHERE id = 3", (f"w{3 + i}",))
         drain(db, src, slot, client)  # windows 3, 4, 5: t1 only
@@ -494,9 +498,11 @@ def test_a_job_reads_only_the_window_manifests_it_needs(db18, slot_name, store, 
 
     monkeypatch.setattr(job, "_read_windows", spy)
     r = merge_slot(spark, source=src, slot=slot, delta=lake)
-    assert {t.table: t.action for t in r.tables} == {"public.t1": "merged", "public.t2": "no-changes"}
-    # both tables merged up to window 2 (the index covers 0..2): windows 0 and 1, t2's only
-    # one, are not read again; window 2 is (the next window must start where it ended)
+    assert {t.table: t.action for t in r.tables} == {
+        "public.t1": "merged", "public.t0": "no-changes", "public.t2": "no-changes"}
+    # the index covers windows 0..2 and says no table needs one of them (t1 and t2 merged up
+    # to 2, t0 is in none): windows 0 and 1 are not read again; window 2 is (the next
+    # window must start where it ended)
     assert sorted(read) == [2, 3, 4, 5]
     assert_equal(db, lake, "public.t1", "id")
     assert_equal(db, lake, "public.t2", "id")
@@ -512,9 +518,21 @@ def test_a_job_reads_only_the_window_manifests_it_needs(db18, slot_name, store, 
     assert_equal(db, lake, "public.t2", "id")
     # a stale index (its window 6 ended elsewhere: the slot's windows were made again) is ignored
     doc = s3store.get_json(client, layout.bucket, layout.merge_tables_index(slot))
-    assert doc["through"] == 6 and {"schema": "public", "table": "t2"} in doc["tables"]
+    assert doc["through"] == 6
+    assert {(t["table"], t["last_window"]) for t in doc["tables"]} == {("t0", -1), ("t1", 6), ("t2", 6)}
     s3store.put_bytes(client, layout.bucket, layout.merge_tables_index(slot),
                       json.dumps({**doc, "end_lsn": "0/1", "tables": []}))
     read.clear()
     merge_slot(spark, source=src, slot=slot, delta=lake)
     assert sorted(read) == list(range(7))
+    # a table behind the index (max_windows) is not anchored: its windows are read again
+    for i in range(2):
+        sql(db, "UPDATE t1 SET v = %s WHERE id = 5", (f"w{7 + i}",))
+        drain(db, src, slot, client)  # windows 7, 8
+    r = merge_slot(spark, source=src, slot=slot, delta=lake, max_windows=1)
+    assert [(t.table, t.last_window) for t in r.tables if t.action == "merged"] == [("public.t1", 7)]
+    read.clear()
+    r = merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert sorted(read) == [7, 8], "the index covers 0..8; t1 merged up to 7"
+    assert [(t.table, t.last_window) for t in r.tables if t.action == "merged"] == [("public.t1", 8)]
+    assert_equal(db, lake, "public.t1", "id")
