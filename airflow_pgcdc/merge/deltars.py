@@ -56,16 +56,20 @@ def _commit_once(run, table, *, url: str, app: str, version: int) -> dict[str, A
     (:data:`CONCURRENT`); anything else is :class:`ConcurrentCommit`."""
     from deltalake.exceptions import CommitFailedError
 
-    done = merged_version(table, app)
-    if done is not None and done >= version:
+    def reached() -> int | None:  # the table's merged window when it is version or later
+        done = merged_version(table, app)
+        return done if done is not None and done >= version else None
+
+    done = reached()
+    if done is not None:
         log.warning("Delta table %s: window %d is already merged (at window %d); nothing to do", url, version, done)
         return dict(CONCURRENT)
     try:
         return run()
     except CommitFailedError as exc:
         table.update_incremental()
-        done = merged_version(table, app)
-        if done is not None and done >= version:
+        done = reached()
+        if done is not None:
             log.warning(
                 "Delta table %s: window %d was committed by a concurrent job (now at window %d); "
                 "this job's commit was refused, nothing written twice", url, version, done,

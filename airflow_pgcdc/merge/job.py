@@ -187,6 +187,15 @@ class _Context:
     # "schema.table" -> window N: no window up to N holds the table after its last merged
     # one (the tables index says so), so its merge starts after N (see _load_windows)
     anchors: dict[str, int] = field(default_factory=dict)
+    # Delta tables _load_windows already opened (url -> DeltaTable or None), each handed
+    # out once by open(): a job loads a table's log once, not twice
+    loaded: dict[str, Any] = field(default_factory=dict)
+
+    def open(self, url: str):
+        """The Delta table at ``url`` (``None`` when there is none)."""
+        if url in self.loaded:
+            return self.loaded.pop(url)
+        return deltars.open_table(url, self.storage)
 
     def after(self, name: str, merged: int | None) -> int | None:
         """Where ``name``'s windows start: after ``merged``, or after its anchor."""
@@ -330,18 +339,29 @@ def _merged_floor(ctx: _Context, wanted: list[tuple[str, str]], through: int, la
     merged none), or ``through`` when no window up to ``through`` holds it after that."""
     floor = through
     for schema, table in wanted:
-        targets = [(delta_table_url(ctx.delta, schema, table), app_id(ctx.slot, schema, table))]
-        if ctx.history == "changelog":
-            targets.append((changelog_url(ctx.delta, schema, table), app_id(ctx.slot, schema, table) + ":changelog"))
-        elif ctx.history == "scd2":
-            targets.append((scd2_url(ctx.delta, schema, table), app_id(ctx.slot, schema, table) + ":scd2"))
-        merged = [deltars.merged_version(deltars.open_table(url, ctx.storage), app) for url, app in targets]
+        targets = [_target(ctx, schema, table)]
+        if ctx.history:
+            targets.append(_target(ctx, schema, table, ctx.history))
+        merged = []
+        for url, app in targets:
+            ctx.loaded[url] = deltars.open_table(url, ctx.storage)
+            merged.append(deltars.merged_version(ctx.loaded[url], app))
         lowest = min(-1 if v is None else v for v in merged)
         if last_seen.get((schema, table), -1) <= lowest:
             ctx.anchors[f"{schema}.{table}"] = through
         else:
             floor = min(floor, max(lowest, 0))
     return floor
+
+
+def _target(ctx: _Context, schema: str, table: str, history: str | None = None) -> tuple[str, str]:
+    """``(url, app id)`` of a table's Delta table, or of its ``history`` table
+    (``changelog`` or ``scd2``, whose app id ends in ``:changelog``/``:scd2``)."""
+    app = app_id(ctx.slot, schema, table)
+    if history is None:
+        return delta_table_url(ctx.delta, schema, table), app
+    url = (changelog_url if history == "changelog" else scd2_url)(ctx.delta, schema, table)
+    return url, f"{app}:{history}"
 
 
 def _select_tables(names: dict, only: Sequence[str] | None) -> list[tuple[str, str]]:
@@ -360,13 +380,12 @@ def _select_tables(names: dict, only: Sequence[str] | None) -> list[tuple[str, s
 def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys, max_windows) -> TableResult:
     t0 = time.monotonic()
     name = f"{schema}.{table}"
-    url = delta_table_url(ctx.delta, schema, table)
-    app = app_id(ctx.slot, schema, table)
+    url, app = _target(ctx, schema, table)
     res = TableResult(table=name, delta_url=url, action="up-to-date", app_id=app)
     entry = None
     if snapshot is not None:
         entry = next((t for t in snapshot.tables if t.schema == schema and t.table == table), None)
-    dt = deltars.open_table(url, ctx.storage)
+    dt = ctx.open(url)
     if dt is None and entry is not None:
         res.bootstrap_rows = _bootstrap(ctx, snapshot, entry, url)
         res.action = "bootstrapped"
@@ -381,7 +400,7 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     merged = ctx.after(name, last_merged)  # anchored: windows up to there hold nothing for it
     consistent = snapshot.consistent_point if (merged is None and entry is not None) else None
     windows = select_windows(manifests, after=merged, consistent_point=consistent, limit=max_windows)
-    if not windows or not _holds(windows, name):
+    if not windows or not _holds(windows, schema, table):
         if (windows or merged != last_merged) and res.action == "up-to-date":
             res.action = "no-changes"
         res.delta_version = dt.version() if dt is not None else None
@@ -417,15 +436,11 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     return res
 
 
-def _holds(windows, name: str) -> bool:
-    """Whether one of ``windows`` holds changes or a truncate of table ``name``
-    (``schema.table``): a table without any has nothing to merge, and a table that
-    appeared after the snapshot has no key to merge on but in the windows that hold it."""
-    return any(
-        any(f"{t['schema']}.{t['table']}" == name for t in m.tables)
-        or any(name in tr.get("tables", ()) for tr in m.truncates)
-        for m in windows
-    )
+def _holds(windows, schema: str, table: str) -> bool:
+    """Whether one of ``windows`` holds changes or a truncate of the table: a table
+    without any has nothing to merge, and a table that appeared after the snapshot has no
+    key to merge on but in the windows that hold it."""
+    return any((schema, table) in _held_tables(m) for m in windows)
 
 
 def _key_columns(name: str, entry, windows, keys) -> tuple[str, ...]:
@@ -701,11 +716,10 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, m
     transaction ``…:changelog``), as they are: one row per change, in commit order, with
     the ``_pgcdc_`` metadata; truncates are not rows (they are in the window manifests)."""
     name = f"{schema}.{table}"
-    url = changelog_url(ctx.delta, schema, table)
-    app = app_id(ctx.slot, schema, table) + ":changelog"
-    dt = deltars.open_table(url, ctx.storage)
+    url, app = _target(ctx, schema, table, "changelog")
+    dt = ctx.open(url)
     windows = select_windows(manifests, after=ctx.after(name, deltars.merged_version(dt, app)), limit=max_windows)
-    if not windows or not _holds(windows, name):
+    if not windows or not _holds(windows, schema, table):
         return {"changelog": url, "rows": 0}
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=_key_columns(name, entry, windows, keys),
@@ -861,10 +875,9 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
     )
 
     name = f"{schema}.{table}"
-    url = scd2_url(ctx.delta, schema, table)
-    app = app_id(ctx.slot, schema, table) + ":scd2"
+    url, app = _target(ctx, schema, table, "scd2")
     out: dict[str, Any] = {"scd2": url, "versions": 0, "bootstrap_rows": 0}
-    dt = deltars.open_table(url, ctx.storage)
+    dt = ctx.open(url)
     if dt is None and entry is not None:
         parts, fields = _snapshot_input(ctx, snapshot, entry)
         schema_h = pa.schema(fields + _scd2_fields())
@@ -889,7 +902,7 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
     after = ctx.after(name, deltars.merged_version(dt, app))
     consistent = snapshot.consistent_point if (after is None and entry is not None) else None
     windows = select_windows(manifests, after=after, consistent_point=consistent, limit=max_windows)
-    if not windows or not _holds(windows, name):
+    if not windows or not _holds(windows, schema, table):
         return out
     key_columns = _key_columns(name, entry, windows, keys)
     plan = plan_table(
