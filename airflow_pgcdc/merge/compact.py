@@ -205,12 +205,10 @@ def compact(
         exprs += [
             c(MOVE_D), c("_pgcdc_first"), F.first(F.when(c(MOVED), origin)).over(whole).alias("_pgcdc_origin"),
         ]
-        first_moved = c(MOVED) & (c(LSN) == c("_pgcdc_first." + LSN)) & (c(SEQ) == c("_pgcdc_first." + SEQ))
+        first_moved = c(MOVED) & _at("_pgcdc_first")
     exprs += _resolved(toast_cols, keys, first_moved)
     ranked = base.select(*exprs)
-    last = ranked.where(
-        (c(LSN) == c("_pgcdc_last." + LSN)) & (c(SEQ) == c("_pgcdc_last." + SEQ))
-    )
+    last = ranked.where(_at("_pgcdc_last"))
     values, flags = _values_and_flags(cols, toast_cols)
     if not rekey:
         return last.select(*values, c(OP), c(LSN), c(SEQ), *flags)
@@ -223,10 +221,7 @@ def _rekeyed(last, keys: Sequence[str], values: list, flags: list):
 
     c = F.col
     # a move's D row that is its old key's only change in the batch
-    alone = (
-        c(MOVE_D)
-        & (c(LSN) == c("_pgcdc_first." + LSN)) & (c(SEQ) == c("_pgcdc_first." + SEQ))
-    )
+    alone = c(MOVE_D) & _at("_pgcdc_first")
     sources = last.where(alone).select(
         *[c(k).alias("_pgcdc_a_" + k) for k in keys], c(LSN).alias("_pgcdc_a_lsn"), c(SEQ).alias("_pgcdc_a_seq"),
     )
@@ -244,6 +239,14 @@ def _rekeyed(last, keys: Sequence[str], values: list, flags: list):
     on = [c(k) == c("_pgcdc_t_" + k) for k in keys] + [c(LSN) == c("_pgcdc_t_lsn"), c(SEQ) == c("_pgcdc_t_seq")]
     kept = out.join(taken, on=_all(on) & c(MOVE_D), how="left_anti")
     return kept.drop(MOVE_D)
+
+
+def _at(position: str):
+    """This row is at ``position`` (a struct column of ``_pgcdc_commit_lsn``, ``_pgcdc_seq``)."""
+    from pyspark.sql import functions as F
+
+    c = F.col
+    return (c(LSN) == c(f"{position}.{LSN}")) & (c(SEQ) == c(f"{position}.{SEQ}"))
 
 
 def _all(conditions: list):
