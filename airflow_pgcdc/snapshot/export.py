@@ -307,18 +307,20 @@ def snapshot_to_s3(
         sessions: list[ReplicationConnection] = []
         try:
             ident = repl.identify_system()
-            try:
-                created = repl.create_slot(
+
+            def create_slot():
+                return repl.create_slot(
                     slot, output_plugin="pgoutput", two_phase=True if two_phase else None, snapshot="export"
                 )
+
+            try:
+                created = create_slot()
             except DuplicateObject:
                 # a slot without a committed snapshot: left by a run that died before cleanup
                 log.warning("slot %s exists without a committed snapshot: dropping it and starting over", slot)
                 s3store.delete_prefix(client, location.bucket, layout.snapshots_prefix(slot))
                 repl.drop_slot(slot, wait=True)
-                created = repl.create_slot(
-                    slot, output_plugin="pgoutput", two_phase=True if two_phase else None, snapshot="export"
-                )
+                created = create_slot()
             slot_created = True
             snapshot_name = created.snapshot_name
             if not snapshot_name:
@@ -330,8 +332,7 @@ def snapshot_to_s3(
                 with catalog_conn.cursor() as cur:
                     cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                     cur.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot_name)}")
-                n_workers = workers
-                for _ in range(n_workers):
+                for _ in range(workers):
                     sessions.append(_import_snapshot(dsn, snapshot_name))
                 # the slot connection stays idle until the copy ends: while it does, the
                 # exported snapshot lives, and a worker whose session died imports it again
