@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -18,6 +18,7 @@ from airflow_pgcdc.changes.typemap import session_setup_sql
 from airflow_pgcdc.pg.catalog import load_type_info
 from airflow_pgcdc.pg.tables import TableInfo
 from airflow_pgcdc.protocol.pgtypes import PgColumn
+from airflow_pgcdc.store.parquet import TableEncodings
 
 SESSION_SETUP = session_setup_sql()
 """SET statements every COPY session runs: the text output the decoders expect."""
@@ -37,6 +38,8 @@ class TableConverter:
     binary_select_list: str = ""
     """The binary path's SELECT list (types without a binary decoder as text)."""
     copy_options: str = COPY_OPTIONS
+    encodings: TableEncodings = field(default_factory=TableEncodings, compare=False)
+    """The Parquet encodings every part of the table uses (chosen by its first row group)."""
 
     def decoder(self) -> SnapshotDecoder:
         """The CSV decoder (``COPY (SELECT select_list …) TO STDOUT copy_options``)."""

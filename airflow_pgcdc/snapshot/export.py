@@ -440,6 +440,7 @@ def _copy_part(
         bucket=layout.bucket,
         target_bytes=None,
         first_number=part.number,
+        encodings=conv.encodings,
     )
     try:
         for batch in conv.batches(session, part.where(), copy_format):

