@@ -1152,7 +1152,7 @@ class S3Server:
         import boto3
         from botocore.config import Config
 
-        return boto3.client(
+        client = boto3.client(
             "s3",
             endpoint_url=self.endpoint_url,
             aws_access_key_id=self.access_key,
@@ -1161,6 +1161,14 @@ class S3Server:
             config=kwargs.pop("config", Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3})),
             **kwargs,
         )
+        if not kwargs:  # the same server and keys: other processes can make this client too
+            from airflow_pgcdc.store.s3 import S3Settings
+
+            client.pgcdc_settings = S3Settings(
+                endpoint_url=self.endpoint_url, access_key_id=self.access_key,
+                secret_access_key=self.secret_key, region=self.region, addressing_style="path",
+            )
+        return client
 
     def create_bucket(self, name: str) -> str:
         """Create a bucket (no error if this server already has it); return its name."""

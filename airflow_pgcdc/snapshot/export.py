@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -47,6 +47,7 @@ from airflow_pgcdc.snapshot.convert import (
     TableConverter,
     table_converter,
 )
+from airflow_pgcdc.snapshot.workers import CopyJob, ProcessWorker, WorkerFailed
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id
 from airflow_pgcdc.store.manifest import ColumnEntry, PartEntry, SnapshotManifest, TableEntry
@@ -96,12 +97,15 @@ class SnapshotPart:
         return (" WHERE " + " AND ".join(conds)) if conds else ""
 
 
-def plan_parts(table: TableInfo, rows_per_part: int) -> list[SnapshotPart]:
-    """Split ``table`` into CTID block ranges of about ``rows_per_part`` rows.
+def plan_parts(table: TableInfo, rows_per_part: int, workers: int = 1) -> list[SnapshotPart]:
+    """Split ``table`` into CTID block ranges of at most about ``rows_per_part`` rows.
 
     ``relpages``/``reltuples`` may be stale: the last range is open-ended, so rows in
     pages added since the last ANALYZE are still copied. Partitioned tables and small
-    tables are one part.
+    tables are one part. A table of several parts gets a multiple of ``workers`` parts
+    of equal size, so its last round keeps every worker busy: 5M rows at 1M a part on 2
+    workers were 5 parts, the fifth copied by one worker while the other idled (4.0 s);
+    as 6 parts of 833k, 3.9 s.
     """
     pages = table.relpages
     if table.relkind != "r" or pages <= SMALL_TABLE_PAGES or table.reltuples <= 0:
@@ -109,12 +113,14 @@ def plan_parts(table: TableInfo, rows_per_part: int) -> list[SnapshotPart]:
     rows_per_page = max(table.reltuples / pages, 1.0)
     pages_per_part = max(int(rows_per_part / rows_per_page), 1)
     n = max(1, math.ceil(pages / pages_per_part))
+    if n > 1 and workers > 1:
+        n = min(math.ceil(n / workers) * workers, pages)
+    bounds = [i * pages // n for i in range(n + 1)]
     parts = []
     for i in range(n):
-        start = None if i == 0 else i * pages_per_part
-        end = None if i == n - 1 else (i + 1) * pages_per_part
-        size = (end if end is not None else pages) - (start or 0)
-        parts.append(SnapshotPart(table, i, start, end, max(size, 1)))
+        start = None if i == 0 else bounds[i]
+        end = None if i == n - 1 else bounds[i + 1]
+        parts.append(SnapshotPart(table, i, start, end, max(bounds[i + 1] - bounds[i], 1)))
     return parts
 
 
@@ -275,12 +281,20 @@ def snapshot_to_s3(
     progress_interval: float = 10.0,
     on_slot_created: Callable[[str, str], None] | None = None,
     copy_format: str = "binary",
+    s3_settings: s3store.S3Settings | None = None,
+    worker_processes: bool | None = None,
 ) -> SnapshotManifest:
     """Create ``slot`` with an exported snapshot and copy the tables to ``to``.
 
     Returns the committed manifest. ``on_slot_created(consistent_point, snapshot_name)``
-    is called once the slot exists (tests use it to interleave writes). ``copy_format``:
-    ``binary`` (default) or ``csv`` (see :data:`~airflow_pgcdc.snapshot.convert.COPY_FORMATS`).
+    is called once the slot exists and every worker has imported the snapshot (tests use
+    it to interleave writes). ``copy_format``: ``binary`` (default) or ``csv`` (see
+    :data:`~airflow_pgcdc.snapshot.convert.COPY_FORMATS`).
+
+    Workers run in their own processes (:mod:`airflow_pgcdc.snapshot.workers`) when the
+    S3 settings are known: ``s3_settings``, or those of a client made by
+    :func:`~airflow_pgcdc.store.s3.make_s3_client` (the default client is). With a client
+    of unknown settings, or ``worker_processes=False``, they are threads of this process.
     """
     if workers < 1:
         raise SnapshotError("workers must be at least 1")
@@ -290,8 +304,20 @@ def snapshot_to_s3(
         raise SnapshotError(f"copy_format must be one of {', '.join(COPY_FORMATS)}, not {copy_format!r}")
     location = to if isinstance(to, s3store.S3Location) else s3store.S3Location.parse(to)
     layout = Layout(location)
-    client = s3_client or s3store.make_s3_client()
-    with _slot_lock(dsn, slot):
+    if s3_client is None:
+        s3_settings = s3_settings or s3store.S3Settings.from_env()
+        s3_client = s3store.make_s3_client(s3_settings)
+    client = s3_client
+    settings = s3_settings or s3store.settings_of(client)
+    if worker_processes is None:
+        worker_processes = settings is not None
+    elif worker_processes and settings is None:
+        raise SnapshotError("worker processes need the S3 settings: pass s3_settings with s3_client")
+    with ExitStack() as stack:
+        # the worker processes start first: their start-up overlaps the slot's creation,
+        # and a forked one inherits no connection of this run
+        procs = [stack.enter_context(_closing(ProcessWorker())) for _ in range(workers)] if worker_processes else []
+        stack.enter_context(_slot_lock(dsn, slot))
         committed = _find_committed(client, layout, slot)
         if committed:
             raise SnapshotExists(
@@ -332,8 +358,14 @@ def snapshot_to_s3(
                 with catalog_conn.cursor() as cur:
                     cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                     cur.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot_name)}")
-                for _ in range(workers):
-                    sessions.append(_import_snapshot(dsn, snapshot_name))
+                if procs:
+                    for w in procs:
+                        w.begin_import(dsn, snapshot_name)
+                    for w in procs:
+                        w.end_import()
+                else:
+                    for _ in range(workers):
+                        sessions.append(_import_snapshot(dsn, snapshot_name))
                 # the slot connection stays idle until the copy ends: while it does, the
                 # exported snapshot lives, and a worker whose session died imports it again
                 if on_slot_created is not None:
@@ -346,16 +378,36 @@ def snapshot_to_s3(
                 warning = t.key_warning()
                 if warning:
                     log.warning(warning)
-            parts = [p for t in infos for p in plan_parts(t, rows_per_part)]
-            def reconnect() -> ReplicationConnection:
-                session = _import_snapshot(dsn, snapshot_name)
-                sessions.append(session)
-                return session
+            parts = [p for t in infos for p in plan_parts(t, rows_per_part, workers)]
+            if procs:
+                job = CopyJob(
+                    s3=settings, layout=layout, slot=slot, snapshot_id=sid, copy_format=copy_format,
+                    converters=converters,
+                )
 
-            results = _copy_all(
-                parts, converters, list(sessions), client, layout, slot, sid, progress_interval, copy_format,
-                reconnect=reconnect,
-            )
+                def restart() -> ProcessWorker:
+                    w = ProcessWorker()
+                    procs.append(w)
+                    w.begin_import(dsn, snapshot_name)
+                    w.end_import()
+                    w.start_job(job)
+                    return w
+
+                for w in procs:
+                    w.start_job(job)
+                runners = [_InWorkerProcess(w, restart) for w in procs]
+            else:
+
+                def reconnect() -> ReplicationConnection:
+                    session = _import_snapshot(dsn, snapshot_name)
+                    sessions.append(session)
+                    return session
+
+                runners = [
+                    _InThisProcess(s, reconnect, converters, client, layout, slot, sid, copy_format)
+                    for s in sessions
+                ]
+            results = _copy_all(parts, runners, progress_interval)
             manifest = SnapshotManifest(
                 slot=slot,
                 snapshot_id=sid,
@@ -375,6 +427,8 @@ def snapshot_to_s3(
                 sid, len(infos), manifest.rows, manifest.bytes / 1e6, manifest.consistent_point,
             )
         except BaseException:
+            for w in procs:  # stop their COPYs and uploads before the prefix is removed
+                w.kill()
             if slot_created:
                 _drop_slot(dsn, slot)
             try:
@@ -386,6 +440,10 @@ def snapshot_to_s3(
             repl.close()
             for s in sessions:
                 s.close()
+            for w in procs:
+                w.stop()
+            for w in procs:
+                w.close()
         try:
             _sweep_other_runs(client, layout, slot, sid)
         except Exception as exc:  # the snapshot is committed; leftovers are only garbage
@@ -462,28 +520,93 @@ def _copy_part(
 def _retryable(exc: BaseException) -> bool:
     """Connection and storage failures are worth another worker's try; a conversion
     error or a server error about the query itself would fail again."""
+    if isinstance(exc, WorkerFailed):
+        return exc.retryable  # judged by this function in the worker process
     return isinstance(exc, (ConnectionLost, AdminShutdown, s3store.S3RequestError, s3store.UploadAborted, OSError))
 
 
-def _copy_all(
-    parts, converters, sessions, client, layout, slot, sid, progress_interval, copy_format, *, reconnect=None
-) -> dict:
-    """Copy ``parts`` on one thread per session. A part that fails on a lost session or a
-    storage error is put back (up to :data:`MAX_PART_ATTEMPTS` tries); its worker takes a
-    new session from ``reconnect()`` (one importing the same snapshot) or, failing that,
-    stops, leaving the part to the others."""
+@contextmanager
+def _closing(worker: ProcessWorker) -> Iterator[ProcessWorker]:
+    try:
+        yield worker
+    finally:
+        worker.close()
+
+
+class _InThisProcess:
+    """A worker thread copying parts on its own session (``worker_processes=False``)."""
+
+    def __init__(self, session, reconnect, converters, client, layout, slot, sid, copy_format) -> None:
+        self.session = session
+        self._reconnect = reconnect
+        self._args = (client, layout, slot, sid)
+        self._converters = converters
+        self._copy_format = copy_format
+
+    def copy(self, part: SnapshotPart, progress: _Progress) -> tuple:
+        conv = self._converters[part.table.oid]
+        return _copy_part(self.session, part, conv, *self._args, progress, self._copy_format)
+
+    def recover(self) -> bool:
+        """After a failed part: a new session importing the same snapshot (False if none)."""
+        self.session.close()
+        try:
+            self.session = self._reconnect()
+        except Exception as again:
+            log.warning("worker could not import the snapshot again: %s", again)
+            return False
+        return True
+
+
+class _InWorkerProcess:
+    """A worker thread handing parts to its worker process."""
+
+    def __init__(self, worker: ProcessWorker, restart: Callable[[], ProcessWorker]) -> None:
+        self.worker = worker
+        self._restart = restart
+
+    def copy(self, part: SnapshotPart, progress: _Progress) -> tuple:
+        def on_rows(n: int) -> None:
+            with progress.lock:
+                progress.part_rows(part, n)
+
+        result = self.worker.copy(part, on_rows)
+        with progress.lock:
+            progress.part_done(part, result[3])
+        return result
+
+    def recover(self) -> bool:
+        """After a failed part: the same process if it lives (it imports the snapshot
+        again itself), else a new one (False if that fails too)."""
+        if self.worker.alive:
+            return True
+        self.worker.close()
+        try:
+            self.worker = self._restart()
+        except Exception as again:
+            log.warning("could not start a new worker process: %s", again)
+            return False
+        return True
+
+
+def _copy_all(parts, runners, progress_interval) -> dict:
+    """Copy ``parts`` on one thread per runner (:class:`_InThisProcess` or
+    :class:`_InWorkerProcess`). A part that fails on a lost session, a storage error or
+    a dead worker process is put back (up to :data:`MAX_PART_ATTEMPTS` tries) and its
+    runner recovers (a new session, a new process) or, failing that, stops, leaving the
+    part to the others."""
     work: queue.Queue = queue.Queue()
-    for p in parts:
+    for p in sorted(parts, key=lambda p: -p.pages):  # largest first: the last round is short
         work.put((p, 1))
     results: dict[int, list] = {p.table.oid: [] for p in parts}
     remaining = {t: sum(1 for p in parts if p.table.oid == t) for t in results}
     progress = _Progress(total_pages=sum(p.pages for p in parts))
     failures: list[BaseException] = []
     lock = threading.Lock()
-    alive = [len(sessions)]
+    alive = [len(runners)]
     stop = threading.Event()
 
-    def worker(session: ReplicationConnection) -> None:
+    def worker(runner) -> None:
         while not stop.is_set():
             try:
                 part, attempt = work.get(timeout=0.1)
@@ -492,34 +615,24 @@ def _copy_all(
                     return
                 continue
             try:
-                res = _copy_part(
-                    session, part, converters[part.table.oid], client, layout, slot, sid, progress, copy_format
-                )
-            except BaseException as exc:  # this session's transaction is unusable now
-                session.close()
+                res = runner.copy(part, progress)
+            except BaseException as exc:  # this runner's session is unusable now
                 retry = attempt < MAX_PART_ATTEMPTS and _retryable(exc)
-                new_session = None
-                if retry and reconnect is not None:
-                    try:
-                        new_session = reconnect()
-                    except Exception as again:
-                        log.warning("worker could not import the snapshot again: %s", again)
+                recovered = runner.recover() if retry else False
                 with lock:
-                    if new_session is None:
+                    if not recovered:
                         alive[0] -= 1
                     if retry and alive[0] > 0:
                         log.warning(
-                            "part %d of %s failed (attempt %d): %s; retrying%s",
+                            "part %d of %s failed (attempt %d): %s; retrying",
                             part.number, part.table.display, attempt, exc,
-                            " on a new session" if new_session is not None else " on another worker",
                         )
                         work.put((part, attempt + 1))
                     else:
                         failures.append(exc)
                         stop.set()
-                if new_session is None:
+                if not recovered:
                     return
-                session = new_session
                 continue
             with lock:
                 results[part.table.oid].append(res)
@@ -527,7 +640,7 @@ def _copy_all(
                 if remaining[part.table.oid] == 0:
                     progress.tables_done += 1
 
-    threads = [threading.Thread(target=worker, args=(s,), name=f"pgcdc-snapshot-{i}", daemon=True) for i, s in enumerate(sessions)]
+    threads = [threading.Thread(target=worker, args=(r,), name=f"pgcdc-snapshot-{i}", daemon=True) for i, r in enumerate(runners)]
     for th in threads:
         th.start()
     n_tables = len(results)

@@ -459,7 +459,16 @@ def make_s3_client(settings: S3Settings | None = None, **overrides: Any):
         kwargs["aws_secret_access_key"] = settings.secret_access_key
         if settings.session_token:
             kwargs["aws_session_token"] = settings.session_token
-    return session.client("s3", **kwargs)
+    client = session.client("s3", **kwargs)
+    client.pgcdc_settings = settings  # see settings_of
+    return client
+
+
+def settings_of(client: Any) -> S3Settings | None:
+    """The settings ``client`` was made from by :func:`make_s3_client` (None for a client
+    made elsewhere): what another process needs to make the same client."""
+    settings = getattr(client, "pgcdc_settings", None)
+    return settings if isinstance(settings, S3Settings) else None
 
 
 def make_pyarrow_fs(settings: S3Settings | None = None, **overrides: Any):

@@ -315,6 +315,14 @@ def test_plan_parts_open_ended_ranges():
     tiny = TableInfo(oid=1, schema="s", name="t", relkind="r", replica_identity="d", columns=(), key_columns=(),
                      key_source=None, relpages=3, reltuples=10.0)
     assert len(plan_parts(tiny, 1)) == 1 and plan_parts(tiny, 1)[0].where() == ""
+    # several workers: a multiple of them, of equal size, covering every page once
+    for workers, count in ((2, 4), (3, 6), (5, 5), (8, 8)):
+        parts = plan_parts(t, 250_000, workers)
+        assert len(parts) == count, (workers, [p.pages for p in parts])
+        assert sum(p.pages for p in parts) == 10_000 and max(p.pages for p in parts) - min(p.pages for p in parts) <= 1
+        assert [p.end_block for p in parts[:-1]] == [p.start_block for p in parts[1:]]
+    assert len(plan_parts(t, 300_000, 2)) == 4  # 10,000 pages of 300k rows: 4 parts, not 3
+    assert len(plan_parts(tiny, 1, 4)) == 1
 
 
 def test_progress_counts_pages_of_running_parts():
