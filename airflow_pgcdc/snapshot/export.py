@@ -238,12 +238,17 @@ def _slot_lock(dsn: str, slot: str) -> Iterator[None]:
 
 def _sweep_other_runs(client, layout: Layout, slot: str, sid: str) -> int:
     """Delete what other runs left under the slot's snapshot prefix (objects and pending
-    multipart uploads). Runs once this run's manifest is committed: a run killed before the
+    multipart uploads), and abort this run's own pending uploads. Runs once this run's manifest is committed: a run killed before the
     rerun started may still have had uploads in flight, which the storage can complete
     after the rerun's first clean-up. Only uncommitted runs can be there (the rerun checked
     for a manifest, and the slot lock keeps other runs out). Returns the objects deleted."""
     prefix = layout.snapshots_prefix(slot)
     ours = layout.snapshot_prefix(slot, sid)
+    # this run's own pending uploads: a worker process killed mid-part left its upload,
+    # and the part was written again by another (every worker has exited by now)
+    aborted = s3store.abort_uploads_under(client, layout.bucket, ours)
+    if aborted:
+        log.info("aborted %d multipart upload(s) left by failed parts under %s", aborted, ours)
     keys = list(s3store.list_keys(client, layout.bucket, prefix))
     keys += [u["Key"] for u in s3store.pending_uploads(client, layout.bucket, prefix)]
     others = sorted({prefix + k[len(prefix):].split("/", 1)[0] + "/" for k in keys if not k.startswith(ours)})
@@ -580,7 +585,7 @@ class _InWorkerProcess:
         again itself), else a new one (False if that fails too)."""
         if self.worker.alive:
             return True
-        self.worker.close()
+        self.worker.kill()
         try:
             self.worker = self._restart()
         except Exception as again:

@@ -140,6 +140,7 @@ class ProcessWorker:
             theirs.close()
         self.conn = Connection(ours.detach())
         self._closed = False
+        self._broken = False  # its socket failed: the process is dead or dying
 
     @property
     def pid(self) -> int:
@@ -179,7 +180,9 @@ class ProcessWorker:
 
     @property
     def alive(self) -> bool:
-        return not self._closed and self.proc.poll() is None
+        """Still able to take parts. A process killed a moment ago can close its socket
+        before the kernel reports it exited: a failed socket counts as dead."""
+        return not self._closed and not self._broken and self.proc.poll() is None
 
     def close(self, *, timeout: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not within ``timeout``."""
@@ -213,14 +216,17 @@ class ProcessWorker:
         try:
             self.conn.send(msg)
         except (OSError, ValueError) as exc:
+            self._broken = True
             raise WorkerDied(f"worker process {self.pid} is gone ({exc})") from None
 
     def _recv(self, timeout: float | None):
         try:
             if timeout is not None and not self.conn.poll(timeout):
+                self._broken = True  # stuck: it will be killed
                 raise WorkerDied(f"worker process {self.pid} did not answer within {timeout:.0f}s")
             return self.conn.recv()
         except (EOFError, OSError) as exc:
+            self._broken = True
             code = self.proc.poll()
             how = f"exit status {code}" if code is not None else str(exc) or type(exc).__name__
             raise WorkerDied(f"worker process {self.pid} ended ({how})") from None

@@ -356,3 +356,78 @@ def test_snapshot_logs_progress(fresh_db, slot_name, store, caplog):
     assert "100.0% of pages" in lines[-1] and "tables," in lines[-1] and "rows/s" in lines[-1]
     assert "100,004 rows" in lines[-1]  # big's 100000 + nokey's 2 + small's 2
     assert "3/3 tables" in lines[-1]
+
+
+@pytest.fixture
+def recorded_workers(monkeypatch):
+    """Every worker process the snapshot starts, in order."""
+    from airflow_pgcdc.snapshot import export, workers
+
+    started: list[workers.ProcessWorker] = []
+
+    class Recorded(workers.ProcessWorker):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            started.append(self)
+
+    monkeypatch.setattr(export, "ProcessWorker", Recorded)
+    return started
+
+
+@pytest.mark.parametrize("mode", ["fork", "spawn", "threads"])
+def test_every_worker_mode_copies_the_same_rows(fresh_db, slot_name, store, s3, recorded_workers, monkeypatch, mode):
+    """Worker processes forked from this one (as the CLI does), started as fresh
+    interpreters (as an Airflow task does: other threads run there), and worker threads
+    (a client of unknown settings) give the same snapshot."""
+    from airflow_pgcdc.snapshot import workers
+
+    client, url = store
+    make_source(fresh_db)
+    if mode != "threads":
+        monkeypatch.setattr(workers.threading, "active_count", lambda: 1 if mode == "fork" else 2)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot_name(), publication="pub", workers=2, rows_per_part=3000,
+                              s3_client=client, worker_processes=mode != "threads")
+    if mode == "threads":
+        assert recorded_workers == []
+    else:
+        assert len(recorded_workers) == 2 and all(w.pid != os.getpid() for w in recorded_workers)
+        forked = [isinstance(w.proc, workers._Forked) for w in recorded_workers]
+        assert forked == [mode == "fork"] * 2
+        assert all(w.proc.poll() is not None for w in recorded_workers), "workers exit with the run"
+    big = read_table(s3, url, manifest, "public", "big").sort_by("id")
+    assert big.column("id").to_pylist() == list(range(1, 20001))
+    expect = sql(fresh_db, "SELECT id, b, n::text, ts FROM big ORDER BY id")
+    got = [(r["id"], r["b"], str(r["n"]), r["ts"]) for r in big.to_pylist()]
+    assert got == expect
+    assert len(manifest.table("public", "big").parts) % 2 == 0, "a multiple of the worker count"
+
+
+def test_killed_worker_process_part_is_retried_on_a_new_process(fresh_db, slot_name, store, s3, recorded_workers):
+    """SIGKILL one worker process mid-copy: its part is copied again by a new worker
+    process, nothing is lost or doubled, and its dead upload is aborted."""
+    client, url = store
+    make_source(fresh_db, rows=300000)
+    slot = slot_name()
+    killed = []
+
+    def kill_a_worker(_cp, _name):
+        def run():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not killed:
+                busy = sql(fresh_db.socket_dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                           "'pgcdc-snapshot' AND query LIKE 'COPY%%' AND state = 'active'")[0][0]
+                if busy:
+                    victim = recorded_workers[0]
+                    os.kill(victim.pid, signal.SIGKILL)
+                    killed.append(victim.pid)
+                time.sleep(0.005)
+        threading.Thread(target=run, daemon=True).start()
+
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=2, rows_per_part=10000,
+                              s3_client=client, on_slot_created=kill_a_worker)
+    assert killed, "a worker process was killed mid-copy"
+    assert len(recorded_workers) == 3, "a new worker process replaced the killed one"
+    ids = read_table(s3, url, manifest, "public", "big").column("id").to_pylist()
+    assert sorted(ids) == list(range(1, 300001))
+    layout = Layout.parse(url)
+    assert s3store.pending_uploads(client, layout.bucket, layout.snapshots_prefix(slot)) == []
