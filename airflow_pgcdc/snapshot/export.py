@@ -238,10 +238,12 @@ def _slot_lock(dsn: str, slot: str) -> Iterator[None]:
 
 def _sweep_other_runs(client, layout: Layout, slot: str, sid: str) -> int:
     """Delete what other runs left under the slot's snapshot prefix (objects and pending
-    multipart uploads), and abort this run's own pending uploads. Runs once this run's manifest is committed: a run killed before the
-    rerun started may still have had uploads in flight, which the storage can complete
-    after the rerun's first clean-up. Only uncommitted runs can be there (the rerun checked
-    for a manifest, and the slot lock keeps other runs out). Returns the objects deleted."""
+    multipart uploads), and abort this run's own pending uploads (a killed worker
+    process's, whose part another worker wrote again). Runs once this run's manifest is
+    committed and its workers have exited: a run killed before the rerun started may
+    still have had uploads in flight, which the storage can complete after the rerun's
+    first clean-up. Only uncommitted runs can be there (the rerun checked for a manifest,
+    and the slot lock keeps other runs out). Returns the objects deleted."""
     prefix = layout.snapshots_prefix(slot)
     ours = layout.snapshot_prefix(slot, sid)
     # this run's own pending uploads: a worker process killed mid-part left its upload,
