@@ -214,7 +214,9 @@ def choose_delta_columns(sample: pa.Table, skip: Iterable[str] = ()) -> dict[str
         values = column.drop_null().combine_chunks()
         if len(values) < 2 * _DELTA_BLOCK:
             continue
-        as_int = values.view(pa.int32() if width == 4 else pa.int64()).to_numpy(zero_copy_only=False)
+        # the data buffer as it is (Array.to_numpy would import pandas for temporal types)
+        dtype = np.int32 if width == 4 else np.int64
+        as_int = np.frombuffer(values.buffers()[1], dtype=dtype, count=values.offset + len(values))[values.offset :]
         if _delta_packed_bytes(as_int.astype(np.int64)) <= DELTA_MAX_SIZE_RATIO * width * len(values):
             chosen[name] = "DELTA_BINARY_PACKED"
     return chosen

@@ -134,3 +134,29 @@ def test_parts_of_one_table_share_the_first_choice(monkeypatch):
         writer.close()
     assert calls == [5_000]  # chosen once, by the first part
     assert shared.choose(t) == real(t)
+
+
+def test_choosing_encodings_does_not_import_pandas():
+    """Array.to_numpy imports pandas for temporal types (~1 s, ~50 MB in every drain and
+    snapshot worker): the choice reads the data buffers instead."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np, pyarrow as pa\n"
+        "from airflow_pgcdc.store.parquet import choose_encodings\n"
+        "n = 5000\n"
+        "def arr(t, values, valid=None):  # pa.array() itself looks for pandas\n"
+        "    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder='little'))\n"
+        "    return pa.Array.from_buffers(t, n, [bitmap, pa.py_buffer(values)])\n"
+        "t = pa.table({'ts': arr(pa.timestamp('us', 'UTC'), np.arange(n) * 1000),\n"
+        "              'd': arr(pa.date32(), np.arange(n, dtype=np.int32)),\n"
+        "              'k': arr(pa.int64(), np.arange(n), np.arange(n) % 5 != 0)})\n"
+        "before = 'pandas' in sys.modules\n"
+        "choice = choose_encodings(t)\n"
+        "assert set(choice['column_encoding']) == {'ts', 'd', 'k'}, choice\n"
+        "print(before, 'pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False False"
