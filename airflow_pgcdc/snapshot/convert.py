@@ -71,19 +71,27 @@ class TableConverter:
         yield from dec.finish()
 
 
-def table_converter(conn, table: TableInfo) -> TableConverter:
-    """The converter for ``table``; ``conn`` is a psycopg connection for type lookups."""
+def function_casts(conn) -> frozenset[int]:
+    """The types whose cast to text is not their output function
+    (:data:`~airflow_pgcdc.changes.copy_binary.FUNCTION_CASTS_SQL`): one catalog query,
+    for every table of a run."""
+    return frozenset(row[0] for row in conn.execute(FUNCTION_CASTS_SQL))
+
+
+def table_converter(conn, table: TableInfo, casts: frozenset[int] | None = None) -> TableConverter:
+    """The converter for ``table``; ``conn`` is a psycopg connection for type lookups;
+    ``casts``: :func:`function_casts` (queried here when not given)."""
     types = load_type_info(conn, {c.type_oid for c in table.columns})
     columns = tuple(
         PgColumn(name=c.name, type=types[c.type_oid], typmod=c.typmod, ndims=c.ndims)
         for c in table.columns
     )
-    function_casts = frozenset(row[0] for row in conn.execute(FUNCTION_CASTS_SQL))
+    known_casts = function_casts(conn) if casts is None else casts
     probe = BinaryCopyDecoder(columns, table=table.display)
     return TableConverter(
         table=table,
         columns=columns,
         schema=probe.schema,
         select_list=copy_select_list(columns),
-        binary_select_list=binary_select_list(columns, probe.codecs, function_casts),
+        binary_select_list=binary_select_list(columns, probe.codecs, known_casts),
     )

@@ -45,6 +45,7 @@ from airflow_pgcdc.snapshot.convert import (
     COPY_FORMATS,
     SESSION_SETUP,
     TableConverter,
+    function_casts,
     table_converter,
 )
 from airflow_pgcdc.snapshot.workers import CopyJob, ProcessWorker, WorkerFailed
@@ -378,7 +379,8 @@ def snapshot_to_s3(
                 if on_slot_created is not None:
                     on_slot_created(str(created.consistent_point), snapshot_name)
                 infos = _discover(catalog_conn, publication, tables)
-                converters = {t.oid: table_converter(catalog_conn, t) for t in infos}
+                casts = function_casts(catalog_conn)
+                converters = {t.oid: table_converter(catalog_conn, t, casts) for t in infos}
             finally:
                 catalog_conn.close()
             for t in infos:

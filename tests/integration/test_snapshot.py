@@ -431,3 +431,17 @@ def test_killed_worker_process_part_is_retried_on_a_new_process(fresh_db, slot_n
     assert sorted(ids) == list(range(1, 300001))
     layout = Layout.parse(url)
     assert s3store.pending_uploads(client, layout.bucket, layout.snapshots_prefix(slot)) == []
+
+
+def test_the_text_casts_catalog_query_runs_once_per_run(fresh_db, slot_name, store, monkeypatch):
+    """The casts lookup is one query for the run, not one per table (1,000 tables were
+    1,000 round trips before the copy could start)."""
+    from airflow_pgcdc.snapshot import export
+
+    client, url = store
+    make_source(fresh_db)
+    calls = []
+    real = export.function_casts
+    monkeypatch.setattr(export, "function_casts", lambda conn: calls.append(1) or real(conn))
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot_name(), publication="pub", workers=1, s3_client=client)
+    assert len(manifest.tables) == 3 and calls == [1]
