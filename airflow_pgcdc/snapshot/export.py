@@ -626,6 +626,8 @@ def _copy_all(parts, runners, progress_interval) -> dict:
             try:
                 res = runner.copy(part, progress)
             except BaseException as exc:  # this runner's session is unusable now
+                if stop.is_set():
+                    return  # the run is failing: no new session or process
                 retry = attempt < MAX_PART_ATTEMPTS and _retryable(exc)
                 recovered = runner.recover() if retry else False
                 with lock:
@@ -654,12 +656,16 @@ def _copy_all(parts, runners, progress_interval) -> dict:
         th.start()
     n_tables = len(results)
     last = time.monotonic()
-    while any(th.is_alive() for th in threads):
-        for th in threads:
-            th.join(timeout=0.2)
-        if time.monotonic() - last >= progress_interval:
-            log.info(progress.line(n_tables, len(parts)))
-            last = time.monotonic()
+    try:
+        while any(th.is_alive() for th in threads):
+            for th in threads:
+                th.join(timeout=0.2)
+            if time.monotonic() - last >= progress_interval:
+                log.info(progress.line(n_tables, len(parts)))
+                last = time.monotonic()
+    except BaseException:  # interrupted: the workers take no more parts and start nothing
+        stop.set()
+        raise
     if failures:
         raise SnapshotError(f"the snapshot copy failed: {failures[0]}") from failures[0]
     if any(v for v in remaining.values()):
