@@ -403,8 +403,9 @@ def _decimal_column(codec: DecimalCodec, buf: np.ndarray, data, dstart, vlen, nu
     if width and not suspect.any():
         raw = _gather(buf, at + _NUMERIC_HEADER, 2 * width).view(">i2").reshape(n, width)
         digits = np.where(np.arange(width) < ndigits[:, None], raw, 0)  # the bytes past a row's digits: 0
-        if (digits.view(np.uint16) >= 10000).any():  # a negative int16 too
-            suspect |= (digits.view(np.uint16) >= 10000).any(axis=1)
+        out_of_range = digits.view(np.uint16) >= 10000  # a negative int16 too
+        if out_of_range.any():  # (the per-row reduction is the slow part: only when needed)
+            suspect |= out_of_range.any(axis=1)
         # the first digit below the column's bound: the whole value is, and every sum below fits
         suspect |= digits[:, 0] >= _POW10[np.clip(top - lead, 0, DECIMAL_INT64_DIGITS)]
         if width <= _NUMERIC_INT64_GROUPS:

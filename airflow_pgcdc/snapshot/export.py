@@ -324,7 +324,10 @@ def snapshot_to_s3(
     with ExitStack() as stack:
         # the worker processes start first: their start-up overlaps the slot's creation,
         # and a forked one inherits no connection of this run
-        procs = [stack.enter_context(_closing(ProcessWorker())) for _ in range(workers)] if worker_processes else []
+        procs: list[ProcessWorker] = []
+        stack.callback(_close_workers, procs)  # also the replacements appended later
+        for _ in range(workers if worker_processes else 0):
+            procs.append(ProcessWorker())
         stack.enter_context(_slot_lock(dsn, slot))
         committed = _find_committed(client, layout, slot)
         if committed:
@@ -449,10 +452,7 @@ def snapshot_to_s3(
             repl.close()
             for s in sessions:
                 s.close()
-            for w in procs:
-                w.stop()
-            for w in procs:
-                w.close()
+            _close_workers(procs)  # before the sweep: it aborts the uploads they left
         try:
             _sweep_other_runs(client, layout, slot, sid)
         except Exception as exc:  # the snapshot is committed; leftovers are only garbage
@@ -534,12 +534,13 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionLost, AdminShutdown, s3store.S3RequestError, s3store.UploadAborted, OSError))
 
 
-@contextmanager
-def _closing(worker: ProcessWorker) -> Iterator[ProcessWorker]:
-    try:
-        yield worker
-    finally:
-        worker.close()
+def _close_workers(procs: list[ProcessWorker]) -> None:
+    """Ask every worker process to exit, then wait for them: they exit together.
+    Idempotent."""
+    for w in procs:
+        w.stop()
+    for w in procs:
+        w.close()
 
 
 class _InThisProcess:

@@ -449,7 +449,7 @@ def _session(profile: str | None):
             _loader = botocore.loaders.create_loader()
     core = botocore.session.get_session()
     core.register_component("data_loader", _loader)
-    return boto3.Session(botocore_session=core, profile_name=profile) if profile else boto3.Session(botocore_session=core)
+    return boto3.Session(botocore_session=core, profile_name=profile)
 
 
 def make_s3_client(settings: S3Settings | None = None, **overrides: Any):
