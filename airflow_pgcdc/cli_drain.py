@@ -42,14 +42,35 @@ def register(subparsers) -> None:
     p.add_argument("--connect-options", metavar="OPTS",
                    help="extra libpq options for the replication connection, e.g. '-c wal_sender_timeout=10s'")
     p.add_argument("--spool-dir", help="where streamed transactions are spooled (default: a temp dir)")
+    p.add_argument("--forget-table", action="append", default=[], metavar="SCHEMA.TABLE",
+                   help="let a table that no publication covers any more leave the pipeline (its Delta "
+                        "table keeps its last state); without it the drain refuses (repeatable)")
+    p.add_argument("--busy-wait", type=float, default=10.0, metavar="SEC",
+                   help="wait this long for another drain or snapshot of the slot to end before giving "
+                        "up with exit code 75 (default 10)")
     p.set_defaults(handler=run)
 
 
+EXIT_BUSY = 75  # EX_TEMPFAIL: another run of the slot had it; nothing was written
+
+
 def run(args: argparse.Namespace) -> int:
-    from airflow_pgcdc.drain.drain import drain_window
+    from airflow_pgcdc.cli import error
+    from airflow_pgcdc.drain.drain import DrainBusy, drain_window
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    result = drain_window(
+    try:
+        result = _drain(args, drain_window)
+    except DrainBusy as e:  # not a failure of this pipeline: another run is doing the work
+        error(str(e), e.hint)
+        return EXIT_BUSY
+    json.dump(result.to_dict(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _drain(args: argparse.Namespace, drain_window):
+    return drain_window(
         args.dsn,
         args.to,
         slot=args.slot,
@@ -65,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
         max_wait=args.max_wait,
         connect_options=args.connect_options,
         spool_dir=args.spool_dir,
+        forget_tables=args.forget_table,
+        busy_wait=args.busy_wait,
     )
-    json.dump(result.to_dict(), sys.stdout, indent=2)
-    sys.stdout.write("\n")
-    return 0

@@ -1,9 +1,14 @@
-"""The change drain: one LSN window of a logical slot to S3 per call (see :mod:`.drain`)."""
+"""The change drain: one LSN window of a logical slot to S3 per call (see :mod:`.drain`);
+what it checks before it confirms anything is in :mod:`.guards`."""
 
 from airflow_pgcdc.drain.drain import (
+    DrainBusy,
     DrainError,
     DrainResult,
     DrainTimeout,
+    PipelineTablesUnpublished,
+    PublicationNotFound,
+    ServerMismatch,
     SlotAheadOfStore,
     SlotNotFound,
     WindowConflict,
@@ -11,9 +16,13 @@ from airflow_pgcdc.drain.drain import (
 )
 
 __all__ = [
+    "DrainBusy",
     "DrainError",
     "DrainResult",
     "DrainTimeout",
+    "PipelineTablesUnpublished",
+    "PublicationNotFound",
+    "ServerMismatch",
     "SlotAheadOfStore",
     "SlotNotFound",
     "WindowConflict",

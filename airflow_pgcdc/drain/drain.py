@@ -94,11 +94,26 @@ from airflow_pgcdc.changes.assembly import (
 )
 from airflow_pgcdc.changes.rows import ChangeBuffer, RelationVersion, ts_us
 from airflow_pgcdc.changes.typemap import SESSION_OPTIONS
-from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.drain.guards import (
+    DrainBusy,
+    DrainError,
+    DrainTimeout,
+    PipelineTablesUnpublished,
+    PublicationNotFound,
+    ServerMismatch,
+    SlotAheadOfStore,
+    SlotNotFound,
+    WindowConflict,
+    check_publications,
+    check_server,
+)
 from airflow_pgcdc.pg.catalog import TypeNotFound, load_type_info
 from airflow_pgcdc.pg.conninfo import parse_conninfo, redact
+from airflow_pgcdc.pg.errors import ObjectInUse
 from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import ReplicationConnection
+from airflow_pgcdc.pg.slotlock import lock_holder, wait_lock_slot
+from airflow_pgcdc.pg.tables import parse_table_names
 from airflow_pgcdc.protocol import pgoutput as po
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST
@@ -106,11 +121,17 @@ from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
 from airflow_pgcdc.protocol.pgtypes import PgColumn, PgTypeInfo, builtin_type
 from airflow_pgcdc.protocol.replication import XLogData
 from airflow_pgcdc.store import s3 as s3store
-from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.layout import Layout, new_attempt_id
 from airflow_pgcdc.store.manifest import read_snapshot_manifest
 from airflow_pgcdc.store.window import KEY_MOVES_FIELD, WindowManifest, WindowWriter, latest_window
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "DrainBusy", "DrainError", "DrainResult", "DrainTimeout", "PipelineTablesUnpublished",
+    "PublicationNotFound", "ServerMismatch", "SlotAheadOfStore", "SlotNotFound", "WindowConflict",
+    "drain_window",
+]  # fmt: skip
 
 HEARTBEAT_PREFIX = "pgcdc.heartbeat"
 FAULT_ENV = "PGCDC_FAULT"
@@ -118,26 +139,6 @@ FAULT_POINTS = ("after-receive", "during-upload", "after-parts", "after-manifest
 CHUNK_ROWS = 16_384
 CHUNK_BYTES = 8 << 20
 MESSAGE_CHUNK = 1_000
-
-
-class DrainError(PgcdcError):
-    """The drain could not produce its window."""
-
-
-class SlotNotFound(DrainError):
-    """The replication slot does not exist (dropped, or never created)."""
-
-
-class SlotAheadOfStore(DrainError):
-    """The slot acknowledged changes that no committed window holds: data loss upstream."""
-
-
-class WindowConflict(DrainError):
-    """Another drain committed this window first."""
-
-
-class DrainTimeout(DrainError):
-    """The stream did not reach the window's end in time."""
 
 
 def _fault(point: str) -> None:
@@ -452,6 +453,117 @@ def _options(dsn: str, extra: str | None) -> str:
     return " ".join(x for x in (base, SESSION_OPTIONS, extra or "") if x)
 
 
+@dataclass
+class _Plan:
+    """Where the next window starts, read from the store and the slot (under the slot
+    lock), and what the store recorded about the pipeline."""
+
+    seq: int
+    start: LSN
+    confirmed: LSN
+    two_phase: bool
+    snapshot_id: str | None
+    held: dict[str, HeldPrepared]
+    # the tables the publications must still cover; None: nothing recorded yet
+    pipeline: frozenset[tuple[str, str]] | None
+    system_id: str | None
+    timeline: int | None
+    recorded_by: str  # "window 4", "snapshot 2025...": what recorded system_id/timeline
+
+
+def _plan(client, layout: Layout, slot: str, sql: psycopg.Connection) -> _Plan:
+    latest = latest_window(client, layout, slot)
+    confirmed, two_phase, _plugin = _slot_info(sql, slot)
+    held: dict[str, HeldPrepared] = {}
+    if latest is not None:
+        for e in latest.pending_prepared:
+            held[e["gid"]] = HeldPrepared(
+                gid=e["gid"], xid=e["xid"], prepare_lsn=LSN.parse(e["prepare_lsn"]),
+                prepare_end_lsn=LSN.parse(e["prepare_end_lsn"]), prepare_ts=None,
+                origin=e.get("origin"), stored=dict(e),
+            )
+        pipeline = latest.pipeline_tables
+        if pipeline is None:  # a window written before pipeline_tables existed
+            snap = _find_snapshot(client, layout, slot)
+            pipeline = {(t.schema, t.table) for t in snap.tables} if snap is not None else set()
+            pipeline |= {(t["schema"], t["table"]) for t in latest.tables}
+        return _Plan(
+            latest.window_seq + 1, latest.end, confirmed, two_phase, latest.snapshot_id, held,
+            frozenset(pipeline), latest.system_id, latest.timeline, f"window {latest.window_seq}",
+        )
+    snap = _find_snapshot(client, layout, slot)
+    if snap is not None:
+        return _Plan(
+            0, LSN.parse(snap.consistent_point), confirmed, two_phase, snap.snapshot_id, held,
+            frozenset((t.schema, t.table) for t in snap.tables), snap.system_id, snap.timeline,
+            f"snapshot {snap.snapshot_id}",
+        )
+    return _Plan(0, confirmed, confirmed, two_phase, None, held, None, None, None, "nothing")
+
+
+def _lock(sql: psycopg.Connection, slot: str, busy_wait: float) -> None:
+    if not wait_lock_slot(sql, slot, busy_wait):
+        raise DrainBusy(
+            f"slot {slot}: another drain or snapshot of this slot is running ({lock_holder(sql, slot)}); "
+            "this drain wrote and acknowledged nothing",
+            hint="nothing to do: the running one drains the changes (runs of one slot must not overlap; "
+                 "in Airflow keep max_active_runs=1)",
+        )
+
+
+def _start_stream(dsn: str, slot: str, options: PgoutputOptions, start: LSN, *, busy_wait: float,
+                  status_interval: float, connect_options: str | None, plan: _Plan):
+    """Connect, check the server against what the store recorded, and start streaming:
+    from here the slot is ours. A slot still held by a dying walsender (a drain killed a
+    moment ago) is waited for, up to ``busy_wait`` seconds."""
+    deadline = time.monotonic() + busy_wait
+    while True:
+        conn = ReplicationConnection.connect(
+            dsn, application_name="pgcdc-drain", status_interval=status_interval,
+            options=_options(dsn, connect_options),
+        )
+        try:
+            ident = conn.identify_system()
+            note = check_server(
+                slot=slot, system_id=ident.systemid, timeline=ident.timeline,
+                recorded_system_id=plan.system_id, recorded_timeline=plan.timeline,
+                store_end=plan.start, where=plan.recorded_by,
+                history=lambda tli, c=conn: [(e.timeline, e.switchpoint) for e in c.timeline_history(tli).entries()],
+            )
+            if note:
+                log.warning(note)
+            stream = LogicalStream.pgoutput(conn, slot, options, start)
+            return conn, stream, ident
+        except ObjectInUse as exc:
+            conn.close()
+            if time.monotonic() >= deadline:
+                raise DrainBusy(
+                    f"slot {slot} is in use by another process: {exc.message}; this drain wrote and "
+                    "acknowledged nothing",
+                    hint="another consumer streams this slot (pg_replication_slots.active_pid): stop it; "
+                         "only one process may consume a slot",
+                ) from None
+            log.info("slot %s is still active (a walsender ending?): waiting", slot)
+            time.sleep(0.3)
+        except BaseException:
+            conn.close()
+            raise
+
+
+def _recheck(client, layout: Layout, slot: str, sql: psycopg.Connection, plan: _Plan) -> None:
+    """With the slot ours: nothing moved since :func:`_plan` read the store and the slot."""
+    latest = latest_window(client, layout, slot)
+    seq = latest.window_seq + 1 if latest is not None else 0
+    confirmed = _slot_info(sql, slot)[0]
+    if seq != plan.seq or confirmed != plan.confirmed:
+        raise DrainBusy(
+            f"slot {slot}: while this drain was starting, another one committed window {seq - 1} "
+            f"(the store's next window is {seq}, this drain planned {plan.seq}; the slot is at "
+            f"{confirmed}, it read {plan.confirmed}); this drain wrote and acknowledged nothing",
+            hint="nothing to do: the other drain took these changes (runs of one slot must not overlap)",
+        )
+
+
 # --------------------------------------------------------------------------- the drain
 
 
@@ -476,42 +588,31 @@ def drain_window(
     connect_options: str | None = None,
     target_part_bytes: int | None = None,
     s3_client: Any = None,
+    forget_tables: Sequence[str] = (),
+    busy_wait: float = 10.0,
 ) -> DrainResult:
     """Drain one window of ``slot`` into ``to`` (``s3://bucket/prefix``); see the module
     docstring. ``connect_options`` are extra libpq ``options`` for the replication
-    connection (e.g. ``-c wal_sender_timeout=2s``)."""
+    connection (e.g. ``-c wal_sender_timeout=2s``). ``forget_tables`` (``schema.table``)
+    lets tables that left the publications leave the pipeline (see
+    :mod:`airflow_pgcdc.drain.guards`). ``busy_wait``: how long to wait for another run
+    of the slot (its lock, or a walsender still ending) before :class:`DrainBusy`."""
     t0 = time.monotonic()
     started_at = datetime.now(UTC)
     if isinstance(publications, str):
         publications = (publications,)
+    publications = tuple(publications)
+    forget = frozenset(parse_table_names(forget_tables))
     location = to if isinstance(to, s3store.S3Location) else s3store.S3Location.parse(to)
     layout = Layout(location)
     client = s3_client or s3store.make_s3_client()
 
-    latest = latest_window(client, layout, slot)
     sql = psycopg.connect(dsn, autocommit=True, application_name="pgcdc-drain-catalog")
     try:
-        confirmed, two_phase, _plugin = _slot_info(sql, slot)
-        snapshot_id = None
-        held: dict[str, HeldPrepared] = {}
-        if latest is not None:
-            start = latest.end
-            seq = latest.window_seq + 1
-            snapshot_id = latest.snapshot_id
-            for e in latest.pending_prepared:
-                held[e["gid"]] = HeldPrepared(
-                    gid=e["gid"], xid=e["xid"], prepare_lsn=LSN.parse(e["prepare_lsn"]),
-                    prepare_end_lsn=LSN.parse(e["prepare_end_lsn"]), prepare_ts=None,
-                    origin=e.get("origin"), stored=dict(e),
-                )
-        else:
-            snap = _find_snapshot(client, layout, slot)
-            seq = 0
-            if snap is not None:
-                start = LSN.parse(snap.consistent_point)
-                snapshot_id = snap.snapshot_id
-            else:
-                start = confirmed
+        _lock(sql, slot, busy_wait)  # before the store is read: the plan stays true while we hold it
+        plan = _plan(client, layout, slot, sql)
+        start, seq, confirmed = plan.start, plan.seq, plan.confirmed
+        check_publications(sql, publications, plan.pipeline or (), slot=slot, forget=forget)
         if confirmed > start:
             raise SlotAheadOfStore(
                 f"slot {slot!r} has confirmed_flush_lsn {confirmed}, but the store's windows end at "
@@ -535,22 +636,21 @@ def drain_window(
             return result
 
         options = PgoutputOptions(
-            publications=tuple(publications),
+            publications=publications,
             binary=binary,
             messages=True,
             streaming=("parallel" if server_version >= 160000 else "on") if server_version >= 140000 else "off",
-            two_phase=two_phase and server_version >= 150000,
+            two_phase=plan.two_phase and server_version >= 150000,
         )
         log.info("drain %s: window %d [%s, %s) from %s", slot, seq, start, end_lsn, redact(dsn))
-        conn = ReplicationConnection.connect(
-            dsn, application_name="pgcdc-drain", status_interval=status_interval,
-            options=_options(dsn, connect_options),
+        conn, stream, ident = _start_stream(
+            dsn, slot, options, start, busy_wait=busy_wait, status_interval=status_interval,
+            connect_options=connect_options, plan=plan,
         )
         own_spool = spool_dir is None
         spool = spool_dir or tempfile.mkdtemp(prefix="pgcdc-spool-")
         try:
-            ident = conn.identify_system()
-            stream = LogicalStream.pgoutput(conn, slot, options, start)
+            _recheck(client, layout, slot, sql, plan)  # the slot is ours now: no one moves it
             if lost_ack:
                 log.warning("slot %s: the store is at %s but the slot at %s (a lost acknowledgement): "
                             "acknowledging %s", slot, start, confirmed, start)
@@ -561,12 +661,13 @@ def drain_window(
                 result.seconds = time.monotonic() - t0
                 return result
             return _run(
-                conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, held,
+                conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, plan.held,
                 spool=spool, max_rows=max_rows, max_bytes=max_bytes, max_seconds=max_seconds,
                 skip_origins=skip_origins, message_prefixes=message_prefixes, heartbeat=heartbeat,
                 heartbeat_after=heartbeat_after, max_wait=max_wait, status_interval=status_interval,
                 target_part_bytes=target_part_bytes, result=result, ident=ident,
-                snapshot_id=snapshot_id, started_at=started_at, t0=t0,
+                snapshot_id=plan.snapshot_id, started_at=started_at, t0=t0,
+                publications=publications, pipeline=plan.pipeline, forget=forget,
             )
         finally:
             conn.close()
@@ -579,8 +680,11 @@ def drain_window(
 def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, held, *, spool,
          max_rows, max_bytes, max_seconds, skip_origins, message_prefixes, heartbeat,
          heartbeat_after, max_wait, status_interval, target_part_bytes, result, ident,
-         snapshot_id, started_at, t0) -> DrainResult:
-    # the folder may hold debris of a crashed attempt (we own the slot now: no one else writes it)
+         snapshot_id, started_at, t0, publications, pipeline, forget) -> DrainResult:
+    # the folder may hold debris of attempts that did not commit: it is left alone until this
+    # attempt commits (an attempt of a drain that lost its slot may still be uploading, and its
+    # commit would be refused anyway), then swept; our parts carry our attempt id in their names
+    attempt = new_attempt_id()
     last_status = [time.monotonic()]
 
     def pump() -> None:
@@ -588,10 +692,6 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
         if now - last_status[0] >= min(status_interval, 1.0):
             conn.send_feedback()
             last_status[0] = now
-
-    _while_pumping(
-        lambda: s3store.delete_prefix(client, layout.bucket, layout.window_prefix(slot, seq)), pump
-    )
 
     part_closed = [False]
 
@@ -601,7 +701,7 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
             _fault("during-upload")
 
     writer_kw = {"target_part_bytes": target_part_bytes} if target_part_bytes else {}
-    writer = WindowWriter(client, layout, slot, seq, on_part_close=on_part_close, **writer_kw)
+    writer = WindowWriter(client, layout, slot, seq, on_part_close=on_part_close, attempt=attempt, **writer_kw)
     window = _Window(writer, types, pump)
 
     def fetch(h: HeldPrepared) -> str:
@@ -740,6 +840,14 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
             if lost:
                 t[KEY_MOVES_FIELD] = lost["updates"]
         _fault("after-parts")
+        # before anything is committed or confirmed: the publications still cover the pipeline
+        # (dropped or altered during the window?); the query also proves the catalog session,
+        # and with it the slot lock, is alive
+        pubs = check_publications(sql, publications, pipeline or (), slot=slot, forget=forget)
+        for what, tables in (("dropped", pubs.dropped), ("forgotten (--forget-table)", pubs.forgotten)):
+            if tables:
+                log.warning("slot %s: window %d: table(s) %s left the pipeline: %s; their Delta tables "
+                            "keep their last state", slot, seq, ", ".join(f"{a}.{b}" for a, b in tables), what)
         manifest = WindowManifest(
             slot=slot, window_seq=seq, start_lsn=str(start), end_lsn=str(window_end),
             end_reason=reason or "until_lsn", transactions=window.transactions,
@@ -757,13 +865,26 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
             first_commit_lsn=str(window.first_commit) if window.first_commit is not None else None,
             last_commit_lsn=str(window.last_commit) if window.last_commit is not None else None,
             system_id=ident.systemid, timeline=ident.timeline, snapshot_id=snapshot_id,
+            publications=tuple(publications), pipeline_tables=tuple(sorted(pubs.covered)), attempt=attempt,
         )
         if not _while_pumping(lambda: writer.commit(manifest), pump):
+            try:
+                _while_pumping(lambda: writer.discard(manifest), pump)
+            except Exception as exc:  # only garbage: the committed window does not list them
+                log.warning("slot %s: window %d: could not remove this attempt's parts: %s", slot, seq, exc)
             raise WindowConflict(
-                f"window {seq} of slot {slot} was committed by someone else meanwhile "
-                f"(s3://{layout.bucket}/{layout.window_manifest(slot, seq)})"
+                f"window {seq} of slot {slot} was committed by another drain meanwhile "
+                f"(s3://{layout.bucket}/{layout.window_manifest(slot, seq)}); this drain's parts are "
+                "removed and nothing was acknowledged",
+                hint="runs of one slot must not overlap; the committed window stands",
             )
         _fault("after-manifest")
+        try:
+            swept = _while_pumping(lambda: writer.sweep(manifest), pump)
+            if swept:
+                log.info("slot %s: window %d: removed %d object(s) of attempts that did not commit", slot, seq, swept)
+        except Exception as exc:  # committed: leftovers are garbage no reader lists
+            log.warning("slot %s: window %d: could not remove other attempts' objects: %s", slot, seq, exc)
         conn.confirm(window_end)
         _fault("after-ack")
         try:

@@ -43,6 +43,11 @@ class PgcdcDrainOperator(BaseOperator):
     :param skip_origins: drop transactions from these replication origins
     :param message_prefixes: keep only logical messages with these prefixes
     :param binary: ask pgoutput for binary values
+    :param forget_tables: ``schema.table`` names that left the publications on purpose: they
+        leave the pipeline (without this the drain refuses to acknowledge past their removal)
+
+    Another run of the slot (an overlapping DAG run, a manual ``pgcdc drain``) makes the task
+    skip (``AirflowSkipException``): it wrote and acknowledged nothing, the other run drains.
     :param postgres_conn_id: Airflow ``postgres`` connection
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
@@ -65,6 +70,7 @@ class PgcdcDrainOperator(BaseOperator):
         message_prefixes: Sequence[str] | None = None,
         binary: bool = False,
         max_wait: float = 300.0,
+        forget_tables: Sequence[str] = (),
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
@@ -84,6 +90,7 @@ class PgcdcDrainOperator(BaseOperator):
         self.message_prefixes = list(message_prefixes) if message_prefixes is not None else None
         self.binary = binary
         self.max_wait = max_wait
+        self.forget_tables = list(forget_tables)
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
@@ -100,14 +107,30 @@ class PgcdcDrainOperator(BaseOperator):
         return str(value) if value else None
 
     def execute(self, context) -> dict[str, Any]:
-        from airflow_pgcdc.drain.drain import drain_window
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from airflow_pgcdc.drain.drain import DrainBusy, drain_window
 
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
         publications = [self.publication] if isinstance(self.publication, str) else list(self.publication)
         until = self._window_end(context)
         self.log.info("drain of slot %s (%s) into %s, window end %s", self.slot, hook.safe_dsn(), self.to,
                       until or "current WAL insert position")
-        result = drain_window(
+        try:
+            result = self._drain(drain_window, hook, publications, until)
+        except DrainBusy as e:
+            raise AirflowSkipException(f"{e} (hint: {e.hint})") from None
+        out = result.to_dict()
+        self.log.info("window %s [%s, %s): %s transactions, %s rows, %s bytes", out["window_seq"],
+                      out["start_lsn"], out["end_lsn"], out["transactions"], out["rows"], out["bytes"])
+        if result.window_seq is not None:
+            emit(self, context, changes_asset(self.to, self.slot), {
+                "window_seq": result.window_seq, "end_lsn": str(result.end_lsn), "rows": result.rows,
+            })
+        return out
+
+    def _drain(self, drain_window, hook: PgcdcHook, publications: list[str], until: str | None):
+        return drain_window(
             hook.get_dsn(),
             self.to,
             slot=self.slot,
@@ -121,12 +144,5 @@ class PgcdcDrainOperator(BaseOperator):
             binary=self.binary,
             max_wait=self.max_wait,
             s3_client=hook.s3_client(),
+            forget_tables=self.forget_tables,
         )
-        out = result.to_dict()
-        self.log.info("window %s [%s, %s): %s transactions, %s rows, %s bytes", out["window_seq"],
-                      out["start_lsn"], out["end_lsn"], out["transactions"], out["rows"], out["bytes"])
-        if result.window_seq is not None:
-            emit(self, context, changes_asset(self.to, self.slot), {
-                "window_seq": result.window_seq, "end_lsn": str(result.end_lsn), "rows": result.rows,
-            })
-        return out

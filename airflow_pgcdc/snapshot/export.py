@@ -17,12 +17,23 @@
 A part that fails is retried while the snapshot lives: the slot connection stays idle
 until the copy ends, so a worker whose session died imports the snapshot again. If the run
 fails as a whole, it drops the slot it created and removes its partial prefix, so no
-orphan slot retains WAL and a rerun starts clean. A rerun after a crash (no cleanup
-ran) finds the slot without a committed snapshot and starts over the same way.
+orphan slot retains WAL and a rerun starts clean.
+
+Right after creating the slot, a run records it in the store (``_slot.json`` beside its
+parts: the consistent point and the system identifier). A rerun after a crash (no
+cleanup ran) that finds a slot of that name drops it and starts over only when it is
+provably that leftover: a record of an uncommitted run for this slot, taken on this
+server, whose consistent point is still the slot's confirmed position (nothing was ever
+acknowledged from it), with no window in the store and no process holding the slot.
+Any other slot of that name (a live pipeline's, one another store follows, one with a
+confirmed position past its start) is never dropped: :class:`SlotTaken` names it and
+what holds it. The run holds the slot lock (:mod:`airflow_pgcdc.pg.slotlock`) that
+drains take too, so no drain of ours runs on the slot meanwhile.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import queue
@@ -39,7 +50,9 @@ from airflow_pgcdc.errors import PgcdcError
 from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.pg.errors import AdminShutdown, ConnectionLost, DuplicateObject, UndefinedObject
 from airflow_pgcdc.pg.replication import ReplicationConnection
+from airflow_pgcdc.pg.slotlock import lock_holder, try_lock_slot
 from airflow_pgcdc.pg.tables import TableInfo, describe_table, parse_table_names, publication_tables
+from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_literal
 from airflow_pgcdc.snapshot.convert import (
     COPY_FORMATS,
@@ -53,6 +66,7 @@ from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id
 from airflow_pgcdc.store.manifest import ColumnEntry, PartEntry, SnapshotManifest, TableEntry
 from airflow_pgcdc.store.parquet import PartSequence
+from airflow_pgcdc.store.window import window_folders
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +84,26 @@ class SnapshotExists(SnapshotError):
 
 
 class SnapshotBusy(SnapshotError):
-    """Another snapshot run is using the slot right now."""
+    """Another snapshot run, or a drain, is using the slot right now."""
+
+
+class SlotTaken(SnapshotError):
+    """A slot of that name exists and is not provably the leftover of a failed run of this
+    snapshot: it is never dropped. ``hint`` says what to do."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __reduce__(self):
+        return (_rebuild_taken, (str(self), self.hint))
+
+
+def _rebuild_taken(message, hint):
+    return SlotTaken(message, hint=hint)
+
+
+SLOT_RECORD = "_slot.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,29 +245,86 @@ def _find_committed(client, layout: Layout, slot: str) -> str | None:
 
 
 @contextmanager
-def _slot_lock(dsn: str, slot: str) -> Iterator[None]:
-    """Hold a session advisory lock named after ``slot`` for the run, so two runs never
-    share a slot: the second one would otherwise take the first one's live slot for a dead
-    run's leftover, drop it and delete its parts. The lock goes with the session, so a
-    SIGKILLed coordinator releases it as soon as the server sees its socket close."""
+def _slot_lock(dsn: str, slot: str) -> Iterator[psycopg.Connection]:
+    """Hold the slot lock (:mod:`airflow_pgcdc.pg.slotlock`, the one drains take) for the
+    run, so two runs never share a slot: the second one would otherwise take the first
+    one's live slot for a dead run's leftover. The lock goes with the session, so a
+    SIGKILLed coordinator releases it as soon as the server sees its socket close.
+    Yields the lock's session (autocommit), for catalog reads."""
     conn = psycopg.connect(dsn, autocommit=True, application_name="pgcdc-snapshot-lock")
     try:
-        got = conn.execute(
-            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (f"pgcdc-snapshot:{slot}",)
-        ).fetchone()[0]
+        got = try_lock_slot(conn, slot)
+        holder = None if got else lock_holder(conn, slot)
     except BaseException:
         conn.close()
         raise
     if not got:
         conn.close()
         raise SnapshotBusy(
-            f"another snapshot run is using slot {slot} (it holds the slot's advisory lock); "
+            f"another snapshot run or a drain is using slot {slot} ({holder}); "
             "wait for it to end, or pick another slot name"
         )
     try:
-        yield
+        yield conn
     finally:
         conn.close()
+
+
+def _record_slot(client, layout: Layout, slot: str, sid: str, consistent_point, ident) -> None:
+    """Say in the store that this run created ``slot`` (see the module docstring)."""
+    body = json.dumps({
+        "slot": slot, "snapshot_id": sid, "consistent_point": str(consistent_point),
+        "system_id": ident.systemid, "timeline": ident.timeline,
+        "created_at": datetime.now(UTC).isoformat(),
+    })
+    s3store.put_bytes(client, layout.bucket, layout.snapshot_prefix(slot, sid) + SLOT_RECORD, body,
+                      content_type="application/json")
+
+
+def _leftover_or_refuse(conn: psycopg.Connection, client, layout: Layout, slot: str, ident) -> None:
+    """``slot`` exists: return if it is provably the leftover of a failed run of this
+    snapshot (then the caller drops it), else raise :class:`SlotTaken`."""
+    row = conn.execute(
+        "SELECT slot_type, plugin::text, database::text, active, active_pid, confirmed_flush_lsn::text "
+        "FROM pg_catalog.pg_replication_slots WHERE slot_name = %s", (slot,),
+    ).fetchone()
+    if row is None:
+        return  # gone meanwhile: the caller's drop finds nothing, and creates it
+    slot_type, plugin, database, active, active_pid, confirmed = row
+    where = f"s3://{layout.bucket}/{layout.snapshots_prefix(slot)}"
+    hint = (f"pick another slot name; or, if slot {slot} is an orphan that nothing needs, drop it "
+            f"yourself (SELECT pg_drop_replication_slot({quote_literal(slot)})): every change it holds "
+            "and no one acknowledged is lost with it")
+    if active:
+        raise SlotTaken(
+            f"replication slot {slot} exists and is in use by pid {active_pid} (plugin {plugin}, database "
+            f"{database}); a snapshot never drops a slot someone streams", hint=hint,
+        )
+    if window_folders(client, layout, slot):
+        raise SlotTaken(
+            f"replication slot {slot} exists and the store already holds change windows for it "
+            f"(s3://{layout.bucket}/{layout.changes_prefix(slot)}): it is a running pipeline's slot", hint=hint,
+        )
+    records = []
+    for key in s3store.list_keys(client, layout.bucket, layout.snapshots_prefix(slot)):
+        if key.endswith("/" + SLOT_RECORD):
+            try:
+                records.append(json.loads(s3store.get_bytes(client, layout.bucket, key)))
+            except (s3store.ObjectNotFound, ValueError):
+                continue
+    ours = [r for r in records if str(r.get("system_id")) == str(ident.systemid)
+            and slot_type == "logical" and plugin == "pgoutput" and confirmed is not None
+            and LSN.parse(confirmed) == LSN.parse(r.get("consistent_point", "0/0"))]
+    if not ours:
+        why = (f"no failed snapshot run in {where} recorded creating it" if not records else
+               f"its confirmed position {confirmed} is not the consistent point a failed run of this "
+               f"snapshot recorded ({', '.join(str(r.get('consistent_point')) for r in records)}): "
+               "changes were acknowledged from it since, or it was created again by someone else")
+        raise SlotTaken(
+            f"replication slot {slot} exists ({slot_type}, plugin {plugin}, database {database}, confirmed "
+            f"{confirmed}) and is not a leftover of this snapshot: {why}. A snapshot never drops a slot "
+            "that may hold someone's changes", hint=hint,
+        )
 
 
 def _sweep_other_runs(client, layout: Layout, slot: str, sid: str) -> int:
@@ -328,7 +418,7 @@ def snapshot_to_s3(
         stack.callback(_close_workers, procs)  # also the replacements appended later
         for _ in range(workers if worker_processes else 0):
             procs.append(ProcessWorker())
-        stack.enter_context(_slot_lock(dsn, slot))
+        lock_conn = stack.enter_context(_slot_lock(dsn, slot))
         committed = _find_committed(client, layout, slot)
         if committed:
             raise SnapshotExists(
@@ -353,12 +443,18 @@ def snapshot_to_s3(
             try:
                 created = create_slot()
             except DuplicateObject:
-                # a slot without a committed snapshot: left by a run that died before cleanup
-                log.warning("slot %s exists without a committed snapshot: dropping it and starting over", slot)
+                # only a leftover of a failed run of this snapshot is dropped (else SlotTaken)
+                _leftover_or_refuse(lock_conn, client, layout, slot, ident)
+                log.warning("slot %s was left by a failed snapshot run (never acknowledged from): "
+                            "dropping it and starting over", slot)
                 s3store.delete_prefix(client, location.bucket, layout.snapshots_prefix(slot))
-                repl.drop_slot(slot, wait=True)
+                try:
+                    repl.drop_slot(slot)
+                except UndefinedObject:
+                    pass
                 created = create_slot()
             slot_created = True
+            _record_slot(client, layout, slot, sid, created.consistent_point, ident)
             snapshot_name = created.snapshot_name
             if not snapshot_name:
                 raise SnapshotError("the server did not export a snapshot")

@@ -5,8 +5,8 @@ All keys are relative to a :class:`~airflow_pgcdc.store.s3.S3Location` (``bucket
 
     {prefix}/{slot}/snapshot/{snapshot_id}/{schema}.{table}/part-00000.parquet
     {prefix}/{slot}/snapshot/{snapshot_id}/_manifest.json                 (written last)
-    {prefix}/{slot}/changes/w={window_seq:012d}/{schema}.{table}/v{relation_version:04d}-part-00000.parquet
-    {prefix}/{slot}/changes/w={window_seq:012d}/messages/part-00000.parquet
+    {prefix}/{slot}/changes/w={window_seq:012d}/{schema}.{table}/v{relation_version:04d}-part-00000-{attempt}.parquet
+    {prefix}/{slot}/changes/w={window_seq:012d}/messages/part-00000-{attempt}.parquet
     {prefix}/{slot}/changes/w={window_seq:012d}/_manifest.json            (written last, conditional put)
     {prefix}/basebackup/{backup_id}/base.tar[.gz|.lz4|.zst]
     {prefix}/basebackup/{backup_id}/<tablespace oid>.tar[.gz|.lz4|.zst]
@@ -58,6 +58,8 @@ __all__ = [
     "new_run_id",
     "part_name",
     "parse_part_name",
+    "new_attempt_id",
+    "validate_attempt",
     "validate_run_id",
     "validate_slot",
     "window_folder",
@@ -179,18 +181,36 @@ def new_run_id(now: datetime | None = None) -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
 
 
-def part_name(number: int, *, relation_version: int | None = None) -> str:
-    """``part-00042.parquet``, or ``v0003-part-00042.parquet`` for a change part."""
+def new_attempt_id() -> str:
+    """A drain attempt's id: 8 random lowercase hex digits (see :func:`part_name`)."""
+    return secrets.token_hex(4)
+
+
+def part_name(number: int, *, relation_version: int | None = None, attempt: str | None = None) -> str:
+    """``part-00042.parquet``, or ``v0003-part-00042.parquet`` for a change part;
+    ``attempt`` (a drain attempt's id, 8 lowercase hex digits) makes it
+    ``v0003-part-00042-1a2b3c4d.parquet``, so two attempts at one window never write the
+    same key."""
     if not isinstance(number, int) or not 0 <= number < 10**PART_DIGITS:
         raise LayoutError(f"part number must be 0..{10**PART_DIGITS - 1}, got {number!r}")
+    suffix = "" if attempt is None else "-" + validate_attempt(attempt)
     if relation_version is None:
-        return f"part-{number:05d}.parquet"
+        return f"part-{number:05d}{suffix}.parquet"
     if not isinstance(relation_version, int) or not 0 <= relation_version < 10_000:
         raise LayoutError(f"relation version must be 0..9999, got {relation_version!r}")
-    return f"v{relation_version:04d}-part-{number:05d}.parquet"
+    return f"v{relation_version:04d}-part-{number:05d}{suffix}.parquet"
 
 
-_PART_RE = re.compile(r"(?:v(\d{4})-)?part-(\d{5})\.parquet")
+_ATTEMPT_RE = re.compile(r"[0-9a-f]{8}")
+
+
+def validate_attempt(attempt: str) -> str:
+    if not isinstance(attempt, str) or not _ATTEMPT_RE.fullmatch(attempt):
+        raise LayoutError(f"an attempt id is 8 lowercase hex digits, got {attempt!r}")
+    return attempt
+
+
+_PART_RE = re.compile(r"(?:v(\d{4})-)?part-(\d{5})(?:-[0-9a-f]{8})?\.parquet")
 
 
 def parse_part_name(name: str) -> tuple[int | None, int]:
@@ -335,17 +355,18 @@ class Layout:
         table: str,
         relation_version: int,
         number: int,
+        attempt: str | None = None,
     ) -> str:
-        """``…/w=…/{schema}.{table}/v{relation_version:04d}-part-{number:05d}.parquet``."""
+        """``…/w=…/{schema}.{table}/v{relation_version:04d}-part-{number:05d}[-{attempt}].parquet``."""
         return _checked(
             self.window_table_prefix(slot, window_seq, schema, table)
-            + part_name(number, relation_version=relation_version),
+            + part_name(number, relation_version=relation_version, attempt=attempt),
             self.bucket,
         )
 
-    def window_messages_part(self, slot: str, window_seq: int, number: int) -> str:
+    def window_messages_part(self, slot: str, window_seq: int, number: int, attempt: str | None = None) -> str:
         """Non-transactional logical decoding messages of a window."""
-        return self.window_prefix(slot, window_seq) + f"{MESSAGES_FOLDER}/" + part_name(number)
+        return self.window_prefix(slot, window_seq) + f"{MESSAGES_FOLDER}/" + part_name(number, attempt=attempt)
 
     def parse_window_key(self, slot: str, key: str) -> int:
         """The window_seq of any key under ``changes/w=…/``."""

@@ -919,6 +919,29 @@ def put_if_absent(
     return True
 
 
+def commit_if_absent(
+    client: Any,
+    bucket: str,
+    key: str,
+    body: bytes | str,
+    *,
+    content_type: str | None = None,
+) -> bool:
+    """:func:`put_if_absent` for a commit object (a manifest): ``True`` if the object
+    now holds ``body`` because of this call. A put that the client retried after a
+    success it did not see (a timeout, a dropped connection) answers "already exists"
+    although the object is ours: the object is read back and compared, so that case is
+    a success and only another writer's object is a lost race (``False``). ``body``
+    must be unique to its writer (a manifest carries its attempt id and times)."""
+    data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    if put_if_absent(client, bucket, key, data, content_type=content_type):
+        return True
+    try:
+        return get_bytes(client, bucket, key) == data
+    except ObjectNotFound:  # removed meanwhile by someone: still not ours to claim
+        return False
+
+
 def put_bytes(
     client: Any,
     bucket: str,
@@ -1006,6 +1029,15 @@ def delete_prefix(client: Any, bucket: str, prefix: str, *, abort_uploads: bool 
             bucket=bucket,
             operation="DeleteObjects",
         )
+    deleted = delete_keys(client, bucket, list_keys(client, bucket, prefix), what=prefix)
+    if abort_uploads:
+        abort_uploads_under(client, bucket, prefix)
+    return deleted
+
+
+def delete_keys(client: Any, bucket: str, keys: Iterable[str], *, what: str | None = None) -> int:
+    """Delete these objects (1000 per DeleteObjects call); returns how many. ``what``
+    names them in an error (default: the first key of the failing batch)."""
     deleted = 0
     batch: list[dict[str, str]] = []
 
@@ -1013,7 +1045,7 @@ def delete_prefix(client: Any, bucket: str, prefix: str, *, abort_uploads: bool 
         nonlocal deleted
         if not batch:
             return
-        with _s3_call("DeleteObjects", bucket, prefix):
+        with _s3_call("DeleteObjects", bucket, what or batch[0]["Key"]):
             resp = client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
         errors = resp.get("Errors") or []
         if errors:
@@ -1028,13 +1060,11 @@ def delete_prefix(client: Any, bucket: str, prefix: str, *, abort_uploads: bool 
         deleted += len(batch)
         batch.clear()
 
-    for key in list_keys(client, bucket, prefix):
+    for key in keys:
         batch.append({"Key": key})
         if len(batch) == 1000:
             flush()
     flush()
-    if abort_uploads:
-        abort_uploads_under(client, bucket, prefix)
     return deleted
 
 

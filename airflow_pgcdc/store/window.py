@@ -10,8 +10,11 @@ A window lives in ``{prefix}/{slot}/changes/w={window_seq:012d}/`` (see
     prepared/{xid}-{gid}.spool                                       held prepared transactions
     _manifest.json                                                   written LAST, If-None-Match
 
-The window exists if and only if ``_manifest.json`` does; anything else in a folder
-without a manifest is debris of a crashed attempt (the next attempt removes it).
+The window exists if and only if ``_manifest.json`` does, and a folder with a manifest
+is never rewritten: the objects the manifest lists stay as they are. Each attempt at a
+window names its parts with its own attempt id, so attempts never overwrite each other;
+objects no manifest lists are debris of attempts that did not commit, removed by the
+attempt that commits the window (:meth:`WindowWriter.sweep`), never before.
 
 Manifest (``"format": 1``, ``"kind": "window"``)::
 
@@ -31,6 +34,12 @@ Manifest (``"format": 1``, ``"kind": "window"``)::
                committed: [{gid, xid, commit_lsn}], rolled_back: [{gid, xid, lsn}]}
     streamed: {committed, aborted}
     timings: {started_at, finished_at, receive_seconds, finish_seconds}
+    publications: [name]                          the publications streamed
+    pipeline_tables: [[schema, table]]            the tables they covered at commit: the next
+                                                  drain refuses if one of them is no longer
+                                                  published but still exists
+    attempt                                       the drain attempt that wrote it (its parts
+                                                  carry the same 8 hex digits in their names)
 
 ``key_moves_unchanged_toast`` (only when non-zero): the table's key-changing updates whose
 unchanged TOAST values the server did not send (no ``REPLICA IDENTITY FULL``); the merge
@@ -60,7 +69,13 @@ from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.changes.rows import ChangeChunk, RelationVersion
 from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN
 from airflow_pgcdc.store import s3 as s3store
-from airflow_pgcdc.store.layout import MANIFEST_NAME, Layout, encode_name, window_folder
+from airflow_pgcdc.store.layout import (
+    MANIFEST_NAME,
+    Layout,
+    encode_name,
+    validate_attempt,
+    window_folder,
+)
 from airflow_pgcdc.store.parquet import DEFAULT_TARGET_PART_BYTES, PartSequence
 from airflow_pgcdc.store.s3 import MultipartWriter, StoreError
 
@@ -112,7 +127,7 @@ _CORE = (
     "format", "kind", "slot", "window_seq", "start_lsn", "end_lsn", "end_reason", "system_id",
     "timeline", "snapshot_id", "transactions", "first_commit_lsn", "last_commit_lsn", "rows",
     "bytes", "tables", "truncates", "origins", "skipped_transactions", "messages", "prepared",
-    "streamed", "timings",
+    "streamed", "timings", "publications", "pipeline_tables", "attempt",
 )  # fmt: skip
 
 
@@ -141,10 +156,23 @@ class WindowManifest:
     system_id: str | None = None
     timeline: int | None = None
     snapshot_id: str | None = None
+    publications: tuple[str, ...] = ()
+    # None: not recorded (a window written before the field existed)
+    pipeline_tables: tuple[tuple[str, str], ...] | None = None
+    attempt: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "start_lsn", _lsn(self.start_lsn, "start_lsn", None))
+        object.__setattr__(self, "publications", tuple(self.publications))
+        if self.pipeline_tables is not None:
+            try:
+                tables = tuple(sorted((str(s), str(t)) for s, t in self.pipeline_tables))
+            except (TypeError, ValueError):
+                raise WindowManifestError(
+                    f"pipeline_tables: expected [[schema, table], ...], got {self.pipeline_tables!r}"
+                ) from None
+            object.__setattr__(self, "pipeline_tables", tables)
         object.__setattr__(self, "end_lsn", _lsn(self.end_lsn, "end_lsn", None))
         if LSN.parse(self.end_lsn) < LSN.parse(self.start_lsn):
             raise WindowManifestError(f"end_lsn {self.end_lsn} is before start_lsn {self.start_lsn}")
@@ -196,6 +224,11 @@ class WindowManifest:
             "prepared": dict(self.prepared),
             "streamed": dict(self.streamed),
             "timings": dict(self.timings),
+            "publications": list(self.publications),
+            "pipeline_tables": (
+                None if self.pipeline_tables is None else [list(t) for t in self.pipeline_tables]
+            ),
+            "attempt": self.attempt,
         } | dict(self.extra)
 
     def to_json(self) -> str:
@@ -252,6 +285,9 @@ class WindowManifest:
                 system_id=data.get("system_id"),
                 timeline=data.get("timeline"),
                 snapshot_id=data.get("snapshot_id"),
+                publications=tuple(data.get("publications") or ()),
+                pipeline_tables=data.get("pipeline_tables"),
+                attempt=data.get("attempt"),
                 extra={k: v for k, v in data.items() if k not in _CORE},
             )
         except WindowManifestError as e:
@@ -339,9 +375,11 @@ def messages_batch(rows: list[dict]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=MESSAGES_SCHEMA)
 
 
-def prepared_key(layout: Layout, slot: str, window_seq: int, xid: int, gid: str) -> str:
-    """``…/w=…/prepared/{xid}-{gid encoded}.spool``."""
-    return layout.window_prefix(slot, window_seq) + f"prepared/{xid}-{encode_name(gid)}.spool"
+def prepared_key(layout: Layout, slot: str, window_seq: int, xid: int, gid: str,
+                 attempt: str | None = None) -> str:
+    """``…/w=…/prepared/{xid}-{gid encoded}[-{attempt}].spool``."""
+    suffix = "" if attempt is None else "-" + validate_attempt(attempt)
+    return layout.window_prefix(slot, window_seq) + f"prepared/{xid}-{encode_name(gid)}{suffix}.spool"
 
 
 # --------------------------------------------------------------------------- writing
@@ -403,8 +441,10 @@ class WindowWriter:
         queue_size: int = 4,
         wait_interval: float = 0.5,
         on_part_close: Callable[[], None] | None = None,
+        attempt: str | None = None,
     ) -> None:
         window_folder(window_seq)  # validates
+        self.attempt = validate_attempt(attempt) if attempt is not None else None
         self.client = client
         self.layout = layout
         self.slot = slot
@@ -458,12 +498,43 @@ class WindowWriter:
         self._error = self._error or RuntimeError("aborted")
 
     def commit(self, manifest: WindowManifest) -> bool:
-        """Write the manifest with If-None-Match: True if this call committed the window."""
+        """Write the manifest with If-None-Match: True if this call committed the window
+        (also when the put was retried after a success the client did not see: the
+        manifest found is then byte for byte this one)."""
         key = self.layout.window_manifest(self.slot, self.window_seq)
-        return s3store.put_if_absent(
+        return s3store.commit_if_absent(
             self.client, self.layout.bucket, key, manifest.to_json().encode("utf-8"),
             content_type="application/json",
         )
+
+    def _listed(self, manifest: WindowManifest) -> set[str]:
+        """The keys of this window's folder that ``manifest`` lists (its manifest aside)."""
+        listed = set()
+        for t in manifest.tables:
+            for v in t.get("relation_versions", ()):
+                listed.update(self.base + p["path"] for p in v.get("parts", ()))
+        listed.update(self.base + p["path"] for p in manifest.messages.get("parts", ()))
+        for e in manifest.pending_prepared:
+            if e.get("path") and e.get("window_seq") == self.window_seq:
+                listed.add(self.base + e["path"])
+        return listed
+
+    def sweep(self, manifest: WindowManifest) -> int:
+        """Once ``manifest`` (this window's) is committed: delete the objects of the folder
+        it does not list and abort the folder's pending uploads (attempts that did not
+        commit; none of them can commit any more). Returns the objects deleted."""
+        keep = self._listed(manifest) | {self.base + MANIFEST_NAME}
+        s3store.abort_uploads_under(self.client, self.layout.bucket, self.base)
+        stale = [k for k in s3store.list_keys(self.client, self.layout.bucket, self.base) if k not in keep]
+        return s3store.delete_keys(self.client, self.layout.bucket, stale, what=self.base)
+
+    def discard(self, manifest: WindowManifest) -> int:
+        """After a lost commit: delete this attempt's own objects (``manifest`` is the one
+        that was refused; its parts carry this attempt's id, so they are no one else's)."""
+        if self.attempt is None:
+            return 0
+        ours = sorted(k for k in self._listed(manifest) if self.attempt in k.rsplit("/", 1)[-1])
+        return s3store.delete_keys(self.client, self.layout.bucket, ours, what=self.base)
 
     # -- internals
 
@@ -520,7 +591,9 @@ class WindowWriter:
             v = version
 
             def key_for(n: int, v=v) -> str:
-                return self.layout.window_part(self.slot, self.window_seq, v.schema, v.table, v.version, n)
+                return self.layout.window_part(
+                    self.slot, self.window_seq, v.schema, v.table, v.version, n, attempt=self.attempt
+                )
 
             out = _VersionOut(version, PartSequence(
                 version.schema_arrow, key_for, open_sink=self._open_sink,
@@ -534,14 +607,14 @@ class WindowWriter:
         if self._messages is None:
             self._messages = PartSequence(
                 MESSAGES_SCHEMA,
-                lambda n: self.layout.window_messages_part(self.slot, self.window_seq, n),
+                lambda n: self.layout.window_messages_part(self.slot, self.window_seq, n, attempt=self.attempt),
                 open_sink=self._open_sink,
                 target_bytes=self.target_part_bytes,
             )
         self._messages.write_batch(messages_batch(rows))
 
     def _write_prepared(self, entry: dict, write: Callable[[Any], int]) -> None:
-        key = prepared_key(self.layout, self.slot, self.window_seq, entry["xid"], entry["gid"])
+        key = prepared_key(self.layout, self.slot, self.window_seq, entry["xid"], entry["gid"], self.attempt)
         with MultipartWriter(self.client, self.layout.bucket, key,
                              content_type="application/octet-stream") as w:
             size = write(w)

@@ -1,0 +1,226 @@
+"""What a drain checks before it confirms anything: the errors it raises, and the checks
+that keep an operator's mistake from acknowledging changes that no window holds.
+
+* **Publications** (:func:`check_publications`): every publication named must exist
+  (PostgreSQL 18 streams nothing for a missing one and only warns; 15 fails late), and
+  together they must still cover every table of the pipeline, i.e. the tables the
+  previous window recorded as followed (for the first window, the snapshot's tables).
+  A table that was dropped leaves the pipeline by itself (its last changes are still
+  streamed); a table that still exists but is no longer published would lose every
+  change silently, so the drain refuses, unless the operator lets it go explicitly
+  (``forget_tables``). The tables covered when a window commits are recorded in it
+  (``pipeline_tables``), with the publications (``publications``).
+* **The server** (:func:`check_server`): the system identifier must be the one the
+  store recorded (a different cluster behind the same DSN); on another timeline, the
+  store must not hold anything past the point where the recorded timeline forked
+  (a point-in-time restore or a lagging standby promoted: the store would hold
+  transactions the server never had, and the slot would skip the ones it has instead).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from airflow_pgcdc.errors import HintedError
+from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
+
+__all__ = [
+    "DrainBusy",
+    "DrainError",
+    "DrainTimeout",
+    "PipelineTablesUnpublished",
+    "PublicationNotFound",
+    "ServerMismatch",
+    "SlotAheadOfStore",
+    "SlotNotFound",
+    "WindowConflict",
+    "check_publications",
+    "check_server",
+]
+
+Table = tuple[str, str]
+
+
+class DrainError(HintedError):
+    """The drain could not produce its window."""
+
+
+class SlotNotFound(DrainError):
+    """The replication slot does not exist (dropped, or never created)."""
+
+
+class SlotAheadOfStore(DrainError):
+    """The slot acknowledged changes that no committed window holds: data loss upstream."""
+
+
+class DrainBusy(DrainError):
+    """Another run owns the slot (its lock or its stream), or committed the window this one
+    planned meanwhile: this drain wrote nothing and acknowledged nothing."""
+
+
+class WindowConflict(DrainBusy):
+    """Another drain committed this window first."""
+
+
+class DrainTimeout(DrainError):
+    """The stream did not reach the window's end in time."""
+
+
+class PublicationNotFound(DrainError):
+    """A publication the drain is to stream does not exist: nothing was acknowledged."""
+
+
+class PipelineTablesUnpublished(DrainError):
+    """Tables of the pipeline exist but no publication of the drain covers them any more:
+    their changes would be skipped by the server. Nothing was acknowledged."""
+
+    def __init__(self, message: str, *, hint: str | None = None, tables: Sequence[Table] = ()) -> None:
+        super().__init__(message, hint=hint)
+        self.tables = tuple(tables)
+
+    def __reduce__(self):
+        return (_rebuild_unpublished, (str(self), self.hint, self.tables))
+
+
+def _rebuild_unpublished(message, hint, tables):
+    return PipelineTablesUnpublished(message, hint=hint, tables=tables)
+
+
+class ServerMismatch(DrainError):
+    """The server behind the DSN is not the one whose changes the store holds."""
+
+
+@dataclass(frozen=True)
+class PublicationCheck:
+    """What :func:`check_publications` found: the tables the publications cover now, the
+    pipeline tables that no longer exist (dropped), and those let go on purpose."""
+
+    covered: frozenset[Table]
+    dropped: tuple[Table, ...]
+    forgotten: tuple[Table, ...]
+
+
+def check_publications(
+    sql: psycopg.Connection,
+    publications: Sequence[str],
+    pipeline: Iterable[Table],
+    *,
+    slot: str,
+    forget: Iterable[Table] = (),
+) -> PublicationCheck:
+    """Raise :class:`PublicationNotFound` or :class:`PipelineTablesUnpublished` unless every
+    publication exists and every table of ``pipeline`` is covered by one of them, was
+    dropped, or is in ``forget``."""
+    pubs = list(dict.fromkeys(publications))
+    if not pubs:
+        raise PublicationNotFound(f"slot {slot}: no publication given", hint="name the pipeline's publication")
+    found = {r[0] for r in sql.execute(
+        "SELECT pubname::text FROM pg_catalog.pg_publication WHERE pubname = ANY(%s)", (pubs,)
+    ).fetchall()}
+    missing = [p for p in pubs if p not in found]
+    if missing:
+        raise PublicationNotFound(
+            f"slot {slot}: publication(s) {', '.join(repr(p) for p in missing)} do not exist in database "
+            f"{sql.info.dbname!r}; PostgreSQL would stream nothing for them and the drain would acknowledge "
+            "changes no window holds. Nothing was read or acknowledged",
+            hint="check the spelling (`SELECT pubname FROM pg_publication`), or create it: "
+                 + "; ".join(f"CREATE PUBLICATION {quote_ident(p)} FOR TABLE ..." for p in missing),
+        )
+    covered = frozenset((s, t) for s, t in sql.execute(
+        "SELECT DISTINCT schemaname::text, tablename::text FROM pg_catalog.pg_publication_tables "
+        "WHERE pubname = ANY(%s)", (pubs,)
+    ).fetchall())
+    forget_set = set(forget)
+    uncovered = sorted(set(pipeline) - covered)
+    dropped, forgotten, lost = [], [], []
+    for t in uncovered:
+        if t in forget_set:
+            forgotten.append(t)
+        elif sql.execute("SELECT to_regclass(%s) IS NULL", (quote_qualified(*t),)).fetchone()[0]:
+            dropped.append(t)
+        else:
+            lost.append(t)
+    if lost:
+        names = ", ".join(f"{s}.{t}" for s, t in lost)
+        adds = "; ".join(f"ALTER PUBLICATION {quote_ident(pubs[0])} ADD TABLE {quote_qualified(*t)}" for t in lost)
+        forget_flags = " ".join(f"--forget-table {shlex.quote(quote_qualified(*t))}" for t in lost)
+        raise PipelineTablesUnpublished(
+            f"slot {slot}: table(s) {names} belong to the pipeline but publication(s) "
+            f"{', '.join(pubs)} no longer cover them: PostgreSQL skips their changes, and the drain "
+            "would acknowledge them. Nothing was read or acknowledged",
+            hint=f"put them back ({adds}); changes made while they were out of the publication are "
+                 "not streamed, so re-snapshot them afterwards. To stop following them on purpose "
+                 f"(their Delta tables stay as they are), drain once with {forget_flags}",
+            tables=lost,
+        )
+    if not covered:
+        raise PublicationNotFound(
+            f"slot {slot}: publication(s) {', '.join(pubs)} cover no table: nothing would be streamed",
+            hint="add the pipeline's tables to the publication (ALTER PUBLICATION ... ADD TABLE ...)",
+        )
+    return PublicationCheck(covered, tuple(dropped), tuple(forgotten))
+
+
+def check_server(
+    *,
+    slot: str,
+    system_id: str,
+    timeline: int,
+    recorded_system_id: str | None,
+    recorded_timeline: int | None,
+    store_end: LSN,
+    where: str,
+    history: Callable[[int], list[tuple[int, LSN]]],
+) -> str | None:
+    """Raise :class:`ServerMismatch` if the server is not the one the store followed.
+
+    ``where`` names what recorded the identity (a window or the snapshot). ``history(tli)``
+    returns the ``(timeline, switchpoint)`` entries of timeline ``tli``'s history file
+    (``TIMELINE_HISTORY``). Returns a warning to log when the timeline changed safely."""
+    if recorded_system_id is not None and str(recorded_system_id) != str(system_id):
+        raise ServerMismatch(
+            f"slot {slot}: the server behind the DSN has system identifier {system_id}, but {where} "
+            f"was taken from system {recorded_system_id}: this is another cluster (a restore, a "
+            "re-initialised server, or the wrong host). Nothing was read or acknowledged",
+            hint="point the DSN at the server the pipeline follows; for a new cluster, take a new "
+                 "snapshot into a new store prefix",
+        )
+    if recorded_timeline is None or timeline == recorded_timeline:
+        return None
+    if timeline < recorded_timeline:
+        raise ServerMismatch(
+            f"slot {slot}: the server is on timeline {timeline}, but {where} was taken on timeline "
+            f"{recorded_timeline}: the server is an older copy of the cluster. Nothing was read or "
+            "acknowledged",
+            hint="point the DSN at the current primary",
+        )
+    switch = None
+    for tli, point in history(timeline):
+        if tli == recorded_timeline:
+            switch = point
+            break
+    if switch is None:
+        raise ServerMismatch(
+            f"slot {slot}: the server is on timeline {timeline}, whose history does not contain "
+            f"timeline {recorded_timeline} of {where}: the store followed another branch of the "
+            "cluster's history. Nothing was read or acknowledged",
+            hint="take a new snapshot into a new store prefix",
+        )
+    if store_end > switch:
+        raise ServerMismatch(
+            f"slot {slot}: timeline {recorded_timeline} ended at {switch} on this server (it is now on "
+            f"timeline {timeline}), but the store holds changes up to {store_end}, past that point: the "
+            "store has transactions this server never had (a point-in-time restore, or a standby "
+            "promoted before it caught up). Nothing was read or acknowledged",
+            hint="the Delta tables hold changes the new primary lacks: take a new snapshot into a new "
+                 "store prefix (and a new slot)",
+        )
+    return (
+        f"slot {slot}: the server moved from timeline {recorded_timeline} to {timeline} at {switch}; "
+        f"the store ends at {store_end}, before the switch: continuing on the new timeline"
+    )
