@@ -511,29 +511,37 @@ def _lock(sql: psycopg.Connection, slot: str, busy_wait: float) -> None:
         )
 
 
-def _start_stream(dsn: str, slot: str, options: PgoutputOptions, start: LSN, *, busy_wait: float,
-                  status_interval: float, connect_options: str | None, plan: _Plan):
-    """Connect, check the server against what the store recorded, and start streaming:
-    from here the slot is ours. A slot still held by a dying walsender (a drain killed a
-    moment ago) is waited for, up to ``busy_wait`` seconds."""
+def _connect(dsn: str, slot: str, plan: _Plan, *, status_interval: float, connect_options: str | None):
+    """A replication connection to a server that is the one the store followed
+    (:func:`~airflow_pgcdc.drain.guards.check_server`), with its ``IDENTIFY_SYSTEM``."""
+    conn = ReplicationConnection.connect(
+        dsn, application_name="pgcdc-drain", status_interval=status_interval,
+        options=_options(dsn, connect_options),
+    )
+    try:
+        ident = conn.identify_system()
+        note = check_server(
+            slot=slot, system_id=ident.systemid, timeline=ident.timeline,
+            recorded_system_id=plan.system_id, recorded_timeline=plan.timeline,
+            store_end=plan.start, where=plan.recorded_by,
+            history=lambda tli: [(e.timeline, e.switchpoint) for e in conn.timeline_history(tli).entries()],
+        )
+    except BaseException:
+        conn.close()
+        raise
+    if note:
+        log.warning(note)
+    return conn, ident
+
+
+def _start_stream(conn, slot: str, options: PgoutputOptions, start: LSN, *, busy_wait: float, reconnect):
+    """Start streaming on ``conn``: from here the slot is ours. A slot still held by a
+    dying walsender (a drain killed a moment ago) is waited for, up to ``busy_wait``
+    seconds, on new connections from ``reconnect()``. Returns ``(conn, stream)``."""
     deadline = time.monotonic() + busy_wait
     while True:
-        conn = ReplicationConnection.connect(
-            dsn, application_name="pgcdc-drain", status_interval=status_interval,
-            options=_options(dsn, connect_options),
-        )
         try:
-            ident = conn.identify_system()
-            note = check_server(
-                slot=slot, system_id=ident.systemid, timeline=ident.timeline,
-                recorded_system_id=plan.system_id, recorded_timeline=plan.timeline,
-                store_end=plan.start, where=plan.recorded_by,
-                history=lambda tli, c=conn: [(e.timeline, e.switchpoint) for e in c.timeline_history(tli).entries()],
-            )
-            if note:
-                log.warning(note)
-            stream = LogicalStream.pgoutput(conn, slot, options, start)
-            return conn, stream, ident
+            return conn, LogicalStream.pgoutput(conn, slot, options, start)
         except ObjectInUse as exc:
             conn.close()
             if time.monotonic() >= deadline:
@@ -545,6 +553,7 @@ def _start_stream(dsn: str, slot: str, options: PgoutputOptions, start: LSN, *, 
                 ) from None
             log.info("slot %s is still active (a walsender ending?): waiting", slot)
             time.sleep(0.3)
+            conn = reconnect()
         except BaseException:
             conn.close()
             raise
@@ -611,70 +620,89 @@ def drain_window(
     try:
         _lock(sql, slot, busy_wait)  # before the store is read: the plan stays true while we hold it
         plan = _plan(client, layout, slot, sql)
-        start, seq, confirmed = plan.start, plan.seq, plan.confirmed
         check_publications(sql, publications, plan.pipeline or (), slot=slot, forget=forget)
-        if confirmed > start:
-            raise SlotAheadOfStore(
-                f"slot {slot!r} has confirmed_flush_lsn {confirmed}, but the store's windows end at "
-                f"{start} (s3://{layout.bucket}/{layout.changes_prefix(slot)}): changes were "
-                "acknowledged that no window holds. Take a new snapshot to recover."
-            )
-        lost_ack = start > confirmed
-        if until_lsn is not None:
-            end_lsn = LSN(until_lsn) if not isinstance(until_lsn, str) else LSN.parse(until_lsn)
-        else:
-            end_lsn = LSN.parse(sql.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
-        server_version = sql.info.server_version
-        types = _TypeResolver(sql)
-
-        result = DrainResult(slot=slot, window_seq=None, start_lsn=str(start), end_lsn=str(end_lsn),
-                             acknowledged_lost=lost_ack)
-        if end_lsn <= start and not lost_ack:
-            log.info("slot %s: nothing to drain (store at %s, end %s)", slot, start, end_lsn)
-            result.end_lsn = str(start)
-            result.seconds = time.monotonic() - t0
-            return result
-
-        options = PgoutputOptions(
-            publications=publications,
-            binary=binary,
-            messages=True,
-            streaming=("parallel" if server_version >= 160000 else "on") if server_version >= 140000 else "off",
-            two_phase=plan.two_phase and server_version >= 150000,
-        )
-        log.info("drain %s: window %d [%s, %s) from %s", slot, seq, start, end_lsn, redact(dsn))
-        conn, stream, ident = _start_stream(
-            dsn, slot, options, start, busy_wait=busy_wait, status_interval=status_interval,
-            connect_options=connect_options, plan=plan,
-        )
-        own_spool = spool_dir is None
-        spool = spool_dir or tempfile.mkdtemp(prefix="pgcdc-spool-")
+        # the server must be the one the store followed before positions are compared
+        conn, ident = _connect(dsn, slot, plan, status_interval=status_interval, connect_options=connect_options)
         try:
-            _recheck(client, layout, slot, sql, plan)  # the slot is ours now: no one moves it
-            if lost_ack:
-                log.warning("slot %s: the store is at %s but the slot at %s (a lost acknowledgement): "
-                            "acknowledging %s", slot, start, confirmed, start)
-                conn.confirm(start)
-            if end_lsn <= start:
-                conn.stop()
-                result.end_lsn = str(start)
-                result.seconds = time.monotonic() - t0
-                return result
-            return _run(
-                conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, plan.held,
-                spool=spool, max_rows=max_rows, max_bytes=max_bytes, max_seconds=max_seconds,
-                skip_origins=skip_origins, message_prefixes=message_prefixes, heartbeat=heartbeat,
-                heartbeat_after=heartbeat_after, max_wait=max_wait, status_interval=status_interval,
-                target_part_bytes=target_part_bytes, result=result, ident=ident,
-                snapshot_id=plan.snapshot_id, started_at=started_at, t0=t0,
-                publications=publications, pipeline=plan.pipeline, forget=forget,
+            return _drain_on(
+                conn, ident, sql, client, layout, slot, plan, t0=t0, started_at=started_at,
+                publications=publications, forget=forget, until_lsn=until_lsn, binary=binary,
+                busy_wait=busy_wait, spool_dir=spool_dir, where=redact(dsn),
+                reconnect=lambda: _connect(dsn, slot, plan, status_interval=status_interval,
+                                           connect_options=connect_options)[0],
+                run_kw=dict(
+                    max_rows=max_rows, max_bytes=max_bytes, max_seconds=max_seconds,
+                    skip_origins=skip_origins, message_prefixes=message_prefixes, heartbeat=heartbeat,
+                    heartbeat_after=heartbeat_after, max_wait=max_wait, status_interval=status_interval,
+                    target_part_bytes=target_part_bytes,
+                ),
             )
         finally:
             conn.close()
-            if own_spool:
-                shutil.rmtree(spool, ignore_errors=True)
     finally:
         sql.close()
+
+
+def _drain_on(conn, ident, sql, client, layout: Layout, slot: str, plan: _Plan, *, t0, started_at,
+              publications, forget, until_lsn, binary, busy_wait, spool_dir, reconnect, run_kw,
+              where: str) -> DrainResult:
+    """The drain once the slot is locked, the plan read and the server checked."""
+    start, seq, confirmed = plan.start, plan.seq, plan.confirmed
+    if confirmed > start:
+        _recheck(client, layout, slot, sql, plan)  # a drain without the lock committed meanwhile?
+        raise SlotAheadOfStore(
+            f"slot {slot!r} has confirmed_flush_lsn {confirmed}, but the store's windows end at "
+            f"{start} (s3://{layout.bucket}/{layout.changes_prefix(slot)}): changes were "
+            "acknowledged that no window holds. Take a new snapshot to recover."
+        )
+    lost_ack = start > confirmed
+    if until_lsn is not None:
+        end_lsn = LSN(until_lsn) if not isinstance(until_lsn, str) else LSN.parse(until_lsn)
+    else:
+        end_lsn = LSN.parse(sql.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+    server_version = sql.info.server_version
+    types = _TypeResolver(sql)
+
+    result = DrainResult(slot=slot, window_seq=None, start_lsn=str(start), end_lsn=str(end_lsn),
+                         acknowledged_lost=lost_ack)
+    if end_lsn <= start and not lost_ack:
+        log.info("slot %s: nothing to drain (store at %s, end %s)", slot, start, end_lsn)
+        result.end_lsn = str(start)
+        result.seconds = time.monotonic() - t0
+        return result
+
+    options = PgoutputOptions(
+        publications=publications,
+        binary=binary,
+        messages=True,
+        streaming=("parallel" if server_version >= 160000 else "on") if server_version >= 140000 else "off",
+        two_phase=plan.two_phase and server_version >= 150000,
+    )
+    log.info("drain %s: window %d [%s, %s) from %s", slot, seq, start, end_lsn, where)
+    conn, stream = _start_stream(conn, slot, options, start, busy_wait=busy_wait, reconnect=reconnect)
+    own_spool = spool_dir is None
+    spool = spool_dir or tempfile.mkdtemp(prefix="pgcdc-spool-")
+    try:
+        _recheck(client, layout, slot, sql, plan)  # the slot is ours now: no one moves it
+        if lost_ack:
+            log.warning("slot %s: the store is at %s but the slot at %s (a lost acknowledgement): "
+                        "acknowledging %s", slot, start, confirmed, start)
+            conn.confirm(start)
+        if end_lsn <= start:
+            conn.stop()
+            result.end_lsn = str(start)
+            result.seconds = time.monotonic() - t0
+            return result
+        return _run(
+            conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, plan.held,
+            spool=spool, result=result, ident=ident, snapshot_id=plan.snapshot_id,
+            started_at=started_at, t0=t0, publications=publications, pipeline=plan.pipeline,
+            forget=forget, **run_kw,
+        )
+    finally:
+        conn.close()
+        if own_spool:
+            shutil.rmtree(spool, ignore_errors=True)
 
 
 def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, held, *, spool,

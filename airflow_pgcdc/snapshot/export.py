@@ -528,7 +528,8 @@ def snapshot_to_s3(
                 tables=tuple(_table_entry(t, results, layout, slot, sid) for t in infos),
             )
             key = layout.snapshot_manifest(slot, sid)
-            if not s3store.put_if_absent(client, location.bucket, key, manifest.to_json().encode()):
+            # a put the client retried after an unseen success finds its own manifest: committed
+            if not s3store.commit_if_absent(client, location.bucket, key, manifest.to_json().encode()):
                 raise SnapshotError(f"a manifest already exists at s3://{location.bucket}/{key}")
             log.info(
                 "snapshot %s committed: %d tables, %d rows, %.1f MB, consistent point %s",

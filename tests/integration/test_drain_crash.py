@@ -21,6 +21,7 @@ from test_drain import all_rows, assert_tiled, confirmed, create_slot, sql, wind
 from airflow_pgcdc.drain.drain import FAULT_POINTS, drain_window
 from airflow_pgcdc.pg.errors import ConnectionFailed, ConnectionLost, ObjectInUse
 from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.store import s3 as s3store
 
 
 @pytest.fixture
@@ -184,7 +185,9 @@ def test_window_committed_by_someone_else_meanwhile(fresh_db, slot_name, store, 
     foreign = b'{"written_by": "another drain"}'
     client.put_object(Bucket=layout.bucket, Key=key, Body=foreign)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, (proc.returncode, err[-3000:])
-    assert "window 0 of slot" in err and "committed by someone else meanwhile" in err, err[-3000:]
+    assert proc.returncode == 75, (proc.returncode, err[-3000:])  # lost a race: EX_TEMPFAIL
+    assert "window 0 of slot" in err and "committed by another drain meanwhile" in err, err[-3000:]
     assert confirmed(fresh_db, slot) == start, "a window we did not commit is not acknowledged"
     assert client.get_object(Bucket=layout.bucket, Key=key)["Body"].read() == foreign
+    left = [k for k in s3store.list_keys(client, layout.bucket, layout.window_prefix(slot, 0)) if k != key]
+    assert left == [], f"the loser removes its own parts: {left}"
