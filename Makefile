@@ -1,6 +1,7 @@
 # The README's two commands: `make demo` and `make test`. Both set up what they need,
 # idempotently: Debian packages (PostgreSQL 15 + pglogical + wal2json), the .venv with
-# the pinned lock file, and the package itself in editable mode.
+# the pinned lock file, the package itself in editable mode, and the JVM jars of the
+# delta-spark engine and the s3a reader (jvm/pom.xml, fetched with mvn into jvm/jars).
 SHELL := /bin/bash
 PY_BOOT ?= python3
 VENV := .venv
@@ -8,10 +9,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PKGS := postgresql-15 postgresql-15-pglogical postgresql-15-wal2json
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+JARS := jvm/jars
+MVN ?= mvn
+JARS_STAMP := $(JARS)/.complete
 
-.PHONY: test demo setup apt lint bench clean bytecode
+.PHONY: test demo setup apt jars lint bench clean bytecode
 
-setup: apt $(STAMP)
+setup: apt $(STAMP) jars
 
 apt:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -30,6 +34,30 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	@$(VENV)/bin/uv pip install -q --python $(PY) --no-deps -e .
 	@touch $(STAMP)
 	@$(MAKE) -s bytecode
+
+# Delta Lake's Spark engine, hadoop-aws and the AWS SDK bundle (~700 MB, once), for
+# `--engine delta-spark` / `--reader s3a` (airflow_pgcdc/merge/jars.py finds them here).
+# Without mvn or without the registry (an offline machine) this warns and goes on:
+# everything else works, and the delta-spark/s3a tests skip, saying why
+# (jvm/jars-error.txt). The next `make` tries again.
+jars: $(JARS_STAMP)
+
+$(JARS_STAMP): jvm/pom.xml
+	@rm -f jvm/jars-error.txt; \
+	if ! command -v $(firstword $(MVN)) >/dev/null 2>&1; then \
+	  echo "mvn is not installed (apt-get install maven)" > jvm/jars-error.txt; \
+	  echo "warning: mvn not found: the delta-spark/s3a jars are not fetched (their tests will skip)"; \
+	  exit 0; \
+	fi; \
+	echo "fetching the pinned JVM jars (jvm/pom.xml: Delta, hadoop-aws, AWS SDK) into $(JARS)"; \
+	rm -rf $(JARS).tmp; \
+	if $(MVN) -q -B -f jvm/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JARS).tmp \
+	     > jvm/mvn.log 2>&1; then \
+	  rm -rf $(JARS) && mv $(JARS).tmp $(JARS) && touch $(JARS_STAMP) && rm -f jvm/mvn.log; \
+	else \
+	  rm -rf $(JARS).tmp; sed 's/\x1b\[[0-9;]*m//g' jvm/mvn.log | grep -m1 -E "ERROR" > jvm/jars-error.txt; \
+	  echo "warning: mvn could not fetch the delta-spark/s3a jars (see jvm/mvn.log); their tests will skip"; \
+	fi
 
 # Byte-compile our own sources (the lock install above compiles the dependencies, as pip
 # does by default): with PYTHONDONTWRITEBYTECODE set, every process would otherwise
@@ -50,4 +78,4 @@ bench: setup bytecode
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pgcdc .pytest_cache
+	rm -rf $(VENV) .pgcdc .pytest_cache $(JARS) jvm/mvn.log jvm/jars-error.txt

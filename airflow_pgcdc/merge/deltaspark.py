@@ -1,27 +1,35 @@
 """The delta-spark sink: the same MERGE (clauses from :mod:`.clauses`, Spark SQL dialect)
-run by Delta Lake's own Spark integration, for clusters that have ``io.delta:delta-spark``
-and ``hadoop-aws`` on the classpath (``--packages io.delta:delta-spark_2.13:4.0.0,
-org.apache.hadoop:hadoop-aws:3.4.1`` and the ``spark.sql.extensions`` /
-``spark.sql.catalog.spark_catalog`` settings of Delta's documentation).
+run by Delta Lake's own Spark engine on ``s3a://`` paths, so the join, the file rewrite
+and the new data files are the executors' work; the driver plans and writes the commit.
 
-Idempotency is Delta's own: the commit carries ``txnAppId``/``txnVersion`` (session
-settings ``spark.databricks.delta.write.txnAppId``/``txnVersion``, honoured by DML since
-Delta 2.3), the same app id and version as the delta-rs sink, so the two engines can take
-turns on one table. The job checks the table's app transaction version before merging
-(read with delta-rs on the driver), so a replay never reaches this code.
+Jars: ``io.delta:delta-spark_4.2_2.13:4.4.0`` and ``org.apache.hadoop:hadoop-aws:3.5.0``
+(see :mod:`.jars`; ``make setup`` fetches them). The statements are Spark SQL
+(``MERGE INTO delta.`s3a://…```), so the driver needs no ``delta`` Python module, only
+the Delta SQL extension and catalog in the session (:func:`.session.spark_session` with
+``delta=True``).
 
-Not runnable on the development machine (no Maven access for the jars): its test skips
-there with that reason and runs where ``PGCDC_SPARK_JARS`` names the jars.
+Idempotency is Delta's own: each commit carries ``txnAppId``/``txnVersion`` (the session
+settings ``spark.databricks.delta.write.txnAppId``/``txnVersion`` for DML, the writer
+options of the same names for appends), the same app id and version as the delta-rs sink,
+so the two engines can take turns on one table; Delta skips a write whose app version is
+already committed. The job also checks the table's app transaction before merging (read
+with delta-rs on the driver), so a replay never reaches this code.
+
+Concurrency: Delta's S3 log store (``S3SingleDriverLogStore``) assumes one writer per
+table at a time; two merge jobs on one table at once are safe with delta-rs (conditional
+puts), not here.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Mapping
 from typing import Any
 
-from airflow_pgcdc.merge.clauses import MergeSpec
+from airflow_pgcdc.merge.clauses import MergeSpec, Scd2Spec, quote_ident
 
-__all__ = ["merge", "s3a"]
+__all__ = ["append", "bootstrap", "last_commit", "merge", "merge_scd2", "s3a", "table_ref"]
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -33,30 +41,173 @@ def s3a(url: str) -> str:
     return "s3a://" + url[len("s3://"):] if url.startswith("s3://") else url
 
 
+def q(name: str) -> str:
+    """A Spark SQL identifier (the merge's one quoting function, Spark dialect)."""
+    return quote_ident(name, "spark")
+
+
+def table_ref(path: str) -> str:
+    """``delta.`<path>```: a path-based Delta table in Spark SQL."""
+    return f"delta.{q(path)}"
+
+
+class _Txn:
+    """The app transaction and commit metadata as session settings around one statement."""
+
+    def __init__(self, spark, app: str | None, version: int | None, metadata: Mapping[str, str]) -> None:
+        self.conf = spark.conf
+        self.values = {_USER_METADATA: json.dumps(dict(metadata), sort_keys=True)}
+        if app is not None:
+            self.values[_TXN_APP] = app
+            self.values[_TXN_VERSION] = str(version)
+
+    def __enter__(self) -> _Txn:
+        self.saved = {k: self.conf.get(k, None) for k in (_TXN_APP, _TXN_VERSION, _USER_METADATA)}
+        for k in self.saved:
+            if k in self.values:
+                self.conf.set(k, self.values[k])
+            else:
+                self.conf.unset(k)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                self.conf.unset(k)
+            else:
+                self.conf.set(k, v)
+
+
+def _view(df) -> str:
+    name = "pgcdc_src_" + uuid.uuid4().hex[:12]
+    df.createOrReplaceTempView(name)
+    return name
+
+
+def merge_sql(spec: MergeSpec, target: str, source_view: str) -> str:
+    """The ``MERGE INTO`` statement of ``spec`` (target alias ``t``, source alias ``s``)."""
+    sets = ", ".join(f"{col} = {expr}" for col, expr in spec.updates.items())
+    cols = ", ".join(spec.inserts)
+    vals = ", ".join(spec.inserts.values())
+    text = (
+        f"MERGE INTO {target} AS t USING {q(source_view)} AS s ON {spec.predicate}\n"
+        f"WHEN MATCHED AND {spec.delete_when} THEN DELETE\n"
+        f"WHEN MATCHED AND {spec.update_when} THEN UPDATE SET {sets}\n"
+        f"WHEN NOT MATCHED AND {spec.insert_when} THEN INSERT ({cols}) VALUES ({vals})"
+    )
+    if spec.delete_not_matched_by_source:
+        text += "\nWHEN NOT MATCHED BY SOURCE THEN DELETE"
+    return text
+
+
+def scd2_sql(spec: Scd2Spec, target: str, source_view: str) -> str:
+    """The SCD type 2 ``MERGE INTO`` statement of ``spec``."""
+    close = ", ".join(f"{col} = {expr}" for col, expr in spec.close_updates.items())
+    cols = ", ".join(spec.inserts)
+    vals = ", ".join(spec.inserts.values())
+    text = (
+        f"MERGE INTO {target} AS t USING {q(source_view)} AS s ON {spec.predicate}\n"
+        f"WHEN MATCHED THEN UPDATE SET {close}\n"
+        f"WHEN NOT MATCHED AND {spec.insert_when} THEN INSERT ({cols}) VALUES ({vals})"
+    )
+    if spec.close_all_updates is not None:
+        sets = ", ".join(f"{col} = {expr}" for col, expr in spec.close_all_updates.items())
+        text += f"\nWHEN NOT MATCHED BY SOURCE AND {spec.close_all_when} THEN UPDATE SET {sets}"
+    return text
+
+
+def last_commit(spark, path: str) -> dict[str, Any]:
+    """The latest commit of the table at ``path``: ``{version, operation, metrics}``."""
+    row = spark.sql(f"DESCRIBE HISTORY {table_ref(path)} LIMIT 1").collect()[0]
+    return {"version": int(row["version"]), "operation": row["operation"],
+            "metrics": dict(row["operationMetrics"] or {}), "txn": row["userMetadata"]}
+
+
+_METRICS = {  # Delta's names -> delta-rs' (what the job reports)
+    "numSourceRows": "num_source_rows",
+    "numTargetRowsInserted": "num_target_rows_inserted",
+    "numTargetRowsUpdated": "num_target_rows_updated",
+    "numTargetRowsDeleted": "num_target_rows_deleted",
+    "numTargetFilesAdded": "num_target_files_added",
+    "numTargetFilesRemoved": "num_target_files_removed",
+    "executionTimeMs": "execution_time_ms",
+}
+
+
+def _metrics(raw: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: int(v) for k, v in raw.items() if str(v).lstrip("-").isdigit()}
+    for theirs, ours in _METRICS.items():
+        if theirs in out:
+            out[ours] = out[theirs]
+    return out
+
+
+def _run(spark, text: str, path: str, *, app: str, version: int, metadata: Mapping[str, str]) -> dict[str, Any]:
+    before = last_commit(spark, path)["version"]
+    with _Txn(spark, app, version, metadata):
+        spark.sql(text).collect()
+    after = last_commit(spark, path)
+    if after["version"] == before:  # Delta skipped it: the app version is committed already
+        return {"concurrent_commit": True, "num_source_rows": 0}
+    return {**_metrics(after["metrics"]), "delta_version": after["version"]}
+
+
 def merge(spark, source_df, spec: MergeSpec, *, path: str, app: str, version: int,
           metadata: dict[str, str]) -> dict[str, Any]:
     """One MERGE of ``source_df`` (aliased ``s``) into the Delta table at ``path``
-    (aliased ``t``) as one commit with the app transaction ``(app, version)``."""
-    from delta.tables import DeltaTable
-
-    conf = spark.conf
-    saved = {k: conf.get(k, None) for k in (_TXN_APP, _TXN_VERSION, _USER_METADATA)}
-    conf.set(_TXN_APP, app)
-    conf.set(_TXN_VERSION, str(version))
-    conf.set(_USER_METADATA, json.dumps(metadata, sort_keys=True))
+    (aliased ``t``) as one commit with the app transaction ``(app, version)``; returns
+    Delta's operation metrics (also under delta-rs' names, e.g. ``num_source_rows``)."""
+    view = _view(source_df)
     try:
-        m = DeltaTable.forPath(spark, path).alias("t").merge(source_df.alias("s"), spec.predicate)
-        m = m.whenMatchedDelete(condition=spec.delete_when)
-        m = m.whenMatchedUpdate(condition=spec.update_when, set=spec.updates)
-        m = m.whenNotMatchedInsert(condition=spec.insert_when, values=spec.inserts)
-        if spec.delete_not_matched_by_source:
-            m = m.whenNotMatchedBySourceDelete()
-        m.execute()
-        last = DeltaTable.forPath(spark, path).history(1).collect()[0]
-        return dict(last["operationMetrics"] or {})
+        return _run(spark, merge_sql(spec, table_ref(path), view), path,
+                    app=app, version=version, metadata=metadata)
     finally:
-        for k, v in saved.items():
-            if v is None:
-                conf.unset(k)
-            else:
-                conf.set(k, v)
+        spark.catalog.dropTempView(view)
+
+
+def merge_scd2(spark, source_df, spec: Scd2Spec, *, path: str, app: str, version: int,
+               metadata: dict[str, str]) -> dict[str, Any]:
+    """One SCD type 2 MERGE commit (see :func:`merge`)."""
+    view = _view(source_df)
+    try:
+        return _run(spark, scd2_sql(spec, table_ref(path), view), path,
+                    app=app, version=version, metadata=metadata)
+    finally:
+        spark.catalog.dropTempView(view)
+
+
+def append(spark, df, *, path: str, app: str, version: int, metadata: dict[str, str]) -> dict[str, Any]:
+    """Append ``df`` (columns in the table's order and types) in one commit with the app
+    transaction ``(app, version)``."""
+    before = last_commit(spark, path)["version"]
+    (
+        df.write.format("delta").mode("append")
+        .option("txnAppId", app).option("txnVersion", str(version))
+        .option("userMetadata", json.dumps(dict(metadata), sort_keys=True))
+        .save(path)
+    )
+    after = last_commit(spark, path)
+    if after["version"] == before:
+        return {"concurrent_commit": True, "num_source_rows": 0}
+    return {**_metrics(after["metrics"]), "delta_version": after["version"]}
+
+
+def bootstrap(spark, df, *, path: str, metadata: dict[str, str],
+              configuration: Mapping[str, str] | None = None) -> int:
+    """Create the Delta table at ``path`` from ``df`` in one commit (``errorifexists``:
+    a table created meanwhile raises :class:`~.deltars.TableExists`); table properties
+    from ``configuration``. Returns the rows written."""
+    from airflow_pgcdc.merge.deltars import TableExists
+
+    writer = df.write.format("delta").mode("errorifexists").option(
+        "userMetadata", json.dumps(dict(metadata), sort_keys=True))
+    for key, value in (configuration or {}).items():
+        writer = writer.option(key, value)
+    try:
+        writer.save(path)
+    except Exception as e:
+        text = str(e)
+        if "already exists" in text.lower() or "DELTA_PATH_EXISTS" in text or "PATH_ALREADY_EXISTS" in text:
+            raise TableExists(f"Delta table {path} already exists") from None
+        raise
+    return int(last_commit(spark, path)["metrics"].get("numOutputRows", 0))

@@ -155,6 +155,10 @@ def merge_slot(
         reader=reader,
     )
     register(spark)
+    if ctx.engine == "delta-spark" or ctx.reader == "s3a":
+        from airflow_pgcdc.merge.jars import configure_s3a
+
+        configure_s3a(spark, settings)
     _remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
     manifests, wanted = _load_windows(ctx, snapshot, tables)
@@ -586,20 +590,26 @@ def _bootstrap(ctx: _Context, snapshot, entry, url: str) -> int:
     name = entry.qualified_name
     parts, fields = _snapshot_input(ctx, snapshot, entry)
     schema = pa.schema(fields)
-    staging = ctx.staging(entry.schema, entry.table, "bootstrap")
+    metadata = {
+        "pgcdc.slot": ctx.slot,
+        "pgcdc.snapshot_id": snapshot.snapshot_id,
+        "pgcdc.consistent_point": snapshot.consistent_point,
+    }
     df = _read(ctx, parts, schema)
-    _stage(ctx, df, staging, schema)
-    paths, rows = deltars.read_staged(ctx.fs, staging)
     try:
-        deltars.bootstrap(
-            url, deltars.staged_reader(ctx.fs, paths, schema), storage_options=ctx.storage,
-            configuration=table_configuration(fields),
-            metadata={
-                "pgcdc.slot": ctx.slot,
-                "pgcdc.snapshot_id": snapshot.snapshot_id,
-                "pgcdc.consistent_point": snapshot.consistent_point,
-            },
-        )
+        if ctx.engine == "delta-spark":  # executors write the files, the driver commits
+            from airflow_pgcdc.merge import deltaspark
+
+            rows = deltaspark.bootstrap(ctx.spark, df, path=deltaspark.s3a(url), metadata=metadata,
+                                        configuration=table_configuration(fields))
+        else:
+            staging = ctx.staging(entry.schema, entry.table, "bootstrap")
+            _stage(ctx, df, staging, schema)
+            paths, rows = deltars.read_staged(ctx.fs, staging)
+            deltars.bootstrap(
+                url, deltars.staged_reader(ctx.fs, paths, schema), storage_options=ctx.storage,
+                configuration=table_configuration(fields), metadata=metadata,
+            )
     except deltars.TableExists:
         log.info("%s: Delta table created meanwhile by another job; not bootstrapping again", name)
         return 0
@@ -731,6 +741,17 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, m
     fields = _batch_fields(ctx, plan)
     dt, _added = _evolve(ctx, name, url, dt, fields + meta, {"pgcdc.changelog": name})
     schema_out = pa.schema(fields + meta)
+    if ctx.engine == "delta-spark":
+        from airflow_pgcdc.merge import deltaspark
+
+        rows = plan.rows
+        done = deltaspark.append(
+            ctx.spark, _read(ctx, plan.parts, schema_out), path=deltaspark.s3a(url), app=app,
+            version=plan.last_window, metadata=_window_metadata(ctx, plan),
+        )
+        if done.get("concurrent_commit"):
+            return {"changelog": url, "rows": 0, "concurrent_commit": True}
+        return {"changelog": url, "rows": int(done.get("numOutputRows", rows))}
     staging = ctx.staging(schema, table, f"changelog-w{plan.last_window}")
     _stage(ctx, _read(ctx, plan.parts, schema_out), staging, schema_out)
     paths, rows = deltars.read_staged(ctx.fs, staging)
@@ -888,15 +909,21 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
             F.lit(True).alias(IS_CURRENT),
             F.lit("S").alias(HIST_OP),
         )
-        staging = ctx.staging(schema, table, "scd2-bootstrap")
-        _stage(ctx, df, staging, schema_h)
-        paths, rows = deltars.read_staged(ctx.fs, staging)
-        deltars.bootstrap(
-            url, deltars.staged_reader(ctx.fs, paths, schema_h), storage_options=ctx.storage,
-            configuration=table_configuration(fields),
-            metadata={"pgcdc.slot": ctx.slot, "pgcdc.scd2": name, "pgcdc.snapshot_id": snapshot.snapshot_id},
-        )
-        s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+        metadata = {"pgcdc.slot": ctx.slot, "pgcdc.scd2": name, "pgcdc.snapshot_id": snapshot.snapshot_id}
+        if ctx.engine == "delta-spark":
+            from airflow_pgcdc.merge import deltaspark
+
+            rows = deltaspark.bootstrap(ctx.spark, df, path=deltaspark.s3a(url), metadata=metadata,
+                                        configuration=table_configuration(fields))
+        else:
+            staging = ctx.staging(schema, table, "scd2-bootstrap")
+            _stage(ctx, df, staging, schema_h)
+            paths, rows = deltars.read_staged(ctx.fs, staging)
+            deltars.bootstrap(
+                url, deltars.staged_reader(ctx.fs, paths, schema_h), storage_options=ctx.storage,
+                configuration=table_configuration(fields), metadata=metadata,
+            )
+            s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
         out["bootstrap_rows"] = rows
         dt = deltars.open_table(url, ctx.storage)
     after = ctx.after(name, deltars.merged_version(dt, app))
@@ -937,15 +964,26 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
     else:
         rows = rows.select(*columns, VALID_FROM, VALID_TO, IS_CURRENT, HIST_OP, KIND)
     stage_schema = pa.schema(fields + _scd2_fields() + [pa.field(KIND, pa.string())])
-    staging = ctx.staging(schema, table, f"scd2-w{plan.last_window}")
-    _stage(ctx, rows, staging, stage_schema)
-    paths, staged = deltars.read_staged(ctx.fs, staging)
     target = pa.schema(dt.schema().to_arrow())
     truncate_lsn = plan.truncate_at[0] if plan.truncate_at is not None else None
-    spec = build_scd2_spec(
+    spec_args = dict(
         target_columns=target.names, source_columns=columns + [f.name for f in _scd2_fields()],
         key_columns=key_columns, truncate_lsn=truncate_lsn,
     )
+    if ctx.engine == "delta-spark":
+        from airflow_pgcdc.merge import deltaspark
+
+        metrics = deltaspark.merge_scd2(
+            ctx.spark, rows, build_scd2_spec(**spec_args, dialect="spark"), path=deltaspark.s3a(url),
+            app=app, version=plan.last_window, metadata=_window_metadata(ctx, plan),
+        )
+        out["versions"] = int(metrics.get("num_target_rows_inserted", 0))
+        out["closed"] = int(metrics.get("num_target_rows_updated", 0))
+        return out
+    staging = ctx.staging(schema, table, f"scd2-w{plan.last_window}")
+    _stage(ctx, rows, staging, stage_schema)
+    paths, staged = deltars.read_staged(ctx.fs, staging)
+    spec = build_scd2_spec(**spec_args)
     metrics = deltars.merge_scd2(
         dt, deltars.staged_reader(ctx.fs, paths, stage_schema), spec, app=app,
         version=plan.last_window, metadata=_window_metadata(ctx, plan),

@@ -15,7 +15,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["SPARK_CONF", "build_py_files", "spark_session"]
+__all__ = ["SPARK_CONF", "build_py_files", "needs_delta_jars", "spark_session"]
 
 SPARK_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
@@ -25,24 +25,96 @@ SPARK_CONF: dict[str, str] = {
 }
 
 
+def needs_delta_jars(engine: str | None, reader: str | None) -> bool:
+    """Whether a job with this engine and reader needs Delta's and hadoop-aws' jars."""
+    return engine == "delta-spark" or reader == "s3a"
+
+
 def spark_session(master: str | None = None, *, app_name: str = "pgcdc-merge",
-                  conf: Mapping[str, str] | None = None):
+                  conf: Mapping[str, str] | None = None, delta: bool = False):
     """A Spark session for the merge (``getOrCreate``: under ``spark-submit`` the master and
-    conf come from the command line; ``master`` here is for in-process use)."""
+    conf come from the command line; ``master`` here is for in-process use).
+
+    ``delta``: with Delta Lake's Spark engine and S3A (:mod:`.jars`): the jars ``make
+    setup`` fetched (or ``PGCDC_SPARK_JARS``) go into ``spark.jars`` (shipped to the
+    executors) and, under ``spark-submit`` whose driver JVM is already up without them,
+    onto the driver's class loader; nothing is added when the driver already has Delta
+    (``--packages``/``--jars`` given, or a cluster that installs it)."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    settings = {**SPARK_CONF}
+    if delta:
+        settings.update(_delta_settings())
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
         if master.startswith("local"):
             builder = builder.config("spark.ui.enabled", "false")
-    for k, v in {**SPARK_CONF, **(conf or {})}.items():
+    for k, v in {**settings, **(conf or {})}.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if delta and not _jvm_has(spark.sparkContext._jvm, _DELTA_CLASS):
+        from airflow_pgcdc.merge.plan import MergeError
+
+        raise MergeError(
+            "this Spark session has no Delta Lake classes (a session started earlier in this "
+            "process without them, or spark.jars without delta-spark)",
+            hint="start the job in a fresh process; see `pgcdc merge --help` for the jars",
+        )
     return spark
+
+
+_DELTA_CLASS = "io.delta.sql.DeltaSparkSessionExtension"
+
+
+def _jvm_has(jvm, name: str) -> bool:
+    try:
+        loader = jvm.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName(name, False, loader)
+        return True
+    except Exception:  # py4j wraps ClassNotFoundException
+        return False
+
+
+def _running_driver_jvm():
+    """The driver JVM when this process runs under ``spark-submit`` and no SparkContext
+    exists yet (its class path is fixed by then), else ``None``."""
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None
+    SparkContext._ensure_initialized()
+    return SparkContext._jvm
+
+
+def _delta_settings() -> dict[str, str]:
+    """The session conf for delta-spark and s3a; adds the jars to a running driver JVM."""
+    from airflow_pgcdc.merge import jars as jarlib
+    from airflow_pgcdc.merge.plan import MergeError
+
+    conf = dict(jarlib.DELTA_SESSION_CONF)
+    jvm = _running_driver_jvm()
+    if jvm is not None and _jvm_has(jvm, _DELTA_CLASS):
+        return conf  # spark-submit --packages/--jars, or the cluster's own install
+    found = jarlib.find_jars()
+    if not found:
+        if jarlib.provided_by_cluster():
+            return conf
+        raise MergeError(jarlib.unavailable_reason() or "no Delta jars",
+                         hint="run `make setup`, or give the jars with PGCDC_SPARK_JARS")
+    if jvm is not None:
+        loader = jvm.Thread.currentThread().getContextClassLoader()
+        for jar in found:
+            url = jar if "://" in jar else jvm.java.io.File(jar).toURI().toString()
+            loader.addURL(jvm.java.net.URI(url).toURL())
+        given = jvm.System.getProperty("spark.jars")
+        if given:
+            found = [*[j for j in str(given).split(",") if j], *found]
+    conf["spark.jars"] = ",".join(found)
+    return conf
 
 
 def build_py_files(dest_dir: str | os.PathLike) -> str:

@@ -50,9 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, spark=None) -> dict:
     from airflow_pgcdc.merge.job import merge_slot
-    from airflow_pgcdc.merge.session import spark_session
+    from airflow_pgcdc.merge.session import needs_delta_jars, spark_session
 
-    spark = spark or spark_session(getattr(args, "master", None))
+    spark = spark or spark_session(getattr(args, "master", None),
+                                   delta=needs_delta_jars(args.engine, args.reader))
     result = merge_slot(
         spark, source=args.source, slot=args.slot, delta=args.delta, tables=args.tables,
         keys=parse_keys(args.key), max_windows=args.max_windows, engine=args.engine,
