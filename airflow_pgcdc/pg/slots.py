@@ -496,13 +496,15 @@ def check_slot_usable(
     plugin: str | None = "pgoutput",
     allow_pid: int | None = None,
     allow_active: bool = False,
+    allow_unreserved: bool = False,
 ) -> SlotHealth:
     """Return ``health`` if the slot can be streamed from this database, else raise.
 
     - :class:`SlotMissing`: no such slot;
     - :class:`SlotMismatch`: physical, another output ``plugin`` (None: any), or another
       database than the connection's;
-    - :class:`SlotLost`: ``wal_status`` 'lost' or 'unreserved', or invalidated;
+    - :class:`SlotLost`: ``wal_status`` 'lost' or 'unreserved' (unless ``allow_unreserved``:
+      a watcher must then drain it at once, its only rescue), or invalidated;
     - :class:`PublicationMissing`: the health was read with a publication that does not exist;
     - :class:`SlotInUse`: active for a process other than ``allow_pid`` (unless ``allow_active``).
     """
@@ -533,7 +535,7 @@ def check_slot_usable(
             slot=slot,
             hint=f"create a slot with plugin {plugin!r}",
         )
-    if health.lost or health.unreserved:
+    if health.lost or (health.unreserved and not allow_unreserved):
         what, reason = _lost_message(health)
         raise SlotLost(
             f"replication slot {slot!r} can no longer deliver every change: {what}",

@@ -3,7 +3,7 @@
 It succeeds when the slot's pending WAL reaches ``min_bytes`` or its oldest
 unacknowledged change has waited ``max_delay``, and returns (XCom ``return_value``)::
 
-    {"status": "ready", "reason": "min_bytes" | "max_delay", "slot", "observed_lsn",
+    {"status": "ready", "reason": "min_bytes" | "max_delay" | "unreserved", "slot", "observed_lsn",
      "pending_bytes", "confirmed_flush_lsn", "restart_lsn", "retained_bytes", "wal_status",
      "pending_age_seconds", "observed_at"}
 
@@ -160,6 +160,8 @@ class PgcdcChangesSensor(BaseSensorOperator):
         warning = self._warner.message(health)
         if warning:
             self.log.warning("%s", warning)
+        if ready is not None and ready.get("warning"):
+            self.log.error("%s", ready["warning"])
         self.log.info(
             "slot %s: %s bytes pending (confirmed %s, current %s), %s bytes retained, wal_status %s",
             self.slot, health.pending_bytes, health.confirmed_flush_lsn, health.current_lsn,
@@ -200,6 +202,8 @@ class PgcdcChangesSensor(BaseSensorOperator):
             raise PgcdcSlotBusy("the trigger ended without an event", kind="connection", slot=self.slot)
         if event.get("status") != "ready":
             raise slot_failure(event)
+        if event.get("warning"):
+            self.log.error("%s", event["warning"])
         self.log.info(
             "slot %s ready (%s): %s bytes pending up to %s",
             self.slot, event.get("reason"), event.get("pending_bytes"), event.get("observed_lsn"),

@@ -4,13 +4,16 @@ Every ``poll_interval`` seconds it reads the slot's health (``pg_replication_slo
 the server's current WAL insert position, :func:`airflow_pgcdc.pg.slots.aslot_health`)
 on an asyncio psycopg connection it keeps open between polls, and fires once:
 
-- ``{"status": "ready", "reason": "min_bytes" | "max_delay", "observed_lsn", "pending_bytes",
-  "confirmed_flush_lsn", ...}`` when the pending WAL reaches ``min_bytes``, or the oldest
-  unacknowledged change has waited ``max_delay`` seconds (as :class:`PendingClock`
-  measures it: a lower bound, see :mod:`airflow_pgcdc.pg.slots`). ``observed_lsn`` is
-  the server's WAL position at that poll: the drain's window end.
+- ``{"status": "ready", "reason": "min_bytes" | "max_delay" | "unreserved", "observed_lsn",
+  "pending_bytes", "confirmed_flush_lsn", ...}`` when the pending WAL reaches ``min_bytes``,
+  or the oldest unacknowledged change has waited ``max_delay`` seconds (as
+  :class:`PendingClock` measures it: a lower bound, see :mod:`airflow_pgcdc.pg.slots`), or
+  at once when the slot is ``unreserved`` (it holds more WAL than
+  ``max_slot_wal_keep_size``: the next checkpoint may remove WAL it needs, and draining
+  now is its only rescue; the event carries a ``warning``, logged as an error).
+  ``observed_lsn`` is the server's WAL position at that poll: the drain's window end.
 - ``{"status": "error", "error": kind, "message", "hint", "slot"}`` when the slot is
-  lost (``wal_status`` 'lost' or 'unreserved', or invalidated: ``slot_lost``), missing
+  lost (``wal_status`` 'lost', or invalidated: ``slot_lost``), missing
   (``slot_missing``), in use by another process (``slot_in_use``), not a logical pgoutput
   slot of this database (``slot_mismatch``), when the publication is missing
   (``publication_missing``), or when the server stays unreachable for
@@ -89,11 +92,20 @@ def changes_ready(
     Raises the typed slot errors of :func:`check_slot_usable` (the sensor and the trigger
     turn them into a failure). Shared by the trigger and the sensor's poke mode.
     """
-    check_slot_usable(health, plugin=plugin)
+    check_slot_usable(health, plugin=plugin, allow_unreserved=True)
     age = clock.observe(health)
     pending = health.pending_bytes or 0
-    reason = None
-    if pending > 0 and pending >= min_bytes:
+    reason = warning = None
+    if health.unreserved:
+        reason = "unreserved"
+        warning = (
+            f"replication slot {health.slot!r} is UNRESERVED: it retains "
+            f"{health.retained_bytes} bytes of WAL, more than max_slot_wal_keep_size allows; the "
+            "next checkpoint may remove WAL it still needs and then its undelivered changes are "
+            "lost. Draining it now, whatever the thresholds; raise max_slot_wal_keep_size or drain "
+            "more often"
+        )
+    elif pending > 0 and pending >= min_bytes:
         reason = "min_bytes"
     elif pending > 0 and max_delay is not None and age is not None and age >= max_delay:
         reason = "max_delay"
@@ -111,7 +123,7 @@ def changes_ready(
         "wal_status": health.wal_status,
         "pending_age_seconds": age,
         "observed_at": health.observed_at.isoformat() if health.observed_at else None,
-    }
+    } | ({"warning": warning} if warning else {})
 
 
 class RetainedWalWarning:
@@ -267,6 +279,8 @@ class PgcdcChangesTrigger(BaseTrigger):
                 if warning:
                     self.log.warning("%s", warning)
                 if ready is not None:
+                    if ready.get("warning"):
+                        self.log.error("%s", ready["warning"])
                     self.log.info(
                         "slot %s ready (%s): %s bytes pending up to %s",
                         self.slot, ready["reason"], ready["pending_bytes"], ready["observed_lsn"],

@@ -255,6 +255,52 @@ def test_lost_slot(flavour, monkeypatch):
         assert srv.password not in proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("flavour", ["pg15", "pg18"])
+def test_unreserved_slot_is_drained_at_once_and_saved(flavour, monkeypatch, s3, s3_bucket):
+    """An 'unreserved' slot is not a failure for the watchers: draining it is its only
+    rescue. The trigger fires at once (reason 'unreserved', a warning), whatever the
+    thresholds; the drain then acknowledges, and the next checkpoint leaves the slot alive
+    (before, the sensor failed and the checkpoint made the slot 'lost'). The rescue part runs
+    on 16+, where the test can force the running-xacts record that lets restart_lsn move."""
+    from airflow_pgcdc.drain.drain import drain_window
+    from airflow_pgcdc.triggers.changes import PgcdcChangesTrigger
+
+    settings = {"max_slot_wal_keep_size": "1MB", "wal_keep_size": 0}
+    with PostgresServer(flavour, settings=settings) as srv:
+        dsn = srv.dsn
+        sql(dsn, "CREATE TABLE t (id int PRIMARY KEY)")
+        sql(dsn, "CREATE PUBLICATION pub FOR TABLE t")
+        slots.create_slot(dsn, "rescued")
+        for i in range(4):
+            sql(dsn, "INSERT INTO t VALUES (%s)", (i,))
+            sql(dsn, "SELECT pg_switch_wal()")
+        assert slots.slot_health(dsn, "rescued").wal_status == "unreserved"
+        monkeypatch.setenv("AIRFLOW_CONN_PGCDC_RESCUE", conn_json(dsn))
+        trigger = PgcdcChangesTrigger(slot="rescued", postgres_conn_id="pgcdc_rescue", poll_interval=0.2,
+                                      min_bytes=1 << 40, max_delay=None)
+
+        async def first_event():
+            return await asyncio.wait_for(anext(trigger.run()), 30)
+
+        event = asyncio.run(first_event()).payload
+        assert event["status"] == "ready" and event["reason"] == "unreserved", event
+        assert "UNRESERVED" in event["warning"] and event["observed_lsn"]
+        for k, v in s3.aws_env().items():
+            monkeypatch.setenv(k, v)
+        if srv.major < 16:
+            return  # the rescue needs a running-xacts record to decode (below): 16+ can force one
+        # restart_lsn moves only past a running-xacts record the slot decoded (the bgwriter logs
+        # one every 15 s on a busy server; here, at once)
+        sql(dsn, "SELECT pg_log_standby_snapshot()")
+        r = drain_window(dsn, f"s3://{s3_bucket}/lake", slot="rescued", publications="pub",
+                         s3_client=s3.client())
+        assert r.rows == 4
+        sql(dsn, "CHECKPOINT")
+        h = slots.slot_health(dsn, "rescued")
+        assert not h.lost and h.wal_status in ("reserved", "extended"), h.wal_status
+
+
 # --------------------------------------------------------------------------- publications
 
 
