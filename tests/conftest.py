@@ -10,6 +10,9 @@ Fixtures (servers start on first use, stop at session end, and die with pytest):
 - ``fresh_db``: a new database on ``pg_server`` per test, dropped after (with its slots);
   its value is the TCP DSN (a ``str``) with ``.dbname``, ``.server`` and ``.socket_dsn``.
 - ``slot_name``: a factory of unique slot names; slots it named are dropped after the test.
+- ``spark_cluster``: :class:`airflow_pgcdc.testing.spark.SparkCluster` (session): a Spark
+  standalone Master and 2 Workers (1 core, 1.5 GB each), each its own JVM on 127.0.0.1;
+  a failing test's report shows the cluster's and its executors' log lines of the test.
 
 Tests using these fixtures get the ``integration`` marker (and ``pg15``/``pg18``).
 A failing test's report shows the server log lines written during the test.
@@ -25,7 +28,9 @@ import os
 import re
 import secrets
 import shutil
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,8 +41,8 @@ from airflow_pgcdc.sandbox import PostgresServer, S3Server, SandboxError
 # at the end of every run with Spark tests. Its INFO lines say nothing a test needs.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
-_SERVER_FIXTURES = {"pg15", "pg18", "pg_server", "s3", "s3_bucket", "fresh_db"}
-_started: dict[str, PostgresServer | S3Server] = {}  # name -> server, for logs and cleanup
+_SERVER_FIXTURES = {"pg15", "pg18", "pg_server", "s3", "s3_bucket", "fresh_db", "spark_cluster"}
+_started: dict[str, Any] = {}  # name -> server (anything with a log_file), for logs and cleanup
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -158,6 +163,34 @@ def s3(request: pytest.FixtureRequest):
     _finish("s3", server, request)
 
 
+@pytest.fixture(scope="session")
+def spark_cluster(request: pytest.FixtureRequest):
+    """A Spark standalone cluster (Master + 2 Workers, separate JVMs, loopback, free ports),
+    shared by the session, always stopped (also on failure and interrupt: process groups,
+    parent-death signal, ``atexit``)."""
+    from airflow_pgcdc.testing.spark import SparkCluster
+
+    cluster = SparkCluster(workers=2, cores=1)
+    try:
+        cluster.start()
+    except SandboxError as e:
+        cluster.close()
+        pytest.fail(f"the Spark cluster did not start: {e}", pytrace=False)
+    for proc in cluster.processes:
+        _started[f"spark-{proc.name}"] = proc
+    yield cluster
+    for proc in cluster.processes:
+        _keep_log(f"spark-{proc.name}", proc, request)
+        _started.pop(f"spark-{proc.name}", None)
+    if request.config.getoption("--keep-server-logs") and request.session.testsfailed:
+        dest = Path(str(request.config._tmp_path_factory.getbasetemp())) / "server-logs" / "spark-executors"  # type: ignore[attr-defined]
+        for path in cluster.executor_logs():
+            target = dest / path.relative_to(cluster.base_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+    cluster.close()
+
+
 def _unique(request: pytest.FixtureRequest, prefix: str, limit: int) -> str:
     base = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")
     suffix = secrets.token_hex(4)
@@ -239,9 +272,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_log_offsets_key] = {
         name: _size(server.log_file) for name, server in _started.items()
     }
+    item.stash[_started_at_key] = time.time()
 
 
 _log_offsets_key = pytest.StashKey[dict]()
+_started_at_key = pytest.StashKey[float]()
 
 
 def _size(path: Path) -> int:
@@ -268,3 +303,10 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         lines = [line for line in text.splitlines() if line.strip()]
         if lines:
             report.sections.append((f"{name} server log during the test", "\n".join(lines[-60:])))
+    cluster = item.funcargs.get("spark_cluster") if hasattr(item, "funcargs") else None
+    if cluster is not None:  # executors of the apps this test ran: their stderr
+        since = item.stash.get(_started_at_key, 0.0)
+        for path in [p for p in cluster.executor_logs() if p.name == "stderr" and p.stat().st_mtime >= since][-4:]:
+            lines = path.read_text(errors="replace").splitlines()
+            report.sections.append((f"Spark executor {path.parent.parent.name}/{path.parent.name} stderr",
+                                    "\n".join(lines[-40:])))

@@ -52,14 +52,27 @@ def run(args: argparse.Namespace, spark=None) -> dict:
     from airflow_pgcdc.merge.job import merge_slot
     from airflow_pgcdc.merge.session import needs_delta_jars, spark_session
 
-    spark = spark or spark_session(getattr(args, "master", None),
-                                   delta=needs_delta_jars(args.engine, args.reader))
+    master = getattr(args, "master", None)
+    if spark is None:
+        spark = spark_session(master, delta=needs_delta_jars(args.engine, args.reader))
+        if master and not master.startswith("local"):
+            ship_package(spark)
     result = merge_slot(
         spark, source=args.source, slot=args.slot, delta=args.delta, tables=args.tables,
         keys=parse_keys(args.key), max_windows=args.max_windows, engine=args.engine,
         history=args.history, reader=args.reader,
     )
     return result.to_dict()
+
+
+def ship_package(spark) -> None:
+    """In-process on a cluster master (``pgcdc merge --master spark://…``): ship this package
+    to the executors, as ``--py-files`` does under ``spark-submit``."""
+    import tempfile
+
+    from airflow_pgcdc.merge.session import build_py_files
+
+    spark.sparkContext.addPyFile(build_py_files(tempfile.mkdtemp(prefix="pgcdc-pyfiles-")))
 
 
 def main(argv: list[str] | None = None) -> int:

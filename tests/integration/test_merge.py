@@ -91,7 +91,18 @@ def drain(dsn, url, slot, client, **kw):
 
 def test_snapshot_windows_merge_equal_postgres(fresh_db, slot_name, store, spark):
     client, src, lake = store
-    db = fresh_db
+
+    def merge():
+        return merge_slot(spark, source=src, slot=slot, delta=lake).to_dict()
+
+    slot = slot_name()
+    end_to_end(fresh_db, client, src, lake, slot, merge)
+
+
+def end_to_end(db, client, src, lake, slot, merge, *, history=None):
+    """Snapshot → every kind of change → drains → ``merge()`` (returns the job's result
+    dict) → the Delta tables equal PostgreSQL after each merge; a replay is a no-op. Shared
+    by the local-mode test here and the cluster tests (``test_merge_cluster.py``)."""
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(12,2), big text, tags int[], ts timestamptz)")
     sql(db, "ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL")  # > 2 kB: out of line, 'u' when unchanged
     sql(db, "CREATE TABLE u (k text PRIMARY KEY, j jsonb)")
@@ -99,8 +110,8 @@ def test_snapshot_windows_merge_equal_postgres(fresh_db, slot_name, store, spark
             "ARRAY[g, NULL, 3], '2024-01-01'::timestamptz + g * interval '1 hour' FROM generate_series(1, 300) g")
     sql(db, "INSERT INTO u VALUES ('a', '{\"x\": 1}'), ('b''q', NULL)")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t, u")
-    slot = slot_name()
-    manifest = snapshot_to_s3(db, src, slot=slot, publication="pub", workers=2, rows_per_part=100, s3_client=client)
+    manifest = snapshot_to_s3(db, src, slot=slot, publication="pub", workers=2, rows_per_part=100,
+                              two_phase=True, s3_client=client)
     # window 0: every kind of change
     sql(db, "INSERT INTO t (id, v) VALUES (1001, 'new')")
     sql(db, "UPDATE t SET v = 'toast kept' WHERE id IN (1, 2)")  # big not sent ('u'): kept from the target
@@ -116,17 +127,22 @@ def test_snapshot_windows_merge_equal_postgres(fresh_db, slot_name, store, spark
     sql(db, "BEGIN; INSERT INTO t SELECT g, 'streamed' FROM generate_series(10000, 12000) g; "
             "UPDATE t SET n = n + 1 WHERE id BETWEEN 100 AND 200; COMMIT")  # streamed (64kB)
     sql(db, "UPDATE u SET j = '{\"x\": 2, \"y\": [true]}' WHERE k = 'a'")
+    with psycopg.connect(db, autocommit=True) as c:  # two-phase: held until COMMIT PREPARED
+        c.execute("BEGIN")
+        c.execute("INSERT INTO t (id, v) VALUES (4000, 'prepared'); UPDATE t SET v = 'prepared too' WHERE id = 5")
+        c.execute(f"PREPARE TRANSACTION '{slot[-20:]}'")
     w0 = drain(db, src, slot, client)
     assert w0.window_seq == 0 and w0.rows > 2000
-    r1 = merge_slot(spark, source=src, slot=slot, delta=lake)
-    by = {t.table: t for t in r1.tables}
-    assert by["public.t"].action == "bootstrapped+merged" and by["public.t"].bootstrap_rows == 300
-    assert (by["public.t"].first_window, by["public.t"].last_window) == (0, 0)
-    assert_equal(db, lake, "public.t", "id")
+    r1 = merge()
+    by = {t["table"]: t for t in r1["tables"]}
+    assert by["public.t"]["action"] == "bootstrapped+merged" and by["public.t"]["bootstrap_rows"] == 300
+    assert (by["public.t"]["first_window"], by["public.t"]["last_window"]) == (0, 0)
+    assert_equal(db, lake, "public.t", "id")  # not the prepared transaction's rows yet
     assert_equal(db, lake, "public.u", "k")
     big = {r["id"]: r["big"] for r in delta_rows(delta_table_url(lake, "public", "t"), "id") if r["id"] in (1, 2, 3000)}
     assert big == {1: "B" * 5000, 2: "C" * 5000, 3000: "z" * 3000}, "unchanged TOAST kept, never NULL"
     # windows 1..n: schema change, truncate, TOAST kept across windows, several windows per merge
+    sql(db, f"COMMIT PREPARED '{slot[-20:]}'")
     sql(db, "ALTER TABLE t ADD COLUMN extra int")
     sql(db, "UPDATE t SET extra = id * 2, v = 'w1' WHERE id IN (3, 4)")  # big unchanged again
     sql(db, "INSERT INTO u VALUES ('before truncate', NULL)")
@@ -141,25 +157,29 @@ def test_snapshot_windows_merge_equal_postgres(fresh_db, slot_name, store, spark
             break
         seqs.append(w.window_seq)
     assert len(seqs) >= 3
-    r2 = merge_slot(spark, source=src, slot=slot, delta=lake)
-    by = {t.table: t for t in r2.tables}
-    assert by["public.t"].action == "merged" and by["public.t"].added_columns == ["extra"]
-    assert (by["public.t"].first_window, by["public.t"].last_window) == (1, seqs[-1])
-    assert by["public.u"].truncates == 1
+    r2 = merge()
+    by = {t["table"]: t for t in r2["tables"]}
+    assert by["public.t"]["action"] == "merged" and by["public.t"]["added_columns"] == ["extra"]
+    assert (by["public.t"]["first_window"], by["public.t"]["last_window"]) == (1, seqs[-1])
+    assert by["public.u"]["truncates"] == 1
     assert_equal(db, lake, "public.t", "id")
     assert_equal(db, lake, "public.u", "k")
+    assert {r["id"]: r["v"] for r in pg_rows(db, "t", "id") if r["id"] in (4000, 5)} == {
+        4000: "prepared", 5: "prepared too"}
     # the Delta commit says which windows it holds
     dt = DeltaTable(delta_table_url(lake, "public", "t"), storage_options=s3store.delta_storage_options())
     assert dt.transaction_version(app_id(slot, "public", "t")) == seqs[-1]
     last = dt.history(1)[0]
-    assert last["pgcdc.window_last"] == str(seqs[-1]) and last["pgcdc.end_lsn"]
+    info = json.loads(last["userMetadata"]) if "userMetadata" in last else last  # delta-spark: userMetadata
+    assert info["pgcdc.window_last"] == str(seqs[-1]) and info["pgcdc.end_lsn"]
     # a replay is a no-op
     version = dt.version()
-    r3 = merge_slot(spark, source=src, slot=slot, delta=lake)
-    assert {t.action for t in r3.tables} == {"up-to-date"}
+    r3 = merge()
+    assert {t["action"] for t in r3["tables"]} == {"up-to-date"}
     dt.update_incremental()
     assert dt.version() == version
     assert manifest.consistent_point
+    return r1, r2
 
 
 def test_refuses_to_skip_a_window(fresh_db, slot_name, store, spark):

@@ -1,0 +1,1 @@
+"""Test-bed machinery that users can run too (``pgcdc sandbox``): see :mod:`.spark`."""
