@@ -134,6 +134,7 @@ __all__ = [
 ]  # fmt: skip
 
 HEARTBEAT_PREFIX = "pgcdc.heartbeat"
+HEARTBEAT_RECORD_SLACK = 512  # bytes past a heartbeat's LSN that its own record may take
 FAULT_ENV = "PGCDC_FAULT"
 FAULT_POINTS = ("after-receive", "during-upload", "after-parts", "after-manifest", "after-ack")
 CHUNK_ROWS = 16_384
@@ -755,7 +756,18 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
     received = 0
     last_progress = time.monotonic()
     last_heartbeat = 0.0
-    last_data = last_progress  # the last frame other than a heartbeat (for max_wait)
+    last_data = last_progress  # the last progress other than a heartbeat (for max_wait)
+    # A walsender reading WAL that holds nothing for us (a busy unpublished table, a catch-up
+    # from an old restart_lsn) sends nothing at all while our status updates keep it from
+    # pinging: after a silent while, ask for a keepalive (reply_requested); its wal_end is how
+    # far decoding got, which is progress (for max_wait) and, outside a transaction, a
+    # position where the window may end
+    ping_every = min(1.0, max_wait / 4, max_seconds / 3 if max_seconds else 1.0)
+    last_ping = 0.0
+    last_wal_end = start
+    # the server's position moving only past our own heartbeat record is not progress (an end
+    # the stream never reaches must still time out)
+    hb_lsn: LSN | None = None
     reason = None
     n = 0  # XLogData frames received
     n_seen = 0  # ... as of the last silent read (changes do not touch last_progress)
@@ -819,17 +831,25 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
                     reason = "max_seconds"
                     break
                 if now - last_progress > heartbeat_after and heartbeat and now - last_heartbeat > heartbeat_after:
-                    _emit_heartbeat(sql)
+                    hb_lsn = _emit_heartbeat(sql) or hb_lsn
                     last_heartbeat = now
+                if now - last_data >= ping_every and now - last_ping >= ping_every:
+                    conn.send_feedback(reply_requested=True)
+                    last_status[0] = last_ping = now
                 if now - last_data > max_wait:
                     raise DrainTimeout(
-                        f"slot {slot}: the stream did not reach {end_lsn}: nothing received for {max_wait}s "
-                        f"(received up to {conn.received_lsn})"
+                        f"slot {slot}: the stream did not reach {end_lsn}: no progress for {max_wait}s "
+                        f"(nothing received, and the server's position stayed at {last_wal_end}; received up "
+                        f"to {conn.received_lsn})"
                     )
                 pump()
                 continue
             # a keepalive: outside a transaction, everything before wal_end was decoded
             pump()
+            if frame.wal_end > last_wal_end:  # the walsender moved on: progress, even in silence
+                last_wal_end = frame.wal_end
+                if hb_lsn is None or frame.wal_end > hb_lsn + HEARTBEAT_RECORD_SLACK:
+                    last_data = now
             if not asm.in_transaction:
                 if frame.wal_end >= end_lsn:
                     reason = "until_lsn"
@@ -970,11 +990,16 @@ def _while_pumping(fn, pump, interval: float = 0.5):
     return box.get("value")
 
 
-def _emit_heartbeat(sql: psycopg.Connection) -> None:
+def _emit_heartbeat(sql: psycopg.Connection) -> LSN | None:
+    """Write the heartbeat message; returns its record's LSN (None if it failed)."""
     try:
         if sql.info.server_version >= 170000:
-            sql.execute("SELECT pg_logical_emit_message(false, %s, ''::text, true)", (HEARTBEAT_PREFIX,))
+            row = sql.execute("SELECT pg_logical_emit_message(false, %s, ''::text, true)::text",
+                              (HEARTBEAT_PREFIX,)).fetchone()
         else:
-            sql.execute("SELECT pg_logical_emit_message(false, %s, ''::text)", (HEARTBEAT_PREFIX,))
+            row = sql.execute("SELECT pg_logical_emit_message(false, %s, ''::text)::text",
+                              (HEARTBEAT_PREFIX,)).fetchone()
+        return LSN.parse(row[0])
     except psycopg.Error as exc:  # e.g. a read-only standby: the drain just waits longer
         log.warning("heartbeat failed: %s", exc)
+        return None

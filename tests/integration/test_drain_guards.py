@@ -483,3 +483,34 @@ def test_timeline_check_unit():
         check(recorded_timeline=5, timeline=6, history=lambda t: [(1, LSN.parse("0/1"))])
     assert check(recorded_system_id=None, recorded_timeline=None) is None
     assert "before the switch" in check(recorded_timeline=1, store_end=LSN.parse("0/5000000"))
+
+
+# --------------------------------------------------------------------------- silent catch-up
+
+
+def test_silent_catch_up_counts_the_servers_progress(fresh_db, slot_name, store):
+    """Thousands of transactions on an unpublished table: the walsender reads them and sends
+    nothing for seconds (empty transactions are skipped). Keepalives the drain asks for
+    show its position moving: that is progress, so a ``max_wait`` shorter than the silence
+    does not end the drain in ``DrainTimeout`` (before, it did, again and again), and a
+    window over noise only still ends past it, so the slot advances."""
+    client, url = store
+    slot = slot_name()
+    seq_table(fresh_db)
+    sql(fresh_db, "CREATE TABLE noise (id bigserial PRIMARY KEY, pad text)")
+    create_slot(fresh_db, slot)
+    sql(fresh_db, "INSERT INTO seq VALUES (1, 'x')")
+    sql(fresh_db, "DO $$ BEGIN FOR i IN 1..120000 LOOP INSERT INTO noise (pad) SELECT repeat('n', 200) "
+                  "FROM generate_series(1, 5); COMMIT; END LOOP; END $$")
+    sql(fresh_db, "INSERT INTO seq VALUES (2, 'y')")
+    r = drain(fresh_db, url, slot, client, max_wait=1.0, heartbeat=False)
+    assert r.rows == 2 and inserted(client, url, slot) == [1, 2]
+    assert confirmed(fresh_db, slot) == LSN.parse(r.end_lsn)
+    # noise only, and a window cut by time: it ends where the server's decoding got, not at its start
+    sql(fresh_db, "DO $$ BEGIN FOR i IN 1..120000 LOOP INSERT INTO noise (pad) SELECT repeat('n', 200) "
+                  "FROM generate_series(1, 5); COMMIT; END LOOP; END $$")
+    end = LSN.parse(sql(fresh_db, "SELECT pg_current_wal_insert_lsn()::text")[0][0])
+    before = confirmed(fresh_db, slot)
+    r2 = drain(fresh_db, url, slot, client, max_wait=5, max_seconds=8, heartbeat=False, until_lsn=end)
+    assert r2.rows == 0 and LSN.parse(r2.end_lsn) > before, (r2.end_reason, r2.start_lsn, r2.end_lsn)
+    assert confirmed(fresh_db, slot) == LSN.parse(r2.end_lsn), "the slot advances through the noise"

@@ -344,7 +344,7 @@ def heartbeats(monkeypatch):
 
     def spy(conn):
         calls.append(time.monotonic())
-        real(conn)
+        return real(conn)
 
     monkeypatch.setattr(drain_mod, "_emit_heartbeat", spy)
     return calls
