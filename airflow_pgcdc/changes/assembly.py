@@ -231,6 +231,12 @@ class HeldPrepared:
     stored: dict | None = None  # manifest entry when the data is in the store
     extra: dict = field(default_factory=dict)
 
+    @property
+    def skipped(self) -> bool:
+        """Dropped by origin: nothing was kept but the gid (``extra`` when prepared in this
+        run, the stored manifest entry when prepared in an earlier window)."""
+        return bool(self.extra.get("skipped") or (self.stored or {}).get("skipped"))
+
 
 class TransactionAssembler:
     """Feeds a :class:`Sink` with whole committed transactions (module docstring)."""
@@ -507,7 +513,7 @@ class TransactionAssembler:
             kind="prepared", gid=msg.gid, origin=held.origin, origin_lsn=held.origin_lsn,
         )
         self.sink.prepared_resolved(msg.gid, msg.xid, "commit", msg.commit_lsn)
-        if held.extra.get("skipped"):
+        if held.skipped:
             self.skipped_transactions += 1
             return
         spool = held.spool

@@ -514,3 +514,37 @@ def test_silent_catch_up_counts_the_servers_progress(fresh_db, slot_name, store)
     r2 = drain(fresh_db, url, slot, client, max_wait=5, max_seconds=8, heartbeat=False, until_lsn=end)
     assert r2.rows == 0 and LSN.parse(r2.end_lsn) > before, (r2.end_reason, r2.start_lsn, r2.end_lsn)
     assert confirmed(fresh_db, slot) == LSN.parse(r2.end_lsn), "the slot advances through the noise"
+
+
+# --------------------------------------------------------------------------- correctness edges
+
+
+def test_origin_filtered_prepared_transaction_across_two_windows(fresh_db, slot_name, store):
+    """A prepared transaction from a skipped origin, held in window 0 and committed in window
+    1: window 1 skips it (before, the stored entry's 'skipped' flag was not read back and the
+    drain died with a TypeError, in every later run)."""
+    if fresh_db.server.version_num < 150000:
+        pytest.skip("two-phase decoding needs PostgreSQL 15+")
+    client, url = store
+    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY)")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    create_slot(fresh_db, slot, two_phase=True)
+    with psycopg.connect(fresh_db, autocommit=True) as c:
+        c.execute("SELECT pg_replication_origin_create('loop')")
+        c.execute("SELECT pg_replication_origin_session_setup('loop')")
+        c.execute("BEGIN")
+        c.execute("SELECT pg_replication_origin_xact_setup('0/AB', now())")
+        c.execute("INSERT INTO t VALUES (1)")
+        c.execute("PREPARE TRANSACTION 'from_loop'")
+        c.execute("SELECT pg_replication_origin_session_reset()")
+        c.execute("INSERT INTO t VALUES (2)")
+    w0 = drain(fresh_db, url, slot, client, skip_origins=["loop"])
+    assert w0.tables == {"public.t": 1}
+    sql(fresh_db, "COMMIT PREPARED 'from_loop'")
+    sql(fresh_db, "INSERT INTO t VALUES (3)")
+    w1 = drain(fresh_db, url, slot, client, skip_origins=["loop"])
+    m1 = read_window(client, Layout.parse(url), slot, w1.window_seq)
+    assert m1.pending_prepared == [] and [p["gid"] for p in m1.prepared["committed"]] == ["from_loop"]
+    assert m1.skipped_transactions == 1
+    assert [x["id"] for x in all_rows(client, url, slot, "public.t")] == [2, 3]
