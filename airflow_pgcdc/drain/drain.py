@@ -681,8 +681,7 @@ def _drain_on(conn, ident, sql, client, layout: Layout, slot: str, plan: _Plan, 
     )
     log.info("drain %s: window %d [%s, %s) from %s", slot, seq, start, end_lsn, where)
     conn, stream = _start_stream(conn, slot, options, start, busy_wait=busy_wait, reconnect=reconnect)
-    own_spool = spool_dir is None
-    spool = spool_dir or tempfile.mkdtemp(prefix="pgcdc-spool-")
+    spool = _make_spool(spool_dir, slot)
     try:
         _recheck(client, layout, slot, sql, plan)  # the slot is ours now: no one moves it
         if lost_ack:
@@ -702,8 +701,7 @@ def _drain_on(conn, ident, sql, client, layout: Layout, slot: str, plan: _Plan, 
         )
     finally:
         conn.close()
-        if own_spool:
-            shutil.rmtree(spool, ignore_errors=True)
+        shutil.rmtree(spool, ignore_errors=True)
 
 
 def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, held, *, spool,
@@ -988,6 +986,32 @@ def _while_pumping(fn, pump, interval: float = 0.5):
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+def _make_spool(base: str | None, slot: str) -> str:
+    """This run's spool folder, ``{base}/pgcdc-spool-{slot}-{pid}-{random}`` (``base``: the
+    system's temporary folder by default), removed when the run ends. A killed drain
+    cannot remove its own (streamed transactions can spool gigabytes), so the next drain of
+    the slot removes the folders of the slot whose process is gone."""
+    base = base or tempfile.gettempdir()
+    os.makedirs(base, exist_ok=True)
+    prefix = f"pgcdc-spool-{slot}-"
+    for name in os.listdir(base):
+        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            log.info("removing the spool folder of a drain that died: %s", os.path.join(base, name))
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def _emit_heartbeat(sql: psycopg.Connection) -> LSN | None:

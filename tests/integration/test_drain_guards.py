@@ -548,3 +548,44 @@ def test_origin_filtered_prepared_transaction_across_two_windows(fresh_db, slot_
     assert m1.pending_prepared == [] and [p["gid"] for p in m1.prepared["committed"]] == ["from_loop"]
     assert m1.skipped_transactions == 1
     assert [x["id"] for x in all_rows(client, url, slot, "public.t")] == [2, 3]
+
+
+def test_spool_of_a_killed_drain_is_removed_by_the_next(fresh_db, slot_name, store, s3, tmp_path):
+    """A drain killed while it spools a streamed transaction leaves its spool files; the next
+    drain of the slot removes them (the folder of a process that is gone), keeps a live
+    process's folder, and removes its own when it ends."""
+    client, url = store
+    slot = slot_name()
+    sql(fresh_db, "CREATE TABLE seq (n bigint PRIMARY KEY, pad text)")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE seq")
+    create_slot(fresh_db, slot)
+    spool = tmp_path / "spool"
+    env = {**os.environ, **s3.aws_env()}
+    with psycopg.connect(fresh_db) as open_txn:  # a big transaction still open: streamed, spooled
+        open_txn.execute("INSERT INTO seq SELECT g, repeat('s', 200) FROM generate_series(1, 5000) g")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow_pgcdc.cli", "drain", "--dsn", fresh_db, "--slot", slot,
+             "--publication", "pub", "--to", url, "--spool-dir", str(spool), "--connect-options",
+             "-c logical_decoding_work_mem=64kB"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while not any(p.is_file() and p.stat().st_size for p in spool.rglob("*")):
+            assert time.monotonic() < deadline and proc.poll() is None, "the drain spools the open transaction"
+            time.sleep(0.05)
+        proc.kill()
+        proc.communicate(timeout=30)
+        open_txn.commit()
+    sql(fresh_db, "INSERT INTO seq VALUES (0, 'after')")
+    assert [p for p in spool.rglob("*") if p.is_file()], "the killed drain left spool files"
+    live = spool / f"pgcdc-spool-{slot}-{os.getpid()}-keep"
+    live.mkdir()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            r = drain(fresh_db, url, slot, client, spool_dir=str(spool),
+                      connect_options="-c logical_decoding_work_mem=64kB")
+            break
+        except (DrainBusy, psycopg.OperationalError):
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+    assert r.rows == 5001
+    assert sorted(p.name for p in spool.iterdir()) == [live.name], "dead spool removed, live kept, own removed"
