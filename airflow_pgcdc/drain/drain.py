@@ -327,6 +327,8 @@ class _Window:
         buf.add(op, image, old, self._commit_lsn, self.seq, self._txn.xid, self._ts, nbytes)  # type: ignore[union-attr]
         self.seq += 1
         self.rows += 1
+        if self.rows & 1023 == 0:  # a replay (streamed, prepared) feeds no frames: keep the status going
+            self.pump()
         if buf.nbytes >= CHUNK_BYTES or len(buf) >= CHUNK_ROWS:
             self.writer.submit_rows(rv, buf.take(), self.pump)
 
@@ -735,8 +737,8 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
         e = h.stored or {}
         key = layout.window_prefix(slot, e["window_seq"]) + e["path"]
         fd, path = tempfile.mkstemp(prefix=f"held-{h.xid}-", suffix=".spool", dir=spool)
-        with os.fdopen(fd, "wb") as f:
-            f.write(s3store.get_bytes(client, layout.bucket, key))
+        with os.fdopen(fd, "wb") as f:  # streamed to disk, status updates going on meanwhile
+            _while_pumping(lambda: s3store.download_to(client, layout.bucket, key, f), pump)
         return path
 
     asm = TransactionAssembler(

@@ -965,6 +965,18 @@ def get_bytes(client: Any, bucket: str, key: str) -> bytes:
         return resp["Body"].read()
 
 
+def download_to(client: Any, bucket: str, key: str, fileobj: Any, *, chunk_bytes: int = 8 << 20) -> int:
+    """Stream ``key`` into ``fileobj`` in chunks (never whole in memory); returns the bytes
+    written. :class:`ObjectNotFound` if absent."""
+    total = 0
+    with _s3_call("GetObject", bucket, key):
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        for chunk in body.iter_chunks(chunk_bytes):
+            fileobj.write(chunk)
+            total += len(chunk)
+    return total
+
+
 def get_json(client: Any, bucket: str, key: str) -> Any:
     """The JSON document at ``key``; :class:`ObjectNotFound` if absent,
     :class:`CorruptObject` if it is not UTF-8 JSON."""

@@ -589,3 +589,29 @@ def test_spool_of_a_killed_drain_is_removed_by_the_next(fresh_db, slot_name, sto
             time.sleep(0.3)
     assert r.rows == 5001
     assert sorted(p.name for p in spool.iterdir()) == [live.name], "dead spool removed, live kept, own removed"
+
+
+def test_long_replay_of_a_streamed_transaction_keeps_the_connection(fresh_db, slot_name, store, monkeypatch):
+    """Replaying a big streamed transaction at its Stream Commit feeds no frames: status
+    updates must still go out, or a replay longer than wal_sender_timeout gets the
+    connection killed, and every retry replays it again. Here the replay is slowed to about
+    4 s against a 2 s wal_sender_timeout."""
+    client, url = store
+    slot = slot_name()
+    sql(fresh_db, "CREATE TABLE seq (n bigint PRIMARY KEY, pad text)")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE seq")
+    create_slot(fresh_db, slot)
+    sql(fresh_db, "INSERT INTO seq SELECT g, repeat('s', 100) FROM generate_series(1, 20000) g")
+    real = drain_mod._Window.change
+
+    def slow(self, rel, msg, nbytes):
+        if self.rows % 100 == 0:
+            time.sleep(0.02)
+        return real(self, rel, msg, nbytes)
+
+    monkeypatch.setattr(drain_mod._Window, "change", slow)
+    r = drain(fresh_db, url, slot, client, connect_options="-c wal_sender_timeout=2s -c logical_decoding_work_mem=64kB")
+    assert r.rows == 20000 and r.transactions == 1
+    m = read_window(client, Layout.parse(url), slot, r.window_seq)
+    assert m.streamed["committed"] == 1, "the transaction was streamed and replayed at its commit"
+    assert confirmed(fresh_db, slot) == LSN.parse(r.end_lsn)
