@@ -615,3 +615,23 @@ def test_long_replay_of_a_streamed_transaction_keeps_the_connection(fresh_db, sl
     m = read_window(client, Layout.parse(url), slot, r.window_seq)
     assert m.streamed["committed"] == 1, "the transaction was streamed and replayed at its commit"
     assert confirmed(fresh_db, slot) == LSN.parse(r.end_lsn)
+
+
+def test_drain_right_after_a_killed_one_waits_for_the_slot(fresh_db, slot_name, store, s3):
+    """Right after a drain is SIGKILLed, its walsender may hold the slot (and its session the
+    slot lock) for a moment: the next drain waits for them (bounded) instead of failing
+    with 'slot is active'."""
+    client, url = store
+    slot = slot_name()
+    seq_table(fresh_db)
+    create_slot(fresh_db, slot)
+    env = {**os.environ, **s3.aws_env(), "PGCDC_FAULT": "after-receive"}
+    for i in range(1, 4):
+        sql(fresh_db, "INSERT INTO seq VALUES (%s, 'x')", (i,))
+        dead = subprocess.run(
+            [sys.executable, "-m", "airflow_pgcdc.cli", "drain", "--dsn", fresh_db, "--slot", slot,
+             "--publication", "pub", "--to", url], env=env, capture_output=True, text=True, timeout=120)
+        assert dead.returncode == -9, dead.stderr[-2000:]
+        r = drain(fresh_db, url, slot, client)  # no retry loop here: the drain waits by itself
+        assert r.window_seq is not None
+    assert inserted(client, url, slot) == [1, 2, 3]
