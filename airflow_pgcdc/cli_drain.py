@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     p.add_argument("--forget-table", action="append", default=[], metavar="SCHEMA.TABLE",
                    help="let a table that no publication covers any more leave the pipeline (its Delta "
                         "table keeps its last state); without it the drain refuses (repeatable)")
+    p.add_argument("--memory-budget-mb", type=int, default=256, metavar="MB",
+                   help="change data the window keeps in memory over all its tables before the largest "
+                        "tables' parts are finished early (default 256)")
     p.add_argument("--busy-wait", type=float, default=10.0, metavar="SEC",
                    help="wait this long for another drain or snapshot of the slot to end before giving "
                         "up with exit code 75 (default 10)")
@@ -88,4 +91,5 @@ def _drain(args: argparse.Namespace, drain_window):
         spool_dir=args.spool_dir,
         forget_tables=args.forget_table,
         busy_wait=args.busy_wait,
+        memory_budget=args.memory_budget_mb << 20,
     )

@@ -123,7 +123,13 @@ from airflow_pgcdc.protocol.replication import XLogData
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_attempt_id
 from airflow_pgcdc.store.manifest import read_snapshot_manifest
-from airflow_pgcdc.store.window import KEY_MOVES_FIELD, WindowManifest, WindowWriter, latest_window
+from airflow_pgcdc.store.window import (
+    DEFAULT_MEMORY_BUDGET,
+    KEY_MOVES_FIELD,
+    WindowManifest,
+    WindowWriter,
+    latest_window,
+)
 
 log = logging.getLogger(__name__)
 
@@ -236,10 +242,14 @@ class _TypeResolver:
 class _Window:
     """The :class:`~airflow_pgcdc.changes.assembly.Sink` that builds one window."""
 
-    def __init__(self, writer: WindowWriter, types: _TypeResolver, pump) -> None:
+    def __init__(self, writer: WindowWriter, types: _TypeResolver, pump, buffer_budget: int = 64 << 20) -> None:
         self.writer = writer
         self.types = types
         self.pump = pump
+        # the change buffers of all tables together stay under this (a window touching
+        # thousands of tables would otherwise hold up to CHUNK_BYTES for each)
+        self.buffer_budget = buffer_budget
+        self.buffered = 0
         self.seq = 0
         self.transactions = 0
         self.rows = 0
@@ -324,13 +334,18 @@ class _Window:
             image = msg.old if msg.old is not None else msg.key
             if image is None:
                 image = (None,) * len(rv.columns)
+        before = buf.nbytes
         buf.add(op, image, old, self._commit_lsn, self.seq, self._txn.xid, self._ts, nbytes)  # type: ignore[union-attr]
+        self.buffered += buf.nbytes - before
         self.seq += 1
         self.rows += 1
         if self.rows & 1023 == 0:  # a replay (streamed, prepared) feeds no frames: keep the status going
             self.pump()
         if buf.nbytes >= CHUNK_BYTES or len(buf) >= CHUNK_ROWS:
+            self.buffered -= buf.nbytes
             self.writer.submit_rows(rv, buf.take(), self.pump)
+        elif self.buffered > self.buffer_budget:
+            self._flush_largest()
 
     def _note_lost_toast(self, rv: RelationVersion, image: tuple) -> None:
         """A key-changing update (the server sent the old key, not the old row: the table
@@ -416,12 +431,21 @@ class _Window:
             rows, self.messages = self.messages, []
             self.writer.submit_messages(rows, self.pump)
 
+    def _flush_largest(self) -> None:
+        """Hand the largest buffers to the writer until half the budget is left."""
+        for b in sorted(self.buffers.values(), key=lambda b: b.nbytes, reverse=True):
+            if self.buffered <= self.buffer_budget // 2 or not len(b):
+                break
+            self.buffered -= b.nbytes
+            self.writer.submit_rows(b.version, b.take(), self.pump)
+
     def flush(self) -> None:
         for versions in self.versions.values():
             for rv in versions:
                 buf = self.buffers[id(rv)]
                 if len(buf):
                     self.writer.submit_rows(rv, buf.take(), self.pump)
+        self.buffered = 0
         self._flush_messages(True)
 
 
@@ -602,13 +626,17 @@ def drain_window(
     s3_client: Any = None,
     forget_tables: Sequence[str] = (),
     busy_wait: float = 10.0,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> DrainResult:
     """Drain one window of ``slot`` into ``to`` (``s3://bucket/prefix``); see the module
     docstring. ``connect_options`` are extra libpq ``options`` for the replication
     connection (e.g. ``-c wal_sender_timeout=2s``). ``forget_tables`` (``schema.table``)
     lets tables that left the publications leave the pipeline (see
     :mod:`airflow_pgcdc.drain.guards`). ``busy_wait``: how long to wait for another run
-    of the slot (its lock, or a walsender still ending) before :class:`DrainBusy`."""
+    of the slot (its lock, or a walsender still ending) before :class:`DrainBusy`.
+    ``memory_budget``: bytes of change data the window keeps in memory over all its tables
+    (open Parquet parts; the change buffers get a quarter more): past it, the largest
+    tables' parts are finished early, so memory does not grow with the number of tables."""
     t0 = time.monotonic()
     started_at = datetime.now(UTC)
     if isinstance(publications, str):
@@ -637,7 +665,7 @@ def drain_window(
                     max_rows=max_rows, max_bytes=max_bytes, max_seconds=max_seconds,
                     skip_origins=skip_origins, message_prefixes=message_prefixes, heartbeat=heartbeat,
                     heartbeat_after=heartbeat_after, max_wait=max_wait, status_interval=status_interval,
-                    target_part_bytes=target_part_bytes,
+                    target_part_bytes=target_part_bytes, memory_budget=memory_budget,
                 ),
             )
         finally:
@@ -709,7 +737,7 @@ def _drain_on(conn, ident, sql, client, layout: Layout, slot: str, plan: _Plan, 
 def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, held, *, spool,
          max_rows, max_bytes, max_seconds, skip_origins, message_prefixes, heartbeat,
          heartbeat_after, max_wait, status_interval, target_part_bytes, result, ident,
-         snapshot_id, started_at, t0, publications, pipeline, forget) -> DrainResult:
+         snapshot_id, started_at, t0, publications, pipeline, forget, memory_budget) -> DrainResult:
     # the folder may hold debris of attempts that did not commit: it is left alone until this
     # attempt commits (an attempt of a drain that lost its slot may still be uploading, and its
     # commit would be refused anyway), then swept; our parts carry our attempt id in their names
@@ -730,8 +758,9 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
             _fault("during-upload")
 
     writer_kw = {"target_part_bytes": target_part_bytes} if target_part_bytes else {}
-    writer = WindowWriter(client, layout, slot, seq, on_part_close=on_part_close, attempt=attempt, **writer_kw)
-    window = _Window(writer, types, pump)
+    writer = WindowWriter(client, layout, slot, seq, on_part_close=on_part_close, attempt=attempt,
+                          memory_budget=memory_budget, **writer_kw)
+    window = _Window(writer, types, pump, buffer_budget=max(memory_budget // 4, CHUNK_BYTES))
 
     def fetch(h: HeldPrepared) -> str:
         e = h.stored or {}

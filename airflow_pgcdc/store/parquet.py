@@ -558,6 +558,18 @@ class PartSequence:
         self._state = "closed"
         return list(self.parts)
 
+    def roll(self) -> None:
+        """Finish the open part now (its memory is released once uploaded); the next batch
+        opens a new part. Nothing happens when no part is open."""
+        if self._state != "open":
+            raise ParquetWriteError(f"the part sequence is {self._state}")
+        if self._current is not None:
+            try:
+                self._finish()
+            except BaseException:
+                self.abort()
+                raise
+
     def abort(self) -> None:
         if self._state != "open":
             return

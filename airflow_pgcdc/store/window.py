@@ -120,6 +120,9 @@ def _lsn(value: Any, what: str, key: str | None) -> str:
         raise WindowManifestError(f"{what}: {e}", key=key) from None
 
 
+DEFAULT_MEMORY_BUDGET = 256 << 20
+"""Bytes of Arrow data the open parts of one window may hold before the largest are finished."""
+
 KEY_MOVES_FIELD = "key_moves_unchanged_toast"
 """A table entry's count of key-changing updates with unsent TOAST values (see above)."""
 
@@ -416,6 +419,7 @@ class _FaultSink:
 class _VersionOut:
     version: RelationVersion
     parts: PartSequence
+    open_bytes: int = 0  # Arrow bytes written to the open part: what it may still hold in memory
 
 
 class WindowWriter:
@@ -442,9 +446,12 @@ class WindowWriter:
         wait_interval: float = 0.5,
         on_part_close: Callable[[], None] | None = None,
         attempt: str | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
     ) -> None:
         window_folder(window_seq)  # validates
         self.attempt = validate_attempt(attempt) if attempt is not None else None
+        self.memory_budget = memory_budget
+        self._open_total = 0  # sum of open_bytes over the open parts
         self.client = client
         self.layout = layout
         self.slot = slot
@@ -560,7 +567,17 @@ class WindowWriter:
                 kind = item[0]
                 if kind == "rows":
                     _, version, chunk = item
-                    self._out(version).parts.write_batch(version.to_batch(chunk))
+                    out = self._out(version)
+                    batch = version.to_batch(chunk)
+                    finished = len(out.parts.parts)
+                    out.parts.write_batch(batch)
+                    if len(out.parts.parts) != finished:  # a part completed by size: its memory is gone
+                        self._open_total -= out.open_bytes
+                        out.open_bytes = 0
+                    out.open_bytes += batch.nbytes
+                    self._open_total += batch.nbytes
+                    if self._open_total > self.memory_budget:
+                        self._roll_largest()
                 elif kind == "declare":
                     self._out(item[1])
                 elif kind == "messages":
@@ -578,6 +595,17 @@ class WindowWriter:
             self._abort_all()
         finally:
             self._done.set()
+
+    def _roll_largest(self) -> None:
+        """Keep the memory of the open parts under ``memory_budget`` whatever the number of
+        tables: finish the parts holding the most until half the budget is left (each
+        table's next rows go to a new part)."""
+        for out in sorted(self._order, key=lambda o: o.open_bytes, reverse=True):
+            if self._open_total <= self.memory_budget // 2 or out.open_bytes == 0:
+                break
+            out.parts.roll()
+            self._open_total -= out.open_bytes
+            out.open_bytes = 0
 
     def _open_sink(self, key: str):
         inner = MultipartWriter(
