@@ -42,6 +42,11 @@ def register(subparsers) -> None:
         help="pg18 (embedded PostgreSQL 18, pgoutput; the default) or pg15 (Debian "
         "PostgreSQL 15 with pglogical, wal2json and TLS)",
     )
+    up.add_argument(
+        "--spark", action="store_true",
+        help="also start a Spark standalone cluster (a Master and 2 Workers, 1 core each, on "
+        "127.0.0.1) and print its master URL; `env` then exports PGCDC_SPARK_MASTER",
+    )
     up.set_defaults(handler=cmd_up)
 
     env = actions.add_parser("env", help="print the environment variables (with credentials)")
@@ -52,7 +57,8 @@ def register(subparsers) -> None:
     env.add_argument(
         "--airflow", action="store_true",
         help="also the AIRFLOW_CONN_* variables of the example DAGs' connections "
-        "(pgcdc_postgres, pgcdc_s3, spark_default = local[2])",
+        "(pgcdc_postgres, pgcdc_s3, spark_default = the sandbox's Spark master when it was "
+        "started with --spark, else local[2])",
     )
     env.set_defaults(handler=cmd_env)
 
@@ -93,13 +99,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     sandbox = _sandbox(args)
     if not sandbox.is_up():
         print(f"pgcdc sandbox: starting ({args.flavour or sandbox.flavour or 'pg18'}) ...", file=sys.stderr)
-    env, started = sandbox.up(args.flavour)
+    env, started = sandbox.up(args.flavour, spark=args.spark)
     flavour = sandbox.flavour
     if started:
         print(f"pgcdc sandbox: up ({flavour}), state and logs in {sandbox.root}", file=sys.stderr)
     else:
         print(f"pgcdc sandbox: already up ({flavour}), state and logs in {sandbox.root}", file=sys.stderr)
     print(format_env(redact(env), "dotenv"), file=sys.stderr)
+    if env.get("PGCDC_SPARK_MASTER"):
+        print(f"pgcdc sandbox: Spark master {env['PGCDC_SPARK_MASTER']}", file=sys.stderr)
     print('pgcdc sandbox: to use it: eval "$(pgcdc sandbox env)"', file=sys.stderr)
     return 0
 
@@ -109,7 +117,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     if args.airflow:
         from airflow_pgcdc.dagrun import sandbox_connections
 
-        env = {**env, **sandbox_connections(env)}
+        env = {**env, **sandbox_connections(env, spark_master=env.get("PGCDC_SPARK_MASTER", "local[2]"))}
     print(format_env(env, args.format))
     return 0
 
@@ -123,7 +131,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     def word(up: bool) -> str:
         return "running" if up else "stopped"
 
-    print(f"{status['flavour']}: postgres {word(status['postgres'])}, s3 {word(status['s3'])}")
+    spark = "" if status.get("spark") is None else f", spark {word(status['spark'])}"
+    print(f"{status['flavour']}: postgres {word(status['postgres'])}, s3 {word(status['s3'])}{spark}")
     return 0
 
 

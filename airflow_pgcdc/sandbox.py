@@ -6,7 +6,8 @@ Used two ways:
   start in temporary directories, on free ports, as children of the test process that
   die with it (own process group, parent-death signal, ``atexit``);
 - by ``pgcdc sandbox up|env|down`` (:class:`Sandbox`): the same servers, detached, with
-  their state under ``.pgcdc/`` in the current directory.
+  their state under ``.pgcdc/`` in the current directory; ``up --spark`` adds a Spark
+  standalone cluster (:class:`airflow_pgcdc.testing.spark.SparkCluster`).
 
 Starting and stopping need no third-party module. The one-time role setup and
 :meth:`PostgresServer.execute` use psycopg; :meth:`S3Server.create_bucket` uses boto3.
@@ -1442,23 +1443,35 @@ class Sandbox:
         return state["flavour"] if state else None
 
     def status(self) -> dict[str, Any]:
-        """``{"exists": bool, "flavour": ..., "postgres": bool, "s3": bool}`` (running flags)."""
+        """``{"exists": bool, "flavour": ..., "postgres": bool, "s3": bool, "spark": bool|None}``
+        (running flags; ``spark`` is ``None`` for a sandbox started without ``--spark``)."""
         state = self._load()
         if not state:
-            return {"exists": False, "flavour": None, "postgres": False, "s3": False}
+            return {"exists": False, "flavour": None, "postgres": False, "s3": False, "spark": None}
         pg, s3 = self._servers(state)
-        return {"exists": True, "flavour": state["flavour"], "postgres": pg.running, "s3": s3.running}
+        cluster = self._spark(state)
+        return {"exists": True, "flavour": state["flavour"], "postgres": pg.running, "s3": s3.running,
+                "spark": None if cluster is None else cluster.running}
+
+    def _spark(self, state: Mapping[str, Any]):
+        """The sandbox's Spark cluster (``None`` when it has none)."""
+        if not state.get("spark"):
+            return None
+        from airflow_pgcdc.testing.spark import SparkCluster
+
+        return SparkCluster(base_dir=state["spark"]["base_dir"], detached=True, state=state["spark"])
 
     def is_up(self) -> bool:
         st = self.status()
         return st["postgres"] and st["s3"]
 
-    def up(self, flavour: str | None = None) -> tuple[dict[str, str], bool]:
-        """Start PostgreSQL and S3 in the background; return ``(env, started)``.
+    def up(self, flavour: str | None = None, *, spark: bool = False) -> tuple[dict[str, str], bool]:
+        """Start PostgreSQL and S3 (and with ``spark``, a Spark standalone cluster: a Master
+        and 2 Workers) in the background; return ``(env, started)``.
 
         A no-op (``started`` False) when the sandbox is already up. A stopped sandbox
         restarts on its kept data; ``flavour`` must then match (default: the kept one,
-        or ``pg18`` for a new sandbox).
+        or ``pg18`` for a new sandbox). A sandbox that ran with Spark starts it again.
         """
         with self._locked():
             state = self._load()
@@ -1469,7 +1482,9 @@ class Sandbox:
                 )
             if state:
                 pg, s3 = self._servers(state)
-                if pg.running and s3.running:
+                cluster = self._spark(state)
+                spark_up = cluster.running if cluster is not None else not spark
+                if pg.running and s3.running and spark_up:
                     return self._env(state), False
             else:
                 state = self._new_state(flavour or "pg18")
@@ -1481,6 +1496,8 @@ class Sandbox:
                 state["s3"]["pid"] = s3.pid
                 self._save(state)
                 s3.create_bucket(self.BUCKET)
+                if spark or state.get("spark"):
+                    self._start_spark(state)
             except BaseException:
                 with contextlib.suppress(Exception):
                     s3.stop()
@@ -1488,6 +1505,19 @@ class Sandbox:
                     pg.stop("fast")
                 raise
             return self._env(state), True
+
+    def _start_spark(self, state: dict[str, Any]) -> None:
+        from airflow_pgcdc.testing.spark import SparkCluster
+
+        cluster = self._spark(state)
+        if cluster is not None and cluster.running:
+            return
+        if cluster is not None:
+            cluster.stop()
+        cluster = SparkCluster(base_dir=self.root / "spark", detached=True)  # new free ports
+        cluster.start()
+        state["spark"] = cluster.state()
+        self._save(state)
 
     @staticmethod
     def _start_one(server: Any, entry: dict[str, Any], key: str, current: Any) -> None:
@@ -1562,6 +1592,8 @@ class Sandbox:
             env["PGSSLROOTCERT"] = str(pg.ca_file)
         env.update(s3.aws_env())
         env["PGCDC_S3_BUCKET"] = self.BUCKET
+        if state.get("spark"):
+            env["PGCDC_SPARK_MASTER"] = state["spark"]["master_url"]
         return env
 
     def down(self, *, purge: bool = False) -> bool:
@@ -1581,9 +1613,11 @@ class Sandbox:
             stopped = False
             if state:
                 pg, s3 = self._servers(state)
-                stopped = pg.running or s3.running
+                cluster = self._spark(state)
+                stopped = pg.running or s3.running or (cluster is not None and cluster.running)
                 errors = []
-                for stop in (s3.stop, lambda: pg.stop("fast")):
+                stops = [s3.stop, lambda: pg.stop("fast")] + ([cluster.stop] if cluster is not None else [])
+                for stop in stops:
                     try:
                         stop()
                     except Exception as e:  # stop both even if one fails

@@ -159,6 +159,9 @@ def merge_slot(
         from airflow_pgcdc.merge.jars import configure_s3a
 
         configure_s3a(spark, settings)
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # see SPARK_CONF
+    if ctx.reader == "s3a":  # Parquet TIME columns: read, then turned into int64 µs
+        spark.conf.set("spark.sql.timeType.enabled", "true")
     _remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
     manifests, wanted = _load_windows(ctx, snapshot, tables)
@@ -498,19 +501,25 @@ def _delta_fields(fields: list[pa.Field]) -> list[pa.Field]:
 
 
 def _unsafe_for_stats(t: pa.DataType) -> bool:
+    """Whether a column of type ``t`` must be left out of the statistics: ``date`` and
+    ``timestamp`` without time zone (delta-rs panics computing them for the ±infinity
+    sentinels), and the types Delta's Spark engine refuses statistics for (bool, binary,
+    arrays, maps), nested or not."""
     if pa.types.is_date32(t) or (pa.types.is_timestamp(t) and t.tz is None):
+        return True
+    if pa.types.is_boolean(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t):
         return True
     if pa.types.is_struct(t):
         return any(_unsafe_for_stats(f.type) for f in t)
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return _unsafe_for_stats(t.value_type)
     return False
 
 
 def table_configuration(fields: list[pa.Field]) -> dict[str, str] | None:
-    """Delta table properties for a new table: statistics are not collected for ``date``
-    and ``timestamp`` (without time zone) columns, because delta-rs panics computing
-    them for the ±infinity sentinels (docs/types.md); every other column keeps them."""
+    """Delta table properties for a new table: statistics are collected for every column
+    but those :func:`_unsafe_for_stats` names (docs/types.md), so both engines can write
+    the table."""
     from airflow_pgcdc.merge.clauses import quote_ident
 
     if not any(_unsafe_for_stats(f.type) for f in fields):
@@ -816,20 +825,30 @@ def _read_files(ctx: _Context, paths: list[str], schema: pa.Schema):
 
 def _read_s3a(ctx: _Context, paths: list[str], schema: pa.Schema):
     """The same files through Spark's own Parquet reader (``s3a://``, hadoop-aws on the
-    classpath and ``spark.hadoop.fs.s3a.*`` set by the user), conformed to ``schema`` like
-    the Python reader: missing columns NULL, types cast (``time`` to int64 µs needs a Spark
-    that reads Parquet TIME as a type castable to bigint). Not runnable on a machine
-    without hadoop-aws."""
+    classpath, S3A configured by :func:`~airflow_pgcdc.merge.jars.configure_s3a`), conformed
+    to ``schema`` like the Python reader: missing columns NULL, types cast. A Parquet
+    ``TIME`` column (PostgreSQL ``time``) is read as Spark's TIME type
+    (``spark.sql.timeType.enabled``, set by :func:`merge_slot`) and turned into the int64
+    microseconds since midnight Delta stores (``24:00:00`` included)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import TimeType
+
+    from airflow_pgcdc.merge.clauses import quote_ident
 
     df = ctx.spark.read.option("mergeSchema", "true").parquet(*[f"s3a://{p}" for p in paths])
-    have = set(df.columns)
+    have = {f.name: f.dataType for f in df.schema.fields}
     cols = []
     for f in schema:
         t = from_arrow_type(f.type)
-        quoted = "`" + f.name.replace("`", "``") + "`"
-        cols.append((F.col(quoted).cast(t) if f.name in have else F.lit(None).cast(t)).alias(f.name))
+        quoted = quote_ident(f.name, "spark")
+        if f.name not in have:
+            col = F.lit(None).cast(t)
+        elif isinstance(have[f.name], TimeType) and pa.types.is_integer(f.type):
+            col = F.expr(f"time_diff('MICROSECOND', TIME'00:00:00', {quoted})").cast(t)
+        else:
+            col = F.col(quoted).cast(t)
+        cols.append(col.alias(f.name))
     return df.select(*cols)
 
 
@@ -904,7 +923,7 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
         schema_h = pa.schema(fields + _scd2_fields())
         df = _read(ctx, parts, pa.schema(fields)).select(
             "*",
-            F.lit(int(LSN.parse(snapshot.consistent_point))).alias(VALID_FROM),
+            F.lit(int(LSN.parse(snapshot.consistent_point))).cast("bigint").alias(VALID_FROM),
             F.lit(None).cast("bigint").alias(VALID_TO),
             F.lit(True).alias(IS_CURRENT),
             F.lit("S").alias(HIST_OP),

@@ -22,6 +22,9 @@ SPARK_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.shuffle.partitions": "8",
     "spark.ui.showConsoleProgress": "false",
+    # Delta files written by Spark: int64 microseconds, as delta-rs writes them (Spark's
+    # default INT96 reads back as nanoseconds, which cannot hold the ±infinity sentinels)
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 }
 
 

@@ -227,8 +227,10 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         ``{"schema.table": ["col1", "col2"]}``
     :param max_windows: merge at most N windows per table in this run (templated)
     :param history: also keep a history table per table: ``changelog`` or ``scd2`` (templated)
-    :param engine: ``delta-rs`` (default) or ``delta-spark`` (needs the Delta and hadoop-aws jars)
-    :param reader: ``python`` (default) or ``s3a`` (Spark's Parquet reader; needs hadoop-aws)
+    :param engine: ``delta-rs`` (default) or ``delta-spark`` (templated; needs the Delta and
+        hadoop-aws jars: found by the job itself after ``make setup``, see
+        :mod:`airflow_pgcdc.merge.jars`, or given by the cluster)
+    :param reader: ``python`` (default) or ``s3a`` (templated; Spark's Parquet reader, needs hadoop-aws)
     :param aws_conn_id: Airflow ``aws`` connection for S3 (login = access key id,
         password = secret key, extras ``endpoint_url``, ``region_name``); ``None``: the
         worker's environment (boto3's conventions) is inherited by spark-submit
@@ -244,7 +246,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
 
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields, "source", "slot", "delta", "tables", "max_windows",
-        "history",
+        "history", "engine", "reader",
     )
     ui_color = "#fdebd0"
 
@@ -355,7 +357,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             source=self.source, slot=self.slot, delta=self.delta, tables=self._tables(),
             keys=self.keys, max_windows=self._max_windows(),
             history=None if self.history in (None, "", "None") else self.history,
-            engine=self.engine, reader=self.reader,
+            engine=None if self.engine in (None, "", "None") else self.engine,
+            reader=None if self.reader in (None, "", "None") else self.reader,
         )
         user_py_files = [p for p in (self.py_files or "").split(",") if p]
         with tempfile.TemporaryDirectory(prefix="pgcdc-merge-") as tmp:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
 import pytest
-from test_merge import end_to_end, sql
+from test_merge import end_to_end
 
 from airflow_pgcdc.merge.jars import unavailable_reason
 
@@ -44,7 +45,11 @@ def cli_merge(cluster, s3, src, slot, lake, *extra):
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout[proc.stdout.index("{"):])
+    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+    if os.environ.get("PGCDC_DEBUG_TIMES"):
+        print("MERGE", extra, out["seconds"], [(t["table"], t["seconds"]) for t in out["tables"]])
+        print("\n".join(ln for ln in proc.stderr.splitlines() if "INFO" in ln and "airflow_pgcdc" in ln or "WARN" in ln)[-3000:])
+    return out
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -60,32 +65,38 @@ def test_end_to_end_on_the_cluster(engine, db, slot_name, s3, s3_bucket, spark_c
     assert all(a["cores"] == 2 for a in done[-3:]), "on both workers' executors"
 
 
-def test_delta_rs_and_delta_spark_take_turns_on_one_table(db, slot_name, s3, s3_bucket, spark_cluster,
-                                                          monkeypatch):
-    """Interop: a table bootstrapped and merged by delta-rs is merged into by delta-spark,
-    then by delta-rs again; pyarrow (deltalake) readers see PostgreSQL's rows each time."""
-    if _MISSING:
-        pytest.skip(_MISSING)
-    from test_merge import assert_equal, drain
+def _pgcdc(*args, cwd):
+    proc = subprocess.run([sys.executable, "-m", "airflow_pgcdc.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"pgcdc {' '.join(args)}: {proc.stdout}\n{proc.stderr}"
+    return proc
 
-    from airflow_pgcdc.snapshot.export import snapshot_to_s3
 
-    for k, v in s3.aws_env().items():
-        monkeypatch.setenv(k, v)
-    client = s3.client()
-    src, lake = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
-    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text, d date, ts timestamp)")
-    sql(db, "INSERT INTO t SELECT g, 'v' || g, 'infinity', '-infinity' FROM generate_series(1, 100) g")
-    sql(db, "CREATE PUBLICATION pub FOR TABLE t")
-    slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
-    turns = [[], ["--engine", "delta-spark"], [], ["--engine", "delta-spark", "--reader", "s3a"]]
-    for n, extra in enumerate(turns):
-        sql(db, "UPDATE t SET v = %s WHERE id %% 4 = %s", (f"turn {n}", n))
-        sql(db, "DELETE FROM t WHERE id = %s", (50 + n,))
-        sql(db, "INSERT INTO t VALUES (%s, 'new', '2024-01-01', now()::timestamp)", (1000 + n,))
-        drain(db, src, slot, client)
-        out = cli_merge(spark_cluster, s3, src, slot, lake, *extra)
-        assert out["tables"][0]["action"] in ("bootstrapped+merged", "merged"), out
-        assert (out["tables"][0]["first_window"], out["tables"][0]["last_window"]) == (n, n)
-        assert_equal(db, lake, "public.t", "id")
+def test_sandbox_up_spark_gives_a_cluster_and_the_airflow_connection(tmp_path):
+    """``pgcdc sandbox up --spark``: PostgreSQL, S3 and a Spark standalone cluster that runs a
+    job; ``env --airflow`` points spark_default at it; ``down`` leaves no JVM behind."""
+    from airflow_pgcdc.sandbox import _pid_alive
+
+    try:
+        up = _pgcdc("sandbox", "up", "--spark", cwd=tmp_path)
+        state = json.loads((tmp_path / ".pgcdc" / "state.json").read_text())
+        master = state["spark"]["master_url"]
+        assert f"Spark master {master}" in up.stderr
+        assert _pgcdc("sandbox", "status", cwd=tmp_path).stdout.strip() == (
+            "pg18: postgres running, s3 running, spark running")
+        env = dict(line.split("=", 1) for line in _pgcdc("sandbox", "env", "--airflow", "--format", "dotenv",
+                                                         cwd=tmp_path).stdout.splitlines())
+        assert env["PGCDC_SPARK_MASTER"] == master
+        assert json.loads(shlex.split(env["AIRFLOW_CONN_SPARK_DEFAULT"])[0])["host"] == master
+        code = ("import sys; from pyspark.sql import SparkSession; "
+                "s = SparkSession.builder.master(sys.argv[1]).getOrCreate(); "
+                "print(s.sparkContext.parallelize(range(100), 4).map(lambda x: x * 2).sum()); s.stop()")
+        out = subprocess.run([sys.executable, "-c", code, master], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable))
+        assert out.stdout.strip().splitlines()[-1] == "9900", out.stderr[-3000:]
+        pids = [p["pid"] for p in state["spark"]["processes"]]
+        assert len(pids) == 3 and all(_pid_alive(p) for p in pids)
+    finally:
+        subprocess.run([sys.executable, "-m", "airflow_pgcdc.cli", "sandbox", "down", "--purge"], cwd=tmp_path,
+                       capture_output=True, timeout=120)
+    assert not any(_pid_alive(p) for p in pids)

@@ -55,3 +55,87 @@ def test_delta_spark_sink_merges_like_delta_rs(reader, fresh_db, slot_name, s3, 
     assert dt.transaction_version(app_id(slot, "public", "t")) == 0
     got = sorted((r["id"], r["v"]) for r in dt.to_pyarrow_table().to_pylist())
     assert got == sorted(sql(fresh_db, "SELECT id, v FROM t"))
+
+
+@pytest.fixture
+def db18(pg18, request):
+    name = "ds_" + request.node.name.lower().replace("[", "_").replace("]", "").replace("-", "_")[:40]
+    dsn = pg18.create_database(name)
+    yield dsn
+    pg18.drop_database(name)
+
+
+@pytest.fixture
+def store(s3, s3_bucket, monkeypatch):
+    for k, v in s3.aws_env().items():
+        monkeypatch.setenv(k, v)
+    return s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
+
+
+SAME_AS_DELTA_RS = [
+    "test_changelog_history_appends_every_change_once",
+    "test_scd2_history_keeps_every_version_with_its_lsn_validity",
+    "test_scd2_keeps_the_versions_before_a_truncate_in_the_batch",
+    "test_key_change_keeps_unsent_toast_values",
+    "test_types_survive_the_merge_exactly",
+]
+
+
+@pytest.mark.parametrize("name", SAME_AS_DELTA_RS)
+def test_delta_spark_passes_the_delta_rs_tests(name, db18, slot_name, store, s3, spark_with_delta, monkeypatch):
+    """The local-mode tests of ``test_merge.py`` (history tables, TOAST across key changes,
+    every type), each merge run with ``engine="delta-spark"`` (and the s3a reader)."""
+    import functools
+    import inspect
+
+    import test_merge
+
+    from airflow_pgcdc.merge.job import merge_slot
+
+    monkeypatch.setattr(test_merge, "merge_slot", functools.partial(merge_slot, engine="delta-spark", reader="s3a"))
+    fn = getattr(test_merge, name)
+    given = {"fresh_db": db18, "db18": db18, "slot_name": slot_name, "store": store, "s3": s3,
+             "spark": spark_with_delta}
+    fn(**{k: given[k] for k in inspect.signature(fn).parameters})
+
+
+def test_delta_rs_and_delta_spark_take_turns_on_one_table(db18, slot_name, store, spark_with_delta):
+    """Interop: a table bootstrapped by delta-spark is merged into by delta-rs, then by
+    delta-spark again, then delta-rs; each engine's readers (deltalake/pyarrow and Spark's
+    own Delta reader) see PostgreSQL's rows after every turn. ±infinity dates and
+    timestamps included (delta-rs computes no statistics for them: the table property
+    survives either engine's writes)."""
+    from test_merge import drain
+
+    from airflow_pgcdc.merge.deltaspark import s3a
+    from airflow_pgcdc.merge.job import merge_slot
+    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.snapshot.export import snapshot_to_s3
+    from airflow_pgcdc.verify import verify_table
+
+    client, src, lake = store
+    db = db18
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text, d date, ts timestamp)")
+    sql(db, "INSERT INTO t SELECT g, 'v' || g, 'infinity', '-infinity' FROM generate_series(1, 100) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    url = delta_table_url(lake, "public", "t")
+    for n, engine in enumerate(["delta-spark", "delta-rs", "delta-spark", "delta-rs"]):
+        sql(db, "UPDATE t SET v = %s WHERE id %% 4 = %s", (f"turn {n}", n))
+        sql(db, "DELETE FROM t WHERE id = %s", (50 + n,))
+        sql(db, "INSERT INTO t VALUES (%s, 'new', '2024-01-01', '2024-01-01 10:00')", (1000 + n,))
+        drain(db, src, slot, client)
+        out = merge_slot(spark_with_delta, source=src, slot=slot, delta=lake, engine=engine).tables[0]
+        assert out.action in ("bootstrapped+merged", "merged") and (out.first_window, out.last_window) == (n, n)
+        report = verify_table(db, lake, "public", "t")
+        assert report.equal, report.to_dict()
+        spark_rows = {r["id"]: r["v"] for r in spark_with_delta.read.format("delta").load(s3a(url)).select("id", "v").collect()}
+        assert spark_rows == dict(sql(db, "SELECT id, v FROM t"))
+    props = dict(spark_with_delta.sql(f"SHOW TBLPROPERTIES delta.`{s3a(url)}`").collect())
+    assert props["delta.dataSkippingStatsColumns"] == "`id`,`v`"
+    detail = spark_with_delta.sql(f"DESCRIBE DETAIL delta.`{s3a(url)}`").collect()[0]
+    # timestamp without time zone is Delta's timestampNtz: a table feature (reader 3 /
+    # writer 7), which delta-rs, Spark 3.5+, Trino and DuckDB (delta-kernel-rs) read
+    assert (detail["minReaderVersion"], detail["minWriterVersion"]) == (3, 7), detail
+    assert set(detail["tableFeatures"]) == {"appendOnly", "invariants", "timestampNtz"}, detail

@@ -1,8 +1,9 @@
 """``PgcdcSparkMergeOperator`` in a real Airflow DAG run: snapshot and two drained windows
-of a PostgreSQL 18 database on the S3 server, then ``spark-submit`` on ``local[*]`` through
-the ``spark_default`` connection; the Delta tables must equal PostgreSQL, the XCom and the
-Asset events must say which windows were merged, and the S3 secret key must not reach
-the task log."""
+of a PostgreSQL 18 database on the S3 server, then ``spark-submit`` through the
+``spark_default`` connection, on ``local[*]`` (default engine) and on the test bed's
+Spark standalone cluster (``spark://…``, delta-spark engine and s3a reader, jars found by
+the job itself); the Delta tables must equal PostgreSQL, the XCom and the Asset events
+must say which windows were merged, and the S3 secret key must not reach the task log."""
 
 from __future__ import annotations
 
@@ -29,7 +30,26 @@ def sql(dsn, query, params=None):
 
 @pytest.mark.parametrize("pg_server", ["pg18"], indirect=True)
 def test_merge_operator_in_a_dag_run(fresh_db, slot_name, s3, s3_bucket, tmp_path):
-    db = fresh_db
+    run_merge_dag(fresh_db, slot_name, s3, s3_bucket, tmp_path, master="local[*]")
+
+
+@pytest.mark.parametrize("pg_server", ["pg18"], indirect=True)
+def test_merge_operator_on_the_spark_cluster_with_delta_spark(fresh_db, slot_name, s3, s3_bucket, tmp_path,
+                                                              spark_cluster):
+    from airflow_pgcdc.merge.jars import unavailable_reason
+
+    if unavailable_reason():
+        pytest.skip(unavailable_reason())
+    apps = len(spark_cluster.status()["completedapps"])
+    output = run_merge_dag(fresh_db, slot_name, s3, s3_bucket, tmp_path, master=spark_cluster.master_url,
+                           engine="delta-spark", reader="s3a")
+    assert f"--master {spark_cluster.master_url}" in output
+    assert "--engine delta-spark --reader s3a" in output
+    done = spark_cluster.status()["completedapps"]
+    assert len(done) - apps == 2 and all(a["name"] == "pgcdc-merge" and a["cores"] == 2 for a in done[-2:]), done
+
+
+def run_merge_dag(db, slot_name, s3, s3_bucket, tmp_path, *, master, engine=None, reader=None) -> str:
     client = s3.client()
     settings = s3store.S3Settings(endpoint_url=s3.endpoint_url, access_key_id=s3.access_key,
                                   secret_access_key=s3.secret_key, region=s3.region)
@@ -60,12 +80,13 @@ def test_merge_operator_in_a_dag_run(fresh_db, slot_name, s3, s3_bucket, tmp_pat
     env = airflow_env(home, DAGS, {
         "AIRFLOW_CONN_PGCDC_S3": json.dumps({"conn_type": "aws", "login": s3.access_key, "password": s3.secret_key,
                                              "extra": {"endpoint_url": s3.endpoint_url, "region_name": s3.region}}),
-        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": master}),
     })
-    # S3 must come from the connection, not from an environment the child would inherit
-    env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+    # S3 must come from the connection, not from an environment the child would inherit;
+    # the jars are found by the job, not given
+    env = {k: v for k, v in env.items() if not k.startswith("AWS_") and k != "PGCDC_SPARK_JARS"}
     conf = {"source": source, "slot": slot, "delta": lake, "tables": ["public.orders", "public.nokey"],
-            "max_windows": 1}
+            "max_windows": 1, "engine": engine, "reader": reader}
     result = run_dag(DAGS / "pgcdc_test_merge.py", "pgcdc_test_merge", env, conf)
     assert result.state == "success", result.output[-6000:]
 
@@ -109,3 +130,4 @@ def test_merge_operator_in_a_dag_run(fresh_db, slot_name, s3, s3_bucket, tmp_pat
     assert "--slot " + slot in result.output and "--max-windows 1" in result.output
     assert "--tables public.orders public.nokey --key public.nokey=k" in result.output
     assert s3.secret_key not in result.output
+    return result.output

@@ -1,5 +1,6 @@
 """Test DAG: the Spark merge submitted by ``PgcdcSparkMergeOperator`` (spark_default is
-``local[*]`` in the test's environment; S3 from the ``pgcdc_s3`` connection).
+``local[*]`` or the test bed's Spark cluster in the test's environment; S3 from the
+``pgcdc_s3`` connection; engine and reader from the run's conf).
 
 No window numbers are handed over: each merge takes the committed windows not yet merged,
 in order; ``merge_first`` at most ``conf['max_windows']`` of them, ``merge`` the rest.
@@ -18,6 +19,8 @@ with DAG("pgcdc_test_merge", schedule=None, start_date=datetime.datetime(2024, 1
         slot="{{ dag_run.conf['slot'] }}",
         delta="{{ dag_run.conf['delta'] }}",
         tables="{{ dag_run.conf.get('tables') }}",
+        engine="{{ dag_run.conf.get('engine') }}",
+        reader="{{ dag_run.conf.get('reader') }}",
         keys={"public.nokey": ["k"]},
         aws_conn_id="pgcdc_s3",
         driver_memory="1g",
