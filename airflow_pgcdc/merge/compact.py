@@ -6,7 +6,14 @@ batch.
 
 1. After a truncate of the table at ``(lsn, seq)``, only later changes count.
 2. A key-changing update (the old key was sent and differs from the new one) also
-   deletes the old key: a ``D`` row for the old key at the same position.
+   deletes the old key: a ``D`` row for the old key at the same position. Under
+   ``REPLICA IDENTITY FULL`` that ``D`` row carries the whole old row, and it is dropped
+   when, earlier in the same transaction, another row took that key (its values differ
+   from the old row's): keys may be duplicated inside a transaction under a
+   ``DEFERRABLE`` key, e.g. ``UPDATE t SET id = 3 - id`` swaps rows 1 and 2, and the
+   second row leaving key 2 must not delete the first row's new version at key 2. Without
+   ``FULL`` the old row is unknown and the ``D`` row always applies (a swap under a
+   deferrable key then loses a row: use ``REPLICA IDENTITY FULL`` on such tables).
 3. Unchanged TOAST: for each column that may be TOASTed (variable-length types), an
    update that did not carry the value takes it from the key's latest earlier change
    in the batch that did; if there is none, the flag ``_pgcdc_keep_<column>`` tells
@@ -93,8 +100,9 @@ def ordered_changes(
         sent = sent & c(o).isNotNull()
         same = same & c(o).eqNullSafe(c(k))
     df = df.withColumn(MOVED, (c(OP) == F.lit("U")) & sent & ~same)
+    full = all(OLD_PREFIX + x in df.columns for x in cols)  # REPLICA IDENTITY FULL: the whole old row
     old_rows = df.where(c(MOVED)).select(
-        *[(c(OLD_PREFIX + x) if x in keys else F.lit(None).cast(types[x])).alias(x) for x in cols],
+        *[(c(OLD_PREFIX + x) if x in keys or full else F.lit(None).cast(types[x])).alias(x) for x in cols],
         F.lit("D").alias(OP),
         c(LSN),
         c(SEQ),
@@ -105,7 +113,32 @@ def ordered_changes(
     )
     froms = [F.when(c(MOVED), c(OLD_PREFIX + k)).alias(FROM_PREFIX + k) for k in keys]
     rows = df.select(*[c(x) for x in cols + meta], F.lit(False).alias(MOVE_D), *froms)
-    return rows.unionByName(old_rows)
+    out = rows.unionByName(old_rows)
+    if full:
+        out = _without_stale_moves(out, cols, keys)
+    return out
+
+
+def _without_stale_moves(df, cols: Sequence[str], keys: Sequence[str]):
+    """Drop a move's ``D`` row (it carries the whole old row) when the key's latest earlier
+    upsert in the same transaction is another row (other values): that row took the key
+    while the moved one still had it (a ``DEFERRABLE`` key), and keeps it."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    c = F.col
+    before = (
+        Window.partitionBy(*keys).orderBy(c(LSN), c(SEQ), c(MOVE_D))
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    upsert = F.struct(c(LSN).alias("lsn"), *[c(x).alias(f"c{i}") for i, x in enumerate(cols)])
+    prev = F.last(F.when(c(OP) != F.lit("D"), upsert), ignorenulls=True).over(before)
+    df = df.withColumn("_pgcdc_prev", prev)
+    other_row = F.lit(False)
+    for i, x in enumerate(cols):
+        other_row = other_row | ~c(f"_pgcdc_prev.c{i}").eqNullSafe(c(x))
+    stale = c(MOVE_D) & c("_pgcdc_prev").isNotNull() & (c("_pgcdc_prev.lsn") == c(LSN)) & other_row
+    return df.where(~stale).drop("_pgcdc_prev")
 
 
 def _key_window(keys: Sequence[str], *, upto: bool):

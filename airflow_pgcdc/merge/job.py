@@ -783,9 +783,13 @@ def _change_inputs(plan: TablePlan, fields: list[pa.Field], keys) -> tuple[list[
     columns = [f.name for f in fields]
     latest_types = _pg_types(plan)
     toast = [c for c in columns if c not in keys and toastable(latest_types.get(c, "text"))]
+    # REPLICA IDENTITY FULL in every version: the whole old row, so the compaction can tell a
+    # moved row from another that took its key in the same transaction (merge.compact)
+    full = bool(plan.versions) and all(v.replica_identity == "f" for v in plan.versions)
+    olds = columns if full else list(keys)
     read_schema = pa.schema(
         fields
-        + [by_name[k].with_name(OLD_PREFIX + k) for k in keys]
+        + [by_name[k].with_name(OLD_PREFIX + k) for k in olds]
         + [_META[n] for n in ("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq", "_pgcdc_unchanged_toast")]
     )
     return columns, toast, read_schema
