@@ -746,7 +746,7 @@ def _read_postgres(dsn: str, schema: str, table: str, key: Sequence[str] | None,
             "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
             "ELSE pg_current_wal_lsn() END)::text"
         ).fetchone()[0]
-        sql = f"COPY (SELECT {conv.select_list} FROM {info.qualified}) TO STDOUT {conv.copy_options}"
+        sql = f"COPY (SELECT {conv.select_list} FROM {info.from_clause}) TO STDOUT {conv.copy_options}"
         decoder = conv.decoder()
         with conn.cursor().copy(sql) as copy:
             for batch in decoder.decode_stream(copy):

@@ -73,6 +73,15 @@ class TableInfo:
         return quote_qualified(self.schema, self.name)
 
     @property
+    def from_clause(self) -> str:
+        """What a query reads the table's own rows from: ``ONLY "schema"."table"`` for a
+        plain table (an inheritance parent's children are tables of their own: published,
+        their rows stream under their own names; not published, they are not part of the
+        parent's changes either), the whole tree for a partitioned table (its partitions'
+        rows are its rows)."""
+        return self.qualified if self.relkind == "p" else "ONLY " + self.qualified
+
+    @property
     def display(self) -> str:
         return f"{self.schema}.{self.name}"
 

@@ -54,7 +54,7 @@ class TableConverter:
             select, options = self.select_list, self.copy_options
         else:
             raise ValueError(f"copy_format must be one of {COPY_FORMATS}, not {copy_format!r}")
-        return f"COPY (SELECT {select} FROM {self.table.qualified}{where}) TO STDOUT {options}"
+        return f"COPY (SELECT {select} FROM {self.table.from_clause}{where}) TO STDOUT {options}"
 
     def batches(self, session, where: str = "", copy_format: str = "binary") -> Iterator[pa.RecordBatch]:
         """Run the COPY on ``session`` (a :class:`ReplicationConnection` with
