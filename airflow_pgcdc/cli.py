@@ -42,6 +42,42 @@ COMMANDS: list[str] = [
 ]
 
 PROG = "pgcdc"
+DSN_ENV = "PGCDC_DSN"
+_DSN_HELP = (
+    "libpq connection string {what} (default: ${env}). Keep the password off the command "
+    "line, where every user of the host sees it (ps): put the whole string in ${env}, or the "
+    "password in PGPASSWORD or a passfile (~/.pgpass, PGPASSFILE), which libpq reads"
+)
+
+
+def add_dsn_argument(parser: argparse.ArgumentParser, what: str = "of the source database") -> None:
+    """``--dsn``, defaulting to ``$PGCDC_DSN`` (see :func:`resolve_dsn`)."""
+    parser.add_argument("--dsn", default=None, help=_DSN_HELP.format(what=what, env=DSN_ENV))
+
+
+def resolve_dsn(args: argparse.Namespace) -> None:
+    """Fill ``args.dsn`` from ``$PGCDC_DSN`` when ``--dsn`` was not given; warn when the
+    given one carries a password (it is on the command line)."""
+    if not hasattr(args, "dsn"):
+        return
+    if args.dsn is None:
+        args.dsn = os.environ.get(DSN_ENV)
+        if not args.dsn:
+            raise _Usage(f"give --dsn or set {DSN_ENV} (the libpq connection string)")
+        return
+    from airflow_pgcdc.pg.conninfo import has_password
+
+    if has_password(args.dsn):
+        print(
+            f"{PROG}: warning: the password is on the command line, visible to every user of this "
+            f"host (ps): pass the connection string in {DSN_ENV}, or the password in PGPASSWORD or "
+            "a passfile",
+            file=sys.stderr,
+        )
+
+
+class _Usage(Exception):
+    """A usage error found after parsing (exit code 2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)  # exits 2 on usage errors
     verbose = verbose or args.verbose
     args.verbose = verbose
+    try:
+        resolve_dsn(args)
+    except _Usage as e:
+        parser.error(str(e))  # exits 2
     try:
         code = args.handler(args)
     except KeyboardInterrupt:

@@ -32,7 +32,9 @@ def register(subparsers) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dsn", required=True, help="libpq connection string of the source cluster")
+    from airflow_pgcdc.cli import add_dsn_argument
+
+    add_dsn_argument(p, 'of the source cluster')
     p.add_argument("--to", required=True, metavar="S3_URL", help="destination, s3://bucket/prefix")
     p.add_argument("--backup-id", metavar="ID", help="backup id (default: a new time-sorted id)")
     p.add_argument("--label", default="pgcdc", help="backup label (default: pgcdc)")

@@ -9,6 +9,8 @@ import sys
 
 
 def register(subparsers) -> None:
+    from airflow_pgcdc.cli import add_dsn_argument
+
     p = subparsers.add_parser(
         "drain",
         help="drain one window of logical changes to S3",
@@ -20,7 +22,7 @@ def register(subparsers) -> None:
             "as JSON. S3 endpoint and credentials follow boto3's conventions."
         ),
     )
-    p.add_argument("--dsn", required=True, help="libpq connection string of the source database")
+    add_dsn_argument(p, 'of the source database')
     p.add_argument("--slot", required=True, help="logical replication slot (pgoutput)")
     p.add_argument("--publication", required=True, action="append",
                    help="publication to stream (repeat for several)")

@@ -82,6 +82,8 @@ def _print_json(data: Any) -> None:
 
 
 def register(subparsers) -> None:
+    from airflow_pgcdc.cli import add_dsn_argument
+
     slot = subparsers.add_parser(
         "slot", help="create, drop or list replication slots",
         description="Manage logical replication slots (the role needs REPLICATION).",
@@ -97,7 +99,7 @@ def register(subparsers) -> None:
             "slot and its consistent point as JSON."
         ),
     )
-    p.add_argument("--dsn", required=True, help="libpq connection string of the slot's database")
+    add_dsn_argument(p, "of the slot's database")
     p.add_argument("--slot", required=True, help="slot name ([a-z0-9_], at most 63 bytes)")
     p.add_argument("--plugin", default="pgoutput", help="output plugin (default pgoutput)")
     p.add_argument("--two-phase", action="store_true", help="decode prepared transactions at PREPARE")
@@ -105,7 +107,7 @@ def register(subparsers) -> None:
     p.set_defaults(handler=run_slot_create)
 
     p = slot_sub.add_parser("drop", help="drop a slot", description="Drop a replication slot.")
-    p.add_argument("--dsn", required=True, help="libpq connection string")
+    add_dsn_argument(p, 'of the database')
     p.add_argument("--slot", required=True, help="slot name")
     p.add_argument("--no-wait", dest="wait", action="store_false",
                    help="fail if the slot is in use (default: wait until it is released)")
@@ -114,7 +116,7 @@ def register(subparsers) -> None:
 
     p = slot_sub.add_parser("list", help="list the cluster's slots with their lag",
                             description="List every replication slot with its lag and WAL status.")
-    p.add_argument("--dsn", required=True, help="libpq connection string")
+    add_dsn_argument(p, 'of the database')
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run_slot_list)
 
@@ -132,7 +134,7 @@ def register(subparsers) -> None:
             "SQL expression used as given. Prints what was done as JSON."
         ),
     )
-    p.add_argument("--dsn", required=True, help="libpq connection string")
+    add_dsn_argument(p, 'of the database')
     p.add_argument("--name", required=True, help="publication name (any characters; quoted)")
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--tables", nargs="+", metavar="SCHEMA.TABLE",
@@ -156,7 +158,7 @@ def register(subparsers) -> None:
             "environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)."
         ),
     )
-    p.add_argument("--dsn", required=True, help="libpq connection string of the slot's database")
+    add_dsn_argument(p, "of the slot's database")
     p.add_argument("--slot", required=True, help="slot name")
     p.add_argument("--publication", help="also check that this publication exists")
     p.add_argument("--from", dest="store", metavar="S3_URL", help="the store, s3://bucket/prefix")

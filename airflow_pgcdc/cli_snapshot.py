@@ -9,6 +9,8 @@ import sys
 
 
 def register(subparsers) -> None:
+    from airflow_pgcdc.cli import add_dsn_argument
+
     p = subparsers.add_parser(
         "snapshot",
         help="initial copy: exported snapshot -> Parquet on S3",
@@ -20,7 +22,7 @@ def register(subparsers) -> None:
             "AWS_ACCESS_KEY_ID, ...). Prints the committed manifest as JSON."
         ),
     )
-    p.add_argument("--dsn", required=True, help="libpq connection string of the source database")
+    add_dsn_argument(p, 'of the source database')
     p.add_argument("--slot", required=True, help="logical replication slot to create")
     p.add_argument("--publication", help="copy this publication's tables (column lists and row filters honoured)")
     p.add_argument("--to", required=True, metavar="S3URL", help="s3://bucket/prefix")

@@ -16,6 +16,8 @@ MAX_SHOWN_CHARS = 120
 
 
 def register(subparsers) -> None:
+    from airflow_pgcdc.cli import add_dsn_argument
+
     p = subparsers.add_parser(
         "verify",
         help="check that a Delta table equals its PostgreSQL table",
@@ -28,7 +30,7 @@ def register(subparsers) -> None:
             "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (boto3's conventions)."
         ),
     )
-    p.add_argument("--dsn", required=True, help="libpq connection string of the source database")
+    add_dsn_argument(p, 'of the source database')
     p.add_argument("--delta", required=True, metavar="URL",
                    help="the Delta root, e.g. s3://bucket/lake (tables are at URL/<schema>.<table>)")
     p.add_argument("--table", required=True, metavar="SCHEMA.TABLE",

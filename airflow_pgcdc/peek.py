@@ -53,7 +53,9 @@ def _usage(args: argparse.Namespace, message: str):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dsn", required=True, help="libpq connection string of the source database")
+    from airflow_pgcdc.cli import add_dsn_argument
+
+    add_dsn_argument(p, 'of the source database')
     p.add_argument("--slot", required=True, help="logical replication slot to read")
     p.add_argument("--create-slot", action="store_true", help="create the slot if it does not exist")
     p.add_argument("--plugin", choices=PLUGINS, default="pgoutput", help="output plugin (default: pgoutput)")

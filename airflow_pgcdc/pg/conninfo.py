@@ -29,6 +29,14 @@ def redact(dsn: str) -> str:
     return make_conninfo("", **{k: ("***" if k in _SECRET_KEYS else v) for k, v in params.items()})
 
 
+def has_password(dsn: str) -> bool:
+    """Whether ``dsn`` (key/value or URI form) carries a password."""
+    try:
+        return any(parse_conninfo(dsn).get(k) for k in _SECRET_KEYS)
+    except InvalidConninfo:
+        return False
+
+
 def replication_conninfo(dsn: str, *, replication: str = "database", **overrides: str) -> str:
     """``dsn`` with ``replication=`` set and ``standard_conforming_strings=on``
     appended to ``options`` (our literal quoting relies on it)."""
