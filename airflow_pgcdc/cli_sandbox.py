@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 import sys
 from collections.abc import Mapping
-
-SECRET_KEYS = ("PASSWORD", "SECRET")
 
 
 def register(subparsers) -> None:
@@ -78,14 +75,9 @@ def _sandbox(args: argparse.Namespace):
 
 def redact(env: Mapping[str, str]) -> dict[str, str]:
     """The same variables with passwords and secret keys replaced by ``***``."""
-    out = {}
-    for key, value in env.items():
-        if any(word in key for word in SECRET_KEYS):
-            value = "***"
-        else:
-            value = re.sub(r"(password=)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", value)
-        out[key] = value
-    return out
+    from airflow_pgcdc.errors import redact_mapping
+
+    return redact_mapping(env)
 
 
 def format_env(env: Mapping[str, str], fmt: str = "sh") -> str:

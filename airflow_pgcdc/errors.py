@@ -8,6 +8,9 @@ This module has no dependencies so that every layer may import it.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
+
 
 class PgcdcError(Exception):
     """Base class of every error raised by airflow-pgcdc."""
@@ -95,3 +98,36 @@ class TrailingBytes(ProtocolError):
 
 class QuotingError(PgcdcError, ValueError):
     """An identifier or literal that cannot be quoted safely (NUL byte, too long)."""
+
+
+# --------------------------------------------------------------------------- secrets
+
+_SECRET_NAME_WORDS = ("password", "secret", "token")
+_CONNINFO_PASSWORD = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']+)", re.IGNORECASE)
+_URI_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@\s]*)(@)", re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable, option or field called ``name`` holds a secret
+    (``AWS_SECRET_ACCESS_KEY``, ``password``, ``aws_session_token``...)."""
+    lowered = name.lower()
+    return any(word in lowered for word in _SECRET_NAME_WORDS)
+
+
+def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """``text`` safe to log or print: the one redactor of the package. Every value of
+    ``secrets`` is replaced by ``***``, and so are passwords in connection strings, both
+    key/value (``password=…``, ``sslpassword='…'``, also inside ``?…&password=…``) and URI
+    (``postgresql://user:…@host``)."""
+    for value in secrets:
+        if value:
+            text = text.replace(value, "***")
+    text = _CONNINFO_PASSWORD.sub(r"\1***", text)
+    return _URI_PASSWORD.sub(r"\1***\3", text)
+
+
+def redact_mapping(values: Mapping[str, str]) -> dict[str, str]:
+    """The same mapping with secret-named entries replaced by ``***`` and the others
+    passed through :func:`redact` (an environment, a set of options)."""
+    secrets = [v for k, v in values.items() if is_secret_name(k)]
+    return {k: ("***" if is_secret_name(k) else redact(v, secrets)) for k, v in values.items()}

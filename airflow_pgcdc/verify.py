@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_pgcdc.changes.typemap import PgColumn, array_to_pg_text, arrow_field, format_type
-from airflow_pgcdc.errors import HintedError
+from airflow_pgcdc.errors import HintedError, is_secret_name, redact
 from airflow_pgcdc.merge.delta_types import DeltaTypeMismatch, from_delta_array, to_delta_type
 
 __all__ = [
@@ -612,10 +612,7 @@ def _storage_options(url: str, storage_options: Mapping[str, str] | None) -> dic
 
 
 def _scrub(text: str, options: Mapping[str, str] | None) -> str:
-    for k, v in (options or {}).items():
-        if v and ("SECRET" in k.upper() or "TOKEN" in k.upper() or "PASSWORD" in k.upper()):
-            text = text.replace(v, "***")
-    return text
+    return redact(text, [v for k, v in (options or {}).items() if is_secret_name(k)])
 
 
 _HINT_DELTA = (
@@ -719,7 +716,6 @@ def _read_postgres(dsn: str, schema: str, table: str, key: Sequence[str] | None,
                    comparer_kw: dict) -> tuple[Comparer, str, str | None]:
     import psycopg
 
-    from airflow_pgcdc.pg.conninfo import redact
     from airflow_pgcdc.pg.errors import ConnectionFailed
     from airflow_pgcdc.pg.tables import TableNotFound, describe_table
     from airflow_pgcdc.snapshot.convert import SESSION_SETUP, table_converter
@@ -771,7 +767,6 @@ def verify_table(
     the replica identity index or primary key). Returns a :class:`VerifyResult`; raises
     a :class:`VerifyError` subclass (with a ``hint``) when it cannot compare.
     ``progress`` is called with a short message at each phase."""
-    from airflow_pgcdc.pg.conninfo import redact
 
     say = progress or (lambda _m: None)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.errors import redact as redact_text
 
 _SECRET_KEYS = frozenset({"password", "sslpassword"})
 
@@ -21,12 +22,9 @@ def parse_conninfo(dsn: str) -> dict[str, str]:
 
 
 def redact(dsn: str) -> str:
-    """The DSN with password-like values replaced by ``***`` (safe to log)."""
-    try:
-        params = parse_conninfo(dsn)
-    except InvalidConninfo:
-        return "<unparseable dsn>"
-    return make_conninfo("", **{k: ("***" if k in _SECRET_KEYS else v) for k, v in params.items()})
+    """The DSN with its passwords replaced by ``***`` (safe to log): the package's one
+    redactor, :func:`airflow_pgcdc.errors.redact`."""
+    return redact_text(dsn)
 
 
 def has_password(dsn: str) -> bool:

@@ -154,3 +154,18 @@ def test_options_validate():
 def test_replication_conninfo_keeps_caller_options():
     ci = replication_conninfo("host=h options='-c a=1'", options="-c wal_sender_timeout=2s")
     assert "wal_sender_timeout=2s" in ci and "standard_conforming_strings=on" in ci
+
+
+def test_one_redactor_for_dsns_uris_environments_and_messages():
+    from airflow_pgcdc.errors import redact as redact_text
+    from airflow_pgcdc.errors import redact_mapping
+
+    assert redact("host=h password = 'a b\\'c' user=u") == "host=h password = *** user=u"
+    assert redact("postgresql://u:s3cr3t@h:5/d?sslmode=require") == "postgresql://u:***@h:5/d?sslmode=require"
+    assert redact("postgresql://h/d?user=u&password=s3cr3t") == "postgresql://h/d?user=u&password=***"
+    assert "pw" not in redact("host=h sslpassword=pw")
+    env = {"PGCDC_DSN": "host=h password=pw", "AWS_SECRET_ACCESS_KEY": "k3y", "AWS_ACCESS_KEY_ID": "id",
+           "NOTE": "the key is k3y"}
+    assert redact_mapping(env) == {"PGCDC_DSN": "host=h password=***", "AWS_SECRET_ACCESS_KEY": "***",
+                                   "AWS_ACCESS_KEY_ID": "id", "NOTE": "the key is ***"}
+    assert redact_text("failed with k3y and host=h password=pw", ["k3y"]) == "failed with *** and host=h password=***"
