@@ -32,7 +32,23 @@ the time per Spark stage is printed, next to delta-rs' MERGE metrics of both sid
 Printed: both wall times, the ratio job/bare (target <= 2.5), change rows/s, and the
 peak memory of the job's process tree (target <= 4 GB).
 
+``--cluster``: the same inputs on a Spark standalone cluster started here (a Master and 2
+Workers, 1 core each, :class:`airflow_pgcdc.testing.spark.SparkCluster`), Delta's own Spark
+engine on both sides, alternated per round:
+
+* **job**: ``pgcdc merge --master spark://… --engine delta-spark --reader s3a`` (child
+  process: Spark start-up, reading, compaction, MERGE, commit);
+* **hand-written**: a child process that starts a Spark session on the same cluster with
+  the same jars and runs ``MERGE INTO delta.`s3a://…` USING <the compacted changes>``
+  (delete / update every column / insert), the job a user would otherwise write; the
+  compacted changes are written to S3 as Parquet before the clock starts.
+
+Both sides' wall times include Spark start-up. Also printed: the driver's peak memory
+(the process tree of the child: its Python and the driver JVM; executors live under the
+workers) when merging 1 window vs all ``--windows`` windows (target: flat, <= 1.2x).
+
     .venv/bin/python bench/merge.py [--rows 5000000] [--changes 1000000] [--rounds 1] [--keep]
+    .venv/bin/python bench/merge.py --cluster --windows 4 [--rows 1000000 --changes 300000 --rounds 2]
 """
 
 from __future__ import annotations
@@ -320,8 +336,8 @@ class TreeSampler(threading.Thread):
         self.join()
 
 
-def run_job(args_cli: list[str], env: dict[str, str], event_dir: str) -> dict:
-    """Run ``pgcdc merge`` as a child; wall time, memory, CPU, its result and its log."""
+def run_job(args_cli: list[str], env: dict[str, str], event_dir: str, cmd: list[str] | None = None) -> dict:
+    """Run ``pgcdc merge`` (or ``cmd``) as a child; wall time, memory, CPU, its result and its log."""
     os.makedirs(event_dir, exist_ok=True)
     env = {
         **env,
@@ -330,7 +346,7 @@ def run_job(args_cli: list[str], env: dict[str, str], event_dir: str) -> dict:
             "--conf spark.eventLog.compress=false pyspark-shell"
         ),
     }
-    cmd = [sys.executable, "-m", "airflow_pgcdc.cli", "merge", *args_cli]
+    cmd = cmd or [sys.executable, "-m", "airflow_pgcdc.cli", "merge", *args_cli]
     err_path = Path(event_dir) / "stderr.log"
     with open(err_path, "wb") as err:
         spawn = time.time()
@@ -455,6 +471,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2, help="snapshot workers")
     ap.add_argument("--server", choices=("pg18", "pg15"), default="pg18")
     ap.add_argument("--keep", action="store_true", help="leave the servers running (and their files)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="delta-spark on a Spark standalone cluster: our job vs a hand-written MERGE INTO")
     ap.add_argument("--pycache", default=os.path.join(tempfile.gettempdir(), "bench-merge-pycache"),
                     help="PYTHONPYCACHEPREFIX for the job, PYTHONDONTWRITEBYTECODE unset ('': the "
                          "environment as it is)")
@@ -518,6 +536,8 @@ def run(args, pg: PostgresServer, s3: S3Server) -> int:
     say(f"compacted with pyarrow (not timed): {read_rows:,} change rows -> {compacted.num_rows:,} keys "
         f"{ {k: int(v) for k, v in ops.items()} } in {time.perf_counter() - t0:.1f}s")
     base_prefix = key_prefix(base)
+    if args.cluster:
+        return run_cluster(args, src, env, work, base_prefix, compacted, fs, storage, client, expect, total)
     jobs, bares = [], []
     for i in range(args.rounds):
         lake_a, lake_b = f"s3://{BUCKET}/lake-job-{i}", f"s3://{BUCKET}/lake-bare-{i}"
@@ -584,6 +604,104 @@ def run(args, pg: PostgresServer, s3: S3Server) -> int:
     if args.keep:
         print(f"kept: the job runs' stderr and Spark event logs in {work}")
     else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+BARE_SPARK = r"""
+import json, sys, time
+from airflow_pgcdc.merge.clauses import quote_ident
+from airflow_pgcdc.merge.jars import configure_s3a
+from airflow_pgcdc.merge.session import spark_session
+from airflow_pgcdc.store.s3 import S3Settings
+
+master, source, target, cols = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+spark = spark_session(master, app_name="bench-hand-written-merge", delta=True)
+configure_s3a(spark, S3Settings.from_env())
+q = lambda n: quote_ident(n, "spark")
+t0 = time.perf_counter()
+spark.read.parquet(source).createOrReplaceTempView("changes")
+sets = ", ".join(f"{q(c)} = s.{q(c)}" for c in cols)
+names = ", ".join(q(c) for c in cols)
+values = ", ".join(f"s.{q(c)}" for c in cols)
+spark.sql(
+    f"MERGE INTO delta.{q(target)} AS t USING changes AS s ON t.{q('id')} = s.{q('id')} "
+    f"WHEN MATCHED AND s._pgcdc_op = 'D' THEN DELETE "
+    f"WHEN MATCHED THEN UPDATE SET {sets} "
+    f"WHEN NOT MATCHED AND s._pgcdc_op <> 'D' THEN INSERT ({names}) VALUES ({values})"
+).collect()
+row = spark.sql(f"DESCRIBE HISTORY delta.{q(target)} LIMIT 1").collect()[0]
+print(json.dumps({"merge_seconds": time.perf_counter() - t0, "metrics": dict(row["operationMetrics"])}))
+spark.stop()
+"""
+
+
+def run_cluster(args, src, env, work, base_prefix, compacted, fs, storage, client, expect, total) -> int:
+    from airflow_pgcdc.merge.deltaspark import s3a
+    from airflow_pgcdc.merge.jars import unavailable_reason
+    from airflow_pgcdc.testing.spark import SparkCluster
+
+    if unavailable_reason():
+        raise SystemExit(unavailable_reason())
+    changes = f"{BUCKET}/compacted/part-00000.parquet"
+    pq.write_table(compacted, changes, filesystem=fs)
+    cluster = SparkCluster(workers=2, cores=1).start()
+    say(f"Spark cluster {cluster.master_url}: 2 workers, 1 core each (not timed)")
+    try:
+        jobs, bares, ones = [], [], []
+        for i in range(args.rounds):
+            lake_a, lake_b = f"s3://{BUCKET}/cl-job-{i}", f"s3://{BUCKET}/cl-hand-{i}"
+            for lake in (lake_a, lake_b):
+                copy_prefix(client, BUCKET, base_prefix, key_prefix(lake))
+            order = ("job", "hand") if i % 2 == 0 else ("hand", "job")
+            for who in order:
+                if who == "job":
+                    cli = ["--from", src, "--slot", SLOT, "--delta", lake_a, "--master", cluster.master_url,
+                           "--engine", "delta-spark", "--reader", "s3a"]
+                    jobs.append(run_job(cli, env, os.path.join(work, f"cl-job-{i}")))
+                    j = jobs[-1]
+                    say(f"round {i + 1} job          {j['wall']:7.1f}s  driver tree peak PSS "
+                        f"{j['peak_pss'] / 1e6:,.0f} MB, RSS {j['peak_rss'] / 1e6:,.0f} MB")
+                else:
+                    target = s3a(delta_table_url(lake_b, "public", "t"))
+                    cmd = [sys.executable, "-c", BARE_SPARK, cluster.master_url, f"s3a://{changes}", target,
+                           json.dumps(list(COLUMNS))]
+                    bares.append(run_job([], env, os.path.join(work, f"cl-hand-{i}"), cmd=cmd))
+                    b = bares[-1]
+                    say(f"round {i + 1} hand-written {b['wall']:7.1f}s  (MERGE statement "
+                        f"{b['result']['merge_seconds']:.1f}s) driver tree peak PSS {b['peak_pss'] / 1e6:,.0f} MB")
+            url_a, url_b = delta_table_url(lake_a, "public", "t"), delta_table_url(lake_b, "public", "t")
+            da, db = delta_digest(url_a, storage), delta_digest(url_b, storage)
+            diff = delta_diff(url_a, url_b, storage)
+            say(f"round {i + 1} check: job {da[0]} rows, hand-written {db[0]} rows, PostgreSQL {expect[0]} rows; "
+                f"rows differing: {diff}")
+            if da != expect or db != expect or diff:
+                print(f"WARNING: tables differ: job {da}, hand-written {db}, PostgreSQL {expect}", flush=True)
+        # driver memory as the batch grows: 1 window vs all of them
+        lake_c = f"s3://{BUCKET}/cl-one"
+        copy_prefix(client, BUCKET, base_prefix, key_prefix(lake_c))
+        cli = ["--from", src, "--slot", SLOT, "--delta", lake_c, "--master", cluster.master_url,
+               "--engine", "delta-spark", "--reader", "s3a", "--max-windows", "1"]
+        ones.append(run_job(cli, env, os.path.join(work, "cl-one")))
+        one, many = ones[-1], jobs[-1]
+        r1, rn = one["result"]["tables"][0], many["result"]["tables"][0]
+        say(f"1 window: {r1['change_rows']:,} change rows, driver tree peak PSS {one['peak_pss'] / 1e6:,.0f} MB; "
+            f"{rn['last_window'] + 1} windows: {rn['change_rows']:,} change rows, {many['peak_pss'] / 1e6:,.0f} MB")
+    finally:
+        cluster.close()
+    j = statistics.median(x["wall"] for x in jobs)
+    b = statistics.median(x["wall"] for x in bares)
+    growth = max(x["peak_pss"] for x in jobs) / one["peak_pss"]
+    print(
+        f"RESULT cluster (2 workers x 1 core), delta-spark: merge of {total:,} change rows "
+        f"({compacted.num_rows:,} keys): job {j:.1f}s vs hand-written MERGE INTO of the compacted changes "
+        f"{b:.1f}s (both with Spark start-up); ratio job/hand-written = {j / b:.2f} (target <= 1.5); "
+        f"driver peak PSS {one['peak_pss'] / 1e6:,.0f} MB at 1 window ({r1['change_rows']:,} rows) vs "
+        f"{max(x['peak_pss'] for x in jobs) / 1e6:,.0f} MB at {rn['last_window'] + 1} windows "
+        f"({rn['change_rows']:,} rows): growth {growth:.2f}x (target <= 1.2x); rounds {args.rounds}",
+        flush=True,
+    )
+    if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -48,8 +48,27 @@ _MARKERS = ("delta-spark_", "delta-storage-", "hadoop-aws-", "bundle-")
 
 
 def jars_dir() -> Path:
-    """``jvm/jars`` of the source tree this package runs from (an editable install)."""
-    return Path(__file__).resolve().parents[2] / "jvm" / "jars"
+    """``jvm/jars`` of the source tree this package is installed from (an editable install):
+    beside this file's package, or, when the code runs from a ``--py-files`` zip, where the
+    installed distribution's ``direct_url.json`` points."""
+    here = Path(__file__).resolve().parents[2] / "jvm" / "jars"
+    if here.is_dir():
+        return here
+    try:
+        import importlib.metadata as md
+        import json as _json
+        from urllib.parse import unquote, urlparse
+
+        for dist in md.distributions(name="airflow-pgcdc"):
+            info = _json.loads(dist.read_text("direct_url.json") or "{}")
+            url = urlparse(info.get("url", ""))
+            if url.scheme == "file" and info.get("dir_info", {}).get("editable"):
+                found = Path(unquote(url.path)) / "jvm" / "jars"
+                if found.is_dir():
+                    return found
+    except Exception:  # metadata unreadable: no jars found here
+        pass
+    return here
 
 
 def _from_dir(folder: Path) -> list[str]:

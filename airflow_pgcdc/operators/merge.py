@@ -315,6 +315,22 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             raise ValueError(f"max_windows must be at least 1, got {n}")
         return n
 
+    def _merge_jars(self) -> str | None:
+        """``--jars``: the user's, plus for delta-spark/s3a the jars ``make setup`` fetched
+        (:func:`airflow_pgcdc.merge.jars.find_jars`), unless ``packages``,
+        ``spark.jars.packages`` or ``PGCDC_SPARK_JARS=none`` say the cluster brings them."""
+        from airflow_pgcdc.merge import jars as jarlib
+        from airflow_pgcdc.merge.session import needs_delta_jars
+
+        engine = None if self.engine in (None, "", "None") else self.engine
+        reader = None if self.reader in (None, "", "None") else self.reader
+        given = [j for j in (self.jars or "").split(",") if j]
+        if not needs_delta_jars(engine, reader) or self.packages or "spark.jars.packages" in (self.conf or {}):
+            return ",".join(given) or None
+        if any("delta-spark" in j for j in given) or jarlib.provided_by_cluster():
+            return ",".join(given) or None
+        return ",".join([*given, *jarlib.find_jars()]) or None
+
     def _get_hook(self) -> PgcdcMergeSubmitHook:
         hook = super()._get_hook()
         # The provider's _get_hook builds a SparkSubmitHook from ~35 operator attributes;
@@ -360,6 +376,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             engine=None if self.engine in (None, "", "None") else self.engine,
             reader=None if self.reader in (None, "", "None") else self.reader,
         )
+        user_jars = self.jars
+        self.jars = self._merge_jars()
         user_py_files = [p for p in (self.py_files or "").split(",") if p]
         with tempfile.TemporaryDirectory(prefix="pgcdc-merge-") as tmp:
             zip_path = build_py_files(self.py_files_dir or tmp)
@@ -370,6 +388,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                 super().execute(context)
             finally:
                 self.py_files = ",".join(user_py_files) or None
+                self.jars = user_jars
         hook = self._hook
         result = getattr(hook, "merge_result", None)
         if result is None:
