@@ -28,10 +28,17 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from airflow_pgcdc.merge.job import TablesFailed
     from airflow_pgcdc.merge.spark_app import run as run_job
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    out = run_job(args)
+    try:
+        out = run_job(args)
+    except TablesFailed as e:  # the others were merged: print every table's outcome, then fail
+        if e.result is not None:
+            json.dump(e.result.to_dict(), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        raise
     json.dump(out, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

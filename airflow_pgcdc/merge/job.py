@@ -53,8 +53,9 @@ from airflow_pgcdc.merge.compact import compact, toastable
 from airflow_pgcdc.merge.delta_types import to_delta_schema
 from airflow_pgcdc.merge.plan import (
     MergeError,
-    NoMergeKey,
     TablePlan,
+    WindowGap,
+    WindowOrderError,
     app_id,
     delta_table_url,
     plan_table,
@@ -82,6 +83,23 @@ class IncompatibleSchemaChange(MergeError):
     """A source column's type changed in a way the Delta table cannot follow."""
 
 
+class KeylessChange(MergeError):
+    """A table without a key has changes that appending cannot apply (an update, a delete,
+    a truncate)."""
+
+
+class TablesFailed(MergeError):
+    """Some tables could not be merged; the others were (``result`` holds every table's
+    outcome, the failed ones with ``action == "failed"``, their error and hint)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, result: MergeResult | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.result = result
+
+    def __reduce__(self):
+        return (TablesFailed, (str(self),), {"hint": self.hint, "result": self.result})
+
+
 @dataclass
 class TableResult:
     table: str
@@ -101,6 +119,8 @@ class TableResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     history: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    error: str | None = None  # action "failed": what went wrong, and what to do
+    hint: str | None = None
 
 
 @dataclass
@@ -110,6 +130,10 @@ class MergeResult:
     delta: str
     tables: list[TableResult] = field(default_factory=list)
     seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[TableResult]:
+        return [t for t in self.tables if t.action == "failed"]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -168,12 +192,28 @@ def merge_slot(
     result = MergeResult(slot=slot, source=source, delta=delta)
     try:
         for schema, table in wanted:
-            result.tables.append(
-                _one_table(ctx, schema, table, snapshot, manifests, keys or {}, max_windows)
-            )
+            # one table's trouble never stops the others: it is reported, they are merged
+            try:
+                res = _one_table(ctx, schema, table, snapshot, manifests, keys or {}, max_windows)
+            except (WindowGap, WindowOrderError):  # the store's windows, not this table: stop
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported per table, raised below
+                log.error("%s.%s: not merged: %s", schema, table, exc, exc_info=not isinstance(exc, MergeError))
+                res = TableResult(
+                    table=f"{schema}.{table}", delta_url=_target(ctx, schema, table)[0], action="failed",
+                    error=f"{type(exc).__name__}: {exc}", hint=getattr(exc, "hint", None),
+                )
+            result.tables.append(res)
     finally:
         s3store.delete_prefix(client, layout.bucket, layout.merge_staging_prefix(slot, ctx.run_id))
     result.seconds = round(time.monotonic() - t0, 3)
+    if result.failed:
+        raise TablesFailed(
+            f"{len(result.failed)} of {len(result.tables)} table(s) not merged (the others were): "
+            + "; ".join(f"{t.table}: {t.error}" for t in result.failed),
+            hint=" | ".join(f"{t.table}: {t.hint}" for t in result.failed if t.hint) or None,
+            result=result,
+        )
     return result
 
 
@@ -416,7 +456,7 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     key_columns = _key_columns(name, entry, windows, keys)
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=key_columns,
-        window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq),
+        window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq), keyless=not key_columns,
     )
     res.first_window, res.last_window = plan.first_window, plan.last_window
     res.start_lsn, res.end_lsn = plan.start_lsn, plan.end_lsn
@@ -426,7 +466,8 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
         res.delta_version = dt.version() if dt is not None else None
         res.seconds = round(time.monotonic() - t0, 3)
         return res
-    metrics, dt, added = _merge(ctx, plan, url, dt, app)
+    merge = _merge if plan.key_columns else _append_only
+    metrics, dt, added = merge(ctx, plan, url, dt, app)
     res.metrics = metrics
     res.added_columns = added
     res.merged_rows = int(metrics.get("num_source_rows", 0))
@@ -451,15 +492,10 @@ def _holds(windows, schema: str, table: str) -> bool:
 
 
 def _key_columns(name: str, entry, windows, keys) -> tuple[str, ...]:
+    """The merge key; ``()`` for a table without one (appended, see :func:`_append_only`)."""
     if name in keys:
         return tuple(keys[name])
     if entry is not None:
-        if not entry.key_columns:
-            raise NoMergeKey(
-                f"table {name} has no primary key or replica identity index: the merge cannot "
-                "match its changes to rows",
-                hint=f"add a primary key, or give the key: --key {name}=col1,col2",
-            )
         return tuple(entry.key_columns)
     # a table that appeared after the snapshot: its replica identity, from the windows
     for m in windows:
@@ -469,10 +505,7 @@ def _key_columns(name: str, entry, windows, keys) -> tuple[str, ...]:
             for rv in t["relation_versions"]:
                 if rv.get("replica_identity") in ("d", "i"):
                     return tuple(c["name"] for c in rv["columns"] if c.get("key"))
-    raise NoMergeKey(
-        f"table {name} is not in the snapshot and its replica identity is not a key",
-        hint=f"give the key: --key {name}=col1,col2",
-    )
+    return ()  # FULL or NOTHING: no key (appended)
 
 
 # --------------------------------------------------------------------------- schemas
@@ -717,6 +750,51 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     return metrics, dt, added
 
 
+def _append_only(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
+    """A table without a key (logs, events, ``pgbench_history``): its inserts are appended
+    in commit order, in one commit with the app transaction (exactly once per window, a
+    replay is a no-op). An update, a delete or a truncate cannot be placed without a key:
+    :class:`KeylessChange` for this table (the others go on)."""
+    from pyspark.sql import functions as F
+
+    name = plan.qualified_name
+    hint = (f"give {name} a primary key (or a replica identity index), or name its key: "
+            f"--key {name}=col1,col2; rows stay as they are until then")
+    if plan.truncate_at is not None:
+        raise KeylessChange(f"table {name} has no key and was truncated: appending cannot apply it", hint=hint)
+    fields = _batch_fields(ctx, plan)
+    dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name})
+    meta = [_META["_pgcdc_op"], _META["_pgcdc_commit_lsn"], _META["_pgcdc_seq"]]
+    df = _read(ctx, plan.parts, pa.schema(fields + meta))
+    other = df.where(F.col("_pgcdc_op") != F.lit("I")).select("_pgcdc_op", "_pgcdc_commit_lsn").limit(1).collect()
+    if other:
+        op = {"U": "an update", "D": "a delete"}.get(other[0][0], other[0][0])
+        raise KeylessChange(
+            f"table {name} has no key, and {op} (commit LSN {LSN(other[0][1])}) cannot be placed: only "
+            "inserts are appended to a keyless table", hint=hint,
+        )
+    rows = df.orderBy("_pgcdc_commit_lsn", "_pgcdc_seq").drop("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq")
+    out = pa.schema(fields)
+    if ctx.engine == "delta-spark":
+        from airflow_pgcdc.merge import deltaspark
+
+        metrics = deltaspark.append(ctx.spark, rows, path=deltaspark.s3a(url), app=app,
+                                    version=plan.last_window, metadata=_window_metadata(ctx, plan))
+        metrics.setdefault("num_source_rows", plan.rows)
+        return metrics, dt, added
+    staging = ctx.staging(plan.schema, plan.table, f"append-w{plan.last_window}")
+    _stage(ctx, rows, staging, out)
+    paths, n = deltars.read_staged(ctx.fs, staging)
+    fault_point("merge-after-stage", log)
+    done = deltars.append(
+        dt, deltars.staged_reader(ctx.fs, paths, out), pa.schema(dt.schema().to_arrow()),
+        app=app, version=plan.last_window, metadata=_window_metadata(ctx, plan),
+    )
+    fault_point("merge-after-commit", log)
+    s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+    return {"num_source_rows": n, **done}, dt, added
+
+
 # --------------------------------------------------------------------------- history
 
 
@@ -742,7 +820,7 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, m
         return {"changelog": url, "rows": 0}
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=_key_columns(name, entry, windows, keys),
-        window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq),
+        window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq), keyless=True,  # rows as they are
     )
     if not plan.parts:
         return {"changelog": url, "rows": 0}

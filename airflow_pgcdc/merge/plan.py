@@ -176,11 +176,13 @@ def plan_table(
     table: str,
     key_columns: Sequence[str],
     window_prefix,
+    keyless: bool = False,
 ) -> TablePlan:
     """The plan for one table over ``windows`` (from :func:`select_windows`, non-empty).
-    ``window_prefix(seq)`` gives a window folder's key prefix (with a trailing ``/``)."""
+    ``window_prefix(seq)`` gives a window folder's key prefix (with a trailing ``/``).
+    ``keyless``: the table has no key (its changes are appended, see the merge job)."""
     name = f"{schema}.{table}"
-    if not key_columns:
+    if not key_columns and not keyless:
         raise NoMergeKey(
             f"table {name} has no primary key or replica identity index: the merge cannot "
             "match its changes to rows",

@@ -82,9 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(p)
     args = p.parse_args(argv)
     from airflow_pgcdc.errors import PgcdcError
+    from airflow_pgcdc.merge.job import TablesFailed
 
     try:
         out = run(args)
+    except TablesFailed as e:  # the healthy tables were merged: their result still counts
+        if e.result is not None:
+            print(RESULT_PREFIX + json.dumps(e.result.to_dict()), flush=True)
+        print(f"pgcdc merge: error: {e}", file=sys.stderr)
+        if e.hint:
+            print(f"hint: {e.hint}", file=sys.stderr)
+        return 1
     except PgcdcError as e:
         print(f"pgcdc merge: error: {e}", file=sys.stderr)
         hint = getattr(e, "hint", None)

@@ -114,3 +114,62 @@ def test_generated_columns_agree_between_snapshot_and_stream(fresh_db, slot_name
     merge_slot(spark, source=src, slot=slot, delta=lake)
     result = verify_table(db, lake, "public", "g")
     assert result.equal, result.comparison
+
+
+def test_pgbench_database_with_a_keyless_table(fresh_db, slot_name, store, spark):
+    """A database made by ``pgbench -i`` with ``FOR ALL TABLES``: ``pgbench_history`` has no
+    key. It used to stop the first merge of every table (NoMergeKey); now it is appended
+    (insert-only), the keyed tables are merged, a replay adds nothing, and a keyless table
+    whose changes cannot be applied (an update) fails alone, named in the error, while the
+    others are committed."""
+    import subprocess
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    from airflow_pgcdc.merge.job import TablesFailed
+    from airflow_pgcdc.sandbox import pg_bin_dir
+
+    client, src, lake = store
+    db = fresh_db
+    flavour = "pg18" if db.server.version_num >= 180000 else "pg15"
+    pgbench = str(pg_bin_dir(flavour) / "pgbench")
+    params = conninfo_to_dict(db)
+    env = {**__import__("os").environ, "PGPASSWORD": params.pop("password", "")}
+    conn = " ".join(f"{k}={v}" for k, v in params.items())
+
+    def bench(*args):
+        p = subprocess.run([pgbench, *args, conn], env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+
+    bench("-i", "-s", "1", "-q")
+    sql(db, "CREATE TABLE notes (body text)")  # keyless too (FULL: PostgreSQL allows its update)
+    sql(db, "ALTER TABLE notes REPLICA IDENTITY FULL")
+    sql(db, "INSERT INTO notes VALUES ('first')")
+    sql(db, "CREATE PUBLICATION pub FOR ALL TABLES")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    bench("-t", "200", "-c", "2", "-n")
+    sql(db, "INSERT INTO notes VALUES ('second')")
+    drain(db, src, slot, client)
+    first = merge_slot(spark, source=src, slot=slot, delta=lake)
+    keyless = {"pgbench_history": ["tid", "bid", "aid", "delta", "mtime"], "notes": ["body"]}  # verify needs one
+    for name in ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history", "notes"):
+        assert verify_table(db, lake, "public", name, key=keyless.get(name)).equal, name
+    history = {t.table: t for t in first.tables}["public.pgbench_history"]
+    assert history.action == "bootstrapped+merged" and history.merged_rows == 400
+    # a keyless table gets an update: only that table fails; the others are merged
+    sql(db, "UPDATE notes SET body = 'edited' WHERE body = 'first'")
+    bench("-t", "50", "-c", "1", "-n")
+    drain(db, src, slot, client)
+    with pytest.raises(TablesFailed, match="public.notes") as ei:
+        merge_slot(spark, source=src, slot=slot, delta=lake)
+    outcome = {t.table: t for t in ei.value.result.tables}
+    assert outcome["public.notes"].action == "failed" and "KeylessChange" in outcome["public.notes"].error
+    assert "primary key" in outcome["public.notes"].hint
+    assert outcome["public.pgbench_accounts"].action == "merged"
+    for name in ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"):
+        assert verify_table(db, lake, "public", name, key=keyless.get(name)).equal, name
+    # a replay appends nothing twice
+    with pytest.raises(TablesFailed):
+        merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert verify_table(db, lake, "public", "pgbench_history", key=keyless["pgbench_history"]).equal
