@@ -37,7 +37,7 @@ import re
 from collections.abc import Sequence
 
 from airflow_pgcdc.changes.rows import OLD_PREFIX
-from airflow_pgcdc.merge.clauses import MATCH_PREFIX, keep_column
+from airflow_pgcdc.merge.clauses import MATCH_PREFIX, keep_column, quote_ident
 
 __all__ = ["FIXED_WIDTH_TYPES", "compact", "ordered_changes", "scd2_rows", "toastable"]
 
@@ -56,6 +56,15 @@ FIXED_WIDTH_TYPES = frozenset({
     "cid", "xid8", "uuid", "money", "macaddr", "macaddr8", "pg_lsn", '"char"', "tid",
     "point", "line", "lseg", "box", "circle",
 })
+
+
+def col(name: str):
+    """A Spark column by its exact name: dots, spaces and backticks are quoted (through
+    :func:`~airflow_pgcdc.merge.clauses.quote_ident`, the merge's one Spark quoting
+    function), never read as a struct path. A struct's field: ``col(s).getField(f)``."""
+    from pyspark.sql import functions as F
+
+    return F.col(quote_ident(name, "spark"))
 
 
 def toastable(pg_type: str) -> bool:
@@ -81,7 +90,7 @@ def ordered_changes(
     ``_pgcdc_move_d`` (the added ``D`` rows) and ``_pgcdc_from_<k>`` (a moved row's old key)."""
     from pyspark.sql import functions as F
 
-    c = F.col
+    c = col
     cols = list(table_columns)
     keys = list(key_columns)
     if truncate_at is not None:
@@ -126,9 +135,9 @@ def _without_stale_moves(df, cols: Sequence[str], keys: Sequence[str]):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    c = F.col
+    c = col
     before = (
-        Window.partitionBy(*keys).orderBy(c(LSN), c(SEQ), c(MOVE_D))
+        Window.partitionBy(*[c(k) for k in keys]).orderBy(c(LSN), c(SEQ), c(MOVE_D))
         .rowsBetween(Window.unboundedPreceding, -1)
     )
     upsert = F.struct(c(LSN).alias("lsn"), *[c(x).alias(f"c{i}") for i, x in enumerate(cols)])
@@ -136,16 +145,15 @@ def _without_stale_moves(df, cols: Sequence[str], keys: Sequence[str]):
     df = df.withColumn("_pgcdc_prev", prev)
     other_row = F.lit(False)
     for i, x in enumerate(cols):
-        other_row = other_row | ~c(f"_pgcdc_prev.c{i}").eqNullSafe(c(x))
-    stale = c(MOVE_D) & c("_pgcdc_prev").isNotNull() & (c("_pgcdc_prev.lsn") == c(LSN)) & other_row
+        other_row = other_row | ~c("_pgcdc_prev").getField(f"c{i}").eqNullSafe(c(x))
+    stale = c(MOVE_D) & c("_pgcdc_prev").isNotNull() & (c("_pgcdc_prev").getField("lsn") == c(LSN)) & other_row
     return df.where(~stale).drop("_pgcdc_prev")
 
 
 def _key_window(keys: Sequence[str], *, upto: bool):
     from pyspark.sql import Window
-    from pyspark.sql import functions as F
 
-    w = Window.partitionBy(*keys).orderBy(F.col(LSN), F.col(SEQ))
+    w = Window.partitionBy(*[col(k) for k in keys]).orderBy(col(LSN), col(SEQ))
     end = Window.currentRow if upto else Window.unboundedFollowing
     return w.rowsBetween(Window.unboundedPreceding, end)
 
@@ -157,7 +165,7 @@ def _resolved(toast_cols: Sequence[str], keys: Sequence[str], first_moved=None) 
     not carry stay unresolved (to be kept from the target row it is matched to)."""
     from pyspark.sql import functions as F
 
-    c = F.col
+    c = col
     w_upto = _key_window(keys, upto=True)
     out = []
     for x in toast_cols:
@@ -178,7 +186,7 @@ def _values_and_flags(cols: Sequence[str], toast_cols: Sequence[str]) -> tuple[l
     """The table columns with step 3 applied, and the ``_pgcdc_keep_<c>`` flags."""
     from pyspark.sql import functions as F
 
-    c = F.col
+    c = col
     values, flags = [], []
     for x in cols:
         if x in toast_cols:
@@ -221,7 +229,7 @@ def compact(
     move keeps the documented limit (NULL)."""
     from pyspark.sql import functions as F
 
-    c = F.col
+    c = col
     cols = list(table_columns)
     keys = list(key_columns)
     toast_cols = [t for t in toast_columns if t not in keys]
@@ -252,14 +260,14 @@ def _rekeyed(last, keys: Sequence[str], values: list, flags: list):
     """``compact``'s rekey step on the per-key last rows (see :func:`compact`)."""
     from pyspark.sql import functions as F
 
-    c = F.col
+    c = col
     # a move's D row that is its old key's only change in the batch
     alone = c(MOVE_D) & _at("_pgcdc_first")
     sources = last.where(alone).select(
         *[c(k).alias("_pgcdc_a_" + k) for k in keys], c(LSN).alias("_pgcdc_a_lsn"), c(SEQ).alias("_pgcdc_a_seq"),
     )
-    on = [c("_pgcdc_origin." + k) == c("_pgcdc_a_" + k) for k in keys]
-    on += [c("_pgcdc_origin." + LSN) == c("_pgcdc_a_lsn"), c("_pgcdc_origin." + SEQ) == c("_pgcdc_a_seq")]
+    on = [c("_pgcdc_origin").getField(k) == c("_pgcdc_a_" + k) for k in keys]
+    on += [c("_pgcdc_origin").getField(LSN) == c("_pgcdc_a_lsn"), c("_pgcdc_origin").getField(SEQ) == c("_pgcdc_a_seq")]
     joined = last.join(sources, on=_all(on), how="left")
     moved_here = c("_pgcdc_a_lsn").isNotNull()
     match = [F.when(moved_here, c("_pgcdc_a_" + k)).otherwise(c(k)).alias(MATCH_PREFIX + k) for k in keys]
@@ -276,10 +284,9 @@ def _rekeyed(last, keys: Sequence[str], values: list, flags: list):
 
 def _at(position: str):
     """This row is at ``position`` (a struct column of ``_pgcdc_commit_lsn``, ``_pgcdc_seq``)."""
-    from pyspark.sql import functions as F
 
-    c = F.col
-    return (c(LSN) == c(f"{position}.{LSN}")) & (c(SEQ) == c(f"{position}.{SEQ}"))
+    c = col
+    return (c(LSN) == c(position).getField(LSN)) & (c(SEQ) == c(position).getField(SEQ))
 
 
 def _all(conditions: list):
@@ -318,12 +325,12 @@ def scd2_rows(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    c = F.col
+    c = col
     cols = list(table_columns)
     keys = list(key_columns)
     toast_cols = [t for t in toast_columns if t not in keys]
     base = ordered_changes(df, table_columns=cols, key_columns=keys)  # history keeps it all
-    ordered = Window.partitionBy(*keys).orderBy(c(LSN), c(SEQ))
+    ordered = Window.partitionBy(*[c(k) for k in keys]).orderBy(c(LSN), c(SEQ))
     exprs = [c(x) for x in cols + [OP, LSN, SEQ, TOAST, MOVED]]
     exprs.append(F.lead(c(LSN)).over(ordered).alias("_pgcdc_next"))
     exprs.append(F.lead(c(SEQ)).over(ordered).alias("_pgcdc_next_seq"))

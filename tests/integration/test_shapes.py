@@ -173,3 +173,26 @@ def test_pgbench_database_with_a_keyless_table(fresh_db, slot_name, store, spark
     with pytest.raises(TablesFailed):
         merge_slot(spark, source=src, slot=slot, delta=lake)
     assert verify_table(db, lake, "public", "pgbench_history", key=keyless["pgbench_history"]).equal
+
+
+def test_odd_column_names_through_drain_merge_and_verify(fresh_db, slot_name, store, spark):
+    """Column names holding dots, spaces, quotes, capitals or a leading underscore, a key
+    among them, and a schema holding a dot (Spark column references used to be unquoted:
+    a column named ``a.b`` crashed the merge)."""
+    client, src, lake = store
+    db = fresh_db
+    sql(db, 'CREATE SCHEMA "my.schema"')
+    sql(db, 'CREATE TABLE "my.schema"."Odd Table" ("k.id" int PRIMARY KEY, "a.b" text, "sp ace" int, '
+            '"q""uote" text, "_lead" text, "CamelCase" int)')
+    sql(db, """INSERT INTO "my.schema"."Odd Table" VALUES (1, 'x', 1, 'q', 'l', 1), (2, 'y', 2, 'r', 'm', 2)""")
+    sql(db, 'CREATE PUBLICATION pub FOR TABLE "my.schema"."Odd Table"')
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    sql(db, """INSERT INTO "my.schema"."Odd Table" VALUES (3, 'z', 3, 's', 'n', 3)""")
+    sql(db, """UPDATE "my.schema"."Odd Table" SET "a.b" = 'x2', "sp ace" = 10 WHERE "k.id" = 1""")
+    sql(db, """UPDATE "my.schema"."Odd Table" SET "k.id" = 20 WHERE "k.id" = 2""")
+    sql(db, """DELETE FROM "my.schema"."Odd Table" WHERE "k.id" = 3""")
+    drain(db, src, slot, client)
+    merge_slot(spark, source=src, slot=slot, delta=lake)
+    result = verify_table(db, lake, "my.schema", "Odd Table")
+    assert result.equal, result.comparison
