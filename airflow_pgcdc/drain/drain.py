@@ -3,6 +3,14 @@ it is committed in the store.
 
 One call, :func:`drain_window`:
 
+0. **Whose turn.** The drain takes the slot lock (:mod:`airflow_pgcdc.pg.slotlock`,
+   shared with the snapshot) before it reads the store, waiting up to ``busy_wait``
+   seconds, else :class:`DrainBusy` having written nothing. It checks the publications
+   against the pipeline's tables and the server's identity against the store's
+   (:mod:`airflow_pgcdc.drain.guards`) before anything else. Once its stream has started
+   (the slot is its own), it reads the store and the slot again: a window committed
+   meanwhile by a drain that does not take the lock is :class:`DrainBusy` too.
+
 1. **Where to start.** ``start_lsn`` is the ``end_lsn`` of the latest committed window
    of the slot in the store; for the first window, the ``consistent_point`` of the
    slot's committed snapshot (or, without a snapshot, the slot's
@@ -55,9 +63,14 @@ One call, :func:`drain_window`:
    writer thread uploads, the replication thread keeps sending status updates, so
    ``wal_sender_timeout`` never fires on a slow store.
 
-Crash safety: nothing is acknowledged before the manifest exists; a window folder
-without a manifest is removed by the next attempt, which produces the window again
-from the slot (PostgreSQL resends everything after ``confirmed_flush_lsn``).
+Crash safety: nothing is acknowledged before the manifest exists, and the publications
+are checked again right before it is written. Each attempt names its parts with its own
+attempt id; a folder without a manifest keeps the debris of attempts that did not commit
+until an attempt commits the window (PostgreSQL resends everything after
+``confirmed_flush_lsn``) and then removes what its manifest does not list. A committed
+folder is never rewritten. A manifest put refused as "already exists" is read back: our
+own (a retried put whose success was lost) is a commit, another's is
+:class:`WindowConflict` (this attempt's parts are removed, nothing acknowledged).
 
 Test hook (fault injection): when the environment variable ``PGCDC_FAULT`` names one
 of the points below, the process SIGKILLs itself there (``PGCDC_PAUSE`` pauses there
