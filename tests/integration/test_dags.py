@@ -12,6 +12,7 @@ import pytest
 from airflow_runner import airflow_env, asset_events, run_dag
 from deltalake import DeltaTable
 from psycopg.conninfo import conninfo_to_dict
+from test_secrets import PsWatch
 
 from airflow_pgcdc.merge.plan import app_id, delta_table_url
 from airflow_pgcdc.store import s3 as s3store
@@ -72,6 +73,9 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     store, delta = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/delta"
     conf = {"slot": slot, "publication": "demo_pub", "tables": TABLES, "store": store, "delta": delta}
 
+    # no password or S3 secret key on any command line of the DAG runs' processes (task
+    # runners, snapshot workers, spark-submit and its JVM and Python workers)
+    ps = PsWatch([conninfo_to_dict(db)["password"], s3.secret_key]).__enter__()
     first = run_dag(DAGS / "pgcdc_initial_load.py", "pgcdc_initial_load", env, {**conf, "workers": 2})
     assert first.state == "success", first.output[-5000:]
     assert first.xcom("verify")["equal"] is True
@@ -104,6 +108,8 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     assert merged_uris == {delta_table_url(delta, *t.split(".")) for t in TABLES}
 
     back = run_dag(DAGS / "pgcdc_backfill.py", "pgcdc_backfill", env, {**conf, "verify": True})
+    ps.__exit__(None, None, None)
+    assert ps.scans > 10 and ps.hits == [], ps.hits[:3]
     assert back.state == "success", back.output[-5000:]
     swapped = back.xcom("swap")
     assert {s["window"] for s in swapped} == {1}
