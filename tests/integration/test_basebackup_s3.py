@@ -584,8 +584,9 @@ def test_existing_backup_id_is_refused(pg18, s3, s3_bucket):
 def test_cli_basebackup(pg_server, s3, s3_bucket, monkeypatch, capsys):
     for key, value in s3.aws_env().items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PGCDC_DSN", pg_server.dsn)  # the password stays off the command line
     code = cli.main([
-        "basebackup", "--dsn", pg_server.dsn, "--to", f"s3://{s3_bucket}/cli",
+        "basebackup", "--to", f"s3://{s3_bucket}/cli",
         "--backup-id", "cli-1", "--compression", "gzip", "--compression-detail", "1",
         "--label", "from the cli", "--manifest-checksums", "sha256", "--progress-interval", "0.01",
     ])
@@ -603,20 +604,20 @@ def test_cli_basebackup(pg_server, s3, s3_bucket, monkeypatch, capsys):
 
     # usage errors exit 2 before anything runs
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["basebackup", "--dsn", pg_server.dsn, "--to", f"s3://{s3_bucket}/cli", "--max-rate", "5"])
+        cli.main(["basebackup", "--to", f"s3://{s3_bucket}/cli", "--max-rate", "5"])
     assert exit_info.value.code == 2
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["basebackup", "--dsn", pg_server.dsn, "--to", "/tmp/not-s3"])
+        cli.main(["basebackup", "--to", "/tmp/not-s3"])
     assert exit_info.value.code == 2
     capsys.readouterr()
 
     # failures: one line, exit 1, no password
-    code = cli.main(["basebackup", "--dsn", pg_server.dsn, "--to", f"s3://{s3_bucket}/cli", "--backup-id", "cli-1"])
+    code = cli.main(["basebackup", "--to", f"s3://{s3_bucket}/cli", "--backup-id", "cli-1"])
     out, err = capsys.readouterr()
     assert code == 1 and out == ""
     assert err.startswith("pgcdc: error: base backup cli-1 failed while checking the destination")
     assert "hint: choose another backup id" in err
-    code = cli.main(["basebackup", "--dsn", pg_server.dsn, "--to", f"s3://{s3_bucket}/cli2", "--label", "L" * 2000])
+    code = cli.main(["basebackup", "--to", f"s3://{s3_bucket}/cli2", "--label", "L" * 2000])
     out, err = capsys.readouterr()
     assert code == 1 and "backup label too long" in err and pg_server.password not in err
     assert not _objects(s3.client(), s3_bucket).keys() - {

@@ -19,8 +19,14 @@ def sql(dsn, query, params=None):
 
 
 def peek(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``pgcdc peek``; a ``--dsn`` goes through ``PGCDC_DSN`` (the password stays off argv)."""
+    args, env = list(args), {**os.environ, "PGCDC_VERBOSE": ""}
+    if "--dsn" in args:
+        at = args.index("--dsn")
+        env["PGCDC_DSN"] = args[at + 1]
+        del args[at:at + 2]
     cmd = [sys.executable, "-m", "airflow_pgcdc.cli", "peek", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "PGCDC_VERBOSE": ""})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
