@@ -1,7 +1,7 @@
 """The merge on a real Spark standalone cluster (the session's ``spark_cluster``: a Master
 and 2 Workers, each its own JVM; executors in other JVMs with their own Python workers),
-run the way users run it: ``pgcdc merge --master spark://…`` and ``spark-submit`` driven
-by ``PgcdcSparkMergeOperator``. Both engines: the default (delta-rs commit on the driver,
+run the way users run it: ``pgcdc merge --master spark://…``, ``spark-submit`` by hand, and
+``spark-submit`` driven by ``PgcdcSparkMergeOperator`` (``test_operator_merge.py``). Both engines: the default (delta-rs commit on the driver,
 executors read and compact through the Python data source) and Delta's own Spark engine
 with Spark's s3a reader. PostgreSQL 18 only (the local-mode tests cover both servers)."""
 
@@ -52,14 +52,39 @@ def cli_merge(cluster, s3, src, slot, lake, *extra):
     return out
 
 
+def submit_merge(cluster, s3, src, slot, lake, *extra, tmp_path):
+    """``spark-submit --master spark://… --py-files airflow_pgcdc.zip spark_app.py …`` by hand,
+    with no ``--jars``: the job finds them itself; returns its result line's JSON."""
+    from airflow_pgcdc.merge import spark_app
+    from airflow_pgcdc.merge.session import build_py_files
+    from airflow_pgcdc.operators.merge import merge_spark_conf, parse_result_line
+    from airflow_pgcdc.testing.spark import spark_home
+
+    # SPARK_HOME: the venv is not activated, and spark-submit's own search runs `python3`
+    env = dict(os.environ, **s3.aws_env(), SPARK_LOCAL_IP="127.0.0.1", SPARK_HOME=str(spark_home()))
+    env.pop("PGCDC_SPARK_JARS", None)
+    confs = [x for k, v in merge_spark_conf().items() for x in ("--conf", f"{k}={v}")]
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", cluster.master_url,
+         "--py-files", build_py_files(tmp_path), *confs, spark_app.__file__,
+         "--from", src, "--slot", slot, "--delta", lake, *extra],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = [parse_result_line(line) for line in proc.stdout.splitlines()]
+    return next(r for r in found if r is not None)
+
+
 @pytest.mark.parametrize("engine", ENGINES)
-def test_end_to_end_on_the_cluster(engine, db, slot_name, s3, s3_bucket, spark_cluster, monkeypatch):
+def test_end_to_end_on_the_cluster(engine, db, slot_name, s3, s3_bucket, spark_cluster, monkeypatch, tmp_path):
+    """Merges alternate between ``pgcdc merge --master`` and a hand-typed ``spark-submit``."""
     for k, v in s3.aws_env().items():
         monkeypatch.setenv(k, v)
     src, lake = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
     slot = slot_name()
     apps = len(spark_cluster.status()["completedapps"])
-    end_to_end(db, s3.client(), src, lake, slot, lambda: cli_merge(spark_cluster, s3, src, slot, lake, *engine))
+    runs = iter([cli_merge, lambda *a: submit_merge(*a, tmp_path=tmp_path), cli_merge])
+    end_to_end(db, s3.client(), src, lake, slot, lambda: next(runs)(spark_cluster, s3, src, slot, lake, *engine))
     done = spark_cluster.status()["completedapps"]
     assert len(done) - apps == 3, "each merge ran as an application of the cluster"
     assert all(a["cores"] == 2 for a in done[-3:]), "on both workers' executors"
