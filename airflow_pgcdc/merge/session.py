@@ -83,11 +83,14 @@ def _jvm_has(jvm, name: str) -> bool:
 
 
 def _running_driver_jvm():
-    """The driver JVM when this process runs under ``spark-submit`` and no SparkContext
-    exists yet (its class path is fixed by then), else ``None``."""
+    """The driver JVM when it is already up and no SparkContext runs on it (its class path
+    is fixed by then): under ``spark-submit``, or in a process whose earlier session (local
+    mode, without the Delta jars) was stopped; else ``None``."""
     from pyspark import SparkContext
 
-    if SparkContext._active_spark_context is not None or "PYSPARK_GATEWAY_PORT" not in os.environ:
+    if SparkContext._active_spark_context is not None:
+        return None
+    if "PYSPARK_GATEWAY_PORT" not in os.environ and SparkContext._gateway is None:
         return None
     SparkContext._ensure_initialized()
     return SparkContext._jvm
