@@ -684,7 +684,7 @@ def test_memory_of_a_window_touching_many_tables_is_bounded(fresh_db, slot_name,
         assert sum(t["rows"] for t in m.tables) == n * 500
     bounded, unbounded = peaks
     print(f"peak RSS {bounded:.0f} MB with a 32 MB budget, {unbounded:.0f} MB without, for {n} tables")
-    # alone 191 vs 592 MB; after other test modules in the same session, 409 vs 594 MB (the
-    # bounded drain's heap is left more fragmented there, not understood yet): the margin
-    # asked is the one that always held, far from the unbounded drain's growth per table
-    assert bounded < unbounded - 100, f"peak RSS {bounded:.0f} MB bounded vs {unbounded:.0f} MB unbounded"
+    # alone 191 vs 592 MB; after other test modules in the same session, 409 vs 594 MB (why
+    # the bounded drain peaks higher there is not understood yet): the margin asked is one
+    # that held in both, still far from a drain whose memory grows with every table
+    assert bounded < 0.85 * unbounded, f"peak RSS {bounded:.0f} MB bounded vs {unbounded:.0f} MB unbounded"
