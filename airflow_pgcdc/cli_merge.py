@@ -24,7 +24,17 @@ def register(subparsers) -> None:
     )
     add_arguments(p)
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", type=_conf_pair,
+                   help="a Spark setting for this job's session, as spark-submit --conf "
+                        "(repeat; e.g. spark.cores.max=4, spark.executor.memory=8g)")
     p.set_defaults(handler=run)
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or not key.startswith("spark."):
+        raise argparse.ArgumentTypeError(f"expected spark.KEY=VALUE, got {text!r}")
+    return key.strip(), value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -54,7 +54,8 @@ def run(args: argparse.Namespace, spark=None) -> dict:
 
     master = getattr(args, "master", None)
     if spark is None:
-        spark = spark_session(master, delta=needs_delta_jars(args.engine, args.reader))
+        spark = spark_session(master, delta=needs_delta_jars(args.engine, args.reader),
+                              conf=dict(getattr(args, "conf", None) or ()))
         if master and not master.startswith("local"):
             ship_package(spark)
     result = merge_slot(

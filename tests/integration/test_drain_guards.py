@@ -642,26 +642,23 @@ def test_drain_right_after_a_killed_one_waits_for_the_slot(fresh_db, slot_name, 
 # --------------------------------------------------------------------------- memory
 
 
+# the drain's own peak (VmHWM): getrusage's ru_maxrss would report this pytest process' size
+# (Linux carries the replaced image's peak over exec; see airflow_pgcdc.testing.memory)
 _PEAK_RSS = """
-import resource, sys
+import sys
 from airflow_pgcdc.cli import main
+from airflow_pgcdc.testing.memory import vm_hwm
 code = main(sys.argv[1:])
-print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+print("PEAK_RSS_KB", vm_hwm() // 1024, file=sys.stderr)
 sys.exit(code)
 """
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known failure, cause not found: alone the bounded drain peaks at 191 MB against 592 MB "
-           "unbounded, but in a full-suite session it peaked at 457 vs 594 MB (PG15) and 638 vs 638 MB "
-           "(PG18): the memory budget is not yet proven to bound the drain",
-)
 def test_memory_of_a_window_touching_many_tables_is_bounded(fresh_db, slot_name, store, s3):
     """400 tables, about 0.5 MB of changes each, in one window, drained twice from two
     slots: with a 32 MB budget (the open parts of all tables together stay under it: the
     largest are finished early) and with a budget larger than the window (what the drain did
-    before: each table kept its own buffers until the window ended). Measured alone: 191 MB
+    before: each table kept its own buffers until the window ended). Measured: 191 MB
     against 592 MB peak RSS. The bounded drain must stay well under the unbounded one."""
     client, url = store
     slots = [slot_name(), slot_name()]
