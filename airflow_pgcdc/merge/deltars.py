@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -24,7 +25,7 @@ from airflow_pgcdc.merge.clauses import MergeSpec
 from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
-    "CONCURRENT", "ConcurrentCommit", "TableExists", "add_columns", "append", "bootstrap", "merge", "merged_version", "open_table",
+    "CONCURRENT", "ConcurrentCommit", "TableExists", "add_columns", "append", "bootstrap", "commit_once", "merge", "merged_version", "open_table",
     "merge_progress", "merge_scd2", "read_staged", "staged_reader", "swap",
 ]
 
@@ -46,15 +47,22 @@ CONCURRENT = {"concurrent_commit": True, "num_source_rows": 0}
 committed the same app transaction version first (the window is merged, once)."""
 
 
-def _commit_once(run, table, *, url: str, app: str, version: int) -> dict[str, Any]:
+def _refused_by_delta_rs(exc: BaseException) -> bool:
+    from deltalake.exceptions import CommitFailedError
+
+    return isinstance(exc, CommitFailedError)
+
+
+def commit_once(run, table, *, url: str, app: str, version: int,
+                refused: Callable[[BaseException], bool] = _refused_by_delta_rs) -> dict[str, Any]:
     """``run()``: a commit carrying the app transaction ``(app, version)``, made against
-    ``table``'s loaded version. If ``table`` already holds ``version`` (the caller's handle
-    was reloaded after another job merged the window), nothing is done. When delta-rs
-    refuses the commit because another one won the race (two merge jobs of one slot at
-    once: an overlapping Airflow run, a manual rerun), the table is reloaded: if it holds
+    ``table``'s loaded version (``table``: a delta-rs handle, whichever engine commits).
+    If ``table`` already holds ``version`` (the caller's handle was reloaded after another
+    job merged the window), nothing is done. When the engine refuses the commit because
+    another one won the race (``refused(exc)``; two merge jobs of one slot at once: an
+    overlapping Airflow run, a manual rerun), the table is reloaded: if it holds
     ``version`` or later, the other job merged this window, which is a success here
     (:data:`CONCURRENT`); anything else is :class:`ConcurrentCommit`."""
-    from deltalake.exceptions import CommitFailedError
 
     def reached() -> int | None:  # the table's merged window when it is version or later
         done = merged_version(table, app)
@@ -66,7 +74,9 @@ def _commit_once(run, table, *, url: str, app: str, version: int) -> dict[str, A
         return dict(CONCURRENT)
     try:
         return run()
-    except CommitFailedError as exc:
+    except Exception as exc:
+        if not refused(exc):
+            raise
         table.update_incremental()
         done = reached()
         if done is not None:
@@ -77,7 +87,8 @@ def _commit_once(run, table, *, url: str, app: str, version: int) -> dict[str, A
             return dict(CONCURRENT)
         raise ConcurrentCommit(
             f"Delta table {url}: another writer committed while this job merged window {version} "
-            f"({exc}); nothing was written, rerun the merge"
+            f"({str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__}); "
+            "nothing was written, rerun the merge"
         ) from exc
 
 
@@ -152,7 +163,7 @@ def merge(table, reader: pa.RecordBatchReader, spec: MergeSpec, *, app: str, ver
     merger = merger.when_not_matched_insert(updates=spec.inserts, predicate=spec.insert_when)
     if spec.delete_not_matched_by_source:
         merger = merger.when_not_matched_by_source_delete()
-    return _commit_once(merger.execute, table, url=table.table_uri, app=app, version=version)
+    return commit_once(merger.execute, table, url=table.table_uri, app=app, version=version)
 
 
 def append(table, reader: pa.RecordBatchReader, target: pa.Schema, *, app: str, version: int,
@@ -179,7 +190,7 @@ def append(table, reader: pa.RecordBatchReader, target: pa.Schema, *, app: str, 
         )
         return {}
 
-    return _commit_once(run, table, url=table.table_uri, app=app, version=version)
+    return commit_once(run, table, url=table.table_uri, app=app, version=version)
 
 
 def add_columns(table, fields: list[pa.Field]) -> None:
@@ -232,7 +243,7 @@ def merge_scd2(table, reader: pa.RecordBatchReader, spec, *, app: str, version: 
         merger = merger.when_not_matched_by_source_update(
             updates=spec.close_all_updates, predicate=spec.close_all_when
         )
-    return _commit_once(merger.execute, table, url=table.table_uri, app=app, version=version)
+    return commit_once(merger.execute, table, url=table.table_uri, app=app, version=version)
 
 
 def merge_progress(delta: str, slot: str, tables: list[tuple[str, str]], *,

@@ -41,6 +41,16 @@ def s3a(url: str) -> str:
     return "s3a://" + url[len("s3://"):] if url.startswith("s3://") else url
 
 
+_CONCURRENT_MARKS = ("DELTA_CONCURRENT_", "io.delta.exceptions.Concurrent")
+
+
+def is_concurrent(exc: BaseException) -> bool:
+    """Whether Delta's Spark engine refused a commit because another writer committed
+    first (its ``Concurrent…Exception`` family, seen through Py4J)."""
+    text = str(exc)
+    return any(mark in text for mark in _CONCURRENT_MARKS)
+
+
 def q(name: str) -> str:
     """A Spark SQL identifier (the merge's one quoting function, Spark dialect)."""
     return quote_ident(name, "spark")

@@ -722,11 +722,11 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     if ctx.engine == "delta-spark":
         from airflow_pgcdc.merge import deltaspark
 
-        metrics = deltaspark.merge(
+        metrics = _spark_commit_once(lambda: deltaspark.merge(
             ctx.spark, compacted, build_merge_spec(**spec_args, dialect="spark"),
             path=deltaspark.s3a(url), app=app, version=plan.last_window,
             metadata=_window_metadata(ctx, plan),
-        )
+        ), dt, url, app, plan.last_window)
         fault_point("merge-after-commit", log)
         return metrics, dt, added
     by_name = {f.name: f for f in fields}
@@ -748,6 +748,16 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     fault_point("merge-after-commit", log)
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     return metrics, dt, added
+
+
+def _spark_commit_once(run, dt, url: str, app: str, version: int) -> dict[str, Any]:
+    """A delta-spark commit of window ``version`` (``run()``) made once: Delta's Spark engine
+    refuses a commit that races another writer (``ConcurrentTransactionException`` when
+    both carry our app transaction: two merge jobs of one slot at once); the delta-rs
+    handle ``dt`` then tells whether the other job merged the window (a success here)."""
+    from airflow_pgcdc.merge import deltaspark
+
+    return deltars.commit_once(run, dt, url=url, app=app, version=version, refused=deltaspark.is_concurrent)
 
 
 def _append_only(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
@@ -778,8 +788,10 @@ def _append_only(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     if ctx.engine == "delta-spark":
         from airflow_pgcdc.merge import deltaspark
 
-        metrics = deltaspark.append(ctx.spark, rows, path=deltaspark.s3a(url), app=app,
-                                    version=plan.last_window, metadata=_window_metadata(ctx, plan))
+        metrics = _spark_commit_once(lambda: deltaspark.append(
+            ctx.spark, rows, path=deltaspark.s3a(url), app=app, version=plan.last_window,
+            metadata=_window_metadata(ctx, plan),
+        ), dt, url, app, plan.last_window)
         metrics.setdefault("num_source_rows", plan.rows)
         return metrics, dt, added
     staging = ctx.staging(plan.schema, plan.table, f"append-w{plan.last_window}")
@@ -832,10 +844,10 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, m
         from airflow_pgcdc.merge import deltaspark
 
         rows = plan.rows
-        done = deltaspark.append(
+        done = _spark_commit_once(lambda: deltaspark.append(
             ctx.spark, _read(ctx, plan.parts, schema_out), path=deltaspark.s3a(url), app=app,
             version=plan.last_window, metadata=_window_metadata(ctx, plan),
-        )
+        ), dt, url, app, plan.last_window)
         if done.get("concurrent_commit"):
             return {"changelog": url, "rows": 0, "concurrent_commit": True}
         return {"changelog": url, "rows": int(done.get("numOutputRows", rows))}
@@ -1074,10 +1086,10 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
     if ctx.engine == "delta-spark":
         from airflow_pgcdc.merge import deltaspark
 
-        metrics = deltaspark.merge_scd2(
+        metrics = _spark_commit_once(lambda: deltaspark.merge_scd2(
             ctx.spark, rows, build_scd2_spec(**spec_args, dialect="spark"), path=deltaspark.s3a(url),
             app=app, version=plan.last_window, metadata=_window_metadata(ctx, plan),
-        )
+        ), dt, url, app, plan.last_window)
         out["versions"] = int(metrics.get("num_target_rows_inserted", 0))
         out["closed"] = int(metrics.get("num_target_rows_updated", 0))
         return out

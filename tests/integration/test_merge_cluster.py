@@ -14,9 +14,13 @@ import subprocess
 import sys
 
 import pytest
-from test_merge import end_to_end
+from deltalake import DeltaTable
+from test_merge import assert_equal, drain, end_to_end, sql
 
 from airflow_pgcdc.merge.jars import unavailable_reason
+from airflow_pgcdc.merge.plan import app_id, delta_table_url
+from airflow_pgcdc.snapshot.export import snapshot_to_s3
+from airflow_pgcdc.store import s3 as s3store
 
 _MISSING = unavailable_reason()
 needs_jars = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
@@ -35,20 +39,32 @@ def db(pg18, request):
     pg18.drop_database(name)
 
 
-def cli_merge(cluster, s3, src, slot, lake, *extra):
-    """``pgcdc merge --master spark://…`` in its own process; returns its JSON result."""
-    env = dict(os.environ, **s3.aws_env(), SPARK_LOCAL_IP="127.0.0.1")
+def start_merge(cluster, s3, src, slot, lake, *extra, **env_extra) -> subprocess.Popen:
+    """``pgcdc merge --master spark://…`` started in its own process (output in pipes)."""
+    env = dict(os.environ, **s3.aws_env(), SPARK_LOCAL_IP="127.0.0.1", **env_extra)
     env.pop("PGCDC_SPARK_JARS", None)  # the jars are found, not given
-    proc = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-m", "airflow_pgcdc.cli", "merge", "--from", src, "--slot", slot, "--delta", lake,
          "--master", cluster.master_url, *extra],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+
+
+def finish_merge(proc: subprocess.Popen) -> dict:
+    """Wait for a :func:`start_merge` process; it must succeed; returns its JSON result."""
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, "\n".join(
+        [ln[:400] for ln in stderr.splitlines() if "Exception" in ln or "pgcdc" in ln][:30] + [stderr[-1500:]])
+    return json.loads(stdout[stdout.index("{"):]) | {"_stderr": stderr}
+
+
+def cli_merge(cluster, s3, src, slot, lake, *extra):
+    """``pgcdc merge --master spark://…`` in its own process; returns its JSON result."""
+    out = finish_merge(start_merge(cluster, s3, src, slot, lake, *extra))
+    stderr = out.pop("_stderr")
     if os.environ.get("PGCDC_DEBUG_TIMES"):
         print("MERGE", extra, out["seconds"], [(t["table"], t["seconds"]) for t in out["tables"]])
-        print("\n".join(ln for ln in proc.stderr.splitlines() if "INFO" in ln and "airflow_pgcdc" in ln or "WARN" in ln)[-3000:])
+        print("\n".join(ln for ln in stderr.splitlines() if "INFO" in ln and "airflow_pgcdc" in ln or "WARN" in ln)[-3000:])
     return out
 
 
@@ -88,6 +104,56 @@ def test_end_to_end_on_the_cluster(engine, db, slot_name, s3, s3_bucket, spark_c
     done = spark_cluster.status()["completedapps"]
     assert len(done) - apps == 3, "each merge ran as an application of the cluster"
     assert all(a["cores"] == 2 for a in done[-3:]), "on both workers' executors"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_killed_and_overlapping_jobs_on_the_cluster(engine, db, slot_name, s3, s3_bucket, spark_cluster,
+                                                    monkeypatch):
+    """A job killed right after its Delta commit (its driver gone, its executors with it)
+    reruns to ``up-to-date`` with no second commit; then two jobs started together on the
+    cluster (one core each, so both run at once) both succeed and the windows are committed
+    once; the table equals PostgreSQL."""
+    for k, v in s3.aws_env().items():
+        monkeypatch.setenv(k, v)
+    client = s3.client()
+    src, lake = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
+    slot = slot_name()
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(db, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 2000) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t")
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    sql(db, "UPDATE t SET v = 'w0' WHERE id % 7 = 0; DELETE FROM t WHERE id > 1900; "
+            "INSERT INTO t SELECT g, 'new' FROM generate_series(5000, 5100) g")
+    assert drain(db, src, slot, client).window_seq == 0
+    url = delta_table_url(lake, "public", "t")
+    app = app_id(slot, "public", "t")
+
+    killed = start_merge(spark_cluster, s3, src, slot, lake, *engine, PGCDC_FAULT="merge-after-commit")
+    _, err = killed.communicate(timeout=600)
+    assert killed.returncode == -9, err[-3000:]
+    dt = DeltaTable(url, storage_options=s3store.delta_storage_options())
+    assert dt.transaction_version(app) == 0, "killed after its commit: window 0 is in"
+    version = dt.version()
+    rerun = cli_merge(spark_cluster, s3, src, slot, lake, *engine)
+    assert [t["action"] for t in rerun["tables"]] == ["up-to-date"]
+    dt.update_incremental()
+    assert dt.version() == version, "the rerun committed nothing"
+    assert_equal(db, lake, "public.t", "id")
+
+    sql(db, "UPDATE t SET v = 'w1' WHERE id % 5 = 0")
+    assert drain(db, src, slot, client).window_seq == 1
+    sql(db, "DELETE FROM t WHERE id % 11 = 0; UPDATE t SET id = id + 100000 WHERE id % 13 = 0")
+    assert drain(db, src, slot, client).window_seq == 2
+    one_core = ("--conf", "spark.cores.max=1")
+    jobs = [start_merge(spark_cluster, s3, src, slot, lake, *engine, *one_core) for _ in range(2)]
+    results = [finish_merge(j) for j in jobs]
+    actions = [r["tables"][0]["action"] for r in results]
+    assert actions.count("merged") == 1, actions
+    assert {"merged-by-concurrent-job", "up-to-date"} & set(actions), actions
+    dt.update_incremental()
+    assert dt.transaction_version(app) == 2
+    assert dt.version() == version + 1, "windows 1..2 committed once, by one of the two jobs"
+    assert_equal(db, lake, "public.t", "id")
 
 
 def _pgcdc(*args, cwd):
