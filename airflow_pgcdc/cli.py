@@ -35,6 +35,7 @@ COMMANDS: list[str] = [
     "airflow_pgcdc.peek",
     "airflow_pgcdc.cli_basebackup",
     "airflow_pgcdc.cli_snapshot",
+    "airflow_pgcdc.cli_resync",
     "airflow_pgcdc.cli_drain",
     "airflow_pgcdc.cli_slots",
     "airflow_pgcdc.cli_verify",

@@ -25,7 +25,7 @@ from airflow_pgcdc.merge.clauses import MergeSpec
 from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
-    "CONCURRENT", "ConcurrentCommit", "TableExists", "add_columns", "append", "bootstrap", "commit_once", "merge", "merged_version", "open_table",
+    "CONCURRENT", "ConcurrentCommit", "TableExists", "add_columns", "append", "bootstrap", "commit_once", "merge", "replace", "merged_version", "open_table",
     "merge_progress", "merge_scd2", "read_staged", "staged_reader", "swap",
 ]
 
@@ -141,6 +141,22 @@ def bootstrap(url: str, reader: pa.RecordBatchReader, *,
         if "already exists" in str(e).lower():
             raise TableExists(f"Delta table {url} already exists") from None
         raise
+
+
+def replace(url: str, reader: pa.RecordBatchReader, *, storage_options: dict[str, str],
+            configuration: dict[str, str] | None, transactions: dict[str, int],
+            metadata: dict[str, str]) -> None:
+    """Overwrite the Delta table at ``url`` (created when missing) with ``reader``'s rows and
+    schema in one commit that also sets the app transactions ``transactions``."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    write_deltalake(
+        url, reader, mode="overwrite", schema_mode="overwrite", storage_options=storage_options,
+        configuration=configuration,
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(a, v) for a, v in transactions.items()], custom_metadata=metadata,
+        ),
+    )
 
 
 def merge(table, reader: pa.RecordBatchReader, spec: MergeSpec, *, app: str, version: int,

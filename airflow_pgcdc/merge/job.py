@@ -66,6 +66,7 @@ from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, encode_table_segment, new_run_id
 from airflow_pgcdc.store.manifest import committed_snapshot
+from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
 from airflow_pgcdc.store.window import read_window, window_folders
 from airflow_pgcdc.testhooks import fault_point
 
@@ -86,6 +87,12 @@ class IncompatibleSchemaChange(MergeError):
 class KeylessChange(MergeError):
     """A table without a key has changes that appending cannot apply (an update, a delete,
     a truncate)."""
+
+
+class NeedsSnapshot(MergeError):
+    """A table has changes in the windows but no starting copy: it joined the publication
+    after the pipeline's snapshot (or was left out of it). Merging its changes alone would
+    make a partial Delta table."""
 
 
 class TablesFailed(MergeError):
@@ -188,6 +195,7 @@ def merge_slot(
         spark.conf.set("spark.sql.timeType.enabled", "true")
     _remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
+    ctx.resyncs = committed_resyncs(client, layout, slot)
     manifests, wanted = _load_windows(ctx, snapshot, tables)
     result = MergeResult(slot=slot, source=source, delta=delta)
     try:
@@ -231,6 +239,8 @@ class _Context:
     engine: str = "delta-rs"
     history: str | None = None
     reader: str = "python"
+    # the slot's committed resyncs (store/resyncs.py), oldest first
+    resyncs: list = field(default_factory=list)
     # "schema.table" -> window N: no window up to N holds the table after its last merged
     # one (the tables index says so), so its merge starts after N (see _load_windows)
     anchors: dict[str, int] = field(default_factory=dict)
@@ -311,11 +321,18 @@ def _load_windows(ctx: _Context, snapshot, only: Sequence[str] | None) -> tuple[
             names[(t.schema, t.table)] = None
     for name in last_seen:
         names[name] = None
+    for r in ctx.resyncs:
+        for t in r.manifest.tables:
+            names[(t.schema, t.table)] = None
     for m in newer:
         for held in _held_tables(m):
             names[held] = None
     wanted = _select_tables(names, only)
     floor = _merged_floor(ctx, wanted, through, last_seen) if through >= 0 else 0
+    for schema, table in wanted:  # a resync to apply moves the table back: it needs every window
+        if _pending_resync(ctx, schema, table) is not None:
+            ctx.anchors.pop(f"{schema}.{table}", None)
+            floor = 0
     older = _read_windows(client, layout, slot, [s for s in folders if floor <= s <= through])
     manifests = older + newer
     seen = {m.window_seq: m for m in newer}
@@ -424,6 +441,31 @@ def _select_tables(names: dict, only: Sequence[str] | None) -> list[tuple[str, s
     return list(names)
 
 
+RESYNC_APP_SUFFIX = ":resync"
+"""A Delta table's app transaction ``{app}:resync`` holds the consistent point (as an
+integer LSN) of the resync it was last replaced from."""
+
+
+def _pending_resync(ctx: _Context, schema: str, table: str):
+    """``(resync, entry, dt)`` when the table's newest resync is not in its Delta table yet."""
+    found = latest_resync(ctx.resyncs, schema, table)
+    if found is None:
+        return None
+    url, app = _target(ctx, schema, table)
+    if url not in ctx.loaded:
+        ctx.loaded[url] = deltars.open_table(url, ctx.storage)
+    applied = deltars.merged_version(ctx.loaded[url], app + RESYNC_APP_SUFFIX)
+    if applied is not None and applied >= int(found[0].consistent_point):
+        return None
+    return found
+
+
+def _covered_windows(manifests, point: LSN) -> int:
+    """The last window whose every transaction committed before ``point`` (its end is at or
+    before it), or -1: the windows a copy taken at ``point`` already holds."""
+    return max((m.window_seq for m in manifests if m.end <= point), default=-1)
+
+
 def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys, max_windows) -> TableResult:
     t0 = time.monotonic()
     name = f"{schema}.{table}"
@@ -432,11 +474,30 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     entry = None
     if snapshot is not None:
         entry = next((t for t in snapshot.tables if t.schema == schema and t.table == table), None)
+    found = latest_resync(ctx.resyncs, schema, table)
+    pending = _pending_resync(ctx, schema, table) if found else None
     dt = ctx.open(url)
-    if dt is None and entry is not None:
+    since = None
+    if found is not None:
+        resync, entry = found  # the newest copy: its columns and key are the table's
+        since = int(resync.consistent_point)
+        if pending is not None:
+            covered = _covered_windows(manifests, resync.consistent_point)
+            res.bootstrap_rows = _resync_replace(ctx, resync, entry, url, app, covered)
+            res.action = "resynced"
+            dt = deltars.open_table(url, ctx.storage)
+    elif dt is None and entry is not None:
         res.bootstrap_rows = _bootstrap(ctx, snapshot, entry, url)
         res.action = "bootstrapped"
         dt = deltars.open_table(url, ctx.storage)
+    elif entry is None and snapshot is not None and _holds(manifests, schema, table):
+        raise NeedsSnapshot(
+            f"table {name} has changes in the windows but is not in the slot's snapshot "
+            f"({snapshot.snapshot_id}) nor in any resync: its Delta table would hold only the rows "
+            "changed since it joined the publication",
+            hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
+                 f"{ctx.layout.root.prefix} --tables {name}; the next merge then creates it",
+        )
     # history first: its own app transaction, committed before the table's merge, so a
     # crash between the two leaves the history ahead, never behind
     if ctx.history == "changelog":
@@ -445,7 +506,7 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
         res.history = _scd2(ctx, schema, table, snapshot, entry, manifests, keys, max_windows)
     last_merged = deltars.merged_version(dt, app)
     merged = ctx.after(name, last_merged)  # anchored: windows up to there hold nothing for it
-    consistent = snapshot.consistent_point if (merged is None and entry is not None) else None
+    consistent = snapshot.consistent_point if (merged is None and entry is not None and since is None) else None
     windows = select_windows(manifests, after=merged, consistent_point=consistent, limit=max_windows)
     if not windows or not _holds(windows, schema, table):
         if (windows or merged != last_merged) and res.action == "up-to-date":
@@ -457,6 +518,7 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=key_columns,
         window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq), keyless=not key_columns,
+        since_lsn=since,
     )
     res.first_window, res.last_window = plan.first_window, plan.last_window
     res.start_lsn, res.end_lsn = plan.start_lsn, plan.end_lsn
@@ -471,7 +533,7 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     res.metrics = metrics
     res.added_columns = added
     res.merged_rows = int(metrics.get("num_source_rows", 0))
-    res.action = "bootstrapped+merged" if res.action == "bootstrapped" else "merged"
+    res.action = f"{res.action}+merged" if res.action in ("bootstrapped", "resynced") else "merged"
     if metrics.get("concurrent_commit"):
         res.action = "merged-by-concurrent-job"
     res.delta_version = deltars.open_table(url, ctx.storage).version()
@@ -628,6 +690,36 @@ def _snapshot_input(ctx: _Context, snapshot, entry) -> tuple[list[str], list[pa.
     return parts, _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
 
 
+def _resync_replace(ctx: _Context, resync, entry, url: str, app: str, covered: int) -> int:
+    """Replace (or create) the table's Delta table from a resync's copy, in one commit that
+    also records the windows the copy covers (app version ``covered``) and the resync
+    itself (``{app}:resync`` = its consistent point): readers see the old table or the new
+    one, never a half-built or empty one; a crash before the commit leaves the old table
+    and the rerun replaces it again. Written through delta-rs whatever the engine (the
+    driver streams the files that the executors staged)."""
+    name = entry.qualified_name
+    parts = [resync.prefix + p.path for p in entry.parts]
+    if not parts:
+        raise MergeError(f"table {name}: the resync {resync.url} lists no part")
+    fields = _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
+    schema = pa.schema(fields)
+    staging = ctx.staging(entry.schema, entry.table, "resync")
+    _stage(ctx, _read(ctx, parts, schema), staging, schema)
+    paths, rows = deltars.read_staged(ctx.fs, staging)
+    point = int(resync.consistent_point)
+    deltars.replace(
+        url, deltars.staged_reader(ctx.fs, paths, schema), storage_options=ctx.storage,
+        configuration=table_configuration(fields),
+        transactions={app: covered, app + RESYNC_APP_SUFFIX: point},
+        metadata={"pgcdc.slot": ctx.slot, "pgcdc.resync": resync.url,
+                  "pgcdc.consistent_point": resync.manifest.consistent_point,
+                  "pgcdc.windows_covered": str(covered)},
+    )
+    log.info("%s: replaced %s from the resync at %s (%d rows; windows through %d are in the copy)",
+             name, url, resync.manifest.consistent_point, rows, covered)
+    return rows
+
+
 def _bootstrap(ctx: _Context, snapshot, entry, url: str) -> int:
     name = entry.qualified_name
     parts, fields = _snapshot_input(ctx, snapshot, entry)
@@ -705,7 +797,7 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     target = pa.schema(dt.schema().to_arrow())
     keys = list(plan.key_columns)
     columns, toast, read_schema = _change_inputs(plan, fields, keys)
-    df = _read(ctx, plan.parts, read_schema)
+    df = _read_changes(ctx, plan, read_schema)
     # key-changing updates left TOAST values unsent: match such rows on their old key
     rekey = plan.key_moves > 0 and bool(toast)
     compacted = compact(
@@ -775,7 +867,7 @@ def _append_only(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     fields = _batch_fields(ctx, plan)
     dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name})
     meta = [_META["_pgcdc_op"], _META["_pgcdc_commit_lsn"], _META["_pgcdc_seq"]]
-    df = _read(ctx, plan.parts, pa.schema(fields + meta))
+    df = _read_changes(ctx, plan, pa.schema(fields + meta))
     other = df.where(F.col("_pgcdc_op") != F.lit("I")).select("_pgcdc_op", "_pgcdc_commit_lsn").limit(1).collect()
     if other:
         op = {"U": "an update", "D": "a delete"}.get(other[0][0], other[0][0])
@@ -894,6 +986,17 @@ def _pg_types(plan: TablePlan) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- Spark I/O
+
+
+def _read_changes(ctx: _Context, plan: TablePlan, schema: pa.Schema):
+    """The plan's change rows; after a resync only those committed at or after its
+    consistent point (the earlier ones are in the table's copy)."""
+    df = _read(ctx, plan.parts, schema)
+    if plan.since_lsn is not None:
+        from pyspark.sql import functions as F
+
+        df = df.where(F.col("_pgcdc_commit_lsn") >= F.lit(plan.since_lsn))
+    return df
 
 
 def _read(ctx: _Context, parts: list[str], schema: pa.Schema):

@@ -146,6 +146,9 @@ class TablePlan:
     # key-changing updates whose unchanged TOAST values were not sent (the windows'
     # ``key_moves_unchanged_toast``): the compaction then matches such rows on the old key
     key_moves: int = 0
+    # a resync's consistent point: changes committed before it are in the table's copy
+    # (only rows with _pgcdc_commit_lsn >= since_lsn are applied; earlier truncates too)
+    since_lsn: int | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -177,10 +180,13 @@ def plan_table(
     key_columns: Sequence[str],
     window_prefix,
     keyless: bool = False,
+    since_lsn: int | None = None,
 ) -> TablePlan:
     """The plan for one table over ``windows`` (from :func:`select_windows`, non-empty).
     ``window_prefix(seq)`` gives a window folder's key prefix (with a trailing ``/``).
-    ``keyless``: the table has no key (its changes are appended, see the merge job)."""
+    ``keyless``: the table has no key (its changes are appended, see the merge job).
+    ``since_lsn``: the table was copied at this consistent point (a resync): changes and
+    truncates committed before it are in the copy already."""
     name = f"{schema}.{table}"
     if not key_columns and not keyless:
         raise NoMergeKey(
@@ -212,8 +218,10 @@ def plan_table(
                 ))
         for tr in m.truncates:
             if name in tr.get("tables", ()):
-                truncates += 1
                 point = (int(LSN.parse(tr["commit_lsn"])), int(tr["seq"]))
+                if since_lsn is not None and point[0] < since_lsn:
+                    continue
+                truncates += 1
                 if truncate_at is None or point > truncate_at:
                     truncate_at = point
     return TablePlan(
@@ -228,6 +236,7 @@ def plan_table(
         truncate_at=truncate_at,
         truncates=truncates,
         key_moves=key_moves,
+        since_lsn=since_lsn,
     )
 
 

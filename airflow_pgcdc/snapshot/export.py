@@ -381,8 +381,13 @@ def snapshot_to_s3(
     copy_format: str = "binary",
     s3_settings: s3store.S3Settings | None = None,
     worker_processes: bool | None = None,
+    temporary: bool = False,
 ) -> SnapshotManifest:
     """Create ``slot`` with an exported snapshot and copy the tables to ``to``.
+
+    ``temporary``: the slot is a temporary one, gone when this call returns (or its
+    process dies): a table resync (:mod:`.resync`) needs only its snapshot and its
+    consistent point, never its stream.
 
     Returns the committed manifest. ``on_slot_created(consistent_point, snapshot_name)``
     is called once the slot exists and every worker has imported the snapshot (tests use
@@ -437,7 +442,8 @@ def snapshot_to_s3(
 
             def create_slot():
                 return repl.create_slot(
-                    slot, output_plugin="pgoutput", two_phase=True if two_phase else None, snapshot="export"
+                    slot, output_plugin="pgoutput", two_phase=True if two_phase else None, snapshot="export",
+                    temporary=temporary,
                 )
 
             try:
@@ -538,7 +544,7 @@ def snapshot_to_s3(
         except BaseException:
             for w in procs:  # stop their COPYs and uploads before the prefix is removed
                 w.kill()
-            if slot_created:
+            if slot_created and not temporary:  # a temporary slot goes with its connection
                 _drop_slot(dsn, slot)
             try:
                 s3store.delete_prefix(client, location.bucket, layout.snapshot_prefix(slot, sid))

@@ -8,6 +8,8 @@ All keys are relative to a :class:`~airflow_pgcdc.store.s3.S3Location` (``bucket
     {prefix}/{slot}/changes/w={window_seq:012d}/{schema}.{table}/v{relation_version:04d}-part-00000-{attempt}.parquet
     {prefix}/{slot}/changes/w={window_seq:012d}/messages/part-00000-{attempt}.parquet
     {prefix}/{slot}/changes/w={window_seq:012d}/_manifest.json            (written last, conditional put)
+    {prefix}/{slot}/resync/{resync_slot}/snapshot/{snapshot_id}/...        (a table resync: a snapshot
+                                                                            of some tables, same format)
     {prefix}/basebackup/{backup_id}/base.tar[.gz|.lz4|.zst]
     {prefix}/basebackup/{backup_id}/<tablespace oid>.tar[.gz|.lz4|.zst]
     {prefix}/basebackup/{backup_id}/backup_manifest
@@ -320,6 +322,14 @@ class Layout:
     def snapshots_prefix(self, slot: str) -> str:
         """``{prefix}/{slot}/snapshot/``: list with delimiter ``/`` to find snapshot ids."""
         return self._key(validate_slot(slot), "snapshot") + "/"
+
+    def resync_layout(self, slot: str) -> Layout:
+        """Where ``pgcdc resync`` keeps the table snapshots it takes for ``slot``: a layout
+        rooted at ``{prefix}/{slot}/resync``, inside which each resync is an ordinary
+        snapshot (``{resync_slot}/snapshot/{snapshot_id}/…``) named after the temporary
+        slot that exported it."""
+        key = self._key(validate_slot(slot), "resync")
+        return Layout(S3Location(self.bucket, key))
 
     # -- changes
 

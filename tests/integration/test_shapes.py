@@ -10,6 +10,7 @@ import pytest
 from test_merge import assert_equal, drain, sql
 
 from airflow_pgcdc.merge.job import merge_slot
+from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.verify import verify_table
 
@@ -228,3 +229,145 @@ def test_key_swap_in_one_statement_under_a_deferrable_key(fresh_db, slot_name, s
     drain(db, src, slot, client)
     merge_slot(spark, source=src, slot=slot, delta=lake)
     assert_equal(db, lake, "public.t", "id")
+
+
+# --------------------------------------------------------------------------- resync
+
+
+def read_windows(client, src, slot):
+    from airflow_pgcdc.store.layout import Layout
+    from airflow_pgcdc.store.window import read_window, window_folders
+
+    layout = Layout.parse(src)
+    return [read_window(client, layout, slot, seq) for seq in window_folders(client, layout, slot)]
+
+
+def _numbered_writer(db, table, stop, counter, log_table=None):
+    """Inserts, updates and deletes on ``table`` (id, n, v) until ``stop``: transaction i
+    inserts id 100000+i, bumps n of an existing row, deletes the row inserted 3 earlier
+    (and appends row i to the keyless ``log_table``)."""
+    with psycopg.connect(db, autocommit=True) as c:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            with c.transaction():
+                c.execute(f"INSERT INTO {table} VALUES (%s, 0, 'w')", (100000 + i,))
+                c.execute(f"UPDATE {table} SET n = n + 1, v = 'u' || %s WHERE id = %s", (i, i % 300 + 1))
+                if i > 3:
+                    c.execute(f"DELETE FROM {table} WHERE id = %s", (100000 + i - 3,))
+                if log_table:
+                    c.execute(f"INSERT INTO {log_table} VALUES (%s, 'entry')", (i,))
+            counter[0] = i
+
+
+@pytest.mark.parametrize("case", ["new_table", "rebuild"])
+def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, spark):
+    """``pgcdc resync`` of a table while a numbered writer changes it and drains run: for a
+    table added to the publication after the snapshot (the merge refused it until then,
+    naming resync) and for a table of the pipeline whose Delta table was damaged. The next
+    merge replaces the Delta table from the copy in one commit and applies only the later
+    changes: equal to PostgreSQL; the other table is untouched; a replay is a no-op; the
+    temporary slot is gone. A keyless log table written by the same transactions is resynced
+    too: a change before the copy's consistent point applied again would be a duplicate row."""
+    import threading
+
+    from deltalake import DeltaTable
+
+    from airflow_pgcdc.merge.job import NeedsSnapshot, TablesFailed
+    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.snapshot.resync import TableNotPublished, resync_tables
+    from airflow_pgcdc.store import s3 as s3store
+
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE a (id int PRIMARY KEY, v text)")
+    sql(db, "CREATE TABLE b (id int PRIMARY KEY, n int, v text)")
+    sql(db, "INSERT INTO a SELECT g, 'a' FROM generate_series(1, 100) g")
+    sql(db, "INSERT INTO b SELECT g, 0, 'b' FROM generate_series(1, 300) g")
+    sql(db, "CREATE TABLE l (i int, note text)")  # no key: appended
+    sql(db, "INSERT INTO l SELECT -g, 'old' FROM generate_series(1, 20) g")
+    sql(db, f"CREATE PUBLICATION pub FOR TABLE {'a' if case == 'new_table' else 'a, b, l'}")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    storage = s3store.delta_storage_options()
+    b_url = delta_table_url(lake, "public", "b")
+
+    def resync():
+        return resync_tables(db, src, slot=slot, publication="pub", tables=["public.b", "l"], s3_client=client,
+                             workers=2, rows_per_part=100, worker_processes=False)
+
+    if case == "new_table":
+        with pytest.raises(TableNotPublished) as refused:
+            resync()
+        statement, _, rest = refused.value.hint.partition("; ")
+        assert statement == 'ALTER PUBLICATION "pub" ADD TABLE "public"."b", "public"."l"'
+        assert rest == "then rerun the resync"
+        sql(db, statement)  # the hint is the statement to run
+        sql(db, "UPDATE b SET v = 'changed after joining' WHERE id <= 5")
+        drain(db, src, slot, client)
+        with pytest.raises(TablesFailed) as failed:
+            merge_slot(spark, source=src, slot=slot, delta=lake)
+        by = {t.table: t for t in failed.value.result.tables}
+        assert by["public.a"].action == "bootstrapped" or by["public.a"].action.startswith("bootstrapped")
+        assert by["public.b"].action == "failed" and NeedsSnapshot.__name__ in by["public.b"].error
+        assert "pgcdc resync" in by["public.b"].hint and "--tables public.b" in by["public.b"].hint
+    else:
+        drain(db, src, slot, client)
+        merge_slot(spark, source=src, slot=slot, delta=lake)
+        DeltaTable(b_url, storage_options=storage).delete("id <= 150")  # the incident
+    a_version = DeltaTable(delta_table_url(lake, "public", "a"), storage_options=storage).version()
+
+    stop, counter, errors = threading.Event(), [0], []
+
+    def drains():
+        while not stop.is_set():
+            try:
+                drain(db, src, slot, client, max_seconds=1)
+            except Exception as exc:  # noqa: BLE001 - reported by the test
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=_numbered_writer, args=(db, "b", stop, counter, "l")),
+               threading.Thread(target=drains)]
+    for th in threads:
+        th.start()
+    try:
+        while counter[0] < 50:
+            stop.wait(0.05)
+        done = resync()
+        at_resync = counter[0]
+        while counter[0] < at_resync + 50:
+            stop.wait(0.05)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(60)
+    assert not errors, errors
+    assert done.manifest.table("public", "b").rows > 0
+    temp = sql(db, "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'pgcdc\\_rs\\_%'")[0][0]
+    assert temp == 0, "the temporary slot is gone"
+    while drain(db, src, slot, client).transactions:
+        pass
+    point = LSN.parse(done.manifest.consistent_point)
+    straddling = [m for m in read_windows(client, src, slot) if m.start < point < m.end]
+    assert straddling and any(t["table"] == "l" for t in straddling[0].tables), \
+        "a window holds changes from both sides of the copy's consistent point"
+    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    by = {t.table: t for t in out.tables}
+    assert by["public.b"].action == "resynced+merged", by["public.b"]
+    assert by["public.l"].action == "resynced+merged", by["public.l"]
+    assert_equal(db, lake, "public.l", "i")  # every row once (verify needs a key)
+    assert by["public.a"].action in ("up-to-date", "no-changes")
+    assert_equal(db, lake, "public.b", "id")
+    assert verify_table(db, lake, "public", "b").equal
+    assert DeltaTable(delta_table_url(lake, "public", "a"), storage_options=storage).version() == a_version
+    dt = DeltaTable(b_url, storage_options=storage)
+    version = dt.version()
+    again = merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert {t.table: t.action for t in again.tables}["public.b"] == "up-to-date"
+    dt.update_incremental()
+    assert dt.version() == version, "a replay commits nothing"
+    sql(db, "UPDATE b SET v = 'after' WHERE id % 10 = 0; DELETE FROM b WHERE id = 7")
+    drain(db, src, slot, client)
+    merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert_equal(db, lake, "public.b", "id")

@@ -1,0 +1,121 @@
+"""``pgcdc resync``: a fresh snapshot of some tables of a running pipeline.
+
+A table added to the publication after the pipeline's snapshot, or one to rebuild after an
+incident, needs a starting copy that fits the change windows exactly: every transaction in
+that copy or in a later window for that table, never both, never neither. A resync takes
+it the same way the pipeline's snapshot was taken, on the side, while drains and merges
+of the slot go on:
+
+1. Every table must already be in the publication (else :class:`TableNotPublished`, whose
+   hint is the ``ALTER PUBLICATION`` statement): from then on the slot's stream carries its
+   changes.
+2. A *temporary* logical slot is created with ``SNAPSHOT 'export'``; its consistent point
+   ``C`` splits the transactions: those whose commit record is before ``C`` are in the
+   exported snapshot, those at or after ``C`` are decoded after it, by every slot, so the
+   pipeline's windows hold them with ``_pgcdc_commit_lsn >= C``. The tables are copied
+   under that snapshot (the snapshot code, workers and all), and the temporary slot goes
+   with the connection: it never outlives the run, even a killed one, and never holds WAL.
+3. The copy is committed as an ordinary snapshot manifest under
+   ``{prefix}/{slot}/resync/{temporary slot}/snapshot/{id}/`` (:meth:`Layout.resync_layout`).
+
+The merge (:mod:`airflow_pgcdc.merge.job`) then replaces each resynced table's Delta table
+from that copy in one commit, and applies only the changes at or after ``C``. A failed
+resync leaves nothing the merge reads (no manifest), and its rerun starts over.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+
+import psycopg
+
+from airflow_pgcdc.errors import HintedError
+from airflow_pgcdc.pg.conninfo import redact
+from airflow_pgcdc.pg.tables import parse_table_names
+from airflow_pgcdc.protocol.quoting import quote_ident
+from airflow_pgcdc.snapshot.export import DEFAULT_ROWS_PER_PART, snapshot_to_s3
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.layout import Layout, validate_slot
+from airflow_pgcdc.store.resyncs import Resync, committed_resyncs
+
+__all__ = ["Resync", "ResyncError", "TableNotPublished", "committed_resyncs", "resync_tables"]
+
+log = logging.getLogger(__name__)
+
+RESYNC_SLOT_PREFIX = "pgcdc_rs_"
+
+
+class ResyncError(HintedError):
+    """The resync could not be taken (nothing was committed)."""
+
+
+class TableNotPublished(ResyncError):
+    """A table to resync is not in the publication: the slot would not stream its changes."""
+
+
+def _check(dsn: str, slot: str, publication: str, tables: Sequence[tuple[str, str]]) -> None:
+    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc-resync") as conn:
+        row = conn.execute(
+            "SELECT database = current_database() FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()
+        if row is None or not row[0]:
+            raise ResyncError(
+                f"slot {slot!r} does not exist in database {conn.info.dbname!r}: a resync adds tables to "
+                "a running pipeline",
+                hint="start the pipeline with `pgcdc snapshot` (it creates the slot)",
+            )
+        if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
+            raise ResyncError(f"publication {publication!r} does not exist in database {conn.info.dbname!r}",
+                              hint="give the publication the pipeline's drains use")
+        published = set(conn.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
+        ).fetchall())
+    missing = [(s, t) for s, t in tables if (s, t) not in published]
+    if missing:
+        names = ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in missing)
+        raise TableNotPublished(
+            f"not in publication {publication!r}: {names}; the slot would not stream their changes",
+            hint=f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {names}; then rerun the resync",
+        )
+
+
+def resync_tables(
+    dsn: str,
+    to: str,
+    *,
+    slot: str,
+    publication: str,
+    tables: Sequence[str],
+    workers: int = 4,
+    rows_per_part: int = DEFAULT_ROWS_PER_PART,
+    s3_client=None,
+    s3_settings: s3store.S3Settings | None = None,
+    copy_format: str = "binary",
+    worker_processes: bool | None = None,
+    on_slot_created: Callable[[str, str], None] | None = None,
+) -> Resync:
+    """Take a resync of ``tables`` (``schema.table``) for the pipeline of ``slot`` whose store
+    is ``to``; returns it once committed. See the module doc."""
+    validate_slot(slot)
+    names = parse_table_names(tables)
+    if not names:
+        raise ResyncError("name the tables to resync", hint="--tables schema.table [...]")
+    _check(dsn, slot, publication, names)
+    layout = Layout.parse(to)
+    rl = layout.resync_layout(slot)
+    resync_slot = RESYNC_SLOT_PREFIX + secrets.token_hex(6)
+    log.info("resync of %s for slot %s from %s (temporary slot %s)",
+             ", ".join(f"{s}.{t}" for s, t in names), slot, redact(dsn), resync_slot)
+    manifest = snapshot_to_s3(
+        dsn, rl.root, slot=resync_slot, publication=publication, tables=[f"{quote_ident(s)}.{quote_ident(t)}"
+                                                                         for s, t in names],
+        workers=workers, rows_per_part=rows_per_part, s3_client=s3_client, s3_settings=s3_settings,
+        copy_format=copy_format, worker_processes=worker_processes, on_slot_created=on_slot_created,
+        temporary=True,
+    )
+    done = Resync(manifest=manifest, layout=rl, resync_slot=resync_slot)
+    log.info("resync committed at consistent point %s: %s (%d rows); the next merge replaces these tables",
+             manifest.consistent_point, done.url, manifest.rows)
+    return done
