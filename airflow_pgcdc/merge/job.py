@@ -706,6 +706,7 @@ def _resync_replace(ctx: _Context, resync, entry, url: str, app: str, covered: i
     staging = ctx.staging(entry.schema, entry.table, "resync")
     _stage(ctx, _read(ctx, parts, schema), staging, schema)
     paths, rows = deltars.read_staged(ctx.fs, staging)
+    fault_point("merge-after-stage", log)
     point = int(resync.consistent_point)
     deltars.replace(
         url, deltars.staged_reader(ctx.fs, paths, schema), storage_options=ctx.storage,

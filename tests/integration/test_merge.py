@@ -16,6 +16,7 @@ from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.merge.plan import WindowGap, app_id, delta_table_url
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
+from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.window import read_window
@@ -499,13 +500,16 @@ def test_a_job_reads_only_the_window_manifests_it_needs(db18, slot_name, store, 
     drain(db, src, slot, client)  # window 0
     sql(db, "CREATE TABLE t2 (id int PRIMARY KEY, v text)")
     sql(db, "ALTER PUBLICATION pub ADD TABLE t2")
+    # a table that joins later needs its copy, even an empty one (the merge cannot tell a
+    # new table from an old one whose rows it never saw)
+    resync_tables(db, src, slot=slot, publication="pub", tables=["t2"], s3_client=client, worker_processes=False)
     sql(db, "INSERT INTO t2 VALUES (1, 'only in window 1')")
     drain(db, src, slot, client)  # window 1: the only one holding t2
     sql(db, "UPDATE t1 SET v = 'w2' WHERE id = 2")
     drain(db, src, slot, client)  # window 2
     first = merge_slot(spark, source=src, slot=slot, delta=lake)
     assert {t.table: t.action for t in first.tables} == {
-        "public.t1": "bootstrapped+merged", "public.t0": "bootstrapped", "public.t2": "merged"}
+        "public.t1": "bootstrapped+merged", "public.t0": "bootstrapped", "public.t2": "resynced+merged"}
     for i in range(3):
         sql(db, "UPDATE t1 SET v = %s WHERE id = 3", (f"w{3 + i}",))
         drain(db, src, slot, client)  # windows 3, 4, 5: t1 only

@@ -371,3 +371,46 @@ def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, 
     drain(db, src, slot, client)
     merge_slot(spark, source=src, slot=slot, delta=lake)
     assert_equal(db, lake, "public.b", "id")
+
+
+def test_a_merge_killed_while_replacing_from_a_resync_keeps_the_old_table(fresh_db, slot_name, store, s3, spark):
+    """The job is killed after staging the copy, before its one replace commit: the old
+    (damaged) Delta table is still there and readable at its version; the rerun replaces it
+    and applies the later changes."""
+    import os
+    import subprocess
+    import sys
+
+    from deltalake import DeltaTable
+
+    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.snapshot.resync import resync_tables
+    from airflow_pgcdc.store import s3 as s3store
+
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE b (id int PRIMARY KEY, v text)")
+    sql(db, "INSERT INTO b SELECT g, 'b' FROM generate_series(1, 300) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE b")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    merge_slot(spark, source=src, slot=slot, delta=lake)
+    url = delta_table_url(lake, "public", "b")
+    dt = DeltaTable(url, storage_options=s3store.delta_storage_options())
+    dt.delete("id <= 150")  # the incident
+    dt.update_incremental()
+    damaged = dt.version()
+    resync_tables(db, src, slot=slot, publication="pub", tables=["b"], s3_client=client, worker_processes=False)
+    sql(db, "UPDATE b SET v = 'after' WHERE id % 3 = 0")
+    drain(db, src, slot, client)
+    env = dict(os.environ, **s3.aws_env(), PGCDC_FAULT="merge-after-stage", SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run([sys.executable, "-m", "airflow_pgcdc.cli", "merge", "--from", src, "--slot", slot,
+                           "--delta", lake, "--master", "local[1]"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    dt.update_incremental()
+    assert dt.version() == damaged and len(dt.to_pyarrow_table()) == 150, "the old table, as it was"
+    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert [t.action for t in out.tables] == ["resynced+merged"]
+    assert_equal(db, lake, "public.b", "id")
+    assert verify_table(db, lake, "public", "b").equal

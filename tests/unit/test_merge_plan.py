@@ -98,6 +98,17 @@ def test_plan_collects_parts_versions_and_the_last_truncate():
     assert not none.has_work
 
 
+def test_plan_after_a_resync_skips_the_truncates_in_the_copy():
+    """A resync copied the table at 0/245: the truncate at 0/150 is in the copy (applying it
+    again would delete the copy's rows), the one at 0/250 is after it."""
+    w0 = win(0, "0/100", "0/200", tables=[table(rv(0))], truncates=[{"seq": 4, "commit_lsn": "0/150", "tables": ["public.t"]}])
+    w1 = win(1, "0/200", "0/300", truncates=[{"seq": 1, "commit_lsn": "0/250", "tables": ["public.t"]}])
+    plan = plan_table([w0, w1], schema="public", table="t", key_columns=["id"], window_prefix=str, since_lsn=0x245)
+    assert (plan.truncate_at, plan.truncates, plan.since_lsn) == ((0x250, 1), 1, 0x245)
+    only = plan_table([w0], schema="public", table="t", key_columns=["id"], window_prefix=str, since_lsn=0x245)
+    assert only.truncate_at is None and only.truncates == 0 and only.rows == 3, "rows are filtered when read"
+
+
 def test_plan_needs_a_key_covered_by_the_replica_identity():
     w = win(0, "0/1", "0/2", tables=[table(rv(cols=(("id", False), ("v", True))))])
     with pytest.raises(KeyNotCovered, match=r"does not include the merge key column\(s\) \['id'\]") as e:
