@@ -12,10 +12,15 @@ contents or the new, never a mix, and time travel keeps the old versions. Window
 live table merged while the rebuild ran are merged again by the next ``pgcdc_incremental``
 run (merging is idempotent per key, and windows are applied in order).
 
-Not supported: re-snapshotting one table while the slot keeps streaming (a new snapshot
-needs a new slot; run ``pgcdc_initial_load`` with a new slot for that).
+Mode ``resync`` (``params.mode``): copy ``tables`` again from PostgreSQL while the slot
+keeps streaming (``PgcdcResyncOperator``: a temporary slot's exported snapshot), then
+merge them into the live root: each Delta table is replaced from the copy in one commit
+and gets only the changes committed after it. For a table added to the publication after
+the initial load (add it to the publication first), or one whose history in the store
+cannot rebuild it. The other params of the rebuild mode are ignored.
 
-Params: ``tables`` (which tables; default all of the slot), ``store``, ``slot``,
+Params: ``mode`` (``rebuild``, the default, or ``resync``), ``tables`` (which tables;
+default all of the slot; ``resync`` needs them), ``store``, ``slot``,
 ``delta`` (the live root), ``rebuild_root`` (default ``{delta}_rebuild``; each run
 builds under ``{rebuild_root}/{ts_nodash}``), ``max_windows`` (stop after N windows;
 null: all), ``verify`` (compare the rebuilt tables with PostgreSQL: only meaningful on a
@@ -30,6 +35,7 @@ from _pgcdc_defaults import AWS_CONN_ID, PARAMS, POSTGRES_CONN_ID, SPARK_CONN_ID
 from airflow.sdk import DAG, Param, task
 
 from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
+from airflow_pgcdc.operators.resync import PgcdcResyncOperator
 from airflow_pgcdc.operators.verify import PgcdcVerifyOperator
 
 REBUILT = "{{ (params.rebuild_root or params.delta ~ '_rebuild') ~ '/' ~ ts_nodash }}"
@@ -43,6 +49,8 @@ with DAG(
     render_template_as_native_obj=True,
     params={
         **PARAMS,
+        "mode": Param("rebuild", enum=["rebuild", "resync"],
+                      description="rebuild from the store, or resync the tables from PostgreSQL"),
         "rebuild_root": Param(None, type=["null", "string"],
                               description="where to rebuild (default {delta}_rebuild)"),
         "max_windows": Param(None, type=["null", "integer"], minimum=0,
@@ -53,6 +61,28 @@ with DAG(
     tags=["pgcdc"],
     doc_md=__doc__,
 ) as dag:
+    @task.branch
+    def choose(params=None) -> str:
+        return "resync" if params["mode"] == "resync" else "rebuild"
+
+    resync = PgcdcResyncOperator(
+        task_id="resync",
+        to="{{ params.store }}",
+        slot="{{ params.slot }}",
+        publication="{{ params.publication }}",
+        tables="{{ params.tables }}",
+        postgres_conn_id=POSTGRES_CONN_ID,
+        aws_conn_id=AWS_CONN_ID,
+    )
+    merge_resynced = PgcdcSparkMergeOperator(
+        task_id="merge_resynced",
+        source="{{ params.store }}",
+        slot="{{ params.slot }}",
+        delta="{{ params.delta }}",
+        tables="{{ params.tables }}",
+        aws_conn_id=AWS_CONN_ID,
+        conn_id=SPARK_CONN_ID,
+    )
     rebuild = PgcdcSparkMergeOperator(
         task_id="rebuild",
         source="{{ params.store }}",
@@ -91,4 +121,6 @@ with DAG(
             ))
         return out
 
-    rebuild >> verify >> swap(rebuild.output)
+    branch = choose()
+    branch >> resync >> merge_resynced
+    branch >> rebuild >> verify >> swap(rebuild.output)

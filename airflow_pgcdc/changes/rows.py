@@ -35,6 +35,8 @@ caller converts each taken :class:`ChangeChunk` (a few thousand rows) with
 
 from __future__ import annotations
 
+import base64
+import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import chain
@@ -69,6 +71,15 @@ META_FIELDS: tuple[pa.Field, ...] = (
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+MISSING_VALUES_FIELD = "missing_values"
+
+
+def decode_missing_values(text: str) -> pa.RecordBatch:
+    """A relation version's ``missing_values`` (see :meth:`RelationVersion.encode_missing_values`)."""
+    with pa.ipc.open_stream(base64.b64decode(text)) as r:
+        return r.read_next_batch()
+
+
 def old_column_name(column: str) -> str:
     """``_pgcdc_old_<column>``: the old value of a replica-identity column."""
     return OLD_PREFIX + column
@@ -90,6 +101,8 @@ class RelationVersion:
     columns: tuple[PgColumn, ...]
     key_flags: tuple[bool, ...]
     version: int = 0
+    # {column: text}: what rows older than an ADD COLUMN … DEFAULT read (attmissingval)
+    missing_values: dict[str, str] | None = field(default=None, compare=False)
     decoder: TupleDecoder = field(init=False, repr=False)
     old_decoder: TupleDecoder | None = field(init=False, repr=False)
     old_indexes: tuple[int, ...] = field(init=False, repr=False)
@@ -141,7 +154,34 @@ class RelationVersion:
                 for c, k in zip(self.columns, self.key_flags, strict=True)
             ],
             "old_columns": [old_column_name(n) for n in self.old_columns],
+            **self._missing_entry(),
         }
+
+    def _missing_entry(self) -> dict:
+        if not self.missing_values:
+            return {}
+        try:
+            encoded = self.encode_missing_values()
+        except Exception as exc:  # noqa: BLE001 - a default the type map cannot read: rows read NULL
+            logging.getLogger(__name__).warning(
+                "%s: cannot record the ADD COLUMN default(s) %s (%s): rows older than the column "
+                "will read NULL in Delta", self.qualified_name, sorted(self.missing_values), exc)
+            return {}
+        return {MISSING_VALUES_FIELD: encoded} if encoded else {}
+
+    def encode_missing_values(self) -> str | None:
+        """:attr:`missing_values` decoded with this version's own types, as one Arrow IPC
+        row in base64 (exact for every type; the manifest's ``missing_values``)."""
+        values = {n: v for n, v in (self.missing_values or {}).items()}
+        idx = [i for i, c in enumerate(self.columns) if c.name in values]
+        if not idx:
+            return None
+        arrays_ = [self.decoder.decode_column(i, [values[self.columns[i].name]])[0] for i in idx]
+        batch = pa.RecordBatch.from_arrays(arrays_, schema=pa.schema([self.decoder.schema.field(i) for i in idx]))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as w:
+            w.write_batch(batch)
+        return base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")
 
     def same_definition(self, other: RelationVersion) -> bool:
         return (

@@ -228,6 +228,7 @@ class _TypeResolver:
         self.types: dict[int, PgTypeInfo] = {}
         self.names: dict[int, tuple[str, str]] = {}
         self.ndims: dict[int, dict[str, int]] = {}
+        self.missing: dict[int, dict[str, str]] = {}
 
     def type_of(self, oid: int) -> PgTypeInfo:
         t = self.types.get(oid) or builtin_type(oid)
@@ -243,13 +244,39 @@ class _TypeResolver:
     def dims(self, relation_oid: int) -> dict[str, int]:
         d = self.ndims.get(relation_oid)
         if d is None:
-            rows = self.sql.execute(
-                "SELECT attname::text, attndims FROM pg_catalog.pg_attribute "
-                "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attndims > 0",
-                (relation_oid,),
-            ).fetchall()
-            d = self.ndims[relation_oid] = dict(rows)
+            self._load_attributes(relation_oid)
+            d = self.ndims[relation_oid]
         return d
+
+    def missing_values(self, relation_oid: int) -> dict[str, str]:
+        """``{column: text}``: the value rows that existed before an ``ADD COLUMN … DEFAULT``
+        read for that column (``attmissingval``: PostgreSQL stores it instead of rewriting
+        the table), in the type's text form. The catalog's current state: a table rewritten
+        since then has none (its rows hold the value, and the merge cannot know)."""
+        m = self.missing.get(relation_oid)
+        if m is None:
+            self._load_attributes(relation_oid)
+            m = self.missing[relation_oid]
+        return m
+
+    def _load_attributes(self, relation_oid: int) -> None:
+        rows = self.sql.execute(
+            "SELECT attname::text, attndims, CASE WHEN atthasmissing THEN attmissingval::text END, "
+            "format_type(atttypid, NULL) FROM pg_catalog.pg_attribute "
+            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND (attndims > 0 OR atthasmissing)",
+            (relation_oid,),
+        ).fetchall()
+        self.ndims[relation_oid] = {name: ndims for name, ndims, _, _ in rows if ndims > 0}
+        missing = {}
+        for name, ndims, stored, type_name in rows:
+            if stored is None or ndims > 0:  # an array column's default: not read back (see README)
+                continue
+            # attmissingval is a one-element array of the column's type: its element's text
+            # (type_name is format_type's output, quoted by the server)
+            row = self.sql.execute(f"SELECT ((%s::text)::{type_name}[])[1]::text", (stored,)).fetchone()
+            if row is not None and row[0] is not None:
+                missing[name] = row[0]
+        self.missing[relation_oid] = missing
 
 
 class _Window:
@@ -311,6 +338,7 @@ class _Window:
             rv = RelationVersion(
                 candidate.relation_oid, schema, rel.relation_name, rel.replica_identity, columns,
                 candidate.key_flags, version=len(versions),
+                missing_values=self.types.missing_values(rel.relation_oid) or None,
             )
             versions.append(rv)
             self.buffers[id(rv)] = ChangeBuffer(rv)

@@ -25,7 +25,7 @@ from airflow_pgcdc.merge.clauses import MergeSpec
 from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
-    "CONCURRENT", "ConcurrentCommit", "TableExists", "add_columns", "append", "bootstrap", "commit_once", "merge", "replace", "merged_version", "open_table",
+    "CONCURRENT", "ConcurrentCommit", "TableExists", "add_columns", "add_filled_columns", "append", "bootstrap", "commit_once", "merge", "replace", "merged_version", "open_table",
     "merge_progress", "merge_scd2", "read_staged", "staged_reader", "swap",
 ]
 
@@ -218,6 +218,36 @@ def add_columns(table, fields: list[pa.Field]) -> None:
     delta_fields = Schema.from_arrow(pa.schema([f.with_nullable(True) for f in fields])).fields
     table.alter.add_columns(list(delta_fields))
     log.info("Delta table %s: added column(s) %s", table.table_uri, [f.name for f in fields])
+
+
+def add_filled_columns(table, fields: list[pa.Field], values: dict[str, Any], *,
+                       metadata: dict[str, str]) -> None:
+    """Add new columns whose existing rows read a value (``values[name]``, a pyarrow scalar:
+    an ``ADD COLUMN … DEFAULT`` in PostgreSQL), in ONE commit: the table's rows are
+    rewritten with the columns set (readers see the table without the columns or with them
+    filled, never NULLs first). Columns not in ``values`` are NULL. The rows stream
+    through the driver; the cost is one rewrite of the table."""
+    from deltalake import CommitProperties, write_deltalake
+
+    current = pa.schema(table.schema().to_arrow())
+    target = pa.schema(list(current) + [f.with_nullable(True) for f in fields])
+    dataset = table.to_pyarrow_dataset()
+
+    def batches():
+        for batch in dataset.to_batches():
+            extra = [
+                pa.repeat(values[f.name].cast(f.type), batch.num_rows) if f.name in values
+                else pa.nulls(batch.num_rows, f.type)
+                for f in fields
+            ]
+            yield pa.RecordBatch.from_arrays([batch.column(n) for n in current.names] + extra, schema=target)
+
+    write_deltalake(
+        table, pa.RecordBatchReader.from_batches(target, batches()), mode="overwrite", schema_mode="merge",
+        commit_properties=CommitProperties(custom_metadata=metadata),
+    )
+    log.info("Delta table %s: added column(s) %s, existing rows set to their ADD COLUMN default(s) %s",
+             table.table_uri, [f.name for f in fields], sorted(values))
 
 
 def swap(rebuilt_url: str, live_url: str, *, app: str, storage_options: dict[str, str],

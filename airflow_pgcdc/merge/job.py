@@ -46,11 +46,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_pgcdc.changes.rows import META_FIELDS, OLD_PREFIX
+from airflow_pgcdc.changes.rows import META_FIELDS, OLD_PREFIX, decode_missing_values
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.clauses import MATCH_PREFIX, build_merge_spec, keep_column
 from airflow_pgcdc.merge.compact import compact, toastable
-from airflow_pgcdc.merge.delta_types import to_delta_schema
+from airflow_pgcdc.merge.delta_types import to_delta_batch, to_delta_schema
 from airflow_pgcdc.merge.plan import (
     MergeError,
     TablePlan,
@@ -478,6 +478,7 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     pending = _pending_resync(ctx, schema, table) if found else None
     dt = ctx.open(url)
     since = None
+    main_entry = entry  # the history tables start from the pipeline's snapshot (a resync does not rebuild them)
     if found is not None:
         resync, entry = found  # the newest copy: its columns and key are the table's
         since = int(resync.consistent_point)
@@ -501,9 +502,9 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     # history first: its own app transaction, committed before the table's merge, so a
     # crash between the two leaves the history ahead, never behind
     if ctx.history == "changelog":
-        res.history = _changelog(ctx, schema, table, manifests, keys, entry, max_windows)
+        res.history = _changelog(ctx, schema, table, manifests, keys, main_entry, max_windows)
     elif ctx.history == "scd2":
-        res.history = _scd2(ctx, schema, table, snapshot, entry, manifests, keys, max_windows)
+        res.history = _scd2(ctx, schema, table, snapshot, main_entry, manifests, keys, max_windows)
     last_merged = deltars.merged_version(dt, app)
     merged = ctx.after(name, last_merged)  # anchored: windows up to there hold nothing for it
     consistent = snapshot.consistent_point if (merged is None and entry is not None and since is None) else None
@@ -764,9 +765,24 @@ def _batch_fields(ctx: _Context, plan: TablePlan) -> list[pa.Field]:
     return _delta_fields(_union_fields(plan.qualified_name, schemas))
 
 
-def _evolve(ctx: _Context, name: str, url: str, dt, fields: list[pa.Field], created: dict[str, str]):
+def _missing_values(plan: TablePlan) -> dict[str, Any]:
+    """``{column: pyarrow scalar in its Delta type}``: what rows older than an ``ADD COLUMN
+    … DEFAULT`` read, from the batch's relation versions (the drain records them)."""
+    out: dict[str, Any] = {}
+    for v in plan.versions:
+        if v.missing_values:
+            batch = to_delta_batch(decode_missing_values(v.missing_values))
+            for col_name, column in zip(batch.schema.names, batch.columns, strict=True):
+                out.setdefault(col_name, column[0])
+    return out
+
+
+def _evolve(ctx: _Context, name: str, url: str, dt, fields: list[pa.Field], created: dict[str, str],
+            missing: dict[str, Any] | None = None):
     """The Delta table at ``url`` with every column of ``fields``: created empty when
-    missing, new columns added. Returns ``(table, added column names)``."""
+    missing, new columns added (rows already there read ``missing[column]`` when
+    PostgreSQL gives them one: ``ADD COLUMN … DEFAULT``, else NULL). Returns ``(table,
+    added column names)``."""
     if dt is None:
         deltars.bootstrap(
             url, pa.RecordBatchReader.from_batches(pa.schema(fields), iter(())),
@@ -777,7 +793,11 @@ def _evolve(ctx: _Context, name: str, url: str, dt, fields: list[pa.Field], crea
     new = _check_target(name, pa.schema(dt.schema().to_arrow()), fields)
     if not new:
         return dt, []
-    deltars.add_columns(dt, new)
+    fill = {f.name: missing[f.name] for f in new if missing and f.name in missing}
+    if fill:
+        deltars.add_filled_columns(dt, new, fill, metadata={"pgcdc.slot": ctx.slot, "pgcdc.filled": ",".join(fill)})
+    else:
+        deltars.add_columns(dt, new)
     return deltars.open_table(url, ctx.storage), [f.name for f in new]
 
 
@@ -794,7 +814,7 @@ def _window_metadata(ctx: _Context, plan: TablePlan) -> dict[str, str]:
 def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     name = plan.qualified_name
     fields = _batch_fields(ctx, plan)
-    dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name})
+    dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name}, _missing_values(plan))
     target = pa.schema(dt.schema().to_arrow())
     keys = list(plan.key_columns)
     columns, toast, read_schema = _change_inputs(plan, fields, keys)
@@ -866,7 +886,7 @@ def _append_only(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     if plan.truncate_at is not None:
         raise KeylessChange(f"table {name} has no key and was truncated: appending cannot apply it", hint=hint)
     fields = _batch_fields(ctx, plan)
-    dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name})
+    dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name}, _missing_values(plan))
     meta = [_META["_pgcdc_op"], _META["_pgcdc_commit_lsn"], _META["_pgcdc_seq"]]
     df = _read_changes(ctx, plan, pa.schema(fields + meta))
     other = df.where(F.col("_pgcdc_op") != F.lit("I")).select("_pgcdc_op", "_pgcdc_commit_lsn").limit(1).collect()

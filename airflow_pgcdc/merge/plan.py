@@ -125,6 +125,8 @@ class VersionInput:
     old_columns: tuple[str, ...]
     parts: tuple[str, ...]
     rows: int
+    # the manifest's missing_values: what rows older than an ADD COLUMN … DEFAULT read
+    missing_values: str | None = None
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,7 @@ def plan_table(
                     old_columns=tuple(rv.get("old_columns", ())),
                     parts=tuple(base + p["path"] for p in rv.get("parts", ())),
                     rows=int(rv.get("rows", 0)),
+                    missing_values=rv.get("missing_values"),
                 ))
         for tr in m.truncates:
             if name in tr.get("tables", ()):

@@ -414,3 +414,37 @@ def test_a_merge_killed_while_replacing_from_a_resync_keeps_the_old_table(fresh_
     assert [t.action for t in out.tables] == ["resynced+merged"]
     assert_equal(db, lake, "public.b", "id")
     assert verify_table(db, lake, "public", "b").equal
+
+
+def test_add_column_with_a_default_reads_it_in_delta_too(fresh_db, slot_name, store, spark):
+    """``ALTER TABLE … ADD COLUMN … DEFAULT <constant or stable expression>`` rewrites no row
+    in PostgreSQL: the rows already there read the default (``attmissingval``). In Delta they
+    read it too (they used to read NULL), for several types, while a row inserted later with
+    an explicit NULL stays NULL and a column without a default stays NULL."""
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(db, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 50) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    merge_slot(spark, source=src, slot=slot, delta=lake)
+    sql(db, "ALTER TABLE t ADD COLUMN n int DEFAULT 42, ADD COLUMN s text DEFAULT 'it''s', "
+            "ADD COLUMN ts timestamptz DEFAULT now(), ADD COLUMN iv interval DEFAULT '1 day 02:00', "
+            "ADD COLUMN tm time DEFAULT '12:34:56.789', ADD COLUMN d numeric(10,2) DEFAULT 3.14, "
+            "ADD COLUMN nodef int")
+    sql(db, "UPDATE t SET v = 'changed' WHERE id = 1")
+    sql(db, "INSERT INTO t (id, v, n, s) VALUES (100, 'new', NULL, NULL)")
+    drain(db, src, slot, client)
+    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert sorted(out.tables[0].added_columns) == ["d", "iv", "n", "nodef", "s", "tm", "ts"]
+    assert verify_table(db, lake, "public", "t").equal  # every column, every type
+    from deltalake import DeltaTable
+
+    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.store import s3 as s3store
+
+    rows = {r["id"]: r for r in DeltaTable(delta_table_url(lake, "public", "t"),
+                                           storage_options=s3store.delta_storage_options()).to_pyarrow_table().to_pylist()}
+    assert (rows[2]["n"], rows[2]["s"], rows[2]["nodef"], rows[2]["tm"]) == (42, "it's", None, 45296789000)
+    assert (rows[100]["n"], rows[100]["s"]) == (None, None), "an explicit NULL stays NULL"
