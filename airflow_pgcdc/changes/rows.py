@@ -68,6 +68,9 @@ META_FIELDS: tuple[pa.Field, ...] = (
     pa.field("_pgcdc_commit_ts", pa.timestamp("us", tz="UTC"), nullable=True),
     pa.field("_pgcdc_unchanged_toast", pa.list_(pa.string()), nullable=False),
 )
+META_NAMES = frozenset(f.name for f in META_FIELDS)
+"""The metadata columns of a change part; a table column may not be named so (nor start
+with ``_pgcdc_old_``); any other name, ``_pgcdc_``-prefixed ones included, is the user's."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -112,10 +115,11 @@ class RelationVersion:
         display = f"{self.schema}.{self.table}"
         names = {c.name for c in self.columns}
         old_idx = tuple(i for i, k in enumerate(self.key_flags) if k)
-        clash = [n for n in names if n.startswith("_pgcdc_")]
+        clash = [n for n in names if n in META_NAMES or n.startswith(OLD_PREFIX)]
         if clash:
             raise ColumnNameClash(
-                f"table {display}: column(s) {sorted(clash)} use the reserved _pgcdc_ prefix"
+                f"table {display}: column(s) {sorted(clash)} have the name of airflow-pgcdc's "
+                f"change metadata ({', '.join(sorted(META_NAMES))}, {OLD_PREFIX}*)"
             )
         dec = TupleDecoder(self.columns, table=display)
         old_cols = [self.columns[i] for i in old_idx]

@@ -105,7 +105,7 @@ from airflow_pgcdc.changes.assembly import (
     TxnInfo,
     event_position,
 )
-from airflow_pgcdc.changes.rows import ChangeBuffer, RelationVersion, ts_us
+from airflow_pgcdc.changes.rows import ChangeBuffer, ColumnNameClash, RelationVersion, ts_us
 from airflow_pgcdc.changes.typemap import SESSION_OPTIONS
 from airflow_pgcdc.drain.guards import (
     DrainBusy,
@@ -139,6 +139,7 @@ from airflow_pgcdc.store.manifest import read_snapshot_manifest
 from airflow_pgcdc.store.window import (
     DEFAULT_MEMORY_BUDGET,
     KEY_MOVES_FIELD,
+    REFUSED_FIELD,
     WindowManifest,
     WindowWriter,
     latest_window,
@@ -314,6 +315,9 @@ class _Window:
         self._last_rel: po.Relation | None = None  # cache of the last change's relation
         self._last_rv: RelationVersion | None = None
         self._last_buf: ChangeBuffer | None = None
+        # tables whose rows cannot be written (a column named like our metadata): their
+        # changes are left out and the manifest says so; the merge refuses those tables
+        self.refused: dict[tuple[str, str], dict[str, Any]] = {}
         self.txn_ended = False
 
     # -- relation versions
@@ -359,7 +363,11 @@ class _Window:
         if rel is self._last_rel:
             rv, buf = self._last_rv, self._last_buf
         else:
-            rv = self._version(rel)
+            try:
+                rv = self._version(rel)
+            except ColumnNameClash as exc:  # that table alone: never the slot's drain
+                self._refuse(rel, exc)
+                return
             buf = self.buffers[id(rv)]
             self._last_rel, self._last_rv, self._last_buf = rel, rv, buf
         t = type(msg)
@@ -387,6 +395,17 @@ class _Window:
             self.writer.submit_rows(rv, buf.take(), self.pump)
         elif self.buffered > self.buffer_budget:
             self._flush_largest()
+
+    def _refuse(self, rel: po.Relation, exc: Exception) -> None:
+        key = (rel.namespace or "pg_catalog", rel.relation_name)
+        entry = self.refused.get(key)
+        if entry is None:
+            entry = self.refused[key] = {"error": str(exc), "first_commit_lsn": str(LSN(self._commit_lsn)),
+                                         "last_commit_lsn": "", "changes": 0}
+            log.error("%s.%s: its changes cannot be stored and are left out of this window (the other "
+                      "tables go on; the merge refuses this table): %s", key[0], key[1], exc)
+        entry["changes"] += 1
+        entry["last_commit_lsn"] = str(LSN(self._commit_lsn))
 
     def _note_lost_toast(self, rv: RelationVersion, image: tuple) -> None:
         """A key-changing update (the server sent the old key, not the old row: the table
@@ -957,6 +976,9 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
             lost = window.lost_toast.get(f"{t['schema']}.{t['table']}")
             if lost:
                 t[KEY_MOVES_FIELD] = lost["updates"]
+        for (schema, table), refused in window.refused.items():
+            out["tables"].append({"schema": schema, "table": table, "rows": 0, "bytes": 0,
+                                  "relation_versions": [], REFUSED_FIELD: refused})
         _fault("after-parts")
         # before anything is committed or confirmed: the publications still cover the pipeline
         # (dropped or altered during the window?); the query also proves the catalog session,

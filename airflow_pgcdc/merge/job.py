@@ -46,7 +46,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_pgcdc.changes.rows import META_FIELDS, OLD_PREFIX, decode_missing_values
+from airflow_pgcdc.changes.rows import META_FIELDS, META_NAMES, OLD_PREFIX, decode_missing_values
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.clauses import MATCH_PREFIX, build_merge_spec, keep_column
 from airflow_pgcdc.merge.compact import compact, toastable
@@ -67,7 +67,7 @@ from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, encode_table_segment, new_run_id
 from airflow_pgcdc.store.manifest import committed_snapshot
 from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
-from airflow_pgcdc.store.window import read_window, window_folders
+from airflow_pgcdc.store.window import REFUSED_FIELD, read_window, window_folders
 from airflow_pgcdc.testhooks import fault_point
 
 __all__ = ["IncompatibleSchemaChange", "MergeResult", "TableResult", "merge_slot"]
@@ -93,6 +93,10 @@ class NeedsSnapshot(MergeError):
     """A table has changes in the windows but no starting copy: it joined the publication
     after the pipeline's snapshot (or was left out of it). Merging its changes alone would
     make a partial Delta table."""
+
+
+class ReservedColumnName(MergeError):
+    """A table has a column named like the change metadata or the merge's own columns."""
 
 
 class TablesFailed(MergeError):
@@ -515,6 +519,7 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
         res.delta_version = dt.version() if dt is not None else None
         res.seconds = round(time.monotonic() - t0, 3)
         return res
+    _check_refused(name, windows, since)
     key_columns = _key_columns(name, entry, windows, keys)
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=key_columns,
@@ -575,7 +580,38 @@ def _key_columns(name: str, entry, windows, keys) -> tuple[str, ...]:
 
 
 def _table_fields(schema: pa.Schema) -> list[pa.Field]:
-    return [f for f in schema if not f.name.startswith("_pgcdc_")]
+    """A part's table columns: all but the change metadata (a table's own column may start
+    with ``_pgcdc_``; only the metadata names are reserved, see changes.rows.META_NAMES)."""
+    return [f for f in schema if f.name not in META_NAMES and not f.name.startswith(OLD_PREFIX)]
+
+
+def _check_refused(name: str, windows, since: int | None) -> None:
+    """The drain left the table's changes out of a window (a column named like the change
+    metadata): merging the rest would lose them. Changes before a resync's point are in
+    its copy."""
+    for m in windows:
+        for t in m.tables:
+            refused = t.get(REFUSED_FIELD)
+            if refused and f"{t['schema']}.{t['table']}" == name and (
+                since is None or int(LSN.parse(refused["last_commit_lsn"])) >= since
+            ):
+                raise ReservedColumnName(
+                    f"table {name}: the drain could not store {refused['changes']} change(s) of window "
+                    f"{m.window_seq} (from commit {refused['first_commit_lsn']}): {refused['error']}",
+                    hint=f"rename the column(s) in PostgreSQL, then take the table again: pgcdc resync "
+                         f"--tables {name} (the other tables are not affected)",
+                )
+
+
+def _check_internal_names(name: str, columns: list[str], keys, toast: list[str]) -> None:
+    """Names the compaction adds beside the table's columns must not be the table's own."""
+    internal = {keep_column(c) for c in toast} | {MATCH_PREFIX + k for k in keys}
+    clash = sorted(set(columns) & internal)
+    if clash:
+        raise ReservedColumnName(
+            f"table {name}: column(s) {clash} have the name of a column the merge adds while it "
+            "compacts the changes", hint="rename the column(s) in PostgreSQL, then pgcdc resync the table",
+        )
 
 
 def _nullable_type(t: pa.DataType) -> pa.DataType:
@@ -818,6 +854,7 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     target = pa.schema(dt.schema().to_arrow())
     keys = list(plan.key_columns)
     columns, toast, read_schema = _change_inputs(plan, fields, keys)
+    _check_internal_names(name, columns, keys, toast)
     df = _read_changes(ctx, plan, read_schema)
     # key-changing updates left TOAST values unsent: match such rows on their old key
     rekey = plan.key_moves > 0 and bool(toast)

@@ -126,6 +126,11 @@ DEFAULT_MEMORY_BUDGET = 256 << 20
 KEY_MOVES_FIELD = "key_moves_unchanged_toast"
 """A table entry's count of key-changing updates with unsent TOAST values (see above)."""
 
+REFUSED_FIELD = "refused"
+"""A table entry whose changes the drain could not store (a column named like the change
+metadata): ``{error, first_commit_lsn, last_commit_lsn, changes}``, no relation versions.
+The merge refuses the table (its copy must be taken again, ``pgcdc resync``, once fixed)."""
+
 _CORE = (
     "format", "kind", "slot", "window_seq", "start_lsn", "end_lsn", "end_reason", "system_id",
     "timeline", "snapshot_id", "transactions", "first_commit_lsn", "last_commit_lsn", "rows",

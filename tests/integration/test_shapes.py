@@ -448,3 +448,43 @@ def test_add_column_with_a_default_reads_it_in_delta_too(fresh_db, slot_name, st
                                            storage_options=s3store.delta_storage_options()).to_pyarrow_table().to_pylist()}
     assert (rows[2]["n"], rows[2]["s"], rows[2]["nodef"], rows[2]["tm"]) == (42, "it's", None, 45296789000)
     assert (rows[100]["n"], rows[100]["s"]) == (None, None), "an explicit NULL stays NULL"
+
+
+def test_columns_named_like_our_metadata(fresh_db, slot_name, store, spark):
+    """A column starting with ``_pgcdc_`` is the user's own and goes through (it used to stop
+    the drain of the whole slot). A column named exactly like the change metadata
+    (``_pgcdc_op``) cannot be stored: the drain leaves that table's changes out and says so in
+    the manifest, the other tables go on, and the merge refuses that table alone, naming the
+    fix; after a rename and a resync it merges equal."""
+    from airflow_pgcdc.merge.job import ReservedColumnName, TablesFailed
+    from airflow_pgcdc.snapshot.resync import resync_tables
+
+    client, src, lake = store
+    db = fresh_db
+    sql(db, 'CREATE TABLE ok (id int PRIMARY KEY, "_pgcdc_mine" text, "_pgcdc_old" int, v text)')
+    sql(db, 'CREATE TABLE odd (id int PRIMARY KEY, "_pgcdc_op" text, v text)')
+    sql(db, "INSERT INTO ok SELECT g, 'm' || g, g, 'v' FROM generate_series(1, 20) g")
+    sql(db, "INSERT INTO odd SELECT g, 'o', 'v' FROM generate_series(1, 20) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE ok, odd")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    sql(db, "UPDATE ok SET \"_pgcdc_mine\" = 'changed', v = 'w0' WHERE id <= 5; DELETE FROM ok WHERE id = 20")
+    sql(db, "UPDATE odd SET v = 'lost?' WHERE id <= 3")
+    w = drain(db, src, slot, client)
+    refused = {t["table"]: t.get("refused") for t in read_windows(client, src, slot)[0].tables}
+    assert refused["ok"] is None and refused["odd"]["changes"] == 3
+    with pytest.raises(TablesFailed) as failed:
+        merge_slot(spark, source=src, slot=slot, delta=lake)
+    by = {t.table: t for t in failed.value.result.tables}
+    assert by["public.ok"].action == "bootstrapped+merged"
+    assert by["public.odd"].action == "failed" and ReservedColumnName.__name__ in by["public.odd"].error
+    assert "pgcdc resync" in by["public.odd"].hint
+    assert verify_table(db, lake, "public", "ok").equal
+    assert w.rows == 6
+    sql(db, 'ALTER TABLE odd RENAME COLUMN "_pgcdc_op" TO op')
+    resync_tables(db, src, slot=slot, publication="pub", tables=["odd"], s3_client=client, worker_processes=False)
+    sql(db, "UPDATE odd SET v = 'after' WHERE id > 15")
+    drain(db, src, slot, client)
+    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert {t.table: t.action for t in out.tables}["public.odd"] == "resynced+merged"
+    assert verify_table(db, lake, "public", "odd").equal
