@@ -115,7 +115,9 @@ class TablesFailed(MergeError):
 class TableResult:
     table: str
     delta_url: str
-    action: str  # bootstrapped+merged | bootstrapped | merged | up-to-date | no-changes
+    # bootstrapped[+merged] | resynced[+merged] | merged | merged-by-concurrent-job |
+    # up-to-date | no-changes | failed
+    action: str
     app_id: str = ""
     bootstrap_rows: int = 0
     first_window: int | None = None
@@ -132,6 +134,9 @@ class TableResult:
     seconds: float = 0.0
     error: str | None = None  # action "failed": what went wrong, and what to do
     hint: str | None = None
+    # the table is no longer in the pipeline (dropped, or out of the publication) as of the
+    # newest window read: its Delta table keeps its last state
+    left_pipeline: bool = False
 
 
 @dataclass
@@ -215,6 +220,7 @@ def merge_slot(
                     table=f"{schema}.{table}", delta_url=_target(ctx, schema, table)[0], action="failed",
                     error=f"{type(exc).__name__}: {exc}", hint=getattr(exc, "hint", None),
                 )
+            res.left_pipeline = _left_pipeline(manifests, schema, table)
             result.tables.append(res)
     finally:
         s3store.delete_prefix(client, layout.bucket, layout.merge_staging_prefix(slot, ctx.run_id))
@@ -354,6 +360,15 @@ def _load_windows(ctx: _Context, snapshot, only: Sequence[str] | None) -> tuple[
         "%d table(s) anchored)", slot, len(folders), len(manifests), through, floor, len(ctx.anchors),
     )
     return manifests, wanted
+
+
+def _left_pipeline(manifests, schema: str, table: str) -> bool:
+    """Whether the newest window read says the table is no longer in the pipeline (its
+    ``pipeline_tables``, recorded since the drain checks publications)."""
+    if not manifests:
+        return False
+    newest = max(manifests, key=lambda m: m.window_seq)
+    return newest.pipeline_tables is not None and (schema, table) not in newest.pipeline_tables
 
 
 def _held_tables(m) -> set[tuple[str, str]]:
@@ -698,8 +713,25 @@ def _pg_type(f: pa.Field) -> str:
     return (md.get(b"pg_type") or b"?").decode()
 
 
+def _check_case(name: str, names: Sequence[str]) -> None:
+    """Delta (and Spark) resolve column names without regard to case: ``"Name"`` and
+    ``name``, two columns in PostgreSQL, cannot both live in one Delta table."""
+    seen: dict[str, list[str]] = {}
+    for n in names:
+        seen.setdefault(n.casefold(), []).append(n)
+    dups = [group for group in seen.values() if len(group) > 1]
+    if dups:
+        raise IncompatibleSchemaChange(
+            f"table {name}: column names {'; '.join(', '.join(repr(n) for n in g) for g in dups)} differ "
+            "only in case, and a Delta table's column names are case-insensitive",
+            hint="rename one of them in PostgreSQL (then pgcdc resync the table), or leave it out of "
+                 "the publication's column list",
+        )
+
+
 def _check_target(name: str, target: pa.Schema, fields: list[pa.Field]) -> list[pa.Field]:
     """New fields to add to the target; raises on a type the target cannot hold."""
+    _check_case(name, sorted({f.name for f in fields} | set(target.names)))
     have = {f.name: f for f in target}
     new = []
     for f in fields:
@@ -724,6 +756,7 @@ def _snapshot_input(ctx: _Context, snapshot, entry) -> tuple[list[str], list[pa.
     parts = [base + p.path for p in entry.parts]
     if not parts:
         raise MergeError(f"table {entry.qualified_name}: the snapshot {snapshot.snapshot_id} lists no part")
+    _check_case(entry.qualified_name, [c.name for c in entry.columns])
     return parts, _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
 
 
@@ -738,6 +771,7 @@ def _resync_replace(ctx: _Context, resync, entry, url: str, app: str, covered: i
     parts = [resync.prefix + p.path for p in entry.parts]
     if not parts:
         raise MergeError(f"table {name}: the resync {resync.url} lists no part")
+    _check_case(name, [c.name for c in entry.columns])
     fields = _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
     schema = pa.schema(fields)
     staging = ctx.staging(entry.schema, entry.table, "resync")

@@ -488,3 +488,54 @@ def test_columns_named_like_our_metadata(fresh_db, slot_name, store, spark):
     out = merge_slot(spark, source=src, slot=slot, delta=lake)
     assert {t.table: t.action for t in out.tables}["public.odd"] == "resynced+merged"
     assert verify_table(db, lake, "public", "odd").equal
+
+
+def test_columns_differing_only_in_case_fail_that_table_alone(fresh_db, slot_name, store, spark):
+    """``"Name"`` and ``name`` are two columns in PostgreSQL but one in Delta (case-
+    insensitive): that table fails with both names and a hint; the other table merges."""
+    from airflow_pgcdc.merge.job import IncompatibleSchemaChange, TablesFailed
+
+    client, src, lake = store
+    db = fresh_db
+    sql(db, 'CREATE TABLE c (id int PRIMARY KEY, "Name" text, name text)')
+    sql(db, "CREATE TABLE fine (id int PRIMARY KEY, v text)")
+    sql(db, "INSERT INTO c VALUES (1, 'A', 'a'); INSERT INTO fine VALUES (1, 'x')")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE c, fine")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    with pytest.raises(TablesFailed) as failed:
+        merge_slot(spark, source=src, slot=slot, delta=lake)
+    by = {t.table: t for t in failed.value.result.tables}
+    assert by["public.fine"].action == "bootstrapped"
+    assert by["public.c"].action == "failed" and IncompatibleSchemaChange.__name__ in by["public.c"].error
+    assert "'Name', 'name'" in by["public.c"].error and "rename" in by["public.c"].hint
+    assert verify_table(db, lake, "public", "fine").equal
+
+
+def test_a_dropped_table_keeps_its_delta_table_and_is_marked(fresh_db, slot_name, store, spark):
+    """A table dropped in PostgreSQL leaves the pipeline: the drain goes on, its Delta table
+    keeps its last state, and the merge result marks it (``left_pipeline``); nothing fails."""
+    from deltalake import DeltaTable
+
+    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.store import s3 as s3store
+
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY, v text)")
+    sql(db, "INSERT INTO a VALUES (1, 'a'); INSERT INTO b SELECT g, 'b' FROM generate_series(1, 10) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE a, b")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    sql(db, "UPDATE b SET v = 'last' WHERE id = 1")
+    drain(db, src, slot, client)
+    first = merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert not any(t.left_pipeline for t in first.tables)
+    sql(db, "DROP TABLE b")
+    sql(db, "UPDATE a SET v = 'after' WHERE id = 1")
+    drain(db, src, slot, client)
+    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
+    assert out["public.b"].left_pipeline and out["public.b"].action in ("up-to-date", "no-changes")
+    assert out["public.a"].action == "merged" and not out["public.a"].left_pipeline
+    rows = DeltaTable(delta_table_url(lake, "public", "b"), storage_options=s3store.delta_storage_options())
+    assert len(rows.to_pyarrow_table()) == 10, "the Delta table keeps its last state"
