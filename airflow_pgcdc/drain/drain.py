@@ -105,6 +105,7 @@ from airflow_pgcdc.changes.assembly import (
     TxnInfo,
     event_position,
 )
+from airflow_pgcdc.changes.codecs import parse_array_text
 from airflow_pgcdc.changes.rows import ChangeBuffer, ColumnNameClash, RelationVersion, ts_us
 from airflow_pgcdc.changes.typemap import SESSION_OPTIONS
 from airflow_pgcdc.drain.guards import (
@@ -262,21 +263,25 @@ class _TypeResolver:
 
     def _load_attributes(self, relation_oid: int) -> None:
         rows = self.sql.execute(
-            "SELECT attname::text, attndims, CASE WHEN atthasmissing THEN attmissingval::text END, "
-            "format_type(atttypid, NULL) FROM pg_catalog.pg_attribute "
-            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND (attndims > 0 OR atthasmissing)",
+            "SELECT a.attname::text, a.attndims, CASE WHEN a.atthasmissing THEN a.attmissingval::text END, "
+            "t.typdelim::text FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
+            "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND (a.attndims > 0 OR a.atthasmissing)",
             (relation_oid,),
         ).fetchall()
         self.ndims[relation_oid] = {name: ndims for name, ndims, _, _ in rows if ndims > 0}
         missing = {}
-        for name, ndims, stored, type_name in rows:
+        for name, ndims, stored, delimiter in rows:
             if stored is None or ndims > 0:  # an array column's default: not read back (see README)
                 continue
             # attmissingval is a one-element array of the column's type: its element's text
-            # (type_name is format_type's output, quoted by the server)
-            row = self.sql.execute(f"SELECT ((%s::text)::{type_name}[])[1]::text", (stored,)).fetchone()
-            if row is not None and row[0] is not None:
-                missing[name] = row[0]
+            try:
+                dims, _bounds, values = parse_array_text(stored, delimiter or ",")
+            except Exception as exc:  # noqa: BLE001 - the rows then read NULL, said loudly
+                log.warning("relation %s, column %s: cannot read its ADD COLUMN default %r: %s",
+                            relation_oid, name, stored, exc)
+                continue
+            if dims == [1] and values[0] is not None:
+                missing[name] = values[0]
         self.missing[relation_oid] = missing
 
 

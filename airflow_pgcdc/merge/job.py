@@ -466,7 +466,7 @@ integer LSN) of the resync it was last replaced from."""
 
 
 def _pending_resync(ctx: _Context, schema: str, table: str):
-    """``(resync, entry, dt)`` when the table's newest resync is not in its Delta table yet."""
+    """``(resync, entry)`` when the table's newest resync is not in its Delta table yet."""
     found = latest_resync(ctx.resyncs, schema, table)
     if found is None:
         return None

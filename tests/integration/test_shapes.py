@@ -432,12 +432,13 @@ def test_add_column_with_a_default_reads_it_in_delta_too(fresh_db, slot_name, st
     sql(db, "ALTER TABLE t ADD COLUMN n int DEFAULT 42, ADD COLUMN s text DEFAULT 'it''s', "
             "ADD COLUMN ts timestamptz DEFAULT now(), ADD COLUMN iv interval DEFAULT '1 day 02:00', "
             "ADD COLUMN tm time DEFAULT '12:34:56.789', ADD COLUMN d numeric(10,2) DEFAULT 3.14, "
+            "ADD COLUMN q text DEFAULT 'a,b \"c\" {d}', ADD COLUMN bx box DEFAULT '(1,1),(0,0)', "
             "ADD COLUMN nodef int")
     sql(db, "UPDATE t SET v = 'changed' WHERE id = 1")
     sql(db, "INSERT INTO t (id, v, n, s) VALUES (100, 'new', NULL, NULL)")
     drain(db, src, slot, client)
     out = merge_slot(spark, source=src, slot=slot, delta=lake)
-    assert sorted(out.tables[0].added_columns) == ["d", "iv", "n", "nodef", "s", "tm", "ts"]
+    assert sorted(out.tables[0].added_columns) == ["bx", "d", "iv", "n", "nodef", "q", "s", "tm", "ts"]
     assert verify_table(db, lake, "public", "t").equal  # every column, every type
     from deltalake import DeltaTable
 
@@ -447,6 +448,7 @@ def test_add_column_with_a_default_reads_it_in_delta_too(fresh_db, slot_name, st
     rows = {r["id"]: r for r in DeltaTable(delta_table_url(lake, "public", "t"),
                                            storage_options=s3store.delta_storage_options()).to_pyarrow_table().to_pylist()}
     assert (rows[2]["n"], rows[2]["s"], rows[2]["nodef"], rows[2]["tm"]) == (42, "it's", None, 45296789000)
+    assert (rows[2]["q"], rows[2]["bx"]) == ('a,b "c" {d}', "(1,1),(0,0)")  # box: ';'-delimited arrays
     assert (rows[100]["n"], rows[100]["s"]) == (None, None), "an explicit NULL stays NULL"
 
 
