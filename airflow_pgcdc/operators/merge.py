@@ -59,7 +59,7 @@ __all__ = [
     "s3_env",
 ]
 
-MERGED_ACTIONS = frozenset({"bootstrapped", "merged", "bootstrapped+merged"})
+MERGED_ACTIONS = frozenset({"bootstrapped", "merged", "bootstrapped+merged", "resynced", "resynced+merged"})
 """Table actions that made a Delta commit (and get an Asset event)."""
 
 _OWNED = ("application", "application_args")
