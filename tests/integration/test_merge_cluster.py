@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from test_merge import assert_equal, drain, end_to_end, sql
@@ -154,6 +155,41 @@ def test_killed_and_overlapping_jobs_on_the_cluster(engine, db, slot_name, s3, s
     assert dt.transaction_version(app) == 2
     assert dt.version() == version + 1, "windows 1..2 committed once, by one of the two jobs"
     assert_equal(db, lake, "public.t", "id")
+
+
+@needs_jars
+def test_a_window_larger_than_the_driver_memory_merges_on_the_cluster(db, slot_name, s3, s3_bucket, spark_cluster,
+                                                                      monkeypatch):
+    """With Delta's Spark engine and the s3a reader, executors read, compact and merge the
+    change rows; the driver only plans and commits. With ``spark.driver.memory=512m`` a
+    window of 3,000,000 rows of ~560 bytes (about 1.7 GB as rows, over three times the
+    driver's heap) merges on the cluster and the table holds every row."""
+    for k, v in s3.aws_env().items():
+        monkeypatch.setenv(k, v)
+    client = s3.client()
+    src, lake = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
+    slot = slot_name()
+    sql(db, "CREATE TABLE big (id bigint PRIMARY KEY, pad text)")
+    sql(db, "INSERT INTO big SELECT g, 'first' FROM generate_series(1, 1000) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE big")
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    n = 3_000_000
+    for first in range(1001, n + 1, 200_000):  # 15 transactions
+        sql(db, "INSERT INTO big SELECT g, repeat(md5(g::text), 17) FROM generate_series(%s, %s) g",
+            (first, min(first + 199_999, n)))
+    sql(db, "UPDATE big SET pad = 'updated' WHERE id <= 500")
+    w = drain(db, src, slot, client)
+    assert w.window_seq == 0 and w.rows == n - 1000 + 500
+    out = cli_merge(spark_cluster, s3, src, slot, lake, "--engine", "delta-spark", "--reader", "s3a",
+                    "--conf", "spark.driver.memory=512m")
+    t = out["tables"][0]
+    assert t["action"] == "bootstrapped+merged" and t["change_rows"] == w.rows, t
+    dt = DeltaTable(delta_table_url(lake, "public", "big"), storage_options=s3store.delta_storage_options())
+    assert dt.to_pyarrow_dataset().count_rows() == n
+    sample = dt.to_pyarrow_dataset().to_table(filter=(pc.field("id") <= 501) | (pc.field("id") == n)).to_pylist()
+    pads = {r["id"]: r["pad"] for r in sample}
+    assert pads[1] == pads[500] == "updated" and pads[501] == "first" and len(pads[n]) == 32 * 17
+    print(f"window of {w.rows:,} rows, {w.bytes / 1e6:.0f} MB of Parquet, merged in {t['seconds']:.0f}s")
 
 
 def _pgcdc(*args, cwd):
