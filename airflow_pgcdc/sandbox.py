@@ -780,6 +780,33 @@ class PostgresServer:
     def log_tail(self, lines: int = 40) -> str:
         return _tail(self.log_file, lines)
 
+    # ---- copies and promotion (tests of a server that is not the one the store followed)
+
+    def cold_copy(self, *, standby: bool = False) -> PostgresServer:
+        """A new, stopped server on a copy of this stopped server's data directory (same
+        system identifier, slots, roles and passwords), in its own temp dir on a free port.
+        ``standby``: it starts as a standby (``standby.signal``, no primary) until
+        :meth:`promote`. The copy is removed by its :meth:`close`."""
+        if self.running:
+            raise SandboxError(f"{self!r} is running: stop it before copying its data directory")
+        copy = PostgresServer(
+            self.flavour, password=self.password, repl_password=self.repl_password, ssl=self.ssl,
+            unsafe_fast=self.unsafe_fast, settings=self.settings, startup_timeout=self.startup_timeout,
+        )
+        shutil.copytree(self.data_dir, copy.data_dir, symlinks=True)
+        (copy.data_dir / "postmaster.pid").unlink(missing_ok=True)
+        if standby:
+            (copy.data_dir / "standby.signal").touch()
+        _chown_tree(copy.data_dir, copy._run_as)
+        return copy
+
+    def promote(self, timeout: float = 60.0) -> None:
+        """``pg_ctl promote`` a running standby and wait until it accepts writes (a new timeline)."""
+        self._run_tool(
+            [str(self.bin_dir / "pg_ctl"), "promote", "-D", str(self.data_dir), "-w", "-t", str(int(timeout))],
+            f"pg_ctl promote ({self.flavour})",
+        )
+
     # ---- SQL convenience
 
     def connect(self, dbname: str | None = None, *, autocommit: bool = True, **kwargs: Any):
@@ -999,7 +1026,9 @@ class PostgresServer:
                 )
             with contextlib.suppress(OSError):
                 lines = pidfile.read_text().splitlines()
-                if len(lines) >= 8 and lines[0].strip() == str(self._proc.pid) and lines[7].strip() == "ready":
+                # a standby (standby.signal) stays in recovery: "standby" once it accepts connections
+                ready = ("ready", "standby") if (self.data_dir / "standby.signal").exists() else ("ready",)
+                if len(lines) >= 8 and lines[0].strip() == str(self._proc.pid) and lines[7].strip() in ready:
                     return
             time.sleep(0.05)
         pid = self._proc.pid

