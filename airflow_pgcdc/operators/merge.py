@@ -41,9 +41,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow.exceptions import AirflowException
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Asset, AssetAlias
+from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
@@ -51,18 +52,56 @@ from airflow_pgcdc.operators import assets
 
 __all__ = [
     "MERGED_ACTIONS",
+    "ON_FAILED_TABLES",
+    "PgcdcMergeCheckOperator",
     "PgcdcMergeSubmitHook",
     "PgcdcSparkMergeOperator",
+    "PgcdcTablesFailed",
     "delta_alias",
+    "failed_tables",
     "merge_application_args",
     "merge_spark_conf",
+    "merged_tables",
     "s3_env",
+    "tables_failed_message",
 ]
 
 MERGED_ACTIONS = frozenset({"bootstrapped", "merged", "bootstrapped+merged", "resynced", "resynced+merged"})
 """Table actions that made a Delta commit (and get an Asset event)."""
 
+ON_FAILED_TABLES = ("fail", "succeed")
+"""What :class:`PgcdcSparkMergeOperator` does when the job failed some tables and merged
+the others (``on_failed_tables``)."""
+
 _OWNED = ("application", "application_args")
+
+
+class PgcdcTablesFailed(AirflowException):
+    """The merge job failed some tables (the others were merged and committed); the
+    message names each failed table with its error and hint."""
+
+
+def failed_tables(result: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """The tables of a merge result the job failed (``action == "failed"``)."""
+    return [t for t in (result or {}).get("tables", ()) if t.get("action") == "failed"]
+
+
+def merged_tables(result: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """The tables of a merge result whose Delta table got a commit (:data:`MERGED_ACTIONS`)."""
+    return [t for t in (result or {}).get("tables", ()) if t.get("action") in MERGED_ACTIONS]
+
+
+def tables_failed_message(result: Mapping[str, Any]) -> str:
+    """One message naming every failed table of ``result`` with its error and hint, and
+    the tables that did get a commit."""
+    failed = failed_tables(result)
+    moved = merged_tables(result)
+    lines = [f"{len(failed)} of {len(result.get('tables', ()))} table(s) not merged"
+             + (f" (merged and committed: {', '.join(t['table'] for t in moved)})" if moved else "") + ":"]
+    for t in failed:
+        lines.append(f"  {t.get('table')}: {t.get('error')}" + (f" (hint: {t['hint']})" if t.get("hint") else ""))
+    return "\n".join(lines)
+
 
 
 def delta_alias(slot: str | None = None) -> AssetAlias:
@@ -239,6 +278,16 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     :param py_files_dir: where to keep the ``airflow_pgcdc.zip`` shipped with
         ``--py-files`` (rebuilt when a source is newer); default: a temporary directory
         per run, removed afterwards
+    :param on_failed_tables: what to do when the job failed some tables and merged the
+        others (``TablesFailed``, exit 1; each table's result still printed): ``"fail"``
+        (default): the task fails, its message naming every failed table with its error
+        and hint, the result is still pushed as the XCom ``return_value``, and no Asset
+        event is emitted — Airflow (3.x) records Asset events only for a task instance that
+        succeeds; ``"succeed"``: the task succeeds with the Asset events of the tables that
+        got a commit and the result (failed tables included) as its XCom, logging the failed
+        tables as an error — put :class:`PgcdcMergeCheckOperator` downstream so that the run
+        still fails naming them. Any other failure of the job (``WindowGap``, a lost
+        executor, no result) fails the task either way.
     :param kwargs: any other :class:`SparkSubmitOperator` argument (``conf`` is laid
         over the merge's conf; ``py_files`` and ``env_vars`` are added to the merge's;
         ``application`` and ``application_args`` are the operator's own)
@@ -265,10 +314,13 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         aws_conn_id: str | None = None,
         conn_id: str = "spark_default",
         py_files_dir: str | None = None,
+        on_failed_tables: str = "fail",
         conf: Mapping[str, Any] | None = None,
         name: str = "pgcdc-merge",
         **kwargs: Any,
     ) -> None:
+        if on_failed_tables not in ON_FAILED_TABLES:
+            raise ValueError(f"on_failed_tables must be one of {', '.join(ON_FAILED_TABLES)}, got {on_failed_tables!r}")
         given = [k for k in _OWNED if k in kwargs]
         if given:
             raise TypeError(f"PgcdcSparkMergeOperator sets {', '.join(given)} itself; do not pass them")
@@ -294,6 +346,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.reader = reader
         self.aws_conn_id = aws_conn_id
         self.py_files_dir = py_files_dir
+        self.on_failed_tables = on_failed_tables
         merge_application_args(source=source, slot=slot, delta=delta, keys=self.keys)  # bad keys fail at parse time
 
     # ------------------------------------------------------------------ building
@@ -384,13 +437,18 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             self.py_files = ",".join([zip_path, *user_py_files])
             self.log.info("merge of slot %s from %s into %s (tables %s, max windows %s)", self.slot,
                           self.source, self.delta, self._tables() or "all", self._max_windows() or "all")
+            submit_error: Exception | None = None
             try:
                 super().execute(context)
+            except Exception as e:  # noqa: BLE001 - spark-submit's non-zero exit: see the result below
+                submit_error = e
             finally:
                 self.py_files = ",".join(user_py_files) or None
                 self.jars = user_jars
         hook = self._hook
         result = getattr(hook, "merge_result", None)
+        if submit_error is not None and not failed_tables(result):
+            raise submit_error  # not a per-table failure (WindowGap, a lost executor...): as it was
         if result is None:
             error = getattr(hook, "merge_result_error", None)
             raise RuntimeError(
@@ -402,8 +460,28 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             self.log.info("%s: %s, windows %s..%s (%s..%s), Delta version %s", t.get("table"),
                           t.get("action"), t.get("first_window"), t.get("last_window"),
                           t.get("start_lsn"), t.get("end_lsn"), t.get("delta_version"))
+        if failed_tables(result):
+            return self._tables_failed(context, result)
         self._emit_asset_events(context, result)
         return result
+
+    def _tables_failed(self, context, result: dict[str, Any]) -> dict[str, Any]:
+        message = tables_failed_message(result)
+        moved = [t["table"] for t in merged_tables(result)]
+        if self.on_failed_tables == "succeed":
+            self.log.error("%s\nthe task succeeds (on_failed_tables='succeed'): Asset events for %s; "
+                           "the failed tables are in the XCom result", message, ", ".join(moved) or "no table")
+            self._emit_asset_events(context, result)
+            return result
+        ti = context.get("ti") if hasattr(context, "get") else None
+        if ti is not None:  # the runner pushes a return value only for a task that succeeds
+            ti.xcom_push(key="return_value", value=result)
+        if moved:
+            self.log.warning(
+                "%s were merged and committed, but get no Asset event from this run: Airflow records "
+                "Asset events only for a task that succeeds (on_failed_tables='succeed' with a "
+                "PgcdcMergeCheckOperator downstream emits them and still fails the run)", ", ".join(moved))
+        raise PgcdcTablesFailed(message)
 
     def _emit_asset_events(self, context, result: Mapping[str, Any]) -> None:
         for t in result.get("tables", ()):
@@ -416,3 +494,28 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                 "delta_version": t.get("delta_version"),
                 "action": t.get("action"),
             })
+
+
+class PgcdcMergeCheckOperator(BaseOperator):
+    """Fails when the merge task ``merge_task_id`` (a :class:`PgcdcSparkMergeOperator` with
+    ``on_failed_tables="succeed"``) reported failed tables, naming each with its error and
+    hint; succeeds otherwise. Put it downstream of the merge: the merge task emits the Asset
+    events of the tables that moved, this task fails the run for the others.
+
+    Returns (XCom) ``{"failed": []}`` when nothing failed.
+    """
+
+    template_fields: Sequence[str] = ("merge_task_id",)
+    ui_color = "#fdebd0"
+
+    def __init__(self, *, merge_task_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.merge_task_id = merge_task_id
+
+    def execute(self, context) -> dict[str, Any]:
+        result = context["ti"].xcom_pull(task_ids=self.merge_task_id, key="return_value")
+        if not isinstance(result, Mapping):
+            raise AirflowException(f"no merge result from task {self.merge_task_id!r} (XCom return_value): {result!r}")
+        if failed_tables(result):
+            raise PgcdcTablesFailed(tables_failed_message(result))
+        return {"failed": []}
