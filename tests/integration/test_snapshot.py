@@ -445,3 +445,41 @@ def test_the_text_casts_catalog_query_runs_once_per_run(fresh_db, slot_name, sto
     monkeypatch.setattr(export, "function_casts", lambda conn: calls.append(1) or real(conn))
     manifest = snapshot_to_s3(fresh_db, url, slot=slot_name(), publication="pub", workers=1, s3_client=client)
     assert len(manifest.tables) == 3 and calls == [1]
+
+
+class _RetriedAfterUnseenSuccess:
+    """An S3 client whose conditional put of a manifest behaves like botocore retrying a
+    PutObject whose answer was lost: the first request lands, the retry gets 412."""
+
+    def __init__(self, client):
+        self._client, self.retried = client, []
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def put_object(self, **kw):
+        if kw.get("IfNoneMatch") == "*" and kw["Key"].endswith("/_manifest.json") and not self.retried:
+            self._client.put_object(**kw)  # the success the client never saw
+            self.retried.append(kw["Key"])
+        return self._client.put_object(**kw)
+
+
+def test_manifest_put_retried_after_an_unseen_success_commits_the_snapshot(fresh_db, slot_name, store, s3):
+    """The snapshot's manifest put is retried by the client after a success it did not see:
+    the retry's If-None-Match fails on our own manifest. That is the commit: the slot and
+    the snapshot stay (the old code took it for a lost race, dropped its slot and removed
+    the committed manifest with its prefix)."""
+    client, url = store
+    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(fresh_db, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 500) g")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    flaky = _RetriedAfterUnseenSuccess(client)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, s3_client=flaky)
+    layout = Layout.parse(url)
+    key = layout.snapshot_manifest(slot, manifest.snapshot_id)
+    assert flaky.retried == [key], "the manifest's put was the retried one"
+    assert slot_exists(fresh_db, slot)
+    stored = SnapshotManifest.from_json(s3store.get_bytes(client, layout.bucket, key))
+    assert stored.snapshot_id == manifest.snapshot_id and stored.rows == 500
+    assert read_table(s3, url, stored, "public", "t").num_rows == 500
