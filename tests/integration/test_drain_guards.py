@@ -619,6 +619,39 @@ def test_long_replay_of_a_streamed_transaction_keeps_the_connection(fresh_db, sl
     assert confirmed(fresh_db, slot) == LSN.parse(r.end_lsn)
 
 
+def test_long_replay_of_a_held_prepared_transaction_keeps_the_connection(fresh_db, slot_name, store, monkeypatch):
+    """A two-phase transaction prepared in window 0 is held in the store; its COMMIT PREPARED
+    in window 1 replays it from S3 (through a spool file). Slowed to about 4 s against a 2 s
+    wal_sender_timeout, status updates keep the connection alive and window 1 commits."""
+    if fresh_db.server.version_num < 150000:
+        pytest.skip("two-phase decoding needs PostgreSQL 15+")
+    client, url = store
+    slot = slot_name()
+    sql(fresh_db, "CREATE TABLE seq (n bigint PRIMARY KEY, pad text)")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE seq")
+    create_slot(fresh_db, slot, two_phase=True)
+    with psycopg.connect(fresh_db, autocommit=True) as c:
+        c.execute("BEGIN")
+        c.execute("INSERT INTO seq SELECT g, repeat('p', 100) FROM generate_series(1, 20000) g")
+        c.execute("PREPARE TRANSACTION 'held'")
+    w0 = drain(fresh_db, url, slot, client)
+    assert w0.rows == 0 and read_window(client, Layout.parse(url), slot, w0.window_seq).pending_prepared
+    sql(fresh_db, "COMMIT PREPARED 'held'")
+    real = drain_mod._Window.change
+
+    def slow(self, rel, msg, nbytes):
+        if self.rows % 100 == 0:
+            time.sleep(0.02)
+        return real(self, rel, msg, nbytes)
+
+    monkeypatch.setattr(drain_mod._Window, "change", slow)
+    r = drain(fresh_db, url, slot, client, connect_options="-c wal_sender_timeout=2s")
+    assert r.window_seq == w0.window_seq + 1 and r.rows == 20000 and r.transactions == 1
+    m = read_window(client, Layout.parse(url), slot, r.window_seq)
+    assert m.pending_prepared == [] and [p["gid"] for p in m.prepared["committed"]] == ["held"]
+    assert confirmed(fresh_db, slot) == LSN.parse(r.end_lsn)
+
+
 def test_drain_right_after_a_killed_one_waits_for_the_slot(fresh_db, slot_name, store, s3):
     """Right after a drain is SIGKILLed, its walsender may hold the slot (and its session the
     slot lock) for a moment: the next drain waits for them (bounded) instead of failing
