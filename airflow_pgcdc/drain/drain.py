@@ -144,6 +144,7 @@ from airflow_pgcdc.store.window import (
     WindowManifest,
     WindowWriter,
     latest_window,
+    read_window,
 )
 
 log = logging.getLogger(__name__)
@@ -603,9 +604,24 @@ def _lock(sql: psycopg.Connection, slot: str, busy_wait: float) -> None:
         )
 
 
-def _connect(dsn: str, slot: str, plan: _Plan, *, status_interval: float, connect_options: str | None):
+def _window_timelines(client, layout: Layout, slot: str):
+    """``window_at(seq) -> (timeline, start)`` of committed windows, each manifest read once."""
+    seen: dict[int, tuple[int | None, LSN]] = {}
+
+    def window_at(seq: int) -> tuple[int | None, LSN]:
+        if seq not in seen:
+            m = read_window(client, layout, slot, seq)
+            seen[seq] = (m.timeline, m.start)
+        return seen[seq]
+
+    return window_at
+
+
+def _connect(dsn: str, slot: str, plan: _Plan, *, status_interval: float, connect_options: str | None,
+             window_at=None):
     """A replication connection to a server that is the one the store followed
-    (:func:`~airflow_pgcdc.drain.guards.check_server`), with its ``IDENTIFY_SYSTEM``."""
+    (:func:`~airflow_pgcdc.drain.guards.check_server`, every timeline of the store's windows
+    read with ``window_at``), with its ``IDENTIFY_SYSTEM``."""
     conn = ReplicationConnection.connect(
         dsn, application_name="pgcdc-drain", status_interval=status_interval,
         options=_options(dsn, connect_options),
@@ -617,6 +633,7 @@ def _connect(dsn: str, slot: str, plan: _Plan, *, status_interval: float, connec
             recorded_system_id=plan.system_id, recorded_timeline=plan.timeline,
             store_end=plan.start, where=plan.recorded_by,
             history=lambda tli: [(e.timeline, e.switchpoint) for e in conn.timeline_history(tli).entries()],
+            windows=plan.seq, window_at=window_at,  # windows 0 .. seq - 1 are committed
         )
     except BaseException:
         conn.close()
@@ -718,14 +735,16 @@ def drain_window(
         plan = _plan(client, layout, slot, sql)
         check_publications(sql, publications, plan.pipeline or (), slot=slot, forget=forget)
         # the server must be the one the store followed before positions are compared
-        conn, ident = _connect(dsn, slot, plan, status_interval=status_interval, connect_options=connect_options)
+        window_at = _window_timelines(client, layout, slot)
+        conn, ident = _connect(dsn, slot, plan, status_interval=status_interval, connect_options=connect_options,
+                               window_at=window_at)
         try:
             return _drain_on(
                 conn, ident, sql, client, layout, slot, plan, t0=t0, started_at=started_at,
                 publications=publications, forget=forget, until_lsn=until_lsn, binary=binary,
                 busy_wait=busy_wait, spool_dir=spool_dir, where=redact(dsn),
                 reconnect=lambda: _connect(dsn, slot, plan, status_interval=status_interval,
-                                           connect_options=connect_options)[0],
+                                           connect_options=connect_options, window_at=window_at)[0],
                 run_kw=dict(
                     max_rows=max_rows, max_bytes=max_bytes, max_seconds=max_seconds,
                     skip_origins=skip_origins, message_prefixes=message_prefixes, heartbeat=heartbeat,

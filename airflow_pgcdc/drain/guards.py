@@ -176,12 +176,18 @@ def check_server(
     store_end: LSN,
     where: str,
     history: Callable[[int], list[tuple[int, LSN]]],
+    windows: int = 0,
+    window_at: Callable[[int], tuple[int | None, LSN]] | None = None,
 ) -> str | None:
     """Raise :class:`ServerMismatch` if the server is not the one the store followed.
 
     ``where`` names what recorded the identity (a window or the snapshot). ``history(tli)``
     returns the ``(timeline, switchpoint)`` entries of timeline ``tli``'s history file
-    (``TIMELINE_HISTORY``). Returns a warning to log when the timeline changed safely."""
+    (``TIMELINE_HISTORY``). ``windows``: how many windows the store holds (seqs ``0`` to
+    ``windows - 1``); ``window_at(seq)`` returns window ``seq``'s recorded timeline and
+    start: with them, every timeline the store went through is checked against the
+    server's history, not only the last one (:func:`_check_branch`). Returns a warning to
+    log when the timeline changed safely."""
     if recorded_system_id is not None and str(recorded_system_id) != str(system_id):
         raise ServerMismatch(
             f"slot {slot}: the server behind the DSN has system identifier {system_id}, but {where} "
@@ -190,7 +196,11 @@ def check_server(
             hint="point the DSN at the server the pipeline follows; for a new cluster, take a new "
                  "snapshot into a new store prefix",
         )
-    if recorded_timeline is None or timeline == recorded_timeline:
+    if recorded_timeline is None:
+        return None
+    if timeline == recorded_timeline:
+        if timeline > 1 and window_at is not None:
+            _check_branch(slot, timeline, history(timeline), windows, window_at)
         return None
     if timeline < recorded_timeline:
         raise ServerMismatch(
@@ -200,7 +210,8 @@ def check_server(
             hint="point the DSN at the current primary",
         )
     switch = None
-    for tli, point in history(timeline):
+    entries = history(timeline)
+    for tli, point in entries:
         if tli == recorded_timeline:
             switch = point
             break
@@ -220,7 +231,62 @@ def check_server(
             hint="the Delta tables hold changes the new primary lacks: take a new snapshot into a new "
                  "store prefix (and a new slot)",
         )
+    if window_at is not None:
+        _check_branch(slot, timeline, entries, windows, window_at)
     return (
         f"slot {slot}: the server moved from timeline {recorded_timeline} to {timeline} at {switch}; "
         f"the store ends at {store_end}, before the switch: continuing on the new timeline"
     )
+
+
+def _check_branch(
+    slot: str,
+    timeline: int,
+    entries: list[tuple[int, LSN]],
+    windows: int,
+    window_at: Callable[[int], tuple[int | None, LSN]],
+) -> None:
+    """Every timeline the store's windows went through must be one of this server's, and
+    left no later than this server left it.
+
+    The last window's timeline alone does not tell branches apart: two copies of a cluster
+    promoted at different points are both on timeline 2, and a store that followed one of
+    them would take the other's slot position as a lost acknowledgement and skip its
+    transactions. Windows record the timeline they were drained on, never decreasing along
+    the store, so for each ``(tli, switchpoint)`` of the server's history the first window
+    drained on a later timeline is found by bisection (a few manifest reads): the windows
+    before it hold changes of timelines up to ``tli`` up to its start, which must not be
+    past ``switchpoint``; and its timeline must be in the server's history."""
+    if windows <= 0:
+        return
+    known = {tli for tli, _ in entries} | {timeline}
+    for tli, switch in sorted(entries):
+        lo, hi = 0, windows  # the first window whose timeline is later than tli
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if (window_at(mid)[0] or 0) > tli:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo == windows:
+            continue  # every window is on tli or before: the store's end was checked against switch
+        later, start = window_at(lo)
+        if later not in known:
+            raise ServerMismatch(
+                f"slot {slot}: the store's windows from window {lo} on were drained on timeline {later}, "
+                f"which is not in this server's history (timeline {timeline}: "
+                f"{', '.join(str(t) for t, _ in sorted(entries))}): the store followed another branch of "
+                "the cluster's history. Nothing was read or acknowledged",
+                hint="point the DSN at the server the pipeline follows; otherwise take a new snapshot into "
+                     "a new store prefix (and a new slot)",
+            )
+        if lo > 0 and start > switch:
+            raise ServerMismatch(
+                f"slot {slot}: timeline {tli} ended at {switch} on this server (it is now on timeline "
+                f"{timeline}), but the store's windows 0 to {lo - 1} hold changes of timeline {tli} or "
+                f"earlier up to {start}, past that point: this server is another branch of the cluster "
+                f"(another copy promoted to timeline {timeline} at another point), it never had those "
+                "transactions. Nothing was read or acknowledged",
+                hint="point the DSN at the server the pipeline follows; otherwise take a new snapshot into "
+                     "a new store prefix (and a new slot)",
+            )

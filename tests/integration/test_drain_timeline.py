@@ -165,3 +165,40 @@ def test_promoted_copy_with_the_store_before_the_fork_goes_on(origin, store, cap
     updates = [r for r in all_rows(client, url, SLOT, "public.seq") if r["_pgcdc_op"] == "U"]
     assert [(r["n"], r["pad"]) for r in updates] == [(5, "updated")]
     assert confirmed(promoted.dsn, SLOT) == LSN.parse(w3.end_lsn)
+
+
+def test_another_branch_on_the_same_timeline_is_refused(origin, store):
+    """Two copies of the cluster, both promoted: both are on timeline 2, forked at different
+    points. The store follows one (its windows record timeline 2); the DSN then reaches the
+    other, whose timeline 1 ended before the store's timeline-1 windows did. Same system
+    identifier, same timeline number, another history: refused, nothing acknowledged."""
+    insert(origin, 1, 10, "a")
+    assert drain(origin, store).window_seq == 0
+    origin.stop()
+    lagging = origin.cold_copy(standby=True)
+    origin.copies.append(lagging)
+    origin.start()
+    insert(origin, 11, 20, "b")
+    w1 = drain(origin, store)
+    assert w1.window_seq == 1
+    origin.stop()
+    followed = promoted_copy(origin)
+    insert(followed, 21, 30, "followed branch")
+    w2 = drain(followed, store)
+    assert w2.window_seq == 2 and w2.rows == 10
+    assert [m.timeline for m in windows(store)] == [1, 1, 2]
+
+    lagging.start()
+    lagging.promote()
+    assert timeline(lagging) == 2 == timeline(followed)
+    insert(lagging, 100, 105, "other branch")
+    before = confirmed(lagging.dsn, SLOT)
+    with pytest.raises(ServerMismatch, match="timeline 1 ended at"):
+        drain(lagging, store)
+    assert confirmed(lagging.dsn, SLOT) == before, "nothing acknowledged on the other branch"
+    assert [m.window_seq for m in windows(store)] == [0, 1, 2], "no new window"
+    assert inserted(store) == list(range(1, 31))
+    # the branch the store follows still drains
+    insert(followed, 31, 35, "followed branch")
+    assert drain(followed, store).rows == 5
+    assert inserted(store) == list(range(1, 36))
