@@ -75,6 +75,9 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 MISSING_VALUES_FIELD = "missing_values"
+REWRITTEN_FIELD = "rewritten_columns"
+"""A relation version's columns whose existing rows a table rewrite filled, which no
+change carries: ``[{name, expression}]`` (absent when none; see the drain)."""
 
 
 def decode_missing_values(text: str) -> pa.RecordBatch:
@@ -106,6 +109,9 @@ class RelationVersion:
     version: int = 0
     # {column: text}: what rows older than an ADD COLUMN … DEFAULT read (attmissingval)
     missing_values: dict[str, str] | None = field(default=None, compare=False)
+    # {column: default or generation expression}: its existing rows were filled by a
+    # table rewrite (a volatile default, a stored generated column): no change carries them
+    rewritten: dict[str, str] | None = field(default=None, compare=False)
     decoder: TupleDecoder = field(init=False, repr=False)
     old_decoder: TupleDecoder | None = field(init=False, repr=False)
     old_indexes: tuple[int, ...] = field(init=False, repr=False)
@@ -159,6 +165,8 @@ class RelationVersion:
             ],
             "old_columns": [old_column_name(n) for n in self.old_columns],
             **self._missing_entry(),
+            **({REWRITTEN_FIELD: [{"name": n, "expression": e} for n, e in self.rewritten.items()]}
+               if self.rewritten else {}),
         }
 
     def _missing_entry(self) -> dict:

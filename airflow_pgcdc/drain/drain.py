@@ -232,6 +232,10 @@ class _TypeResolver:
         self.names: dict[int, tuple[str, str]] = {}
         self.ndims: dict[int, dict[str, int]] = {}
         self.missing: dict[int, dict[str, str]] = {}
+        self.rewritten_cols: dict[int, dict[str, str]] = {}
+        # the Relation message's shape each relation's attributes were read for: a new
+        # shape (DDL while the drain runs) reads them again, a replayed one does not
+        self.shapes: dict[int, tuple] = {}
 
     def type_of(self, oid: int) -> PgTypeInfo:
         t = self.types.get(oid) or builtin_type(oid)
@@ -262,16 +266,55 @@ class _TypeResolver:
             m = self.missing[relation_oid]
         return m
 
+    def rewritten(self, relation_oid: int) -> dict[str, str]:
+        """``{column: its default or generation expression}``: columns whose rows already
+        there were given values by a table rewrite, which logical decoding does not send
+        (``ADD COLUMN … DEFAULT random()``, ``… GENERATED ALWAYS AS (…) STORED``, or a
+        constant default whose ``attmissingval`` a later rewrite materialized). The
+        catalog says so when a column has a default but no ``attmissingval`` and the
+        table's file (``relfilenode``) is newer than the default (``pg_attrdef.oid``: both
+        come from the OID counter), i.e. the table was rewritten after the default was
+        set. ``ADD COLUMN x`` then ``SET DEFAULT`` is not flagged (the file is older than
+        the default; the rows read NULL in PostgreSQL too), unless the table was rewritten
+        after it too (``VACUUM FULL``, ``CLUSTER``, ``TRUNCATE``): the merge only looks at
+        columns its Delta table does not have yet, so that rarely matters. The catalog's
+        state when the drain reads it, not as of the change. A partitioned table published
+        through its root has no file of its own: not detected."""
+        m = self.rewritten_cols.get(relation_oid)
+        if m is None:
+            self._load_attributes(relation_oid)
+            m = self.rewritten_cols[relation_oid]
+        return m
+
+    def refresh(self, relation_oid: int, shape: tuple) -> None:
+        """Read the relation's attributes again at its next use if its Relation message's
+        ``shape`` is not the one they were read for (DDL since)."""
+        if self.shapes.get(relation_oid) != shape:
+            self.shapes[relation_oid] = shape
+            self.ndims.pop(relation_oid, None)
+            self.missing.pop(relation_oid, None)
+            self.rewritten_cols.pop(relation_oid, None)
+
     def _load_attributes(self, relation_oid: int) -> None:
         rows = self.sql.execute(
             "SELECT a.attname::text, a.attndims, CASE WHEN a.atthasmissing THEN a.attmissingval::text END, "
-            "t.typdelim::text FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
-            "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND (a.attndims > 0 OR a.atthasmissing)",
+            "t.typdelim::text, "
+            "a.atthasdef AND NOT a.atthasmissing AND d.oid IS NOT NULL AND c.relfilenode > d.oid, "
+            "a.attgenerated::text, left(pg_catalog.pg_get_expr(d.adbin, d.adrelid), 200) "
+            "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
+            "JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
+            "LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+            "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped "
+            "AND (a.attndims > 0 OR a.atthasmissing OR a.atthasdef)",
             (relation_oid,),
         ).fetchall()
-        self.ndims[relation_oid] = {name: ndims for name, ndims, _, _ in rows if ndims > 0}
+        self.ndims[relation_oid] = {row[0]: row[1] for row in rows if row[1] > 0}
+        self.rewritten_cols[relation_oid] = {
+            name: (f"GENERATED ALWAYS AS ({expr}) STORED" if generated == "s" else f"DEFAULT {expr}")
+            for name, _, _, _, rewritten, generated, expr in rows if rewritten
+        }
         missing = {}
-        for name, ndims, stored, delimiter in rows:
+        for name, ndims, stored, delimiter, _, _, _ in rows:
             if stored is None or ndims > 0:  # an array column's default: not read back (see README)
                 continue
             # attmissingval is a one-element array of the column's type: its element's text
@@ -332,6 +375,8 @@ class _Window:
         hit = self._by_rel.get(id(rel))
         if hit is not None and hit[0] is rel:
             return hit[1]
+        self.types.refresh(rel.relation_oid, (rel.replica_identity, tuple(
+            (c.name, c.type_oid, c.type_modifier, c.is_key) for c in rel.columns)))
         dims = self.types.dims(rel.relation_oid)
         columns = tuple(
             PgColumn(c.name, self.types.type_of(c.type_oid), c.type_modifier, dims.get(c.name, 0))
@@ -349,12 +394,25 @@ class _Window:
                 candidate.relation_oid, schema, rel.relation_name, rel.replica_identity, columns,
                 candidate.key_flags, version=len(versions),
                 missing_values=self.types.missing_values(rel.relation_oid) or None,
+                rewritten=self._rewritten(rel, columns),
             )
             versions.append(rv)
             self.buffers[id(rv)] = ChangeBuffer(rv)
             self.writer.declare(rv, self.pump)
         self._by_rel[id(rel)] = (rel, rv)
         return rv
+
+    def _rewritten(self, rel: po.Relation, columns) -> dict[str, str] | None:
+        """This version's columns whose existing rows a rewrite filled (see
+        :meth:`_TypeResolver.rewritten`), logged: the merge refuses them until a resync."""
+        found = self.types.rewritten(rel.relation_oid)
+        mine = {c.name: found[c.name] for c in columns if c.name in found}
+        if mine:
+            log.warning("%s.%s: column(s) %s have values PostgreSQL wrote by rewriting the table (%s): "
+                        "no change carries them; a merge that has to add them refuses the table "
+                        "(pgcdc resync it)", rel.namespace, rel.relation_name, sorted(mine),
+                        "; ".join(f"{k} {v}" for k, v in sorted(mine.items())))
+        return mine or None
 
     # -- Sink
 
@@ -634,6 +692,8 @@ def _connect(dsn: str, slot: str, plan: _Plan, *, status_interval: float, connec
             store_end=plan.start, where=plan.recorded_by,
             history=lambda tli: [(e.timeline, e.switchpoint) for e in conn.timeline_history(tli).entries()],
             windows=plan.seq, window_at=window_at,  # windows 0 .. seq - 1 are committed
+            # the store's end against the server's WAL, once the store holds something
+            flushed=ident.xlogpos if plan.seq > 0 or plan.snapshot_id is not None else None,
         )
     except BaseException:
         conn.close()

@@ -178,6 +178,7 @@ def check_server(
     history: Callable[[int], list[tuple[int, LSN]]],
     windows: int = 0,
     window_at: Callable[[int], tuple[int | None, LSN]] | None = None,
+    flushed: LSN | None = None,
 ) -> str | None:
     """Raise :class:`ServerMismatch` if the server is not the one the store followed.
 
@@ -186,8 +187,11 @@ def check_server(
     (``TIMELINE_HISTORY``). ``windows``: how many windows the store holds (seqs ``0`` to
     ``windows - 1``); ``window_at(seq)`` returns window ``seq``'s recorded timeline and
     start: with them, every timeline the store went through is checked against the
-    server's history, not only the last one (:func:`_check_branch`). Returns a warning to
-    log when the timeline changed safely."""
+    server's history, not only the last one (:func:`_check_branch`). ``flushed``: the
+    server's WAL flush position (``IDENTIFY_SYSTEM``); the store's end is a position the
+    server had flushed when the window committed, so a server whose WAL ends before it
+    never had those changes (an older copy started as the primary, on the same timeline).
+    Returns a warning to log when the timeline changed safely."""
     if recorded_system_id is not None and str(recorded_system_id) != str(system_id):
         raise ServerMismatch(
             f"slot {slot}: the server behind the DSN has system identifier {system_id}, but {where} "
@@ -196,6 +200,25 @@ def check_server(
             hint="point the DSN at the server the pipeline follows; for a new cluster, take a new "
                  "snapshot into a new store prefix",
         )
+    note = _check_timeline(
+        slot=slot, timeline=timeline, recorded_timeline=recorded_timeline, store_end=store_end,
+        where=where, history=history, windows=windows, window_at=window_at,
+    )
+    if flushed is not None and store_end > flushed:
+        raise ServerMismatch(
+            f"slot {slot}: the store holds changes up to {store_end}, but this server's WAL ends at "
+            f"{flushed} (timeline {timeline}): it never had the store's last transactions (an older "
+            "copy of the cluster: a restored backup or disk snapshot started as the primary). Nothing "
+            "was read or acknowledged",
+            hint="point the DSN at the server the pipeline follows; if this copy is the primary now, the "
+                 "Delta tables hold changes it lacks: take a new snapshot into a new store prefix (and a "
+                 "new slot)",
+        )
+    return note
+
+
+def _check_timeline(*, slot, timeline, recorded_timeline, store_end, where, history, windows,
+                    window_at) -> str | None:
     if recorded_timeline is None:
         return None
     if timeline == recorded_timeline:

@@ -46,7 +46,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_pgcdc.changes.rows import META_FIELDS, META_NAMES, OLD_PREFIX, decode_missing_values
+from airflow_pgcdc.changes.rows import (
+    META_FIELDS,
+    META_NAMES,
+    OLD_PREFIX,
+    REWRITTEN_FIELD,
+    decode_missing_values,
+)
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.clauses import MATCH_PREFIX, build_merge_spec, keep_column
 from airflow_pgcdc.merge.compact import compact, toastable
@@ -70,7 +76,7 @@ from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
 from airflow_pgcdc.store.window import REFUSED_FIELD, read_window, window_folders
 from airflow_pgcdc.testhooks import fault_point
 
-__all__ = ["IncompatibleSchemaChange", "MergeResult", "TableResult", "merge_slot"]
+__all__ = ["IncompatibleSchemaChange", "MergeResult", "TableResult", "TableRewritten", "merge_slot"]
 
 log = logging.getLogger(__name__)
 STAGING_TTL_HOURS = 6
@@ -97,6 +103,13 @@ class NeedsSnapshot(MergeError):
 
 class ReservedColumnName(MergeError):
     """A table has a column named like the change metadata or the merge's own columns."""
+
+
+class TableRewritten(MergeError):
+    """PostgreSQL rewrote the table without logical changes: a column the Delta table has
+    not got yet was filled in the rows already there (a volatile default, a stored
+    generated column; the drain records it, ``rewritten_columns``), and no change carries
+    those values. The table needs a new copy (``pgcdc resync``)."""
 
 
 class TablesFailed(MergeError):
@@ -541,6 +554,9 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
         window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq), keyless=not key_columns,
         since_lsn=since,
     )
+    if since is not None:
+        plan = _after_point(ctx, plan, windows, since)
+    _check_rewritten(ctx, name, windows, plan, dt)
     res.first_window, res.last_window = plan.first_window, plan.last_window
     res.start_lsn, res.end_lsn = plan.start_lsn, plan.end_lsn
     res.change_rows, res.truncates = plan.rows, plan.truncates
@@ -616,6 +632,75 @@ def _check_refused(name: str, windows, since: int | None) -> None:
                     hint=f"rename the column(s) in PostgreSQL, then take the table again: pgcdc resync "
                          f"--tables {name} (the other tables are not affected)",
                 )
+
+
+def _after_point(ctx: _Context, plan: TablePlan, windows, since: int) -> TablePlan:
+    """After a resync: ``plan`` without the relation versions whose every change committed
+    before its consistent point (their rows are in the copy, and so is what DDL did to the
+    table then: an older column type, a rewritten column). A window that spans the point
+    is read per version from its parts' ``_pgcdc_commit_lsn`` statistics."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
+    by_seq = {m.window_seq: m for m in windows}
+
+    def newest(v) -> int | None:  # the version's last commit LSN, None when unknown
+        top = None
+        for key in v.parts:
+            meta = pq.read_metadata(f"{ctx.layout.bucket}/{key}", filesystem=ctx.fs)
+            idx = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == "_pgcdc_commit_lsn"), -1)
+            for i in range(meta.num_row_groups):
+                stats = meta.row_group(i).column(idx).statistics if idx >= 0 else None
+                if stats is None or not stats.has_min_max:
+                    return None
+                top = stats.max if top is None else max(top, stats.max)
+        return top
+
+    keep = []
+    for v in plan.versions:
+        m = by_seq[v.window_seq]
+        if m.first_commit_lsn and int(LSN.parse(m.first_commit_lsn)) >= since:
+            keep.append(v)
+        elif m.last_commit_lsn and int(LSN.parse(m.last_commit_lsn)) < since:
+            continue
+        elif v.parts and (top := newest(v)) is not None and top < since:
+            continue
+        else:
+            keep.append(v)
+    if len(keep) == len(plan.versions):
+        return plan
+    log.info("%s: %d relation version(s) committed before the resync's point left out (in the copy)",
+             plan.qualified_name, len(plan.versions) - len(keep))
+    return dataclasses.replace(plan, versions=tuple(keep))
+
+
+def _check_rewritten(ctx: _Context, name: str, windows, plan: TablePlan, dt) -> None:
+    """A relation version of the batch has a column the drain saw filled by a table
+    rewrite (``rewritten_columns``) and the Delta table has not got it yet: adding it
+    would leave its rows already there NULL, not the values PostgreSQL wrote. A column
+    the Delta table has (from a copy taken after the DDL: a resync) is fine."""
+    if dt is None:
+        return
+    have = set(pa.schema(dt.schema().to_arrow()).names)
+    kept = {(v.window_seq, v.version) for v in plan.versions}
+    for m in windows:
+        for t in m.tables:
+            if f"{t['schema']}.{t['table']}" != name:
+                continue
+            for rv in t["relation_versions"]:
+                cols = [c for c in rv.get(REWRITTEN_FIELD, ()) if c["name"] not in have]
+                if cols and (m.window_seq, int(rv["version"])) in kept:
+                    raise TableRewritten(
+                        f"table {name}: PostgreSQL rewrote the table to fill column(s) "
+                        + ", ".join(f"{c['name']!r} ({c.get('expression', '?')})" for c in cols)
+                        + f" in the rows already there (window {m.window_seq}), and logical decoding "
+                        "carries none of those values: the Delta table cannot follow",
+                        hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to "
+                             f"s3://{ctx.layout.bucket}/{ctx.layout.root.prefix} --tables {name} (a copy "
+                             "taken after the DDL; the next merge replaces the Delta table from it; the "
+                             "other tables are not affected)",
+                    )
 
 
 def _check_internal_names(name: str, columns: list[str], keys, toast: list[str]) -> None:
@@ -703,7 +788,7 @@ def _union_fields(name: str, schemas: list[tuple[str, pa.Schema]]) -> list[pa.Fi
                     f"table {name}, column {f.name!r}: type changed from "
                     f"{_pg_type(old)} ({old.type}) in {seen_in[f.name]} to {_pg_type(f)} "
                     f"({f.type}) in {where}; the Delta table cannot follow",
-                    hint="rebuild the table (pgcdc_backfill) or cast in PostgreSQL to the old type",
+                    hint=_type_change_hint(name),
                 )
     return list(out.values())
 
@@ -742,9 +827,17 @@ def _check_target(name: str, target: pa.Schema, fields: list[pa.Field]) -> list[
             raise IncompatibleSchemaChange(
                 f"table {name}, column {f.name!r}: the Delta table has {old.type} but the "
                 f"source now sends {_pg_type(f)} ({f.type})",
-                hint="rebuild the table (pgcdc_backfill) or cast in PostgreSQL to the old type",
+                hint=_type_change_hint(name),
             )
     return new
+
+
+def _type_change_hint(name: str) -> str:
+    """A type change rewrote the table (``ALTER COLUMN … TYPE … USING``): no change carries
+    the rows' new values, so the table is taken again."""
+    return (f"pgcdc resync --tables {name} (with the pipeline's --slot, --publication and --to): a copy "
+            "with the new type, the next merge replaces the Delta table from it; or cast back in "
+            "PostgreSQL to the old type")
 
 
 # --------------------------------------------------------------------------- bootstrap

@@ -202,3 +202,76 @@ def test_another_branch_on_the_same_timeline_is_refused(origin, store):
     insert(followed, 31, 35, "followed branch")
     assert drain(followed, store).rows == 5
     assert inserted(store) == list(range(1, 36))
+
+
+def test_older_copy_started_as_the_primary_is_refused(origin, store):
+    """A disk snapshot or cold backup taken after window 0, restored and started as the
+    primary later (no recovery: still timeline 1, same system identifier): its WAL ends
+    before the store does, and its slot is behind. Without a check this looked like a lost
+    acknowledgement: the drain acknowledged the store's end on it and skipped its new
+    transactions. Refused, nothing acknowledged."""
+    insert(origin, 1, 10, "a")
+    assert drain(origin, store).window_seq == 0
+    origin.stop()
+    restored = origin.cold_copy()
+    origin.copies.append(restored)
+    origin.start()
+    insert(origin, 11, 20, "b")
+    w1 = drain(origin, store)
+    assert w1.window_seq == 1
+    origin.stop()
+
+    restored.start()
+    assert timeline(restored) == 1
+    before = confirmed(restored.dsn, SLOT)
+    with pytest.raises(ServerMismatch, match="WAL ends at") as exc:
+        drain(restored, store)
+    assert f"up to {w1.end_lsn}" in str(exc.value)
+    assert confirmed(restored.dsn, SLOT) == before, "nothing acknowledged on the restored copy"
+    assert [m.window_seq for m in windows(store)] == [0, 1], "no new window"
+
+
+def test_timeline_rules_unit():
+    """The branch and WAL-end rules of ``check_server`` on made-up histories (pure)."""
+    from airflow_pgcdc.drain.guards import check_server
+
+    def check(store_tlis, starts, *, timeline, hist, flushed=None, store_end="0/F000000"):
+        ws = [(t, LSN.parse(s)) for t, s in zip(store_tlis, starts, strict=True)]
+        reads = []
+
+        def window_at(seq):
+            reads.append(seq)
+            return ws[seq]
+
+        note = check_server(slot="s", system_id="42", timeline=timeline, recorded_system_id="42",
+                            recorded_timeline=store_tlis[-1], store_end=LSN.parse(store_end),
+                            where=f"window {len(ws) - 1}", history=lambda t: hist, windows=len(ws),
+                            window_at=window_at, flushed=flushed and LSN.parse(flushed))
+        return note, reads
+
+    starts = [f"0/{i:X}000000" for i in range(1, 9)]
+    one_two = [(1, LSN.parse("0/5800000"))]
+    # the branch the store followed: timeline 1 windows end at 0/5000000, before its fork
+    assert check([1] * 4 + [2] * 4, starts, timeline=2, hist=one_two)[0] is None
+    # another branch on timeline 2: its timeline 1 ended at 0/4800000, before the store's did
+    with pytest.raises(ServerMismatch, match="windows 0 to 3 hold changes of timeline 1"):
+        check([1] * 4 + [2] * 4, starts, timeline=2, hist=[(1, LSN.parse("0/4800000"))])
+    # a store that went through a timeline this server never was on
+    with pytest.raises(ServerMismatch, match="timeline 2, which is not in this server's history"):
+        check([1] * 4 + [2] * 2 + [3] * 2, starts, timeline=3, hist=[(1, LSN.parse("0/9000000"))])
+    # the store skipped a timeline of the server's (not drained while it lasted): fine
+    assert "continuing" in check([1] * 6 + [3] * 2, starts, timeline=4,
+                                 hist=[(1, LSN.parse("0/7000000")), (2, LSN.parse("0/7000000")),
+                                       (3, LSN.parse("0/F000000"))],
+                                 store_end="0/9000000")[0]
+    # a store that began on a later timeline (snapshot taken there): nothing before it to compare
+    assert check([2] * 8, starts, timeline=2, hist=[(1, LSN.parse("0/800000"))])[0] is None
+    # bisection: a few manifest reads, not all of them
+    tlis = [1] * 900 + [2] * 100
+    many = [f"0/{i + 1:X}000" for i in range(1000)]
+    note, reads = check(tlis, many, timeline=2, hist=[(1, LSN.parse(many[900]))])
+    assert note is None and len(set(reads)) <= 12
+    # the store's end past the server's WAL, on the same timeline
+    with pytest.raises(ServerMismatch, match="WAL ends at 0/8000000"):
+        check([1] * 8, starts, timeline=1, hist=[], flushed="0/8000000", store_end="0/9000000")
+    assert check([1] * 8, starts, timeline=1, hist=[], flushed="0/9000000", store_end="0/9000000")[0] is None
