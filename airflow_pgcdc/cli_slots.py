@@ -7,6 +7,13 @@ and the windows not yet merged, read from the committed window manifests under
 does). Merge progress is each Delta table's app transaction: with ``--delta``,
 ``merged_through`` is the lowest last-merged window over the slot's tables; without it
 (or when a table has none merged), every committed window counts as not merged.
+
+Tables that left the pipeline (dropped, or let go with ``pgcdc drain --forget-table``)
+are listed one by one (``left_pipeline``): a table the pipeline knew (the snapshot, a
+resync, the merge's tables index, the newest window) that the newest window's
+``pipeline_tables`` no longer holds. ``slot_status`` tells dropped from forgotten on the
+server (``to_regclass``); with ``--delta`` each shows its last merged window, and such
+tables do not hold ``merged_through`` back (they get no commit again).
 """
 
 from __future__ import annotations
@@ -284,11 +291,19 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
             break
         uncommitted.append(seq)
     committed = 0 if last is None else sum(1 for s in seqs if s <= last["window_seq"])
+    left: list[dict[str, Any]] = []
+    if last is not None:
+        left = _left_pipeline(client, layout, slot, doc)
+    gone = {t["table"] for t in left}
     merged_through = None
     per_table = None
     if delta_url and last is not None:
-        per_table = _merged_per_table(client, layout, slot, delta_url, last["window_seq"])
-        done = list(per_table.values())
+        per_table = _merged_per_table(client, layout, slot, delta_url, last["window_seq"],
+                                      extra=[(t["schema"], t["name"]) for t in left])
+        for t in left:
+            t["merged_through"] = per_table.get(t["table"])
+            t["delta_url"] = _delta_url(delta_url, t["schema"], t["name"])
+        done = [w for name, w in per_table.items() if name not in gone]
         merged_through = None if not done or None in done else min(done)
     not_merged = committed if merged_through is None else max(last["window_seq"] - merged_through, 0)
     out = {
@@ -301,10 +316,55 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
     }
     if per_table is not None:
         out["merged_per_table"] = per_table
+    out["left_pipeline"] = left
     return out
 
 
-def _merged_per_table(client: Any, layout: Any, slot: str, delta_url: str, last_seq: int) -> dict:
+def _delta_url(delta_url: str, schema: str, table: str) -> str:
+    from airflow_pgcdc.merge.plan import delta_table_url
+
+    return delta_table_url(delta_url, schema, table)
+
+
+def _left_pipeline(client: Any, layout: Any, slot: str, newest: Any) -> list[dict[str, Any]]:
+    """The tables the pipeline knew that the newest committed window (``newest``, its
+    manifest document) no longer covers: ``[{table, schema, name, last_window}]``, where
+    ``last_window`` is the last window holding its changes as far as the merge's tables
+    index knows (``None``: not known)."""
+    from airflow_pgcdc.store import s3 as s3store
+    from airflow_pgcdc.store.manifest import committed_snapshot
+    from airflow_pgcdc.store.resyncs import committed_resyncs
+
+    if not isinstance(newest, dict) or newest.get("pipeline_tables") is None:
+        return []  # a window written before pipeline_tables existed: nothing to tell
+    pipeline = {(str(a), str(b)) for a, b in newest["pipeline_tables"]}
+    known: dict[tuple[str, str], int | None] = {}
+    snapshot = committed_snapshot(client, layout, slot)
+    for t in snapshot.tables if snapshot is not None else ():
+        known[(t.schema, t.table)] = None
+    for r in committed_resyncs(client, layout, slot):
+        for t in r.manifest.tables:
+            known.setdefault((t.schema, t.table), None)
+    try:
+        index = s3store.get_json(client, layout.bucket, layout.merge_tables_index(slot))
+        for t in index.get("tables", ()) if isinstance(index, dict) else ():
+            w = t.get("last_window")
+            known[(str(t["schema"]), str(t["table"]))] = w if isinstance(w, int) and w >= 0 else None
+    except s3store.ObjectNotFound:
+        pass
+    except Exception:  # noqa: BLE001 - a cache: never fail status on it
+        pass
+    for t in newest.get("tables", ()) or ():
+        if isinstance(t, dict) and "schema" in t and "table" in t:
+            known[(str(t["schema"]), str(t["table"]))] = int(newest["window_seq"])
+    return [
+        {"table": f"{schema}.{table}", "schema": schema, "name": table, "last_window": w}
+        for (schema, table), w in sorted(known.items()) if (schema, table) not in pipeline
+    ]
+
+
+def _merged_per_table(client: Any, layout: Any, slot: str, delta_url: str, last_seq: int,
+                      extra: list[tuple[str, str]] = ()) -> dict:
     from airflow_pgcdc.merge.deltars import merge_progress
     from airflow_pgcdc.store.manifest import committed_snapshot
     from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options
@@ -316,6 +376,8 @@ def _merged_per_table(client: Any, layout: Any, slot: str, delta_url: str, last_
         tables[(t.schema, t.table)] = None
     for t in read_window(client, layout, slot, last_seq).tables:
         tables[(t["schema"], t["table"])] = None
+    for t in extra:
+        tables[t] = None
     return merge_progress(delta_url, slot, list(tables),
                           storage_options=delta_storage_options(S3Settings.from_env()))
 
@@ -371,8 +433,34 @@ def slot_status(
             else:
                 agreement = "slot_ahead"  # acknowledged beyond the store: changes are missing
         store["slot_vs_store"] = agreement
+        if store["left_pipeline"]:
+            _why_left(dsn, store["left_pipeline"])
         out["store"] = store
     return out
+
+
+def _why_left(dsn: str, left: list[dict[str, Any]]) -> None:
+    """Set ``reason`` on each table of ``left``: ``dropped`` (no such table on the server)
+    or ``forgotten`` (it exists: let go with ``--forget-table``)."""
+    import psycopg
+
+    from airflow_pgcdc.protocol.quoting import quote_qualified
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for t in left:
+            gone = conn.execute("SELECT to_regclass(%s) IS NULL", (quote_qualified(t["schema"], t["name"]),)).fetchone()[0]
+            t["reason"] = "dropped" if gone else "forgotten"
+
+
+def _left_line(t: dict[str, Any]) -> str:
+    why = {"dropped": "dropped", "forgotten": "out of the publication (--forget-table)"}.get(t.get("reason"), "left")
+    text = f"{t['table']}: {why}; its Delta table keeps its last state"
+    if "merged_through" in t:
+        text += (", nothing merged" if t["merged_through"] is None
+                 else f", merged through window {t['merged_through']}")
+    if t.get("last_window") is not None:
+        text += f" (last changes in window {t['last_window']})"
+    return text
 
 
 def _print_status(status: dict[str, Any]) -> None:
@@ -407,6 +495,8 @@ def _print_status(status: dict[str, Any]) -> None:
                           + " (being written, or left by a crashed drain)"))
         if store.get("slot_vs_store"):
             lines.append(("slot vs store", store["slot_vs_store"]))
+        for t in store.get("left_pipeline") or ():
+            lines.append(("left pipeline", _left_line(t)))
     if status["problem"]:
         lines.append(("PROBLEM", status["problem"]["message"]))
         if status["problem"].get("hint"):
