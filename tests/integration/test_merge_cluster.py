@@ -12,6 +12,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
@@ -80,7 +81,8 @@ def submit_merge(cluster, s3, src, slot, lake, *extra, tmp_path):
     # SPARK_HOME: the venv is not activated, and spark-submit's own search runs `python3`
     env = dict(os.environ, **s3.aws_env(), SPARK_LOCAL_IP="127.0.0.1", SPARK_HOME=str(spark_home()))
     env.pop("PGCDC_SPARK_JARS", None)
-    confs = [x for k, v in merge_spark_conf().items() for x in ("--conf", f"{k}={v}")]
+    conf = merge_spark_conf() | {"spark.pyspark.python": str(executor_python_without_the_install(tmp_path))}
+    confs = [x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]
     proc = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", cluster.master_url,
          "--py-files", build_py_files(tmp_path), *confs, spark_app.__file__,
@@ -92,9 +94,28 @@ def submit_merge(cluster, s3, src, slot, lake, *extra, tmp_path):
     return next(r for r in found if r is not None)
 
 
+def executor_python_without_the_install(tmp_path) -> Path:
+    """An interpreter for the executors' Python workers that has the venv's packages but
+    not our editable install (``python -S`` skips the ``.pth`` files that put the source
+    tree on ``sys.path``): a job that runs with it imported ``airflow_pgcdc`` on the
+    executors from the ``--py-files`` zip, as on a cluster whose nodes never installed it."""
+    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "pyspark").is_dir())
+    wrapper = tmp_path / "executor-python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}" exec {shlex.quote(sys.executable)} -S "$@"\n')
+    wrapper.chmod(0o755)
+    probe = subprocess.run([str(wrapper), "-c", "import pyarrow, deltalake, airflow_pgcdc"], capture_output=True,
+                           text=True, cwd=tmp_path)
+    assert "No module named 'airflow_pgcdc'" in probe.stderr, probe.stderr[-2000:]  # the install is hidden
+    probe = subprocess.run([str(wrapper), "-c", "import pyarrow, deltalake, boto3, pyspark"], capture_output=True,
+                           text=True, cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr[-2000:]  # the dependencies are not
+    return wrapper
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_end_to_end_on_the_cluster(engine, db, slot_name, s3, s3_bucket, spark_cluster, monkeypatch, tmp_path):
-    """Merges alternate between ``pgcdc merge --master`` and a hand-typed ``spark-submit``."""
+    """Merges alternate between ``pgcdc merge --master`` and a hand-typed ``spark-submit``
+    whose executors cannot import our installed package (only the ``--py-files`` zip)."""
     for k, v in s3.aws_env().items():
         monkeypatch.setenv(k, v)
     src, lake = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
