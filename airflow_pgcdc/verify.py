@@ -12,7 +12,9 @@ Both sides become Arrow with the type map's types (``docs/types.md``):
   Delta); any other type difference is reported, not cast.
 
 Rows are matched on the key (primary key or replica identity index, or the columns
-given by the user). Values are compared exactly: fixed-width types (ints, floats,
+given by the user); a table without one and no key given is compared as a multiset: rows
+are matched on every column, equal rows by count (the k-th copy of a row on one side
+with the k-th on the other). Values are compared exactly: fixed-width types (ints, floats,
 decimals, dates, times, timestamps, bool) by their raw Arrow values, which both sides
 hold in the same type (equal raw values ⟺ equal PostgreSQL text; every NaN counts as
 PostgreSQL's one NaN), every other type through PostgreSQL's own text output of the
@@ -198,7 +200,7 @@ class VerifyResult:
     table: str  # schema.table
     postgres: str  # the DSN, redacted
     delta_url: str
-    key_source: str  # "primary key" | "replica identity index" | "given"
+    key_source: str  # "primary key" | "replica identity index" | "given" | MULTISET
     comparison: Comparison
     postgres_lsn: str | None = None  # the server's WAL position when the table was read
     delta_version: int | None = None
@@ -374,7 +376,20 @@ class _Side:
 
 
 def _key_dict(key_columns: Sequence[str], key_text: str) -> dict[str, str | None]:
-    return dict(zip(key_columns, json.loads(key_text), strict=True))
+    # a multiset's key is the rendered row, a newline and its occurrence (see _numbered)
+    return dict(zip(key_columns, json.loads(key_text.partition("\n")[0]), strict=True))
+
+
+def _numbered(keys: pa.ChunkedArray) -> pa.Array:
+    """Each rendered row with its occurrence among equal rows (``<row>\\n<n>``, n from 1;
+    a rendered key is JSON, without a raw newline): the k-th copy of a row on one side
+    matches the k-th copy on the other, so duplicates compare by count."""
+    seen: dict[str, int] = {}
+    out = []
+    for k in keys.to_pylist():
+        n = seen[k] = seen.get(k, 0) + 1
+        out.append(f"{k}\n{n}")
+    return pa.array(out, pa.string())
 
 
 def _sorted_positions(table: pa.Table, key_columns: Sequence[str], keys: pa.ChunkedArray) -> pa.Array:
@@ -394,7 +409,9 @@ class Comparer:
     carry them with their mapped types. ``delta_schema``: the Delta table's Arrow
     schema; Delta batches are in Delta storage form (``time`` as int64 µs) and must hold
     :attr:`delta_columns` (the projection to read). ``key``: the columns rows are
-    matched on.
+    matched on. ``multiset`` (a table without a key): rows are matched on every compared
+    column, and equal rows by count (``key`` is ignored): a row twice in PostgreSQL and
+    once in Delta is one row only in PostgreSQL.
     """
 
     def __init__(
@@ -405,7 +422,11 @@ class Comparer:
         *,
         max_diffs: int = DEFAULT_MAX_DIFFS,
         table: str | None = None,
+        multiset: bool = False,
     ) -> None:
+        self.multiset = multiset
+        if multiset:
+            key = ()  # every compared column, below
         if max_diffs < 0:
             raise ValueError("max_diffs must be >= 0")
         self.table = table or "the table"
@@ -417,7 +438,7 @@ class Comparer:
                 f"key column(s) {', '.join(missing_key)} not in {self.table} (columns: {', '.join(names)})",
                 hint="give existing column names with --key a,b",
             )
-        if not key:
+        if not key and not multiset:
             raise NoKey(f"no key columns to match rows of {self.table} on", hint="give them with --key a,b")
         self.key = tuple(key)
         self.delta_schema = delta_schema
@@ -440,6 +461,10 @@ class Comparer:
                 continue
             compared.append(c)
         self.mismatches = tuple(mismatches)
+        if multiset:
+            self.key = tuple(c.name for c in compared)
+            if not self.key:
+                raise NoKey(f"no column of {self.table} to compare rows on", hint="check the Delta table")
         bad_key = [k for k in self.key if k in self.missing or any(m.column == k for m in mismatches)]
         if bad_key:
             raise KeyColumnError(
@@ -495,6 +520,9 @@ class Comparer:
     def result(self) -> Comparison:
         pg_index = self.pg.index("p")
         dl_index = self.delta.index("d")
+        if self.multiset:
+            pg_index = pg_index.set_column(0, "__k", _numbered(pg_index["__k"]))
+            dl_index = dl_index.set_column(0, "__k", _numbered(dl_index["__k"]))
         dup_pg, sample_dup_pg = self._duplicates(pg_index, "postgres")
         dup_dl, sample_dup_dl = self._duplicates(dl_index, "delta")
         dups = pa.concat_arrays([dup_pg, dup_dl])
@@ -568,12 +596,14 @@ def compare_tables(
     key: Sequence[str],
     max_diffs: int = DEFAULT_MAX_DIFFS,
     table: str | None = None,
+    multiset: bool = False,
 ) -> Comparison:
     """Compare a source table's rows (``postgres``: a Table or RecordBatches with the
     type map's types for ``columns``) with its Delta table's (``delta``: a Table, a
     RecordBatchReader or a ``pyarrow.dataset.Dataset`` in Delta storage form), matching
-    rows on ``key``. Pure: no I/O besides reading ``delta``."""
-    comparer = Comparer(columns, key, delta.schema, max_diffs=max_diffs, table=table)
+    rows on ``key`` (``multiset``: on every column, equal rows by count). Pure: no I/O
+    besides reading ``delta``."""
+    comparer = Comparer(columns, key, delta.schema, max_diffs=max_diffs, table=table, multiset=multiset)
     for batch in [postgres] if isinstance(postgres, pa.Table) else postgres:
         comparer.add_postgres(batch)
     for batch in _delta_batches(delta, comparer.delta_columns):
@@ -691,6 +721,9 @@ def _last_commit(dt) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the PostgreSQL side
 
 
+MULTISET = "no key: every column, equal rows by count"
+
+
 def resolve_key(info, key: Sequence[str] | None) -> tuple[tuple[str, ...], str]:
     """``(key columns, source)`` for a :class:`~airflow_pgcdc.pg.tables.TableInfo`: the
     given columns (``"given"``), else the replica identity index or primary key."""
@@ -735,9 +768,14 @@ def _read_postgres(dsn: str, schema: str, table: str, key: Sequence[str] | None,
                 f"table {schema}.{table} does not exist in database {conn.info.dbname!r}",
                 hint='--table takes schema.table; quote names with dots or capitals: \'s."Odd.Name"\'',
             ) from None
-        key_columns, key_source = resolve_key(info, key)
+        try:
+            key_columns, key_source = resolve_key(info, key)
+            multiset = False
+        except NoKey:  # a table without a key: its rows as a multiset (duplicates by count)
+            key_columns, key_source, multiset = (), MULTISET, True
         conv = table_converter(conn, info)
-        comparer = Comparer(conv.columns, key_columns, delta_schema, table=info.display, **comparer_kw)
+        comparer = Comparer(conv.columns, key_columns, delta_schema, table=info.display, multiset=multiset,
+                            **comparer_kw)
         lsn = conn.execute(
             "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
             "ELSE pg_current_wal_lsn() END)::text"

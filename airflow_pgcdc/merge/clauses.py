@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
-    "KEEP_PREFIX", "MATCH_PREFIX", "MergeSpec", "Scd2Spec", "build_merge_spec", "build_scd2_spec", "keep_column",
-    "quote_ident",
+    "KEEP_PREFIX", "MATCH_PREFIX", "MergeSpec", "Scd2Spec", "build_keyless_spec", "build_merge_spec",
+    "build_scd2_spec", "keep_column", "quote_ident",
 ]
 
 KEEP_PREFIX = "_pgcdc_keep_"
@@ -112,6 +112,44 @@ def build_merge_spec(
         insert_when=f"{op} <> 'D'",
         inserts=inserts,
         delete_not_matched_by_source=truncated,
+    )
+
+
+def build_keyless_spec(
+    *,
+    columns: Sequence[str],
+    float_columns: Sequence[str] = (),
+    nested_float_columns: Sequence[str] = (),
+    dialect: str = "delta-rs",
+) -> MergeSpec:
+    """The clauses of a keyless table's multiset batch (:mod:`.keyless`): a source row
+    ``_pgcdc_kind = 'del'`` deletes every target row equal to it on all ``columns``
+    (NULL-safe; ``float_columns`` compare their text, so ``-0`` is not ``0`` and every NaN
+    is one value; in Spark ``nested_float_columns``, arrays of floats, compare as JSON for
+    the same reason, DataFusion's own comparison of arrays is already exact); a source
+    row ``'ins'`` matches nothing and is inserted. No update clause."""
+    q = lambda n: quote_ident(n, dialect)  # noqa: E731
+    if not columns:
+        raise ValueError("a keyless merge needs at least one column")
+    kind = "s." + q("_pgcdc_kind")
+    same = "IS NOT DISTINCT FROM" if dialect == "delta-rs" else "<=>"
+    text = "VARCHAR" if dialect == "delta-rs" else "STRING"
+    conds = [f"{kind} = 'del'"]
+    for c in columns:
+        t, s = f"t.{q(c)}", f"s.{q(c)}"
+        if c in float_columns:
+            t, s = f"CAST({t} AS {text})", f"CAST({s} AS {text})"
+        elif c in nested_float_columns and dialect == "spark":
+            t, s = f"to_json({t})", f"to_json({s})"
+        conds.append(f"({t} {same} {s})")
+    return MergeSpec(
+        predicate=" AND ".join(conds),
+        delete_when=f"{kind} = 'del'",
+        update_when="",
+        updates={},
+        insert_when=f"{kind} = 'ins'",
+        inserts={q(c): f"s.{q(c)}" for c in columns},
+        delete_not_matched_by_source=False,
     )
 
 

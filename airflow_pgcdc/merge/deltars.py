@@ -175,7 +175,8 @@ def merge(table, reader: pa.RecordBatchReader, spec: MergeSpec, *, app: str, ver
         ),
     )
     merger = merger.when_matched_delete(predicate=spec.delete_when)
-    merger = merger.when_matched_update(updates=spec.updates, predicate=spec.update_when)
+    if spec.updates:  # a keyless batch has none (see clauses.build_keyless_spec)
+        merger = merger.when_matched_update(updates=spec.updates, predicate=spec.update_when)
     merger = merger.when_not_matched_insert(updates=spec.inserts, predicate=spec.insert_when)
     if spec.delete_not_matched_by_source:
         merger = merger.when_not_matched_by_source_delete()
@@ -183,10 +184,11 @@ def merge(table, reader: pa.RecordBatchReader, spec: MergeSpec, *, app: str, ver
 
 
 def append(table, reader: pa.RecordBatchReader, target: pa.Schema, *, app: str, version: int,
-           metadata: dict[str, str]) -> dict[str, Any]:
+           metadata: dict[str, str], mode: str = "append") -> dict[str, Any]:
     """Append rows (conformed to ``target``, the table's schema) to ``table`` (the
     DeltaTable the caller read the last merged window from) in one commit that records the
     app transaction ``(app, version)``. Returns ``{}``, or :data:`CONCURRENT`.
+    ``mode="overwrite"``: the rows replace the table's (a keyless table's truncate).
 
     The commit is made against ``table``'s version, not the latest: a window another job
     appended since then makes delta-rs refuse it (an append to a fresh handle would not
@@ -199,7 +201,7 @@ def append(table, reader: pa.RecordBatchReader, target: pa.Schema, *, app: str, 
 
     def run() -> dict[str, Any]:
         write_deltalake(
-            table, conformed, mode="append",
+            table, conformed, mode=mode,
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(app, version)], custom_metadata=metadata
             ),

@@ -102,8 +102,8 @@ def merge_sql(spec: MergeSpec, target: str, source_view: str) -> str:
     text = (
         f"MERGE INTO {target} AS t USING {q(source_view)} AS s ON {spec.predicate}\n"
         f"WHEN MATCHED AND {spec.delete_when} THEN DELETE\n"
-        f"WHEN MATCHED AND {spec.update_when} THEN UPDATE SET {sets}\n"
-        f"WHEN NOT MATCHED AND {spec.insert_when} THEN INSERT ({cols}) VALUES ({vals})"
+        + (f"WHEN MATCHED AND {spec.update_when} THEN UPDATE SET {sets}\n" if spec.updates else "")
+        + f"WHEN NOT MATCHED AND {spec.insert_when} THEN INSERT ({cols}) VALUES ({vals})"
     )
     if spec.delete_not_matched_by_source:
         text += "\nWHEN NOT MATCHED BY SOURCE THEN DELETE"
@@ -186,12 +186,13 @@ def merge_scd2(spark, source_df, spec: Scd2Spec, *, path: str, app: str, version
         spark.catalog.dropTempView(view)
 
 
-def append(spark, df, *, path: str, app: str, version: int, metadata: dict[str, str]) -> dict[str, Any]:
+def append(spark, df, *, path: str, app: str, version: int, metadata: dict[str, str],
+           mode: str = "append") -> dict[str, Any]:
     """Append ``df`` (columns in the table's order and types) in one commit with the app
-    transaction ``(app, version)``."""
+    transaction ``(app, version)``; ``mode="overwrite"``: ``df`` replaces the table's rows."""
     before = last_commit(spark, path)["version"]
     (
-        df.write.format("delta").mode("append")
+        df.write.format("delta").mode(mode)
         .option("txnAppId", app).option("txnVersion", str(version))
         .option("userMetadata", json.dumps(dict(metadata), sort_keys=True))
         .save(path)

@@ -1040,26 +1040,20 @@ def _spark_commit_once(run, dt, url: str, app: str, version: int) -> dict[str, A
 def _append_only(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     """A table without a key (logs, events, ``pgbench_history``): its inserts are appended
     in commit order, in one commit with the app transaction (exactly once per window, a
-    replay is a no-op). An update, a delete or a truncate cannot be placed without a key:
-    :class:`KeylessChange` for this table (the others go on)."""
+    replay is a no-op). A batch with an update, a delete or a truncate is applied as a
+    multiset by :mod:`.keyless` (``REPLICA IDENTITY FULL``; else :class:`KeylessChange`
+    for this table, the others go on)."""
     from pyspark.sql import functions as F
 
     name = plan.qualified_name
-    hint = (f"give {name} a primary key (or a replica identity index), or name its key: "
-            f"--key {name}=col1,col2; rows stay as they are until then")
-    if plan.truncate_at is not None:
-        raise KeylessChange(f"table {name} has no key and was truncated: appending cannot apply it", hint=hint)
     fields = _batch_fields(ctx, plan)
     dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name}, _missing_values(plan))
     meta = [_META["_pgcdc_op"], _META["_pgcdc_commit_lsn"], _META["_pgcdc_seq"]]
     df = _read_changes(ctx, plan, pa.schema(fields + meta))
-    other = df.where(F.col("_pgcdc_op") != F.lit("I")).select("_pgcdc_op", "_pgcdc_commit_lsn").limit(1).collect()
-    if other:
-        op = {"U": "an update", "D": "a delete"}.get(other[0][0], other[0][0])
-        raise KeylessChange(
-            f"table {name} has no key, and {op} (commit LSN {LSN(other[0][1])}) cannot be placed: only "
-            "inserts are appended to a keyless table", hint=hint,
-        )
+    if plan.truncate_at is not None or df.where(F.col("_pgcdc_op") != F.lit("I")).limit(1).collect():
+        from airflow_pgcdc.merge.keyless import apply_keyless
+
+        return apply_keyless(ctx, plan, url, dt, app, fields), dt, added
     rows = df.orderBy("_pgcdc_commit_lsn", "_pgcdc_seq").drop("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq")
     out = pa.schema(fields)
     if ctx.engine == "delta-spark":

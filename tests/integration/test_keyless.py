@@ -1,0 +1,162 @@
+"""Tables without a key under ``REPLICA IDENTITY FULL``, against real servers (PostgreSQL
+15 and 18, the S3 server, Spark in local mode), on both engines: updates and deletes that
+hit one of several identical rows, NULLs, floats (``-0``, ``NaN``, arrays of them), a
+truncate followed by inserts; the Delta table equals PostgreSQL as a multiset (``pgcdc
+verify`` without a key) after each merge, and a replay commits nothing."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+from test_merge import drain, sql
+
+from airflow_pgcdc.merge.jars import unavailable_reason
+from airflow_pgcdc.merge.job import TablesFailed, merge_slot
+from airflow_pgcdc.merge.plan import app_id, delta_table_url
+from airflow_pgcdc.snapshot.export import snapshot_to_s3
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.verify import MULTISET, verify_table
+
+_NO_JARS = unavailable_reason()
+ENGINES = [
+    pytest.param("delta-rs", id="delta-rs"),
+    pytest.param("delta-spark", id="delta-spark", marks=pytest.mark.skipif(
+        _NO_JARS is not None, reason=_NO_JARS or "")),
+]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from airflow_pgcdc.merge.session import spark_session
+
+    s = spark_session("local[2]", delta=_NO_JARS is None)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def store(s3, s3_bucket, monkeypatch):
+    for k, v in s3.aws_env().items():
+        monkeypatch.setenv(k, v)
+    return s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
+
+
+ROW_A = "(1, 'a', 1.5, 0.25, '{1.0,-0}', 1.50)"
+ROW_NULL = "(NULL, NULL, NULL, NULL, NULL, NULL)"
+ROW_NAN = "(2, 'b', 'NaN', '-0', '{NaN,NULL}', NULL)"
+ROW_NEG0 = "(3, 'c', '-0', 1e-7, '{}', 'NaN')"
+ROW_POS0 = "(3, 'c', 0, 1e-7, '{}', 'NaN')"
+
+
+def one(where: str) -> str:
+    """A ``WHERE`` that hits exactly one of the rows ``where`` selects."""
+    return f"ctid = (SELECT ctid FROM k WHERE {where} LIMIT 1)"
+
+
+def equal(db, lake, table="k"):
+    result = verify_table(db, lake, "public", table)
+    assert result.key_source == MULTISET
+    c = result.comparison
+    assert result.equal, (c.postgres_rows, c.delta_rows, c.sample_only_in_postgres, c.sample_only_in_delta)
+    return c.postgres_rows
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_keyless_full_table_updates_and_deletes_as_a_multiset(engine, fresh_db, slot_name, store, spark):
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE k (a int, t text, f float8, r real, arr float8[], n numeric)")
+    sql(db, "ALTER TABLE k REPLICA IDENTITY FULL")
+    sql(db, f"INSERT INTO k VALUES {ROW_A}, {ROW_A}, {ROW_A}, {ROW_NULL}, {ROW_NULL}, {ROW_NAN}, {ROW_NAN}, "
+            f"{ROW_NEG0}, {ROW_POS0}")
+    # keyless at the snapshot; later it gets a replica identity index: its updates then
+    # arrive without the old row, and the merge cannot place them
+    sql(db, "CREATE TABLE m (x int NOT NULL, y text)")
+    sql(db, "ALTER TABLE m REPLICA IDENTITY FULL")
+    sql(db, "INSERT INTO m VALUES (1, 'one'), (2, 'two')")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE k, m")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    url = delta_table_url(lake, "public", "k")
+    app = app_id(slot, "public", "k")
+
+    def merge():
+        return merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine)
+
+    # window 0: inserts of duplicates, updates and deletes of one of several equal rows
+    sql(db, f"INSERT INTO k VALUES {ROW_A}, {ROW_NULL}, (4, 'd', NULL, NULL, NULL, 4), (4, 'd', NULL, NULL, NULL, 4)")
+    sql(db, f"UPDATE k SET t = 'a2' WHERE {one('a = 1')}")
+    sql(db, f"DELETE FROM k WHERE {one('a IS NULL')}")
+    neg0, pos0, nan = one("a = 3 AND f::text = '-0'"), one("a = 3 AND f::text = '0'"), one("a = 2 AND f = 'NaN'")
+    sql(db, f"UPDATE k SET r = 2 WHERE {neg0}")  # the -0 row, not the 0 one
+    sql(db, f"DELETE FROM k WHERE {nan}")
+    sql(db, f"UPDATE k SET a = a WHERE {one('a = 4')}")  # a no-op update of a duplicate
+    sql(db, "INSERT INTO k VALUES (9, 'gone', NULL, NULL, NULL, NULL)")
+    sql(db, "DELETE FROM k WHERE a = 9")
+    sql(db, "INSERT INTO m VALUES (3, 'three')")
+    drain(db, src, slot, client)
+    # the drain sent the whole old row: an update's _pgcdc_old_* columns, a delete's own
+    parts = [k for k in s3store.list_keys(client, src.split("/")[2], "cdc/" + slot + "/changes/")
+             if "/public.k/" in k and k.endswith(".parquet")]
+    rows = [r for p in parts for r in pq.read_table(f"{src.split('/')[2]}/{p}",
+                                                    filesystem=s3store.make_pyarrow_fs()).to_pylist()]
+    upd = [r for r in rows if r["_pgcdc_op"] == "U" and r["t"] == "a2"]
+    assert upd and upd[0]["_pgcdc_old_t"] == "a" and upd[0]["_pgcdc_old_arr"] == [1.0, -0.0]
+    assert any(r["_pgcdc_op"] == "D" and r["a"] == 2 and r["arr"][1] is None for r in rows)
+    first = {t.table: t for t in merge().tables}
+    assert first["public.k"].action == "bootstrapped+merged", first["public.k"]
+    assert equal(db, lake) == 11
+    assert equal(db, lake, "m") == 3
+    from deltalake import DeltaTable
+
+    opts = s3store.delta_storage_options()
+    version = DeltaTable(url, storage_options=opts).version()
+    assert DeltaTable(url, storage_options=opts).transaction_version(app) == 0
+    # a replay commits nothing
+    again = {t.table: t for t in merge().tables}
+    assert again["public.k"].action == "up-to-date"
+    assert DeltaTable(url, storage_options=opts).version() == version
+
+    # window 1: changes before a truncate (gone), the truncate, then inserts and updates
+    sql(db, f"DELETE FROM k WHERE {one('a = 4')}")
+    sql(db, "UPDATE k SET a = a + 10 WHERE a = 1")  # every copy, one statement
+    sql(db, "TRUNCATE k")
+    sql(db, f"INSERT INTO k VALUES {ROW_A}, {ROW_A}, {ROW_NULL}, {ROW_NEG0}, {ROW_POS0}, {ROW_NAN}")
+    sql(db, f"UPDATE k SET n = 7 WHERE {one('a = 1')}")
+    sql(db, f"DELETE FROM k WHERE {pos0}")
+    drain(db, src, slot, client)
+    second = {t.table: t for t in merge().tables}
+    assert second["public.k"].action == "merged" and second["public.k"].truncates == 1
+    assert equal(db, lake) == 5
+
+    # window 2: only an insert and a delete that cancel out (the commit records the window alone),
+    # and m gets a replica identity index: its update arrives without the old row
+    sql(db, "INSERT INTO k VALUES (8, 'tmp', NULL, NULL, NULL, NULL)")
+    sql(db, "DELETE FROM k WHERE a = 8")
+    sql(db, "CREATE UNIQUE INDEX m_x ON m (x)")
+    sql(db, "ALTER TABLE m REPLICA IDENTITY USING INDEX m_x")
+    sql(db, "UPDATE m SET y = 'uno' WHERE x = 1")
+    drain(db, src, slot, client)
+    with pytest.raises(TablesFailed, match="public.m") as ei:
+        merge()
+    outcome = {t.table: t for t in ei.value.result.tables}
+    assert outcome["public.m"].action == "failed" and "KeylessChange" in outcome["public.m"].error
+    assert "without the old row" in outcome["public.m"].error and "REPLICA IDENTITY FULL" in outcome["public.m"].hint
+    assert outcome["public.k"].action == "merged"
+    assert DeltaTable(url, storage_options=opts).transaction_version(app) == 2
+    assert equal(db, lake) == 5
+
+    # window 3: a plain workload on the duplicates again; a replay of it commits nothing
+    sql(db, f"INSERT INTO k VALUES {ROW_A}, {ROW_A}")
+    sql(db, f"UPDATE k SET arr = '{{-0,0}}' WHERE {one('a = 1 AND n = 1.50')}")
+    sql(db, f"DELETE FROM k WHERE {one('a = 1 AND n = 1.50')}")
+    sql(db, f"UPDATE k SET f = 'NaN' WHERE {one('a IS NULL')}")
+    drain(db, src, slot, client)
+    with pytest.raises(TablesFailed, match="public.m"):
+        merge()
+    assert equal(db, lake) == 6
+    version = DeltaTable(url, storage_options=opts).version()
+    with pytest.raises(TablesFailed, match="public.m"):
+        merge()
+    assert DeltaTable(url, storage_options=opts).version() == version
+    assert equal(db, lake) == 6
