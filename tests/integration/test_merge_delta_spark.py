@@ -138,4 +138,13 @@ def test_delta_rs_and_delta_spark_take_turns_on_one_table(db18, slot_name, store
     # timestamp without time zone is Delta's timestampNtz: a table feature (reader 3 /
     # writer 7), which delta-rs, Spark 3.5+, Trino and DuckDB (delta-kernel-rs) read
     assert (detail["minReaderVersion"], detail["minWriterVersion"]) == (3, 7), detail
+    # the whole protocol, as the README documents it: a new table feature (deletion vectors,
+    # column mapping, ...) must be a decision, since each one shuts out some readers
+    from deltalake import DeltaTable
+
+    from airflow_pgcdc.store import s3 as s3store
+
+    proto = DeltaTable(url, storage_options=s3store.delta_storage_options()).protocol()
+    assert sorted(proto.reader_features or []) == ["timestampNtz"], proto
+    assert set(proto.writer_features or []) <= {"timestampNtz", "appendOnly", "invariants"}, proto
     assert set(detail["tableFeatures"]) == {"appendOnly", "invariants", "timestampNtz"}, detail
