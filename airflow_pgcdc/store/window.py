@@ -25,7 +25,8 @@ Manifest (``"format": 1``, ``"kind": "window"``)::
     tables: [{schema, table, rows, bytes, [key_moves_unchanged_toast,]
               relation_versions: [{version, relation_oid, replica_identity,
                                    columns: [{name, pg_type, type_oid, typmod, key}],
-                                   old_columns, rows, bytes, parts: [{path, rows, bytes}]}]}]
+                                   old_columns, rows, bytes, parts: [{path, rows, bytes}],
+                                   [missing_values,] [rewritten_columns]}]}]
     truncates: [{seq, xid, commit_lsn, tables: ["schema.table"], cascade, restart_identity}]
     origins: [{xid, commit_lsn, origin, origin_lsn}]   skipped_transactions
     messages: {transactional, non_transactional, parts: [{path, rows, bytes}]}
@@ -40,6 +41,19 @@ Manifest (``"format": 1``, ``"kind": "window"``)::
                                                   published but still exists
     attempt                                       the drain attempt that wrote it (its parts
                                                   carry the same 8 hex digits in their names)
+
+A relation version may carry (each only when there is something to say; readers of
+windows written before them read them as absent):
+
+* ``missing_values``: one Arrow IPC row (base64) with the value rows older than an
+  ``ADD COLUMN … DEFAULT`` read for each such column (``attmissingval``);
+* ``rewritten_columns``: ``[{name, expression}]``, the version's columns whose rows
+  already there a table rewrite filled, which no change carries (``ADD COLUMN …
+  DEFAULT random()``, ``… GENERATED ALWAYS AS (…) STORED``, a constant default a later
+  ``VACUUM FULL`` materialized): the catalog, read by the drain when the version first
+  appears, shows a default without ``attmissingval`` on a table whose file
+  (``relfilenode``) is newer than the default. The merge refuses the table while its
+  Delta table lacks such a column (``TableRewritten``: ``pgcdc resync`` it).
 
 ``key_moves_unchanged_toast`` (only when non-zero): the table's key-changing updates whose
 unchanged TOAST values the server did not send (no ``REPLICA IDENTITY FULL``); the merge

@@ -106,3 +106,54 @@ def test_rewriting_ddl_fails_that_table_until_a_resync(fresh_db, slot_name, stor
     out = merge_slot(spark, source=src, slot=slot, delta=lake)
     assert {t.table: t.action for t in out.tables}["public.vol"] == "merged"
     assert verify_table(db, lake, "public", "vol").equal
+
+
+def test_vacuum_full_is_fine_a_materialized_default_and_a_generated_column_are_not(
+        fresh_db, slot_name, store, spark):  # noqa: F811
+    """``VACUUM FULL`` of a table whose column has a volatile default from ``CREATE TABLE``
+    merges as usual (the drain sees a file newer than the default, but the Delta table has
+    the column). ``ADD COLUMN n int DEFAULT 5`` followed by ``VACUUM FULL`` before the drain
+    reads the catalog: the rewrite materialized the 5s and cleared ``attmissingval``, so the
+    merge refuses the table (Delta would read NULL); a resync repairs it. A stored generated
+    column added later (a rewrite too) is not published (pgoutput leaves it out; the
+    snapshot too): the table merges."""
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE vf (id int PRIMARY KEY, v text, created timestamptz DEFAULT clock_timestamp())")
+    sql(db, "CREATE TABLE cf (id int PRIMARY KEY, v text)")
+    sql(db, "CREATE TABLE gen (id int PRIMARY KEY, a int)")
+    for t in ("vf", "cf"):
+        sql(db, f"INSERT INTO {t} (id, v) SELECT g, 'v' || g FROM generate_series(1, 30) g")
+    sql(db, "INSERT INTO gen SELECT g, g FROM generate_series(1, 30) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE vf, cf, gen")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    merge_slot(spark, source=src, slot=slot, delta=lake)
+    sql(db, "VACUUM FULL vf")
+    sql(db, "UPDATE vf SET v = 'u' WHERE id <= 3; INSERT INTO vf (id, v) VALUES (100, 'new')")
+    sql(db, "ALTER TABLE cf ADD COLUMN n int DEFAULT 5")
+    sql(db, "VACUUM FULL cf")
+    sql(db, "UPDATE cf SET v = 'u' WHERE id <= 3")
+    sql(db, "ALTER TABLE gen ADD COLUMN g int GENERATED ALWAYS AS (a * 2) STORED")
+    sql(db, "UPDATE gen SET a = -a WHERE id <= 3")
+    drain(db, src, slot, client)
+    assert _flagged(client, src, slot, "vf") == ["created"]  # flagged, but Delta has it: fine
+    assert _flagged(client, src, slot, "cf") == ["n"]
+    assert _flagged(client, src, slot, "gen") == []
+    with pytest.raises(TablesFailed) as failed:
+        merge_slot(spark, source=src, slot=slot, delta=lake)
+    by = {t.table: t for t in failed.value.result.tables}
+    assert by["public.vf"].action == "merged", by["public.vf"]
+    assert verify_table(db, lake, "public", "vf").equal
+    assert by["public.cf"].action == "failed" and "TableRewritten" in by["public.cf"].error
+    assert "'n' (DEFAULT 5)" in by["public.cf"].error and "--tables public.cf" in by["public.cf"].hint
+    assert by["public.gen"].action == "merged"
+    resync_tables(db, src, slot=slot, publication="pub", tables=["cf"], s3_client=client, worker_processes=False)
+    sql(db, "UPDATE cf SET v = 'after' WHERE id > 25; UPDATE gen SET a = 0 WHERE id > 25")
+    drain(db, src, slot, client)
+    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert {t.table: t.action for t in out.tables} == {
+        "public.vf": "no-changes", "public.cf": "resynced+merged", "public.gen": "merged"}
+    for t in ("vf", "cf", "gen"):
+        result = verify_table(db, lake, "public", t)
+        assert result.equal, (t, result.comparison)
