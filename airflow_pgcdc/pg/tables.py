@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.errors import HintedError, PgcdcError
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
 
 
@@ -34,6 +34,24 @@ class PublicationNotFound(CatalogError):
 
 class TableNotFound(CatalogError):
     """A table named by the user does not exist (or is not a table)."""
+
+
+class PartitionPublishedOtherwise(HintedError, CatalogError):
+    """A partitioned table, or a partition, was named, but the publication streams its rows
+    under other names (``publish_via_partition_root``): a copy under the given name would
+    be a Delta table no change ever reaches. ``names`` are the names the stream uses."""
+
+    def __init__(self, message: str, *, hint: str | None = None, names: Sequence[str] = ()) -> None:
+        super().__init__(message, hint=hint)
+        self.names = tuple(names)
+
+
+class PublishedPerLeaf(PartitionPublishedOtherwise):
+    """A partitioned table named, published per leaf (``publish_via_partition_root = false``)."""
+
+
+class PublishedViaRoot(PartitionPublishedOtherwise):
+    """A partition named, published through its root (``publish_via_partition_root = true``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +227,78 @@ def publication_tables(conn: psycopg.Connection, publication: str) -> list[Table
             info = describe_table(conn, schema, table, row_filter=rowfilter, column_list=list(attnames))
         tables.append(info)
     return tables
+
+
+_REL_SQL = """
+SELECT c.oid, c.relkind::text, c.relispartition
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s
+"""
+
+_LEAVES_SQL = """
+SELECT n.nspname::text, c.relname::text FROM pg_partition_tree(%s::oid::regclass) t
+JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE t.isleaf ORDER BY 1, 2
+"""
+
+_ANCESTORS_SQL = """
+SELECT n.nspname::text, c.relname::text FROM pg_partition_ancestors(%s::oid::regclass) a
+JOIN pg_class c ON c.oid = a.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE a.relid <> %s::oid::regclass
+"""
+
+
+def check_partitions_as_published(
+    conn: psycopg.Connection, publication: str, names: Iterable[tuple[str, str]]
+) -> None:
+    """Raise :class:`PublishedPerLeaf` when a named table is a partitioned table whose
+    publication streams its leaves under their own names (``publish_via_partition_root =
+    false``), or :class:`PublishedViaRoot` when it is a partition the publication streams
+    under its root's name (``true``). Names the publication holds as given, and tables
+    that are neither, pass (a table not published at all is the caller's business)."""
+    published = {(str(s), str(t)) for s, t in conn.execute(
+        "SELECT schemaname::text, tablename::text FROM pg_catalog.pg_publication_tables WHERE pubname = %s",
+        (publication,),
+    ).fetchall()}
+    for schema, table in names:
+        if (schema, table) in published:
+            continue
+        row = conn.execute(_REL_SQL, (schema, table)).fetchone()
+        if row is None:
+            continue
+        oid, relkind, is_partition = row
+        given = quote_qualified(schema, table)
+        if relkind == "p":
+            leaves = [t for t in conn.execute(_LEAVES_SQL, (oid,)).fetchall() if tuple(t) in published]
+            if leaves:
+                names_ = [quote_qualified(s, t) for s, t in leaves]
+                raise PublishedPerLeaf(
+                    f"{given} is partitioned and publication {publication!r} publishes its partitions one "
+                    f"by one (publish_via_partition_root = false): the stream names its leaves "
+                    f"{', '.join(names_)}, never {given}; a copy of {given} would be a Delta table no "
+                    "change reaches",
+                    hint=f"name the leaves instead: --tables {' '.join(_shell(n) for n in names_)} (one Delta "
+                         "table each); for one Delta table holding every partition, the publication needs "
+                         "publish_via_partition_root = true before the pipeline's snapshot",
+                    names=names_,
+                )
+        if is_partition:
+            roots = [t for t in conn.execute(_ANCESTORS_SQL, (oid, oid)).fetchall() if tuple(t) in published]
+            if roots:
+                root = quote_qualified(*roots[0])
+                raise PublishedViaRoot(
+                    f"{given} is a partition and publication {publication!r} publishes it through its root "
+                    f"{root} (publish_via_partition_root = true): its changes stream as {root}'s; a copy "
+                    f"of {given} alone would be a Delta table no change reaches",
+                    hint=f"copy the root: --tables {_shell(root)} (one Delta table holding every partition)",
+                    names=[root],
+                )
+
+
+def _shell(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
 
 
 def parse_table_names(names: Iterable[str]) -> list[tuple[str, str]]:

@@ -51,7 +51,13 @@ from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.pg.errors import AdminShutdown, ConnectionLost, DuplicateObject, UndefinedObject
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.slotlock import lock_holder, try_lock_slot
-from airflow_pgcdc.pg.tables import TableInfo, describe_table, parse_table_names, publication_tables
+from airflow_pgcdc.pg.tables import (
+    TableInfo,
+    check_partitions_as_published,
+    describe_table,
+    parse_table_names,
+    publication_tables,
+)
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_literal
 from airflow_pgcdc.snapshot.convert import (
@@ -223,7 +229,10 @@ def _discover(
     catalog: psycopg.Connection, publication: str | None, tables: Sequence[str] | None
 ) -> list[TableInfo]:
     if tables:
-        found = [describe_table(catalog, s, t) for s, t in parse_table_names(tables)]
+        names = parse_table_names(tables)
+        if publication:  # a partitioned table or a partition named as the stream never names it
+            check_partitions_as_published(catalog, publication, names)
+        found = [describe_table(catalog, s, t) for s, t in names]
         if publication:
             published = {(t.schema, t.name): t for t in publication_tables(catalog, publication)}
             found = [published.get((t.schema, t.name), t) for t in found]

@@ -33,7 +33,7 @@ import psycopg
 
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.pg.conninfo import redact
-from airflow_pgcdc.pg.tables import parse_table_names
+from airflow_pgcdc.pg.tables import check_partitions_as_published, parse_table_names
 from airflow_pgcdc.protocol.quoting import quote_ident
 from airflow_pgcdc.snapshot.export import DEFAULT_ROWS_PER_PART, snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
@@ -69,6 +69,7 @@ def _check(dsn: str, slot: str, publication: str, tables: Sequence[tuple[str, st
         if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
             raise ResyncError(f"publication {publication!r} does not exist in database {conn.info.dbname!r}",
                               hint="give the publication the pipeline's drains use")
+        check_partitions_as_published(conn, publication, tables)  # before "not published": its hint would mislead
         published = set(conn.execute(
             "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
         ).fetchall())

@@ -1,0 +1,210 @@
+"""Partitioned tables against real PostgreSQL 15/18: naming a table the way the publication
+does not stream it, and partitions attached or detached while the pipeline runs, under both
+``publish_via_partition_root`` settings.
+
+What PostgreSQL does (observed here, both versions): ``ATTACH``/``DETACH PARTITION`` are DDL:
+the rows already in the attached table, or in the detached one, are not streamed.
+
+- via root (``true``): the root's Delta table misses the attached partition's rows, or keeps
+  the detached one's. Nothing in the stream says so: ``pgcdc resync --tables <root>`` repairs it;
+- per leaf (``false``): an attached leaf is a new table of the pipeline (the next window's
+  ``pipeline_tables`` holds it): its changes are refused by the merge (``NeedsSnapshot``, hint:
+  ``pgcdc resync``) until it is resynced; a detached leaf is a table out of the publication:
+  the drain refuses it (``PipelineTablesUnpublished``) until it is put back or let go with
+  ``--forget-table``.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from airflow_pgcdc.drain.drain import drain_window
+from airflow_pgcdc.merge.job import TablesFailed, merge_slot
+from airflow_pgcdc.pg.tables import PublishedPerLeaf, PublishedViaRoot
+from airflow_pgcdc.snapshot.export import snapshot_to_s3
+from airflow_pgcdc.snapshot.resync import resync_tables
+from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.window import read_window
+from airflow_pgcdc.verify import verify_table
+
+
+def sql(dsn, query, params=None):
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(query, params)
+
+
+def slot_exists(dsn, slot) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return c.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() is not None
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from airflow_pgcdc.merge.session import spark_session
+
+    s = spark_session("local[2]")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def store(s3, s3_bucket, monkeypatch):
+    for k, v in s3.aws_env().items():
+        monkeypatch.setenv(k, v)
+    return s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
+
+
+def make_partitioned(db, via_root: bool) -> None:
+    sql(db, "CREATE TABLE m (id int, region text, v text, PRIMARY KEY (id, region)) PARTITION BY LIST (region)")
+    sql(db, "CREATE TABLE m_eu PARTITION OF m FOR VALUES IN ('eu')")
+    sql(db, "CREATE TABLE m_us PARTITION OF m FOR VALUES IN ('us')")
+    sql(db, "INSERT INTO m SELECT g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, 'v' || g FROM generate_series(1, 20) g")
+    sql(db, f"CREATE PUBLICATION pub FOR TABLE m WITH (publish_via_partition_root = {str(via_root).lower()})")
+
+
+def drain(db, src, slot, client, **kw):
+    return drain_window(db, src, slot=slot, publications=["pub"], s3_client=client, **kw)
+
+
+def assert_equal(db, lake, table):
+    result = verify_table(db, lake, "public", table)
+    assert result.equal, (table, result.to_dict())
+
+
+# ------------------------------------------------------------------ naming (task 3a)
+
+
+def test_root_named_but_published_per_leaf_is_refused(fresh_db, slot_name, store):
+    """``publish_via_partition_root = false``: the stream names the leaves; ``--tables m`` used
+    to copy the whole tree as ``m``, a Delta table no change reaches (snapshot), or be refused
+    with a wrong hint (resync: ``ALTER PUBLICATION ... ADD TABLE m``, which is a member
+    already). Refused, naming the leaves; nothing is left behind."""
+    client, src, _lake = store
+    db = fresh_db
+    make_partitioned(db, via_root=False)
+    slot = slot_name()
+    with pytest.raises(PublishedPerLeaf) as e:
+        snapshot_to_s3(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, workers=1,
+                       worker_processes=False)
+    assert '"public"."m_eu", "public"."m_us"' in str(e.value) and "publish_via_partition_root = false" in str(e.value)
+    assert """--tables '"public"."m_eu"' '"public"."m_us"'""" in e.value.hint  # as the shell needs them
+    assert e.value.names == ('"public"."m_eu"', '"public"."m_us"')
+    assert not slot_exists(db, slot)
+    # the leaves themselves are fine: the pipeline starts, and a resync of the root is refused too
+    snapshot_to_s3(db, src, slot=slot, publication="pub", tables=["m_eu", "m_us"], s3_client=client, workers=1,
+                   worker_processes=False)
+    with pytest.raises(PublishedPerLeaf, match='the stream names its leaves "public"."m_eu", "public"."m_us"'):
+        resync_tables(db, src, slot=slot, publication="pub", tables=["public.m"], s3_client=client,
+                      worker_processes=False)
+
+
+def test_partition_named_but_published_via_root_is_refused(fresh_db, slot_name, store):
+    """``publish_via_partition_root = true``: a partition's changes stream under its root's
+    name; a copy of the partition alone would never change. Refused, naming the root."""
+    client, src, _lake = store
+    db = fresh_db
+    make_partitioned(db, via_root=True)
+    slot = slot_name()
+    with pytest.raises(PublishedViaRoot) as e:
+        snapshot_to_s3(db, src, slot=slot, publication="pub", tables=["m", "m_eu"], s3_client=client, workers=1,
+                       worker_processes=False)
+    assert 'through its root "public"."m"' in str(e.value)
+    assert e.value.hint.startswith("""copy the root: --tables '"public"."m"'""") and e.value.names == ('"public"."m"',)
+    assert not slot_exists(db, slot)
+    snapshot_to_s3(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, workers=1,
+                   worker_processes=False)
+    with pytest.raises(PublishedViaRoot):
+        resync_tables(db, src, slot=slot, publication="pub", tables=["m_us"], s3_client=client,
+                      worker_processes=False)
+
+
+# ------------------------------------------------------------------ ATTACH / DETACH (task 3b)
+
+
+def test_attach_and_detach_via_root_are_repaired_by_a_resync_of_the_root(fresh_db, slot_name, store, spark):
+    """Via the root: the attached partition's rows already there are not streamed (the root's
+    Delta table lacks them), the detached one's rows are not deleted in the stream (the Delta
+    table keeps them). ``pgcdc resync --tables public.m`` makes it equal again."""
+    client, src, lake = store
+    db = fresh_db
+    make_partitioned(db, via_root=True)
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    sql(db, "CREATE TABLE m_asia (id int, region text, v text, PRIMARY KEY (id, region))")
+    sql(db, "INSERT INTO m_asia SELECT g, 'asia', 'pre' || g FROM generate_series(100, 104) g")
+    sql(db, "ALTER TABLE m ATTACH PARTITION m_asia FOR VALUES IN ('asia')")
+    sql(db, "INSERT INTO m VALUES (105, 'asia', 'after attach')")
+    sql(db, "ALTER TABLE m DETACH PARTITION m_us")
+    sql(db, "INSERT INTO m VALUES (200, 'eu', 'e')")
+    w = drain(db, src, slot, client)
+    merge_slot(spark, source=src, slot=slot, delta=lake)
+    before = verify_table(db, lake, "public", "m")
+    assert not before.equal  # what PostgreSQL streams: neither the 5 attached rows nor the 10 detached
+    counts = (before.comparison.postgres_rows, before.comparison.delta_rows)
+    assert counts == (10 + 1 + 5 + 1, 20 + 1 + 1), counts
+    assert w.rows == 2
+
+    resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
+    sql(db, "UPDATE m SET v = 'later' WHERE id = 100")
+    drain(db, src, slot, client)
+    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
+    assert out["public.m"].action == "resynced+merged", out["public.m"]
+    assert_equal(db, lake, "m")
+
+
+def test_attach_per_leaf_is_refused_until_resynced(fresh_db, slot_name, store, spark):
+    """Per leaf: the attached leaf joins the pipeline (the publication covers it now) without
+    a copy; its changes are refused by the merge (NeedsSnapshot, naming pgcdc resync) while
+    the other leaves merge; its resync makes it equal."""
+    client, src, lake = store
+    db = fresh_db
+    make_partitioned(db, via_root=False)
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    sql(db, "CREATE TABLE m_asia (id int, region text, v text, PRIMARY KEY (id, region))")
+    sql(db, "INSERT INTO m_asia SELECT g, 'asia', 'pre' || g FROM generate_series(100, 104) g")
+    sql(db, "ALTER TABLE m ATTACH PARTITION m_asia FOR VALUES IN ('asia')")
+    sql(db, "INSERT INTO m VALUES (105, 'asia', 'after attach'), (200, 'eu', 'e')")
+    w = drain(db, src, slot, client)
+    assert ("public", "m_asia") in read_window(client, Layout.parse(src), slot, w.window_seq).pipeline_tables
+    with pytest.raises(TablesFailed) as e:
+        merge_slot(spark, source=src, slot=slot, delta=lake)
+    by = {t.table: t for t in e.value.result.tables}
+    assert by["public.m_asia"].action == "failed" and "NeedsSnapshot" in by["public.m_asia"].error
+    assert "pgcdc resync" in by["public.m_asia"].hint
+    assert by["public.m_eu"].action in ("bootstrapped+merged", "merged")
+    assert_equal(db, lake, "m_eu")
+
+    resync_tables(db, src, slot=slot, publication="pub", tables=["m_asia"], s3_client=client,
+                  worker_processes=False)
+    sql(db, "UPDATE m SET v = 'later' WHERE id = 100")
+    drain(db, src, slot, client)
+    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
+    assert out["public.m_asia"].action == "resynced+merged", out["public.m_asia"]
+    for leaf in ("m_eu", "m_us", "m_asia"):
+        assert_equal(db, lake, leaf)
+
+
+def test_detach_per_leaf_is_refused_by_the_drain(fresh_db, slot_name, store, spark):
+    """Per leaf: the detached leaf is a table out of the publication: the drain refuses it
+    (PipelineTablesUnpublished) until it is put back in the publication or let go with
+    --forget-table (its Delta table keeps its last state, equal to the detached table)."""
+    from airflow_pgcdc.drain.guards import PipelineTablesUnpublished
+
+    client, src, lake = store
+    db = fresh_db
+    make_partitioned(db, via_root=False)
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    sql(db, "UPDATE m SET v = 'w0' WHERE id IN (1, 2)")
+    drain(db, src, slot, client)
+    sql(db, "ALTER TABLE m DETACH PARTITION m_us")
+    sql(db, "INSERT INTO m VALUES (200, 'eu', 'e')")
+    with pytest.raises(PipelineTablesUnpublished, match="m_us"):
+        drain(db, src, slot, client)
+    drain(db, src, slot, client, forget_tables=["public.m_us"])
+    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
+    assert out["public.m_us"].left_pipeline
+    for leaf in ("m_eu", "m_us"):
+        assert_equal(db, lake, leaf)
