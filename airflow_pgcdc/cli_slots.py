@@ -14,6 +14,11 @@ resync, the merge's tables index, the newest window) that the newest window's
 ``pipeline_tables`` no longer holds. ``slot_status`` tells dropped from forgotten on the
 server (``to_regclass``); with ``--delta`` each shows its last merged window, and such
 tables do not hold ``merged_through`` back (they get no commit again).
+
+A partitioned table copied through its root (``publish_via_partition_root = true``): its
+copy records its leaves; ``partitions_changed`` lists partitions attached (after their
+creation) or detached/dropped since, whose rows PostgreSQL never streams, with the
+``pgcdc resync`` to run (exit 1).
 """
 
 from __future__ import annotations
@@ -435,8 +440,81 @@ def slot_status(
         store["slot_vs_store"] = agreement
         if store["left_pipeline"]:
             _why_left(dsn, store["left_pipeline"])
+        store["partitions_changed"] = partition_changes(dsn, s3_client, store_url, slot)
         out["store"] = store
     return out
+
+
+_LEAVES_NOW_SQL = """
+SELECT n.nspname::text, c.relname::text,
+       NOT (i.xmin = COALESCE(ty.xmin, c.xmin)) AS attached_later
+FROM pg_catalog.pg_partition_tree(%s::oid::regclass) t
+JOIN pg_catalog.pg_class c ON c.oid = t.relid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_catalog.pg_type ty ON ty.oid = c.reltype
+LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid
+WHERE t.isleaf
+"""
+
+
+def partition_changes(dsn: str, client: Any, store_url: str, slot: str) -> list[dict[str, Any]]:
+    """Partitioned tables copied through their root (a snapshot or resync records the leaves
+    its copy holds) whose partitions changed since: leaves ATTACHed after they were created
+    (the rows they held then were never streamed), and leaves DETACHed or dropped (their
+    rows left the root without a delete in the stream). A leaf created as a partition
+    (``CREATE TABLE … PARTITION OF``, created and attached in one transaction: its rows
+    were all streamed) is not reported. Each: ``{table, copied_at, attached, detached, hint}``."""
+    import shlex
+
+    import psycopg
+
+    from airflow_pgcdc.protocol.quoting import quote_qualified
+    from airflow_pgcdc.store.layout import Layout
+    from airflow_pgcdc.store.manifest import committed_snapshot
+    from airflow_pgcdc.store.resyncs import committed_resyncs
+
+    layout = Layout.parse(store_url)
+    copies: dict[tuple[str, str], tuple[Any, str]] = {}
+    snapshot = committed_snapshot(client, layout, slot)
+    for t in snapshot.tables if snapshot is not None else ():
+        copies[(t.schema, t.table)] = (t, snapshot.consistent_point)
+    for r in committed_resyncs(client, layout, slot):  # oldest first: the newest copy wins
+        for t in r.manifest.tables:
+            copies[(t.schema, t.table)] = (t, r.manifest.consistent_point)
+    if not any(isinstance(t.extra.get("partitions"), list) for t, _ in copies.values()):
+        return []  # nothing copied through a root (the usual case)
+    out = []
+    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc-status") as conn:
+        for (schema, table), (entry, copied_at) in sorted(copies.items()):
+            recorded = entry.extra.get("partitions")
+            if not isinstance(recorded, list):
+                continue
+            row = conn.execute(
+                "SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relname = %s AND c.relkind = 'p'", (schema, table)).fetchone()
+            if row is None:
+                continue  # dropped, or no longer partitioned: not this check's business
+            then = {(str(a), str(b)) for a, b in recorded}
+            now = {(a, b): later for a, b, later in conn.execute(_LEAVES_NOW_SQL, (row[0],)).fetchall()}
+            attached = sorted(k for k, later in now.items() if k not in then and later)
+            detached = sorted(then - set(now))
+            if attached or detached:
+                out.append({
+                    "table": f"{schema}.{table}", "copied_at": copied_at,
+                    "attached": [f"{a}.{b}" for a, b in attached], "detached": [f"{a}.{b}" for a, b in detached],
+                    "hint": f"pgcdc resync --tables {shlex.quote(quote_qualified(schema, table))}",
+                })
+    return out
+
+
+def _partitions_line(t: dict[str, Any]) -> str:
+    what = []
+    if t["attached"]:
+        what.append(f"attached {', '.join(t['attached'])}")
+    if t["detached"]:
+        what.append(f"detached or dropped {', '.join(t['detached'])}")
+    return (f"{t['table']}: {'; '.join(what)} since its copy at {t['copied_at']}: the rows they held then "
+            f"are not in the stream, its Delta table differs; run {t['hint']}")
 
 
 def _why_left(dsn: str, left: list[dict[str, Any]]) -> None:
@@ -497,6 +575,8 @@ def _print_status(status: dict[str, Any]) -> None:
             lines.append(("slot vs store", store["slot_vs_store"]))
         for t in store.get("left_pipeline") or ():
             lines.append(("left pipeline", _left_line(t)))
+        for t in store.get("partitions_changed") or ():
+            lines.append(("PARTITIONS", _partitions_line(t)))
     if status["problem"]:
         lines.append(("PROBLEM", status["problem"]["message"]))
         if status["problem"].get("hint"):
@@ -518,6 +598,14 @@ def run_status(args: argparse.Namespace) -> int:
     problem = status["problem"]
     if problem and problem["error"] in ("slot_lost", "slot_mismatch", "publication_missing"):
         error(problem["message"], problem.get("hint"))
+        return 1
+    changed = status.get("store", {}).get("partitions_changed")
+    if changed:
+        error(
+            "partitions attached, detached or dropped since the copy of "
+            + ", ".join(t["table"] for t in changed) + ": their rows are not in the stream",
+            "; ".join(t["hint"] for t in changed),
+        )
         return 1
     if status.get("store", {}).get("slot_vs_store") == "slot_ahead":
         error(

@@ -79,7 +79,7 @@ class TableInfo:
     reltuples: float
     row_filter: str | None = None
     column_list: tuple[str, ...] | None = None
-    partitions: tuple[str, ...] = field(default=())
+    partitions: tuple[tuple[str, str], ...] = field(default=())  # a partitioned table's leaves
 
     @property
     def has_key(self) -> bool:
@@ -178,10 +178,10 @@ def describe_table(
         key_columns, key_source = tuple(replident_idx[0]), "replica identity index"
     elif primary and replident != "n":
         key_columns, key_source = tuple(primary[0]), "primary key"
-    partitions: tuple[str, ...] = ()
+    partitions: tuple[tuple[str, str], ...] = ()
     if relkind == "p":
         partitions = tuple(
-            f"{s}.{t}" for s, t in conn.execute(_PARTITIONS_SQL, (quote_qualified(nsp, rel),)).fetchall()
+            (str(s), str(t)) for s, t in conn.execute(_PARTITIONS_SQL, (quote_qualified(nsp, rel),)).fetchall()
         )
     return TableInfo(
         oid=oid,

@@ -596,6 +596,10 @@ def _table_entry(t: TableInfo, results: dict, layout: Layout, slot: str, sid: st
         column_list=t.column_list,
         rows=sum(p[2] for p in parts),
         bytes=sum(p[3] for p in parts),
+        # a partitioned table copied through its root: the leaves its copy holds (`pgcdc
+        # status` compares them with the catalog: attached or detached partitions' rows
+        # are not streamed)
+        extra={"partitions": [list(leaf) for leaf in t.partitions]} if t.relkind == "p" else {},
     )
 
 

@@ -6,7 +6,9 @@ What PostgreSQL does (observed here, both versions): ``ATTACH``/``DETACH PARTITI
 the rows already in the attached table, or in the detached one, are not streamed.
 
 - via root (``true``): the root's Delta table misses the attached partition's rows, or keeps
-  the detached one's. Nothing in the stream says so: ``pgcdc resync --tables <root>`` repairs it;
+  the detached one's. Nothing in the stream says so; the copy records the root's leaves and
+  ``pgcdc status`` compares them with the catalog (``partitions_changed``, exit 1, naming
+  ``pgcdc resync --tables <root>``, which repairs it);
 - per leaf (``false``): an attached leaf is a new table of the pipeline (the next window's
   ``pipeline_tables`` holds it): its changes are refused by the merge (``NeedsSnapshot``, hint:
   ``pgcdc resync``) until it is resynced; a detached leaf is a table out of the publication:
@@ -15,6 +17,11 @@ the rows already in the attached table, or in the detached one, are not streamed
 """
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import psycopg
 import pytest
@@ -27,6 +34,11 @@ from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.window import read_window
 from airflow_pgcdc.verify import verify_table
+
+
+def pgcdc(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "airflow_pgcdc.cli", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **env})
 
 
 def sql(dsn, query, params=None):
@@ -122,15 +134,21 @@ def test_partition_named_but_published_via_root_is_refused(fresh_db, slot_name, 
 # ------------------------------------------------------------------ ATTACH / DETACH (task 3b)
 
 
-def test_attach_and_detach_via_root_are_repaired_by_a_resync_of_the_root(fresh_db, slot_name, store, spark):
+def test_attach_and_detach_via_root_are_shown_by_status_and_repaired_by_a_resync(fresh_db, slot_name, store,
+                                                                                 spark, s3):
     """Via the root: the attached partition's rows already there are not streamed (the root's
     Delta table lacks them), the detached one's rows are not deleted in the stream (the Delta
-    table keeps them). ``pgcdc resync --tables public.m`` makes it equal again."""
+    table keeps them). Nothing in the stream says so; ``pgcdc status`` does (the copy records
+    the root's leaves; exit 1, naming ``pgcdc resync --tables``), not for a partition created
+    as one (``PARTITION OF``: its rows are streamed). ``pgcdc resync --tables public.m``
+    makes it equal again, and status clean."""
     client, src, lake = store
     db = fresh_db
     make_partitioned(db, via_root=True)
     slot = slot_name()
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    sql(db, "CREATE TABLE m_sa PARTITION OF m FOR VALUES IN ('sa')")  # created as a partition: streamed
+    sql(db, "INSERT INTO m VALUES (300, 'sa', 'streamed')")
     sql(db, "CREATE TABLE m_asia (id int, region text, v text, PRIMARY KEY (id, region))")
     sql(db, "INSERT INTO m_asia SELECT g, 'asia', 'pre' || g FROM generate_series(100, 104) g")
     sql(db, "ALTER TABLE m ATTACH PARTITION m_asia FOR VALUES IN ('asia')")
@@ -142,8 +160,18 @@ def test_attach_and_detach_via_root_are_repaired_by_a_resync_of_the_root(fresh_d
     before = verify_table(db, lake, "public", "m")
     assert not before.equal  # what PostgreSQL streams: neither the 5 attached rows nor the 10 detached
     counts = (before.comparison.postgres_rows, before.comparison.delta_rows)
-    assert counts == (10 + 1 + 5 + 1, 20 + 1 + 1), counts
-    assert w.rows == 2
+    assert counts == (10 + 1 + 5 + 1 + 1, 20 + 1 + 1 + 1), counts
+    assert w.rows == 3
+
+    env = s3.aws_env()
+    proc = pgcdc("status", "--dsn", db, "--slot", slot, "--from", src, "--json", env=env)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    changed = json.loads(proc.stdout)["store"]["partitions_changed"]
+    assert changed == [{"table": "public.m", "copied_at": changed[0]["copied_at"], "attached": ["public.m_asia"],
+                        "detached": ["public.m_us"], "hint": """pgcdc resync --tables '"public"."m"'"""}], changed
+    assert "pgcdc resync --tables" in proc.stderr
+    proc = pgcdc("status", "--dsn", db, "--slot", slot, "--from", src, env=env)
+    assert proc.returncode == 1 and "PARTITIONS" in proc.stdout and "attached public.m_asia" in proc.stdout
 
     resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
     sql(db, "UPDATE m SET v = 'later' WHERE id = 100")
@@ -151,6 +179,8 @@ def test_attach_and_detach_via_root_are_repaired_by_a_resync_of_the_root(fresh_d
     out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
     assert out["public.m"].action == "resynced+merged", out["public.m"]
     assert_equal(db, lake, "m")
+    proc = pgcdc("status", "--dsn", db, "--slot", slot, "--from", src, "--json", env=env)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["store"]["partitions_changed"] == [], proc.stdout
 
 
 def test_attach_per_leaf_is_refused_until_resynced(fresh_db, slot_name, store, spark):
