@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import psycopg
 
 from airflow_pgcdc.errors import HintedError
+from airflow_pgcdc.pg.errors import ServerError
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
 
@@ -222,8 +223,15 @@ def _check_timeline(*, slot, timeline, recorded_timeline, store_end, where, hist
     if recorded_timeline is None:
         return None
     if timeline == recorded_timeline:
-        if timeline > 1 and window_at is not None:
-            _check_branch(slot, timeline, history(timeline), windows, window_at)
+        if timeline > 1 and window_at is not None and windows > 0:
+            try:
+                entries = history(timeline)
+            except ServerError as exc:  # a history file lost from pg_wal: do not stop every drain
+                return (
+                    f"slot {slot}: could not read the history of timeline {timeline} ({exc.message}): "
+                    "the timelines the store's windows went through were not checked against this server"
+                )
+            _check_branch(slot, timeline, entries, windows, window_at)
         return None
     if timeline < recorded_timeline:
         raise ServerMismatch(

@@ -271,6 +271,16 @@ def test_timeline_rules_unit():
     many = [f"0/{i + 1:X}000" for i in range(1000)]
     note, reads = check(tlis, many, timeline=2, hist=[(1, LSN.parse(many[900]))])
     assert note is None and len(set(reads)) <= 12
+    # a history file lost from pg_wal: a warning, not every drain stopped
+    from airflow_pgcdc.pg.errors import ServerError
+
+    def lost(tli):
+        raise ServerError('could not open file "pg_wal/00000002.history"', sqlstate="58P01")
+
+    note = check_server(slot="s", system_id="42", timeline=2, recorded_system_id="42", recorded_timeline=2,
+                        store_end=LSN.parse("0/9000000"), where="window 7", history=lost, windows=8,
+                        window_at=lambda seq: (2, LSN.parse(starts[seq])))
+    assert "were not checked" in note
     # the store's end past the server's WAL, on the same timeline
     with pytest.raises(ServerMismatch, match="WAL ends at 0/8000000"):
         check([1] * 8, starts, timeline=1, hist=[], flushed="0/8000000", store_end="0/9000000")
