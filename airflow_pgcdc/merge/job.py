@@ -91,8 +91,9 @@ class IncompatibleSchemaChange(MergeError):
 
 
 class KeylessChange(MergeError):
-    """A table without a key has changes that appending cannot apply (an update, a delete,
-    a truncate)."""
+    """A table without a key has changes that cannot be applied: an update or a delete
+    without the old row (not under ``REPLICA IDENTITY FULL``), an unsent TOAST value, a
+    column that cannot be compared (see :mod:`.keyless`)."""
 
 
 class NeedsSnapshot(MergeError):

@@ -248,7 +248,7 @@ def _counted(values, target, fields: Sequence[pa.Field]):
     canon = [e.alias(t) for e, t in zip(_canonical(fields), tk, strict=True)]
     wanted = values.select(*[col(f"{CANON}{i}") for i in range(n)])
     rows = target.select(*canon)
-    rows = rows.join(F.broadcast(wanted), on=_same("_pgcdc_t", CANON, n), how="left_semi")
+    rows = rows.join(wanted, on=_same("_pgcdc_t", CANON, n), how="left_semi")
     have = rows.groupBy(*[col(t) for t in tk]).agg(F.count(F.lit(1)).alias(HAVE))
     joined = values.join(have, on=_same(CANON, "_pgcdc_t", n), how="left")
     return joined.select(
