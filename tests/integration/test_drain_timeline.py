@@ -12,7 +12,13 @@ where the copy's WAL ends), then drains the copy with the same store:
 - the copy was taken after the last window: the store ends before the fork, the drain goes
   on (a warning) and the changes made on the new timeline arrive, every row exactly once;
 - two copies both promoted to timeline 2 (another branch with the same timeline number):
-  once the store followed one of them, the other is refused.
+  once the store followed one of them, the other is refused;
+- an older copy started as the primary without recovery (a restored disk snapshot: same
+  timeline): its WAL ends before the store does, refused.
+
+Before these checks the last three drains took the store being ahead of the slot for a
+lost acknowledgement: they acknowledged the store's end on the copy (past its own WAL end)
+and the copy's transactions below that point were never streamed.
 """
 
 from __future__ import annotations
