@@ -16,9 +16,11 @@ where the copy's WAL ends), then drains the copy with the same store:
 - an older copy started as the primary without recovery (a restored disk snapshot: same
   timeline): its WAL ends before the store does, refused.
 
-Before these checks the last three drains took the store being ahead of the slot for a
-lost acknowledgement: they acknowledged the store's end on the copy (past its own WAL end)
-and the copy's transactions below that point were never streamed.
+Without the check that refuses it, each refused drain above took the store being ahead of
+the slot for a lost acknowledgement: it acknowledged the store's end on the copy (past the
+copy's own WAL end), and the copy's transactions below that point were never streamed. The
+first case was refused by the timeline rule already; the branch and WAL-end rules were
+added for the last two (issue #12).
 """
 
 from __future__ import annotations
