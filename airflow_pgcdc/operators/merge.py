@@ -257,6 +257,14 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     ``Asset`` given in ``outlets`` with the same uri. Consumers schedule on
     ``Asset("s3://bucket/lake/public.orders")`` or on the alias.
 
+    When the job fails some tables and merges the others (``TablesFailed``), see
+    ``on_failed_tables``: Airflow records Asset events only for a task that succeeds, so
+    either the task fails (default; the result is still its XCom) or it succeeds with the
+    moved tables' events and a :class:`PgcdcMergeCheckOperator` downstream fails the run::
+
+        merge = PgcdcSparkMergeOperator(task_id="merge", ..., on_failed_tables="succeed")
+        merge >> PgcdcMergeCheckOperator(task_id="merge_check", merge_task_id="merge")
+
     :param source: the change store, ``s3://bucket/prefix`` (templated)
     :param slot: the replication slot (templated)
     :param delta: the Delta root, ``s3://bucket/lake`` (templated)
