@@ -30,11 +30,17 @@ rows differ (with the columns and both values), keys that occur more than once o
 side, source columns missing from Delta or stored with another type (differences), and
 columns only in Delta (a note: a column dropped in PostgreSQL stays in Delta).
 
+A stored generated column is compared when the Delta table has it (a PostgreSQL 18
+publication with ``publish_generated_columns = stored`` or a column list naming it streams
+it, and the snapshot copies it), and left out otherwise, as the snapshot and the stream
+leave it out (before PostgreSQL 18 always; a virtual column always).
+
 The library never imports Airflow or Spark.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -762,12 +768,17 @@ def _read_postgres(dsn: str, schema: str, table: str, key: Sequence[str] | None,
             conn.execute(stmt)
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
-            info = describe_table(conn, schema, table)
+            info = describe_table(conn, schema, table, generated=True)
         except TableNotFound:
             raise SourceTableNotFound(
                 f"table {schema}.{table} does not exist in database {conn.info.dbname!r}",
                 hint='--table takes schema.table; quote names with dots or capitals: \'s."Odd.Name"\'',
             ) from None
+        # a stored generated column is compared when the Delta table has it (a PostgreSQL 18
+        # publication streams it, and the snapshot copied it: pg/tables.py), else left out
+        # as the snapshot and the stream leave it out
+        info = dataclasses.replace(info, columns=tuple(
+            c for c in info.columns if not c.generated or c.name in delta_schema.names))
         try:
             key_columns, key_source = resolve_key(info, key)
             multiset = False

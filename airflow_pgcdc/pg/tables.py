@@ -6,8 +6,14 @@ replica identity index when ``REPLICA IDENTITY USING INDEX`` is set, else its pr
 key; a table with neither has no key (``has_key`` is False) and the merge will need
 ``REPLICA IDENTITY FULL`` or key columns given by the user.
 
-Generated columns are left out, as pgoutput leaves them out of the stream (before
-PostgreSQL 18's ``publish_generated_columns``).
+Generated columns: a table's columns are those its publication streams. Before PostgreSQL
+18 pgoutput never streams a generated column, and it is left out; on 18 a stored generated
+column is streamed when the publication says ``publish_generated_columns = stored`` or its
+column list names it, and then it is copied too (``pg_publication_tables.attnames`` on 18
+lists exactly the streamed columns; before 18 it also lists generated columns, which are
+not streamed). Without a publication (``describe_table``), generated columns are left out
+unless ``generated=True`` (stored ones only; PostgreSQL 18's virtual ones are never
+streamed).
 
 Run these on a connection that has imported the exported snapshot, so the catalog
 is read as of the snapshot.
@@ -63,6 +69,7 @@ class ColumnInfo:
     not_null: bool
     type_name: str  # format_type(): e.g. "numeric(12,2)", "character varying(10)", "text[]"
     ndims: int = 0  # pg_attribute.attndims (declared array dimensions)
+    generated: bool = False  # a stored generated column (attgenerated = 's')
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +138,9 @@ WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
 
 _COLUMNS_SQL = """
 SELECT a.attname, a.attnum, a.atttypid, a.atttypmod, a.attnotnull,
-       format_type(a.atttypid, a.atttypmod), a.attndims
+       format_type(a.atttypid, a.atttypmod), a.attndims, a.attgenerated <> ''
 FROM pg_attribute a
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated IN ('', 's')
 ORDER BY a.attnum
 """
 
@@ -160,12 +167,18 @@ def describe_table(
     *,
     row_filter: str | None = None,
     column_list: Sequence[str] | None = None,
+    generated: bool = False,
 ) -> TableInfo:
+    """The table ``schema.name`` as the catalog has it. Its columns: every column, stored
+    generated ones only with ``generated``; only those ``column_list`` names when given
+    (a publication's column list, recorded on the result)."""
     row = conn.execute(_TABLE_SQL, (schema, name)).fetchone()
     if row is None:
         raise TableNotFound(f"table {schema}.{name} does not exist (or is not a table)")
     oid, nsp, rel, relkind, replident, relpages, reltuples = row
     columns = [ColumnInfo(*r) for r in conn.execute(_COLUMNS_SQL, (oid,)).fetchall()]
+    if not generated:
+        columns = [c for c in columns if not c.generated]
     if column_list is not None:
         wanted = set(column_list)
         columns = [c for c in columns if c.name in wanted]
@@ -220,11 +233,21 @@ def publication_tables(conn: psycopg.Connection, publication: str) -> list[Table
                 (publication,),
             ).fetchall()
         ]
+    # PostgreSQL 18: attnames is exactly what the stream carries, stored generated columns
+    # included when published (publish_generated_columns = stored, or a column list naming
+    # them). Before 18 generated columns are never streamed (attnames lists them anyway).
+    pg18 = conn.info.server_version >= 180000
+    gencols = pg18 and conn.execute(
+        "SELECT pubgencols::text = 's' FROM pg_catalog.pg_publication WHERE pubname = %s", (publication,)
+    ).fetchone()[0]
     tables = []
     for schema, table, attnames, rowfilter in rows:
-        info = describe_table(conn, schema, table, row_filter=rowfilter)
-        if attnames is not None and len(attnames) < len(info.columns):
-            info = describe_table(conn, schema, table, row_filter=rowfilter, column_list=list(attnames))
+        # the columns streamed without a column list; a column list when attnames differs
+        info = describe_table(conn, schema, table, row_filter=rowfilter, generated=bool(gencols))
+        names = {c.name for c in info.columns}
+        if attnames is not None and (set(attnames) != names if pg18 else len(attnames) < len(names)):
+            info = describe_table(conn, schema, table, row_filter=rowfilter, column_list=list(attnames),
+                                  generated=pg18)
         tables.append(info)
     return tables
 
