@@ -1,0 +1,242 @@
+"""How a merge's cost grows with the table: the same OLTP-like window merged, in one job,
+into a table and into one ``--factor`` times larger (issue: lake upkeep, section 1).
+
+Two tables of one schema on PostgreSQL, ``small`` (``--rows``) and ``big`` (``--rows`` x
+``--factor``), snapshotted by the real pipeline and bootstrapped into Delta (``pgcdc merge
+--max-windows 0``, not timed). Then one workload touches both tables with the same
+absolute numbers of changes (``--changes`` change rows per table, in transactions that
+touch both): 70 % updates of recent keys (the newest 2 % of each table's keys), 10 %
+updates scattered over the whole table, 15 % inserts of new keys, 5 % deletes scattered
+over the whole table. One window is drained. Then, per engine (``--engine``), a copy of the
+bootstrapped tables gets one ``pgcdc merge`` of that window, both tables in one job.
+
+Printed per table and engine: the table's rows and Delta files before the merge, the
+merge's seconds as the job reports them per table (Spark start-up excluded: the job's own
+timer around that table), target files scanned (delta-rs' ``num_target_files_scanned``;
+delta-spark does not report it, and the job's streamed-source MERGE on deltalake 1.6.6
+reports 0: read the rewritten column), files removed (rewritten) and added, and bytes
+written (the sizes of the files
+the merge's commit added, read from the Delta log), then the ratio big/small of seconds
+and bytes written. Target (the issue's): <= 1.5x for a 10x larger table. Both Delta tables
+are checked against PostgreSQL (row count and a digest) after each merge.
+
+    .venv/bin/python bench/merge_cost.py [--rows 200000] [--factor 10] [--changes 20000]
+                                         [--engine delta-rs|delta-spark|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from merge import current_lsn, key_prefix, run_job, say  # noqa: E402  (bench/merge.py)
+
+from airflow_pgcdc.drain.drain import drain_window  # noqa: E402
+from airflow_pgcdc.merge.jars import unavailable_reason  # noqa: E402
+from airflow_pgcdc.merge.plan import delta_table_url  # noqa: E402
+from airflow_pgcdc.protocol.lsn import LSN  # noqa: E402
+from airflow_pgcdc.protocol.quoting import quote_ident  # noqa: E402
+from airflow_pgcdc.sandbox import PostgresServer, S3Server  # noqa: E402
+from airflow_pgcdc.snapshot.export import snapshot_to_s3  # noqa: E402
+from airflow_pgcdc.store import s3 as s3store  # noqa: E402
+
+SLOT, PUB, BUCKET = "bench_cost", "bench_cost_pub", "bench"
+TABLES = ("small", "big")
+DIGEST = "count(*), sum(id), sum(CAST(qty AS BIGINT)), sum(length(label))"
+
+
+def build(pg: PostgresServer, sizes: dict[str, int]) -> None:
+    with psycopg.connect(pg.socket_dsn, autocommit=True) as c:
+        for table, rows in sizes.items():
+            t0, name = time.perf_counter(), quote_ident(table)
+            c.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, qty int, label text, amount numeric(12,2), "
+                      "ts timestamptz, flag bool)")
+            c.execute(f"INSERT INTO {name} SELECT g, (g %% 1000)::int, md5(g::text), (g / 7.0)::numeric(12,2), "
+                      "timestamptz '2024-01-01' + g * interval '1 second', g %% 3 = 0 "
+                      "FROM generate_series(1, %s) g", (rows,))
+            c.execute(f"VACUUM ANALYZE {name}")
+            say(f"table {table}: {rows:,} rows in {time.perf_counter() - t0:.1f}s")
+        c.execute(f"CREATE PUBLICATION {quote_ident(PUB)} FOR TABLE {', '.join(map(quote_ident, sizes))}")
+
+
+def workload(pg: PostgresServer, sizes: dict[str, int], changes: int, batch: int = 500) -> None:
+    """``changes`` change rows per table, the same mix on each (see the module docstring)."""
+    rng = np.random.default_rng(7)
+    plan = {}
+    for name, rows in sizes.items():
+        n_hot, n_wide, n_ins, n_del = (int(changes * f) for f in (0.70, 0.10, 0.15, 0.05))
+        recent = max(1, rows // 50)
+        dels = rng.choice(np.arange(1, rows - recent), size=n_del, replace=False)
+        wide = rng.integers(1, rows - recent, size=n_wide)
+        wide = wide[~np.isin(wide, dels)]
+        hot = rng.integers(rows - recent + 1, rows + 1, size=n_hot)
+        ins = np.arange(rows + 1, rows + 1 + n_ins)
+        ops = [("U", int(k)) for k in hot] + [("U", int(k)) for k in wide] + [("I", int(k)) for k in ins] \
+            + [("D", int(k)) for k in dels]
+        order = rng.permutation(len(ops))
+        plan[name] = [ops[i] for i in order]
+    t0 = time.perf_counter()
+    with psycopg.connect(pg.socket_dsn) as c:
+        c.execute("SET synchronous_commit = off")
+        n = max(len(v) for v in plan.values())
+        for lo in range(0, n, batch):
+            for table, ops in plan.items():
+                chunk, name = ops[lo:lo + batch], quote_ident(table)
+                for op in "UID":
+                    ids = [k for o, k in chunk if o == op]
+                    if not ids:
+                        continue
+                    if op == "U":
+                        c.execute(f"UPDATE {name} SET qty = qty + 1, label = md5(label) WHERE id = ANY(%s)", (ids,))
+                    elif op == "I":
+                        c.execute(f"INSERT INTO {name} SELECT i, 1, md5(i::text), 0, now(), true "
+                                  "FROM unnest(%s::bigint[]) i", (ids,))
+                    else:
+                        c.execute(f"DELETE FROM {name} WHERE id = ANY(%s)", (ids,))
+            c.commit()
+    say(f"workload: {changes:,} statements' worth of changes per table in {time.perf_counter() - t0:.1f}s")
+
+
+def copy_prefix(client, bucket: str, src: str, dst: str) -> int:
+    """Copy every object under ``src`` to ``dst`` (s3a's folder markers, keys ending in
+    ``/``, are left out: the S3 server refuses to copy them)."""
+    n = 0
+    for key in s3store.list_keys(client, bucket, src):
+        if not key.endswith("/"):
+            client.copy_object(Bucket=bucket, Key=dst + key[len(src):], CopySource={"Bucket": bucket, "Key": key})
+            n += 1
+    return n
+
+
+def digest_pg(pg: PostgresServer, name: str) -> tuple:
+    with psycopg.connect(pg.socket_dsn) as c:
+        return tuple(str(v) for v in c.execute(f"SELECT {DIGEST} FROM {quote_ident(name)}").fetchone())
+
+
+def digest_delta(url: str, storage: dict[str, str]) -> tuple:
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    qb = QueryBuilder().register("d", DeltaTable(url, storage_options=storage))
+    row = pa.table(qb.execute(f"SELECT {DIGEST} FROM d").read_all()).to_pylist()[0]
+    return tuple(str(v) for v in row.values())
+
+
+def files(url: str, storage: dict[str, str], version: int | None = None) -> dict[str, int]:
+    """The table's data files at ``version`` (path -> size in bytes)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(url, storage_options=storage, version=version)
+    adds = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+    return dict(zip(adds["path"], adds["size_bytes"], strict=True))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=200_000, help="rows of the small table")
+    ap.add_argument("--factor", type=int, default=10, help="the big table has factor x rows")
+    ap.add_argument("--changes", type=int, default=20_000, help="change rows per table")
+    ap.add_argument("--engine", choices=("delta-rs", "delta-spark", "both"), default="both")
+    ap.add_argument("--server", choices=("pg18", "pg15"), default="pg18")
+    args = ap.parse_args()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    engines = ["delta-rs", "delta-spark"] if args.engine == "both" else [args.engine]
+    if "delta-spark" in engines and unavailable_reason():
+        print(f"delta-spark left out: {unavailable_reason()}", flush=True)
+        engines.remove("delta-spark")
+    print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} CPUs", flush=True)
+    pg = PostgresServer(args.server, settings={"max_wal_size": "4GB", "wal_sender_timeout": "0"})
+    s3 = S3Server(volume_size_limit_mb=1024)
+    pg.start()
+    s3.start()
+    try:
+        return run(args, engines, pg, s3)
+    finally:
+        s3.close()
+        pg.close()
+
+
+def run(args, engines: list[str], pg: PostgresServer, s3: S3Server) -> int:
+    os.environ.update(s3.aws_env())
+    client = s3.client()
+    s3.create_bucket(BUCKET)
+    storage = s3store.delta_storage_options(s3store.S3Settings.from_env())
+    env = {**os.environ}
+    sizes = {"small": args.rows, "big": args.rows * args.factor}
+    src = f"s3://{BUCKET}/cdc"
+    build(pg, sizes)
+    snap = snapshot_to_s3(pg.dsn, src, slot=SLOT, publication=PUB, workers=2, s3_client=client)
+    say(f"snapshot: {sum(t.rows for t in snap.tables):,} rows")
+    work = tempfile.mkdtemp(prefix="bench-merge-cost-")
+    bases = {}
+    for engine in engines:  # each engine bootstraps its own tables: the file layout is its own
+        base = f"s3://{BUCKET}/base-{engine}"
+        boot = run_job(["--from", src, "--slot", SLOT, "--delta", base, "--max-windows", "0", "--engine", engine,
+                        *(["--reader", "s3a"] if engine == "delta-spark" else [])], env,
+                       os.path.join(work, f"boot-{engine}"))
+        bases[engine] = base
+        say(f"bootstrap with {engine} (not timed): {boot['wall']:.1f}s")
+    workload(pg, sizes, args.changes)
+    target = current_lsn(pg)
+    w = drain_window(pg.dsn, src, slot=SLOT, publications=PUB, until_lsn=target, s3_client=client)
+    say(f"drained window {w.window_seq}: {w.rows:,} change rows {w.tables}")
+    if LSN.parse(w.end_lsn) < target:
+        raise SystemExit(f"the window ended at {w.end_lsn}, before {target}")
+    expect = {t: digest_pg(pg, t) for t in TABLES}
+    rows_out = []
+    for engine in engines:
+        lake = f"s3://{BUCKET}/lake-{engine}"
+        copy_prefix(client, BUCKET, key_prefix(bases[engine]), key_prefix(lake))
+        before = {t: files(delta_table_url(lake, "public", t), storage) for t in TABLES}
+        job = run_job(["--from", src, "--slot", SLOT, "--delta", lake, "--engine", engine,
+                       *(["--reader", "s3a"] if engine == "delta-spark" else [])], env,
+                      os.path.join(work, f"merge-{engine}"))
+        say(f"merge with {engine}: job {job['wall']:.1f}s (Spark start-up included)")
+        for res in job["result"]["tables"]:
+            name = res["table"].split(".", 1)[1]
+            url = delta_table_url(lake, "public", name)
+            after = files(url, storage)
+            added = {p: s for p, s in after.items() if p not in before[name]}
+            removed = [p for p in before[name] if p not in after]
+            m = res.get("metrics") or {}
+            got = digest_delta(url, storage)
+            rows_out.append({
+                "engine": engine, "table": name, "rows": sizes[name], "files_before": len(before[name]),
+                "bytes_before": sum(before[name].values()), "seconds": res["seconds"],
+                "scanned": m.get("num_target_files_scanned"), "removed": len(removed), "added": len(added),
+                "bytes_written": sum(added.values()), "change_rows": res["change_rows"],
+                "equal": got == expect[name],
+            })
+            if got != expect[name]:
+                print(f"WARNING: {engine} {name}: Delta {got} != PostgreSQL {expect[name]}", flush=True)
+    print()
+    print(f"{'engine':<12}{'table':<7}{'rows':>11}{'files':>7}{'MB':>8}{'changes':>9}{'merge s':>9}"
+          f"{'scanned':>9}{'rewritten':>10}{'added':>7}{'MB written':>11}  equal")
+    for r in rows_out:
+        print(f"{r['engine']:<12}{r['table']:<7}{r['rows']:>11,}{r['files_before']:>7}{r['bytes_before'] / 1e6:>8.1f}"
+              f"{r['change_rows']:>9,}{r['seconds']:>9.1f}{'-' if r['scanned'] is None else r['scanned']:>9}"
+              f"{r['removed']:>10}{r['added']:>7}{r['bytes_written'] / 1e6:>11.1f}  {r['equal']}")
+    print()
+    for engine in engines:
+        by = {r["table"]: r for r in rows_out if r["engine"] == engine}
+        s, b = by["small"], by["big"]
+        print(f"{engine}: big/small ({args.factor}x the rows): merge seconds {b['seconds'] / s['seconds']:.2f}x "
+              f"({b['seconds']:.1f} vs {s['seconds']:.1f}), bytes written "
+              f"{b['bytes_written'] / max(1, s['bytes_written']):.2f}x "
+              f"({b['bytes_written'] / 1e6:.1f} vs {s['bytes_written'] / 1e6:.1f} MB); target <= 1.5x")
+    return 0 if all(r["equal"] for r in rows_out) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
