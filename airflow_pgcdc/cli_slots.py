@@ -297,8 +297,10 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
         uncommitted.append(seq)
     committed = 0 if last is None else sum(1 for s in seqs if s <= last["window_seq"])
     left: list[dict[str, Any]] = []
+    without_copy: list[tuple[str, str]] = []
     if last is not None:
         left = _left_pipeline(client, layout, slot, doc)
+        without_copy = _without_copy(client, layout, slot, doc)
     gone = {t["table"] for t in left}
     merged_through = None
     per_table = None
@@ -322,7 +324,36 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
     if per_table is not None:
         out["merged_per_table"] = per_table
     out["left_pipeline"] = left
+    out["without_copy"] = [f"{a}.{b}" for a, b in without_copy]
+    out["without_copy_hint"] = None
+    if without_copy:
+        import shlex
+
+        from airflow_pgcdc.protocol.quoting import quote_qualified
+
+        out["without_copy_hint"] = "pgcdc resync --tables " + " ".join(
+            shlex.quote(quote_qualified(a, b)) for a, b in without_copy)
     return out
+
+
+def _without_copy(client: Any, layout: Any, slot: str, newest: Any) -> list[tuple[str, str]]:
+    """The tables the newest window's ``pipeline_tables`` holds that neither the snapshot nor
+    a resync copied (added to the publication, or a partition attached to a root published
+    per leaf, not resynced yet): their Delta table would miss the rows they held then; the
+    merge refuses their changes (``NeedsSnapshot``) until ``pgcdc resync``."""
+    from airflow_pgcdc.store.manifest import committed_snapshot
+    from airflow_pgcdc.store.resyncs import committed_resyncs
+
+    if not isinstance(newest, dict) or newest.get("pipeline_tables") is None:
+        return []
+    copied: set[tuple[str, str]] = set()
+    snapshot = committed_snapshot(client, layout, slot)
+    if snapshot is None:
+        return []  # a store without a snapshot: nothing to compare with
+    copied |= {(t.schema, t.table) for t in snapshot.tables}
+    for r in committed_resyncs(client, layout, slot):
+        copied |= {(t.schema, t.table) for t in r.manifest.tables}
+    return sorted({(str(a), str(b)) for a, b in newest["pipeline_tables"]} - copied)
 
 
 def _delta_url(delta_url: str, schema: str, table: str) -> str:
@@ -575,6 +606,10 @@ def _print_status(status: dict[str, Any]) -> None:
             lines.append(("slot vs store", store["slot_vs_store"]))
         for t in store.get("left_pipeline") or ():
             lines.append(("left pipeline", _left_line(t)))
+        if store.get("without_copy"):
+            lines.append(("NO COPY", ", ".join(store["without_copy"]) + ": in the pipeline but never copied "
+                          "(their rows from before are not in Delta; the merge refuses their changes): run "
+                          + store["without_copy_hint"]))
         for t in store.get("partitions_changed") or ():
             lines.append(("PARTITIONS", _partitions_line(t)))
     if status["problem"]:

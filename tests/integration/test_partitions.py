@@ -183,10 +183,11 @@ def test_attach_and_detach_via_root_are_shown_by_status_and_repaired_by_a_resync
     assert proc.returncode == 0 and json.loads(proc.stdout)["store"]["partitions_changed"] == [], proc.stdout
 
 
-def test_attach_per_leaf_is_refused_until_resynced(fresh_db, slot_name, store, spark):
+def test_attach_per_leaf_is_refused_until_resynced(fresh_db, slot_name, store, spark, s3):
     """Per leaf: the attached leaf joins the pipeline (the publication covers it now) without
     a copy; its changes are refused by the merge (NeedsSnapshot, naming pgcdc resync) while
-    the other leaves merge; its resync makes it equal."""
+    the other leaves merge, and ``pgcdc status`` lists it (``without_copy``: also when it has
+    no change yet, which the merge cannot see); its resync makes it equal."""
     client, src, lake = store
     db = fresh_db
     make_partitioned(db, via_root=False)
@@ -205,6 +206,13 @@ def test_attach_per_leaf_is_refused_until_resynced(fresh_db, slot_name, store, s
     assert "pgcdc resync" in by["public.m_asia"].hint
     assert by["public.m_eu"].action in ("bootstrapped+merged", "merged")
     assert_equal(db, lake, "m_eu")
+    env = s3.aws_env()
+    proc = pgcdc("status", "--dsn", db, "--slot", slot, "--from", src, "--json", env=env)
+    st = json.loads(proc.stdout)["store"]
+    assert st["without_copy"] == ["public.m_asia"], proc.stdout
+    assert st["without_copy_hint"] == """pgcdc resync --tables '"public"."m_asia"'"""
+    proc = pgcdc("status", "--dsn", db, "--slot", slot, "--from", src, env=env)
+    assert "NO COPY" in proc.stdout and """pgcdc resync --tables '"public"."m_asia"'""" in proc.stdout, proc.stdout
 
     resync_tables(db, src, slot=slot, publication="pub", tables=["m_asia"], s3_client=client,
                   worker_processes=False)
@@ -214,6 +222,8 @@ def test_attach_per_leaf_is_refused_until_resynced(fresh_db, slot_name, store, s
     assert out["public.m_asia"].action == "resynced+merged", out["public.m_asia"]
     for leaf in ("m_eu", "m_us", "m_asia"):
         assert_equal(db, lake, leaf)
+    proc = pgcdc("status", "--dsn", db, "--slot", slot, "--from", src, "--json", env=env)
+    assert json.loads(proc.stdout)["store"]["without_copy"] == [], proc.stdout
 
 
 def test_detach_per_leaf_is_refused_by_the_drain(fresh_db, slot_name, store, spark):
