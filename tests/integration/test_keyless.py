@@ -41,10 +41,10 @@ def store(s3, s3_bucket, monkeypatch):
     return s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
 
 
-EXTRA = "'1 mon 2 days 00:00:03', '{1,NULL}', '\\x00ff', '2024-01-02 03:04:05.123456+00'"
+EXTRA = "'1 mon 2 days 00:00:03', '{1,NULL}', '\\x00ff', '2024-01-02 03:04:05.123456+00', 'o'"
 ROW_A = f"(1, 'a', 1.5, 0.25, '{{1.0,-0}}', 1.50, {EXTRA})"
-ROW_NULL = "(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
-ROW_NAN = "(2, 'b', 'NaN', '-0', '{NaN,NULL}', NULL, NULL, '{}', '', 'infinity')"
+ROW_NULL = "(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+ROW_NAN = "(2, 'b', 'NaN', '-0', '{NaN,NULL}', NULL, NULL, '{}', '', 'infinity', '')"
 ROW_NEG0 = f"(3, 'c', '-0', 1e-7, '{{}}', 'NaN', {EXTRA})"
 ROW_POS0 = f"(3, 'c', 0, 1e-7, '{{}}', 'NaN', {EXTRA})"
 
@@ -67,7 +67,7 @@ def test_keyless_full_table_updates_and_deletes_as_a_multiset(engine, fresh_db, 
     client, src, lake = store
     db = fresh_db
     sql(db, "CREATE TABLE k (a int, t text, f float8, r real, arr float8[], n numeric, iv interval, ints int[], "
-            "b bytea, ts timestamptz)")
+            'b bytea, ts timestamptz, "odd""q""`b`.c" text)')
     sql(db, "ALTER TABLE k REPLICA IDENTITY FULL")
     sql(db, f"INSERT INTO k VALUES {ROW_A}, {ROW_A}, {ROW_A}, {ROW_NULL}, {ROW_NULL}, {ROW_NAN}, {ROW_NAN}, "
             f"{ROW_NEG0}, {ROW_POS0}")
@@ -166,3 +166,36 @@ def test_keyless_full_table_updates_and_deletes_as_a_multiset(engine, fresh_db, 
         merge()
     assert DeltaTable(url, storage_options=opts).version() == version
     assert equal(db, lake) == 6
+
+
+def test_multiset_arithmetic_in_commit_order(spark):
+    """The per-value arithmetic (Spark, no server): ``max(c + S, S - M)`` copies, which is
+    ``c + S`` on a table in step, and the changes one by one (a removal of a row that is
+    not there removes nothing) on one that is not; a value whose count shrinks is deleted
+    whole and its remaining copies inserted again."""
+    import pyarrow as pa
+
+    from airflow_pgcdc.merge.keyless import _values, merge_source, rows_after_truncate
+
+    fields = [pa.field("v", pa.string()), pa.field("x", pa.float64())]
+    ev = [  # (v, x, +1/-1, lsn, seq, sub)
+        ("grow", 1.0, 1, 1, 1, 1), ("grow", 1.0, 1, 1, 2, 1),
+        ("shrink", None, -1, 1, 3, 0), ("shrink", None, 1, 2, 1, 1), ("shrink", None, -1, 2, 2, 0),
+        ("absent", 0.0, -1, 1, 4, 0), ("absent", 0.0, 1, 1, 5, 1),  # delete first: missing in the table
+        ("negzero", -0.0, -1, 1, 6, 0), ("same", 2.0, -1, 1, 7, 0), ("same", 2.0, 1, 1, 7, 1),
+    ]
+    events = spark.createDataFrame(
+        ev, "v string, x double, _pgcdc_delta int, _pgcdc_commit_lsn long, _pgcdc_seq long, _pgcdc_sub int")
+    target = spark.createDataFrame(
+        [("grow", 1.0), ("shrink", None), ("shrink", None), ("shrink", None), ("negzero", -0.0),
+         ("negzero", 0.0), ("same", 2.0)], "v string, x double")
+    values = _values(events, fields)
+    got = sorted((r["v"], r["x"], r["_pgcdc_kind"]) for r in merge_source(values, target, fields).collect())
+    assert got == sorted([
+        ("grow", 1.0, "ins"), ("grow", 1.0, "ins"),  # 1 + 2: two more copies
+        ("shrink", None, "del"), ("shrink", None, "ins"), ("shrink", None, "ins"),  # 3 - 1: deleted, 2 back
+        ("absent", 0.0, "ins"),  # delete of a row not there is a no-op, then the insert
+        ("negzero", -0.0, "del"),  # -0 is not 0: only the -0 row goes (no copy back)
+    ]), got
+    after = sorted((r["v"], r["x"]) for r in rows_after_truncate(values, fields).collect())
+    assert after == [("absent", 0.0), ("grow", 1.0), ("grow", 1.0), ("same", 2.0)], after  # from nothing
