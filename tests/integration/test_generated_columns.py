@@ -22,6 +22,7 @@ import pytest
 from test_merge import drain, sql
 from test_shapes import spark, store  # noqa: F401 - fixtures
 
+from airflow_pgcdc.cli import main
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.snapshot.resync import resync_tables
@@ -46,7 +47,7 @@ def assert_verify_equal(db, lake, table, generated, published):
 
 
 @pytest.mark.parametrize("mode", ["stored", "column_list", "default"])
-def test_generated_columns_follow_the_publication(mode, fresh_db, slot_name, store, spark):  # noqa: F811
+def test_generated_columns_follow_the_publication(mode, fresh_db, slot_name, store, spark, capsys):  # noqa: F811
     client, src, lake = store
     db = fresh_db
     pg18 = db.server.version_num >= 180000
@@ -110,3 +111,10 @@ def test_generated_columns_follow_the_publication(mode, fresh_db, slot_name, sto
         assert "g2" not in rows[10]
     assert_verify_equal(db, lake, "late", "g2", published_later)
     assert_verify_equal(db, lake, "g", "twice", published)
+    # and the command line says so
+    for table, columns in (("g", 4 if published else 3), ("late", 3 if published_later else 2)):
+        capsys.readouterr()
+        code = main(["verify", "--dsn", db, "--delta", lake, "--table", f"public.{table}"])
+        out, err = capsys.readouterr()
+        assert code == 0 and out.startswith(f"EQUAL  public.{table}\n"), out + err
+        assert f"{columns} columns compared" in out, out
