@@ -18,10 +18,11 @@ from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.verify import MULTISET, verify_table
 
 _NO_JARS = unavailable_reason()
-ENGINES = [
-    pytest.param("delta-rs", id="delta-rs"),
-    pytest.param("delta-spark", id="delta-spark", marks=pytest.mark.skipif(
-        _NO_JARS is not None, reason=_NO_JARS or "")),
+_JARS = pytest.mark.skipif(_NO_JARS is not None, reason=_NO_JARS or "")
+ENGINES = [  # (engine, reader of the store)
+    pytest.param(("delta-rs", "python"), id="delta-rs"),
+    pytest.param(("delta-spark", "python"), id="delta-spark", marks=_JARS),
+    pytest.param(("delta-spark", "s3a"), id="delta-spark-s3a", marks=_JARS),
 ]
 
 
@@ -83,7 +84,7 @@ def test_keyless_full_table_updates_and_deletes_as_a_multiset(engine, fresh_db, 
     app = app_id(slot, "public", "k")
 
     def merge():
-        return merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine)
+        return merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine[0], reader=engine[1])
 
     # window 0: inserts of duplicates, updates and deletes of one of several equal rows
     sql(db, f"INSERT INTO k VALUES {ROW_A}, {ROW_NULL}, "
