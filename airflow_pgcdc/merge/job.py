@@ -1046,12 +1046,14 @@ def _append_only(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     for this table, the others go on)."""
     from pyspark.sql import functions as F
 
+    from airflow_pgcdc.merge.compact import col as spark_col
+
     name = plan.qualified_name
     fields = _batch_fields(ctx, plan)
     dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name}, _missing_values(plan))
     meta = [_META["_pgcdc_op"], _META["_pgcdc_commit_lsn"], _META["_pgcdc_seq"]]
     df = _read_changes(ctx, plan, pa.schema(fields + meta))
-    if plan.truncate_at is not None or df.where(F.col("_pgcdc_op") != F.lit("I")).limit(1).collect():
+    if plan.truncate_at is not None or df.where(spark_col("_pgcdc_op") != F.lit("I")).limit(1).collect():
         from airflow_pgcdc.merge.keyless import apply_keyless
 
         return apply_keyless(ctx, plan, url, dt, app, fields), dt, added

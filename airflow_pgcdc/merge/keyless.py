@@ -225,8 +225,16 @@ def _target(ctx, dt, url: str, fields: Sequence[pa.Field]):
 
         df = ctx.spark.read.format("delta").option("versionAsOf", dt.version()).load(deltaspark.s3a(url))
         return df.select(*[col(x) for x in names])
-    from airflow_pgcdc.merge.job import _read_files
+    from airflow_pgcdc.merge.job import KeylessChange, _read_files
 
+    features = set(dt.protocol().reader_features or ())
+    mapping = (dt.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
+    if features & {"deletionVectors", "columnMapping"} or mapping != "none":
+        raise KeylessChange(
+            f"Delta table {url} uses deletion vectors or column mapping: the delta-rs engine reads a keyless "
+            "table's data files to count its rows and would read them wrong",
+            hint="merge this table with --engine delta-spark, or rewrite the table without those features",
+        )
     paths = [u.split("://", 1)[1] if "://" in u else u for u in dt.file_uris()]
     if not paths:
         return ctx.spark.createDataFrame([], _spark_schema(fields))
