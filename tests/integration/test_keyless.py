@@ -200,3 +200,38 @@ def test_multiset_arithmetic_in_commit_order(spark):
     ]), got
     after = sorted((r["v"], r["x"]) for r in rows_after_truncate(values, fields).collect())
     assert after == [("absent", 0.0), ("grow", 1.0), ("grow", 1.0), ("same", 2.0)], after  # from nothing
+
+
+def test_keyless_clauses_quote_every_name_and_compare_floats_by_text():
+    from airflow_pgcdc.merge.clauses import build_keyless_spec
+
+    rs = build_keyless_spec(columns=['a"b', "f", "arr"], float_columns=["f"], nested_float_columns=["arr"])
+    assert rs.predicate == (
+        """s."_pgcdc_kind" = 'del' AND (t."a""b" IS NOT DISTINCT FROM s."a""b") AND """
+        """(CAST(t."f" AS VARCHAR) IS NOT DISTINCT FROM CAST(s."f" AS VARCHAR)) AND """
+        """(t."arr" IS NOT DISTINCT FROM s."arr")"""
+    )
+    assert rs.updates == {} and rs.inserts['"a""b"'] == 's."a""b"'
+    sp = build_keyless_spec(columns=["a`b", "f", "arr"], float_columns=["f"], nested_float_columns=["arr"],
+                            dialect="spark")
+    assert sp.predicate == (
+        "s.`_pgcdc_kind` = 'del' AND (t.`a``b` <=> s.`a``b`) AND "
+        "(CAST(t.`f` AS STRING) <=> CAST(s.`f` AS STRING)) AND (to_json(t.`arr`) <=> to_json(s.`arr`))"
+    )
+
+
+def test_verify_compares_a_keyless_table_by_count():
+    """``pgcdc verify`` on a table without a key: equal rows match by count."""
+    import pyarrow as pa
+
+    from airflow_pgcdc.protocol.pgtypes import BUILTIN_BY_NAME, PgColumn
+    from airflow_pgcdc.verify import compare_tables
+
+    cols = [PgColumn("a", BUILTIN_BY_NAME["int4"]), PgColumn("f", BUILTIN_BY_NAME["float8"])]
+    pg = pa.table({"a": pa.array([1, 1, None, 2], pa.int32()), "f": pa.array([0.0, 0.0, None, -0.0])})
+    assert compare_tables(pg, pg, columns=cols, key=(), multiset=True).equal
+    fewer = compare_tables(pg, pg.slice(1), columns=cols, key=(), multiset=True)
+    assert (fewer.only_in_postgres, fewer.only_in_delta) == (1, 0)
+    zero = pa.table({"a": pa.array([1, 1, None, 2], pa.int32()), "f": pa.array([0.0, 0.0, None, 0.0])})
+    other = compare_tables(pg, zero, columns=cols, key=(), multiset=True)  # -0 is not 0
+    assert (other.only_in_postgres, other.only_in_delta) == (1, 1) and not other.equal
