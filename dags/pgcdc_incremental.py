@@ -1,5 +1,12 @@
 """``pgcdc_incremental``: every 5 minutes, wait for changes (deferrable sensor) → drain
-one window to S3 → Spark merge into the Delta tables (Asset event per Delta table).
+one window to S3 → Spark merge into the Delta tables (Asset event per Delta table) →
+check that no table failed.
+
+One table's trouble never stops the others: when the merge job fails some tables (an
+incompatible type change, a table rewritten by DDL, ...) it still commits the others; the
+``merge`` task then succeeds with the Asset events of the tables that moved (Airflow
+records Asset events only for a successful task), and ``check_tables`` fails the run,
+naming each failed table with its error and hint (``pgcdc resync`` for most).
 
 Catch-up: ``max_active_runs=1`` and no catch-up of missed intervals; one run drains
 what is pending when it starts (the window ends at the LSN the sensor observed), cut
@@ -25,7 +32,7 @@ from _pgcdc_defaults import AWS_CONN_ID, PARAMS, POSTGRES_CONN_ID, SPARK_CONN_ID
 from airflow.sdk import DAG
 
 from airflow_pgcdc.operators.drain import PgcdcDrainOperator
-from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
+from airflow_pgcdc.operators.merge import PgcdcMergeCheckOperator, PgcdcSparkMergeOperator
 from airflow_pgcdc.sensors.changes import PgcdcChangesSensor
 
 
@@ -78,5 +85,7 @@ with DAG(
         delta="{{ params.delta }}",
         aws_conn_id=AWS_CONN_ID,
         conn_id=SPARK_CONN_ID,
+        on_failed_tables="succeed",
     )
-    wait >> drain >> merge
+    check = PgcdcMergeCheckOperator(task_id="check_tables", merge_task_id="merge")
+    wait >> drain >> merge >> check

@@ -92,6 +92,7 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
         assert window["window_seq"] == round_ and window["rows"] > 0
         merged = {t["table"]: t for t in run.xcom("merge")["tables"]}
         assert merged["shop.orders"]["last_window"] == round_
+        assert run.xcom("check_tables") == {"failed": []}
         assert_all_equal(db, delta)
 
     # Asset events (the DAGs' locations are templated: they come through the aliases)
