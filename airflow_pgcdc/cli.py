@@ -40,6 +40,7 @@ COMMANDS: list[str] = [
     "airflow_pgcdc.cli_slots",
     "airflow_pgcdc.cli_verify",
     "airflow_pgcdc.cli_merge",
+    "airflow_pgcdc.cli_maintain",
 ]
 
 PROG = "pgcdc"

@@ -1,0 +1,229 @@
+"""``pgcdc maintain``: upkeep of a slot's Delta tables and change store (no Airflow, no Spark).
+
+:func:`maintain_slot` runs, per Delta table of the slot (each on its own: a failure is
+reported and the others go on), :func:`~airflow_pgcdc.maintain.delta.maintain_table`
+(compaction, VACUUM, checkpoint, log cleanup), then expires the change windows every
+table merged and removes old merge staging debris (:mod:`airflow_pgcdc.maintain.store`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_pgcdc.errors import HintedError, PgcdcError
+from airflow_pgcdc.maintain.delta import DEFAULT_TARGET_SIZE, DeltaTableResult, maintain_table
+from airflow_pgcdc.maintain.store import (
+    cutoff_for,
+    expire_windows,
+    expired_key,
+    read_expired,
+    remove_staging,
+)
+from airflow_pgcdc.merge.plan import app_id, delta_table_url
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.manifest import committed_snapshot
+from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
+
+__all__ = [
+    "DEFAULT_RETENTION_HOURS",
+    "DEFAULT_TARGET_SIZE",
+    "MaintainResult",
+    "TablesFailed",
+    "expired_key",
+    "maintain_slot",
+    "read_expired",
+]
+
+log = logging.getLogger("airflow_pgcdc.maintain")
+
+DEFAULT_RETENTION_HOURS = 168
+HISTORY_SUFFIXES = ("__changelog", "__scd2")  # merge/job.py's CHANGELOG_SUFFIX, SCD2_SUFFIX
+RESYNC_APP_SUFFIX = ":resync"  # merge/job.py's
+
+
+@dataclass
+class MaintainResult:
+    slot: str
+    source: str
+    delta: str
+    retention_hours: float
+    dry_run: bool
+    tables: list[DeltaTableResult] = field(default_factory=list)
+    windows: dict[str, Any] = field(default_factory=dict)
+    staging: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[DeltaTableResult]:
+        return [t for t in self.tables if t.action == "failed"]
+
+    def to_dict(self) -> dict[str, Any]:
+        removed = sum(int(t.vacuum.get("bytes", 0)) + int(t.log.get("bytes", 0)) for t in self.tables)
+        return {
+            "slot": self.slot, "source": self.source, "delta": self.delta,
+            "retention_hours": self.retention_hours, "dry_run": self.dry_run,
+            "tables": [t.to_dict() for t in self.tables],
+            "windows": self.windows, "staging": self.staging,
+            "bytes_removed": removed + int(self.windows.get("bytes", 0)) + int(self.staging.get("bytes", 0)),
+            "failed": [t.table for t in self.failed],
+            "seconds": self.seconds,
+        }
+
+
+class TablesFailed(PgcdcError):
+    """Some tables could not be maintained (the others were); ``result`` holds every outcome."""
+
+    def __init__(self, message: str, result: MaintainResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def _key_of(snapshot, resyncs, schema: str, table: str) -> tuple[str, ...]:
+    found = latest_resync(resyncs, schema, table)
+    if found is not None:
+        return tuple(found[1].key_columns)
+    entry = next((t for t in (snapshot.tables if snapshot else ()) if t.schema == schema and t.table == table), None)
+    return tuple(entry.key_columns) if entry is not None else ()
+
+
+def maintain_slot(
+    *,
+    source: str,
+    slot: str,
+    delta: str,
+    tables: Sequence[str] | None = None,
+    retention_hours: float | None = None,
+    zorder: bool = False,
+    target_size: int | None = DEFAULT_TARGET_SIZE,
+    dry_run: bool = False,
+    windows: bool = True,
+    settings: s3store.S3Settings | None = None,
+) -> MaintainResult:
+    """Maintain every Delta table of ``slot`` under ``delta`` (or only ``tables``,
+    ``schema.table``), then the change store under ``source``. ``retention_hours``: how long
+    removed Delta files, expired windows and staging debris are kept (default 168; any value,
+    0 included, is accepted, with a warning below the default). Raises
+    :class:`TablesFailed` when some tables failed (the others were maintained)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    t0 = time.monotonic()
+    if retention_hours is None:
+        retention_hours = DEFAULT_RETENTION_HOURS
+    if retention_hours < 0:
+        raise PgcdcError(f"retention must be 0 hours or more, got {retention_hours}")
+    if retention_hours < DEFAULT_RETENTION_HOURS:
+        log.warning(
+            "retention %s h is below the default %d h: time travel to versions older than that "
+            "breaks, and a reader or merge still reading a removed file fails (a merge then reruns)",
+            retention_hours, DEFAULT_RETENTION_HOURS,
+        )
+    settings = settings or s3store.S3Settings.from_env()
+    client = s3store.make_s3_client(settings)
+    storage = s3store.delta_storage_options(settings)
+    layout = Layout.parse(source)
+    snapshot = committed_snapshot(client, layout, slot)
+    resyncs = committed_resyncs(client, layout, slot)
+    names: dict[tuple[str, str], None] = {}
+    for t in (snapshot.tables if snapshot else ()):
+        names[(t.schema, t.table)] = None
+    for r in resyncs:
+        for t in r.manifest.tables:
+            names[(t.schema, t.table)] = None
+    try:  # the merge's tables index: tables only windows hold
+        doc = s3store.get_json(client, layout.bucket, layout.merge_tables_index(slot))
+        for t in doc.get("tables", ()):
+            names[(str(t["schema"]), str(t["table"]))] = None
+    except Exception:  # noqa: BLE001 - a cache; missing means the snapshot's and resyncs' tables
+        pass
+    result = MaintainResult(slot=slot, source=source, delta=delta, retention_hours=retention_hours, dry_run=dry_run)
+    wanted = list(names)
+    if tables:
+        known = {f"{s}.{t}": (s, t) for s, t in names}
+        missing = [n for n in tables if n not in known]
+        if missing:
+            raise HintedError(f"table(s) {missing} are not tables of slot {slot}",
+                             hint="give schema.table names from the slot's snapshot or resyncs")
+        wanted = [known[n] for n in tables]
+
+    opened: dict[str, Any] = {}
+
+    def open_(url: str):
+        if url not in opened:
+            try:
+                opened[url] = DeltaTable(url, storage_options=storage)
+            except TableNotFoundError:
+                opened[url] = None
+        return opened[url]
+
+    cutoff = cutoff_for(retention_hours)
+    for schema, table in wanted:
+        name = f"{schema}.{table}"
+        base = delta_table_url(delta, schema, table)
+        app = app_id(slot, schema, table)
+        targets = [(base, name, [app, app + RESYNC_APP_SUFFIX])]
+        targets += [(base + sfx, name + sfx, [f"{app}:{sfx[2:]}"]) for sfx in HISTORY_SUFFIXES]
+        for url, label, apps in targets:
+            if open_(url) is None:
+                if url == base:
+                    log.info("%s: no Delta table yet (nothing to maintain; its windows are kept)", name)
+                continue
+            try:
+                keys = _key_of(snapshot, resyncs, schema, table) if (zorder and url == base) else ()
+                res = maintain_table(url, name=label, apps=apps, storage_options=storage, client=client,
+                                     retention_hours=retention_hours, zorder=keys or None,
+                                     target_size=target_size, dry_run=dry_run)
+            except Exception as exc:  # noqa: BLE001 - reported per table, raised below
+                log.error("%s: not maintained: %s", label, exc, exc_info=not isinstance(exc, PgcdcError))
+                res = DeltaTableResult(table=label, url=url, action="failed", error=f"{type(exc).__name__}: {exc}")
+            result.tables.append(res)
+
+    if windows:
+        fresh: dict[tuple[str, str], int | None] = {}
+
+        def merged(schema: str, table: str) -> int | None:
+            """The last window every Delta table of ``schema.table`` merged (None: keep)."""
+            if (schema, table) not in fresh:
+                base = delta_table_url(delta, schema, table)
+                app = app_id(slot, schema, table)
+                versions = []
+                for url, a in [(base, app)] + [(base + s, f"{app}:{s[2:]}") for s in HISTORY_SUFFIXES]:
+                    try:
+                        dt = DeltaTable(url, storage_options=storage)  # read now, not before the compaction
+                    except TableNotFoundError:
+                        if url == base:
+                            versions.append(None)
+                        continue
+                    versions.append(dt.transaction_version(a))
+                fresh[(schema, table)] = None if None in versions else min(versions)
+            return fresh[(schema, table)]
+
+        blocked = None
+        for s, t in names:  # a resync not applied yet: its merge reads the windows after its copy
+            found = latest_resync(resyncs, s, t)
+            if found is None:
+                continue
+            try:
+                dt = DeltaTable(delta_table_url(delta, s, t), storage_options=storage)
+                applied = dt.transaction_version(app_id(slot, s, t) + RESYNC_APP_SUFFIX)
+            except TableNotFoundError:
+                applied = None
+            if applied is None or applied < int(found[0].consistent_point):
+                blocked = f"the resync of {s}.{t} is not merged yet"
+                break
+        result.windows = expire_windows(client, layout, slot, merged=merged, cutoff=cutoff, blocked=blocked,
+                                        dry_run=dry_run)
+        result.staging = remove_staging(client, layout, slot, cutoff=cutoff, dry_run=dry_run)
+    result.seconds = round(time.monotonic() - t0, 3)
+    if result.failed:
+        raise TablesFailed(
+            f"{len(result.failed)} of {len(result.tables)} Delta table(s) not maintained (the others were): "
+            + "; ".join(f"{t.table}: {t.error}" for t in result.failed),
+            result,
+        )
+    return result

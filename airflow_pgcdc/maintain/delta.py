@@ -1,0 +1,184 @@
+"""Upkeep of one Delta table (delta-rs only, no Spark, no Airflow).
+
+In order: compaction of small files (``optimize.compact()``, or ``optimize.z_order(keys)``),
+VACUUM of the files no version within the retention needs, a log checkpoint and the
+cleanup of expired log files. Each step reports what it removed and how many bytes.
+
+App transactions: a compaction commit carries no ``txn`` action, and Delta's log replay
+keeps the latest ``txn`` of every app id across it (and across a checkpoint), so
+``transaction_version(app)`` is unchanged; this is checked after every step, and a
+version that went down is an error (:class:`AppTransactionLost`).
+
+Concurrency with a merge: both commit through delta-rs' conflict checker. A compaction
+that loses the race (a merge rewrote files it compacted) is retried from the new version
+(``COMMIT_RETRIES`` times); a merge that loses it (the compaction removed files it read)
+is refused by delta-rs and commits nothing (the merge job reports ``ConcurrentCommit`` for
+that table: rerun it; its windows stay pending, nothing is lost or doubled).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.store import s3 as s3store
+
+log = logging.getLogger("airflow_pgcdc.maintain")
+
+DEFAULT_TARGET_SIZE = 128 << 20
+"""Compaction's target file size (bytes): files smaller than it are binned together."""
+
+COMMIT_RETRIES = 3
+
+
+class AppTransactionLost(PgcdcError):
+    """A maintenance commit left a table's app transaction version lower than before."""
+
+
+@dataclass
+class DeltaTableResult:
+    table: str
+    url: str
+    action: str = "maintained"  # maintained | dry-run | failed
+    version_before: int | None = None
+    version_after: int | None = None
+    app_transactions: dict[str, int | None] = field(default_factory=dict)
+    files_before: int = 0
+    files_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    compaction: dict[str, Any] = field(default_factory=dict)
+    vacuum: dict[str, Any] = field(default_factory=dict)
+    log: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _sizes(client, url: str) -> dict[str, int]:
+    """``{key relative to the table root: size}`` of every object under the table."""
+    loc = s3store.S3Location.parse(url)
+    base = loc.prefix.rstrip("/") + "/"
+    return {o["Key"][len(base):]: int(o["Size"]) for o in s3store.list_objects(client, loc.bucket, base)}
+
+
+def _relative(path: str, url: str) -> str:
+    root = url.rstrip("/") + "/"
+    if path.startswith(root):
+        return path[len(root):]
+    if "://" in path:  # another spelling of the root (s3a://, …): keep the part after the table segment
+        tail = url.rstrip("/").rsplit("/", 1)[-1] + "/"
+        return path.split(tail, 1)[-1]
+    return path
+
+
+def _total_size(stats) -> int:
+    """``totalSize`` of optimize's ``filesAdded``/``filesRemoved`` (a JSON string in delta-rs 1.x)."""
+    if isinstance(stats, str):
+        stats = json.loads(stats or "{}")
+    return int((stats or {}).get("totalSize", 0) or 0)
+
+
+def _data_files(dt) -> tuple[int, int]:
+    adds = dt.get_add_actions(flatten=True)
+    return adds.num_rows, int(sum(adds.column("size_bytes").to_pylist())) if adds.num_rows else 0
+
+
+def maintain_table(
+    url: str,
+    *,
+    name: str,
+    apps: Sequence[str],
+    storage_options: dict[str, str],
+    client,
+    retention_hours: float,
+    zorder: Sequence[str] | None = None,
+    target_size: int | None = DEFAULT_TARGET_SIZE,
+    dry_run: bool = False,
+) -> DeltaTableResult:
+    """Compact, vacuum and checkpoint the Delta table at ``url``; ``apps``: the app ids
+    whose transaction versions must survive. Raises on failure (the caller reports it)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+
+    t0 = time.monotonic()
+    res = DeltaTableResult(table=name, url=url)
+    dt = DeltaTable(url, storage_options=storage_options)
+    res.version_before = dt.version()
+    before = {a: dt.transaction_version(a) for a in apps}
+    res.files_before, res.bytes_before = _data_files(dt)
+
+    def check(where: str) -> None:
+        dt.update_incremental()
+        for a, v in before.items():
+            now = dt.transaction_version(a)
+            if v is not None and (now is None or now < v):
+                raise AppTransactionLost(f"{name}: after {where}, app transaction {a} is at {now}, it was at {v}")
+
+    # -- compaction
+    if dry_run:
+        res.compaction = {"skipped": "dry run", "small_files": res.files_before}
+    else:
+        for attempt in range(COMMIT_RETRIES + 1):
+            try:
+                opt = dt.optimize
+                metrics = (opt.z_order(list(zorder), target_size=target_size) if zorder
+                           else opt.compact(target_size=target_size))
+                break
+            except CommitFailedError as exc:  # a merge committed first: compact its result
+                if attempt == COMMIT_RETRIES:
+                    raise
+                log.warning("%s: compaction lost a race with another commit (%s); retrying", name,
+                            str(exc).splitlines()[0][:200])
+                dt.update_incremental()
+        res.compaction = {
+            "mode": "z_order" if zorder else "compact",
+            "z_order_columns": list(zorder or ()),
+            "files_removed": int(metrics.get("numFilesRemoved", 0)),
+            "files_added": int(metrics.get("numFilesAdded", 0)),
+            "bytes_removed": _total_size(metrics.get("filesRemoved")),
+            "bytes_added": _total_size(metrics.get("filesAdded")),
+        }
+        check("the compaction")
+        log.info("%s: compaction: %d file(s) → %d", name, res.compaction["files_removed"], res.compaction["files_added"])
+
+    # -- vacuum (enforce_retention_duration=False: the retention is the caller's, checked there)
+    sizes = _sizes(client, url)
+    paths = dt.vacuum(retention_hours=int(retention_hours), dry_run=dry_run, enforce_retention_duration=False)
+    rel = [_relative(p, url) for p in paths]
+    res.vacuum = {
+        "retention_hours": retention_hours,
+        "files": len(rel),
+        "bytes": sum(sizes.get(p, 0) for p in rel),
+        "dry_run": dry_run,
+    }
+    log.info("%s: vacuum%s: %d file(s), %d bytes", name, " (dry run)" if dry_run else "",
+             res.vacuum["files"], res.vacuum["bytes"])
+
+    # -- log checkpoint and expired log files
+    if dry_run:
+        res.log = {"skipped": "dry run"}
+    else:
+        dt.update_incremental()
+        dt.create_checkpoint()
+        log_before = {k: v for k, v in _sizes(client, url).items() if k.startswith("_delta_log/")}
+        dt.cleanup_metadata()
+        log_after = {k for k in _sizes(client, url) if k.startswith("_delta_log/")}
+        gone = [k for k in log_before if k not in log_after]
+        res.log = {"checkpoint_version": dt.version(), "log_files_removed": len(gone),
+                   "bytes": sum(log_before[k] for k in gone)}
+        check("the checkpoint")
+    dt.update_incremental()
+    res.version_after = dt.version()
+    res.files_after, res.bytes_after = _data_files(dt)
+    res.app_transactions = {a: dt.transaction_version(a) for a in apps}
+    res.action = "dry-run" if dry_run else "maintained"
+    res.seconds = round(time.monotonic() - t0, 3)
+    return res
