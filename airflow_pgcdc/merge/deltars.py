@@ -26,7 +26,7 @@ from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
     "CONCURRENT", "ConcurrentCommit", "TableExists", "add_columns", "add_filled_columns", "append", "bootstrap", "commit_once", "merge", "replace", "merged_version", "open_table",
-    "merge_progress", "merge_scd2", "read_staged", "staged_reader", "swap",
+    "merge_progress", "merge_scd2", "read_staged", "staged_column", "staged_reader", "swap",
 ]
 
 log = logging.getLogger(__name__)
@@ -127,14 +127,27 @@ def staged_reader(fs, paths: list[str], schema: pa.Schema) -> pa.RecordBatchRead
     return dataset.scanner(batch_size=BATCH_ROWS).to_reader()
 
 
+def staged_column(fs, paths: list[str], schema: pa.Schema, column: str) -> list:
+    """One column of the staged rows, as Python values (the merge's key bounds)."""
+    import pyarrow.dataset as ds
+
+    if not paths:
+        return []
+    dataset = ds.dataset(paths, format="parquet", filesystem=fs, schema=schema)
+    return dataset.to_table(columns=[column]).column(0).to_pylist()
+
+
 def bootstrap(url: str, reader: pa.RecordBatchReader, *,
               storage_options: dict[str, str], metadata: dict[str, str],
-              configuration: dict[str, str] | None = None) -> None:
+              configuration: dict[str, str] | None = None, target_file_size: int | None = None) -> None:
+    """Create the table from ``reader``'s rows in one commit; files of about
+    ``target_file_size`` bytes, in the order the rows come (delta-rs' default when None)."""
     from deltalake import CommitProperties, write_deltalake
 
     try:
         write_deltalake(
             url, reader, mode="error", storage_options=storage_options, configuration=configuration,
+            target_file_size=target_file_size,
             commit_properties=CommitProperties(custom_metadata=metadata),
         )
     except Exception as e:  # delta-rs raises its own DeltaError for an existing table
@@ -145,14 +158,14 @@ def bootstrap(url: str, reader: pa.RecordBatchReader, *,
 
 def replace(url: str, reader: pa.RecordBatchReader, *, storage_options: dict[str, str],
             configuration: dict[str, str] | None, transactions: dict[str, int],
-            metadata: dict[str, str]) -> None:
+            metadata: dict[str, str], target_file_size: int | None = None) -> None:
     """Overwrite the Delta table at ``url`` (created when missing) with ``reader``'s rows and
     schema in one commit that also sets the app transactions ``transactions``."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     write_deltalake(
         url, reader, mode="overwrite", schema_mode="overwrite", storage_options=storage_options,
-        configuration=configuration,
+        configuration=configuration, target_file_size=target_file_size,
         commit_properties=CommitProperties(
             app_transactions=[Transaction(a, v) for a, v in transactions.items()], custom_metadata=metadata,
         ),

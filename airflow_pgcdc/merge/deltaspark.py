@@ -204,11 +204,19 @@ def append(spark, df, *, path: str, app: str, version: int, metadata: dict[str, 
 
 
 def bootstrap(spark, df, *, path: str, metadata: dict[str, str],
-              configuration: Mapping[str, str] | None = None) -> int:
+              configuration: Mapping[str, str] | None = None, sort_by: list | None = None,
+              files: int | None = None) -> int:
     """Create the Delta table at ``path`` from ``df`` in one commit (``errorifexists``:
     a table created meanwhile raises :class:`~.deltars.TableExists`); table properties
-    from ``configuration``. Returns the rows written."""
+    from ``configuration``. ``sort_by`` (Spark columns, the merge key) and ``files``: the
+    rows range-partitioned by the key into ``files`` data files, each sorted (every file
+    then holds one narrow key range). Returns the rows written."""
     from airflow_pgcdc.merge.deltars import TableExists
+
+    if sort_by:
+        df = df.repartitionByRange(files or 1, *sort_by).sortWithinPartitions(*sort_by)
+    elif files:
+        df = df.repartition(files)
 
     writer = df.write.format("delta").mode("errorifexists").option(
         "userMetadata", json.dumps(dict(metadata), sort_keys=True))

@@ -53,7 +53,7 @@ from airflow_pgcdc.changes.rows import (
     REWRITTEN_FIELD,
     decode_missing_values,
 )
-from airflow_pgcdc.merge import deltars
+from airflow_pgcdc.merge import deltars, pruning
 from airflow_pgcdc.merge.clauses import MATCH_PREFIX, build_merge_spec, keep_column
 from airflow_pgcdc.merge.compact import compact, toastable
 from airflow_pgcdc.merge.delta_types import to_delta_batch, to_delta_schema
@@ -182,6 +182,7 @@ def merge_slot(
     engine: str = "delta-rs",
     history: str | None = None,
     reader: str = "python",
+    target_file_mb: float | None = None,
 ) -> MergeResult:
     """Bootstrap and merge every table of ``slot`` (or only ``tables``, ``schema.table``)
     from the store at ``source`` (``s3://bucket/prefix``) into Delta tables under
@@ -191,7 +192,12 @@ def merge_slot(
     ``{schema}.{table}__changelog``; ``history="scd2"`` keeps ``{schema}.{table}__scd2``
     (SCD type 2: one row per version of a row, with its LSN validity). ``reader``:
     ``python`` (default: a Spark Python Data Source on pyarrow's S3 filesystem) or
-    ``s3a`` (Spark's own Parquet reader through hadoop-aws, for clusters that have it)."""
+    ``s3a`` (Spark's own Parquet reader through hadoop-aws, for clusters that have it).
+    ``target_file_mb``: the data files' size when a table is bootstrapped or replaced by a
+    resync (rows sorted by the key; default :data:`~.pruning.DEFAULT_TARGET_FILE_MB`)."""
+    target_file_mb = pruning.DEFAULT_TARGET_FILE_MB if target_file_mb is None else float(target_file_mb)
+    if not target_file_mb > 0:
+        raise MergeError(f"the target file size must be positive, got {target_file_mb} MB")
     if reader not in READERS:
         raise MergeError(f"unknown reader {reader!r}", hint=f"one of {', '.join(READERS)}")
     if engine not in ENGINES:
@@ -206,7 +212,7 @@ def merge_slot(
         spark=spark, layout=layout, client=client, fs=s3store.make_pyarrow_fs(settings),
         storage=s3store.delta_storage_options(settings), slot=slot, delta=delta,
         run_id=new_run_id(), s3_options=s3_options(settings), engine=engine, history=history,
-        reader=reader,
+        reader=reader, target_file_mb=target_file_mb,
     )
     register(spark)
     if ctx.engine == "delta-spark" or ctx.reader == "s3a":
@@ -263,6 +269,7 @@ class _Context:
     engine: str = "delta-rs"
     history: str | None = None
     reader: str = "python"
+    target_file_mb: float = pruning.DEFAULT_TARGET_FILE_MB
     # the slot's committed resyncs (store/resyncs.py), oldest first
     resyncs: list = field(default_factory=list)
     # "schema.table" -> window N: no window up to N holds the table after its last merged
@@ -517,11 +524,12 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
         since = int(resync.consistent_point)
         if pending is not None:
             covered = _covered_windows(manifests, resync.consistent_point)
-            res.bootstrap_rows = _resync_replace(ctx, resync, entry, url, app, covered)
+            res.bootstrap_rows = _resync_replace(ctx, resync, entry, url, app, covered,
+                                                 _key_columns(name, entry, (), keys))
             res.action = "resynced"
             dt = deltars.open_table(url, ctx.storage)
     elif dt is None and entry is not None:
-        res.bootstrap_rows = _bootstrap(ctx, snapshot, entry, url)
+        res.bootstrap_rows = _bootstrap(ctx, snapshot, entry, url, _key_columns(name, entry, (), keys))
         res.action = "bootstrapped"
         dt = deltars.open_table(url, ctx.storage)
     elif entry is None and snapshot is not None and _holds(manifests, schema, table):
@@ -854,7 +862,21 @@ def _snapshot_input(ctx: _Context, snapshot, entry) -> tuple[list[str], list[pa.
     return parts, _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
 
 
-def _resync_replace(ctx: _Context, resync, entry, url: str, app: str, covered: int) -> int:
+def _sorted_by_key(df, keys: Sequence[str]):
+    """``df`` sorted by the merge key (range partitions, each sorted): the staged files,
+    read in partition order, stream the rows in key order (see :mod:`.pruning`)."""
+    from airflow_pgcdc.merge.compact import col
+
+    return df.orderBy(*[col(k) for k in keys]) if keys else df
+
+
+def _staged_in_order(paths: list[str]) -> list[str]:
+    """The staged files in Spark partition order (``part-{partition:05d}-…``)."""
+    return sorted(paths, key=lambda p: p.rsplit("/", 1)[-1])
+
+
+def _resync_replace(ctx: _Context, resync, entry, url: str, app: str, covered: int,
+                    keys: Sequence[str] = ()) -> int:
     """Replace (or create) the table's Delta table from a resync's copy, in one commit that
     also records the windows the copy covers (app version ``covered``) and the resync
     itself (``{app}:resync`` = its consistent point): readers see the old table or the new
@@ -869,13 +891,14 @@ def _resync_replace(ctx: _Context, resync, entry, url: str, app: str, covered: i
     fields = _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
     schema = pa.schema(fields)
     staging = ctx.staging(entry.schema, entry.table, "resync")
-    _stage(ctx, _read(ctx, parts, schema), staging, schema)
+    _stage(ctx, _sorted_by_key(_read(ctx, parts, schema), keys), staging, schema)
     paths, rows = deltars.read_staged(ctx.fs, staging)
+    paths = _staged_in_order(paths)
     fault_point("merge-after-stage", log)
     point = int(resync.consistent_point)
     deltars.replace(
         url, deltars.staged_reader(ctx.fs, paths, schema), storage_options=ctx.storage,
-        configuration=table_configuration(fields),
+        configuration=table_configuration(fields), target_file_size=pruning.target_bytes(ctx.target_file_mb),
         transactions={app: covered, app + RESYNC_APP_SUFFIX: point},
         metadata={"pgcdc.slot": ctx.slot, "pgcdc.resync": resync.url,
                   "pgcdc.consistent_point": resync.manifest.consistent_point,
@@ -886,7 +909,9 @@ def _resync_replace(ctx: _Context, resync, entry, url: str, app: str, covered: i
     return rows
 
 
-def _bootstrap(ctx: _Context, snapshot, entry, url: str) -> int:
+def _bootstrap(ctx: _Context, snapshot, entry, url: str, keys: Sequence[str] = ()) -> int:
+    """Create the Delta table from the snapshot: rows sorted by ``keys`` (the merge key)
+    in files of about ``ctx.target_file_mb`` (see :mod:`.pruning`)."""
     name = entry.qualified_name
     parts, fields = _snapshot_input(ctx, snapshot, entry)
     schema = pa.schema(fields)
@@ -899,16 +924,20 @@ def _bootstrap(ctx: _Context, snapshot, entry, url: str) -> int:
     try:
         if ctx.engine == "delta-spark":  # executors write the files, the driver commits
             from airflow_pgcdc.merge import deltaspark
+            from airflow_pgcdc.merge.compact import col
 
+            files = pruning.file_count(sum(p.bytes for p in entry.parts), ctx.target_file_mb)
             rows = deltaspark.bootstrap(ctx.spark, df, path=deltaspark.s3a(url), metadata=metadata,
-                                        configuration=table_configuration(fields))
+                                        configuration=table_configuration(fields),
+                                        sort_by=[col(k) for k in keys], files=files)
         else:
             staging = ctx.staging(entry.schema, entry.table, "bootstrap")
-            _stage(ctx, df, staging, schema)
+            _stage(ctx, _sorted_by_key(df, keys), staging, schema)
             paths, rows = deltars.read_staged(ctx.fs, staging)
             deltars.bootstrap(
-                url, deltars.staged_reader(ctx.fs, paths, schema), storage_options=ctx.storage,
+                url, deltars.staged_reader(ctx.fs, _staged_in_order(paths), schema), storage_options=ctx.storage,
                 configuration=table_configuration(fields), metadata=metadata,
+                target_file_size=pruning.target_bytes(ctx.target_file_mb),
             )
     except deltars.TableExists:
         log.info("%s: Delta table created meanwhile by another job; not bootstrapping again", name)
@@ -997,14 +1026,33 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     if rekey:
         log.info("%s: %d key-changing update(s) without their TOAST values: matching them on the old key",
                  name, plan.key_moves)
+    # the target bound (see .pruning): one integer key, no truncate, not rekeyed
+    bound_key = None if (rekey or plan.truncate_at is not None) else pruning.prunable_key(
+        keys, {f.name: f.type for f in fields})
     if ctx.engine == "delta-spark":
         from airflow_pgcdc.merge import deltaspark
 
-        metrics = _spark_commit_once(lambda: deltaspark.merge(
-            ctx.spark, compacted, build_merge_spec(**spec_args, dialect="spark"),
-            path=deltaspark.s3a(url), app=app, version=plan.last_window,
-            metadata=_window_metadata(ctx, plan),
-        ), dt, url, app, plan.last_window)
+        spec = build_merge_spec(**spec_args, dialect="spark")
+        ranges: list = []
+        if bound_key is not None:  # the batch is computed once: its keys, then the MERGE
+            from pyspark import StorageLevel
+
+            from airflow_pgcdc.merge.compact import col
+
+            compacted = compacted.persist(StorageLevel.MEMORY_AND_DISK)
+            ranges = pruning.key_ranges(compacted.select(col(bound_key)).toArrow().column(0).to_pylist())
+            spec = pruning.bounded(spec, pruning.bounds_predicate(bound_key, ranges, "spark"))
+        try:
+            metrics = _spark_commit_once(lambda: deltaspark.merge(
+                ctx.spark, compacted, spec,
+                path=deltaspark.s3a(url), app=app, version=plan.last_window,
+                metadata=_window_metadata(ctx, plan),
+            ), dt, url, app, plan.last_window)
+        finally:
+            if bound_key is not None:
+                compacted.unpersist()
+        if bound_key is not None:
+            metrics["pgcdc_key_ranges"] = len(ranges)
         fault_point("merge-after-commit", log)
         return metrics, dt, added
     by_name = {f.name: f for f in fields}
@@ -1018,11 +1066,18 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     _stage(ctx, compacted, staging, stage_schema)
     paths, _rows = deltars.read_staged(ctx.fs, staging)
     fault_point("merge-after-stage", log)
+    spec = build_merge_spec(**spec_args, dialect="delta-rs")
+    ranges = []
+    if bound_key is not None:  # the staged batch's keys, read on the driver (one column)
+        ranges = pruning.key_ranges(deltars.staged_column(ctx.fs, paths, stage_schema, bound_key))
+        spec = pruning.bounded(spec, pruning.bounds_predicate(bound_key, ranges, "delta-rs"))
     metrics = deltars.merge(
         dt, deltars.staged_reader(ctx.fs, paths, stage_schema),
-        build_merge_spec(**spec_args, dialect="delta-rs"), app=app, version=plan.last_window,
+        spec, app=app, version=plan.last_window,
         metadata=_window_metadata(ctx, plan),
     )
+    if bound_key is not None and not metrics.get("concurrent_commit"):
+        metrics["pgcdc_key_ranges"] = len(ranges)
     fault_point("merge-after-commit", log)
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     return metrics, dt, added

@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reader", choices=("python", "s3a"), default="python",
                    help="how executors read the store: python (default: pyarrow's S3 filesystem in "
                    "a Spark Python Data Source) or s3a (Spark's Parquet reader; needs hadoop-aws)")
+    p.add_argument("--target-file-mb", type=float, metavar="MB",
+                   help="data file size when a table is bootstrapped or replaced by a resync, rows sorted "
+                   "by the key so a merge rewrites only the files of the keys it touches (default 32)")
     p.add_argument("--history", choices=("changelog", "scd2"),
                    help="also keep a history table: changelog = every change row appended to "
                    "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace, spark=None) -> dict:
     result = merge_slot(
         spark, source=args.source, slot=args.slot, delta=args.delta, tables=args.tables,
         keys=parse_keys(args.key), max_windows=args.max_windows, engine=args.engine,
-        history=args.history, reader=args.reader,
+        history=args.history, reader=args.reader, target_file_mb=getattr(args, "target_file_mb", None),
     )
     return result.to_dict()
 

@@ -1,0 +1,100 @@
+"""What keeps a merge's cost with the batch, not the table (issue #14 §1).
+
+* **Layout** (bootstrap and resync copy): the rows are written sorted by the merge key
+  in files of about :data:`DEFAULT_TARGET_FILE_MB` (``--target-file-mb``), so a key range
+  maps to few files and each file's min/max key statistics are narrow. Both engines
+  rewrite only the target files that hold a matched row; with one file per table (the
+  layout before), every merge rewrote the whole table.
+* **Bounds** (merge): the ``ON`` condition also bounds the target's key by the batch's
+  key ranges (:func:`key_ranges`, :func:`bounds_predicate`): ``t.k BETWEEN lo AND hi OR
+  …``, at most :data:`MAX_RANGES` ranges split at the widest gaps between the batch's
+  keys, so a few scattered keys do not widen one range to the whole table. Target-only
+  conjuncts of the ``ON`` condition are what both engines prune target files by (their
+  per-file min/max statistics): untouched files are not even scanned. Only for one
+  integer key column (literals are then plain digits in either dialect); never for a
+  batch with a truncate (its ``WHEN NOT MATCHED BY SOURCE THEN DELETE`` must see every
+  target row) nor a rekeyed batch (its rows match on ``_pgcdc_match_<k>``).
+
+Nothing here imports Spark or Airflow: the functions take plain values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pyarrow as pa
+
+from airflow_pgcdc.merge.clauses import MergeSpec, quote_ident
+
+__all__ = [
+    "DEFAULT_TARGET_FILE_MB", "MAX_RANGES", "bounded", "bounds_predicate", "file_count", "key_ranges", "prunable_key",
+    "target_bytes",
+]
+
+DEFAULT_TARGET_FILE_MB = 32.0
+"""The data files' target size (MB of Parquet) at bootstrap: ``--target-file-mb``. A
+table smaller than that is one file (no small files); see README "merge cost"."""
+
+MAX_RANGES = 32
+"""At most this many key ranges in a merge's target bound."""
+
+
+def prunable_key(key_columns: Sequence[str], types: dict[str, pa.DataType]) -> str | None:
+    """The key column a bound can be put on: the only key column, when it is an integer."""
+    if len(key_columns) != 1:
+        return None
+    t = types.get(key_columns[0])
+    return key_columns[0] if t is not None and pa.types.is_integer(t) else None
+
+
+def key_ranges(values: Sequence[int], max_ranges: int = MAX_RANGES) -> list[tuple[int, int]]:
+    """``values`` (the batch's keys, any order, repeats allowed, no NULL) as at most
+    ``max_ranges`` inclusive ranges ``(lo, hi)`` covering every value: split at the
+    ``max_ranges - 1`` widest gaps between consecutive distinct values."""
+    keys = sorted({int(v) for v in values})
+    if not keys:
+        return []
+    if len(keys) <= max_ranges:
+        return [(k, k) for k in keys]
+    gaps = sorted(range(1, len(keys)), key=lambda i: keys[i] - keys[i - 1], reverse=True)[:max_ranges - 1]
+    out, start = [], 0
+    for i in sorted(gaps):
+        out.append((keys[start], keys[i - 1]))
+        start = i
+    out.append((keys[start], keys[-1]))
+    return out
+
+
+def bounds_predicate(key: str, ranges: Sequence[tuple[int, int]], dialect: str, alias: str = "t") -> str | None:
+    """``(t.k BETWEEN lo AND hi OR t.k = v …)`` for ``ranges`` (``None`` when empty: no
+    bound). The column is quoted by :func:`~airflow_pgcdc.merge.clauses.quote_ident` for
+    ``dialect``; the literals are Python ints rendered as digits (no other text)."""
+    if not ranges:
+        return None
+    ref = f"{alias}.{quote_ident(key, dialect)}"
+    parts = []
+    for lo, hi in ranges:
+        lo, hi = int(lo), int(hi)
+        parts.append(f"{ref} = {lo}" if lo == hi else f"({ref} >= {lo} AND {ref} <= {hi})")
+    return "(" + " OR ".join(parts) + ")"
+
+
+def bounded(spec: MergeSpec, bound: str | None) -> MergeSpec:
+    """``spec`` with ``bound`` (a target-only predicate) added to its ``ON`` condition."""
+    return spec if bound is None else replace(spec, predicate=f"{spec.predicate} AND {bound}")
+
+
+def target_bytes(target_mb: float) -> int:
+    """``--target-file-mb`` in bytes (fractions allowed: the tests write tiny files)."""
+    if not target_mb or target_mb <= 0:
+        raise ValueError(f"the target file size must be positive, got {target_mb!r} MB")
+    return max(1, int(float(target_mb) * 1024 * 1024))
+
+
+def file_count(total_bytes: int, target_mb: float) -> int:
+    """How many files ``total_bytes`` of Parquet makes at ``target_mb`` per file (≥ 1; a
+    table under the target is one file)."""
+    target = target_bytes(target_mb)
+    return max(1, math.ceil(int(total_bytes) / target))
