@@ -42,6 +42,7 @@ __all__ = [
 log = logging.getLogger("airflow_pgcdc.maintain")
 
 DEFAULT_RETENTION_HOURS = 168
+TABLE_ATTEMPTS = 3  # a table's upkeep refused by a concurrent commit is started over this often
 HISTORY_SUFFIXES = ("__changelog", "__scd2")  # merge/job.py's CHANGELOG_SUFFIX, SCD2_SUFFIX
 RESYNC_APP_SUFFIX = ":resync"  # merge/job.py's
 
@@ -110,7 +111,7 @@ def maintain_slot(
     0 included, is accepted, with a warning below the default). Raises
     :class:`TablesFailed` when some tables failed (the others were maintained)."""
     from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+    from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
     t0 = time.monotonic()
     if retention_hours is None:
@@ -175,9 +176,17 @@ def maintain_slot(
                 continue
             try:
                 keys = _key_of(snapshot, resyncs, schema, table) if (zorder and url == base) else ()
-                res = maintain_table(url, name=label, apps=apps, storage_options=storage, client=client,
-                                     retention_hours=retention_hours, zorder=keys or None,
-                                     target_size=target_size, dry_run=dry_run)
+                for attempt in range(TABLE_ATTEMPTS):
+                    try:
+                        res = maintain_table(url, name=label, apps=apps, storage_options=storage, client=client,
+                                             retention_hours=retention_hours, zorder=keys or None,
+                                             target_size=target_size, dry_run=dry_run)
+                        break
+                    except CommitFailedError as exc:  # a merge committed meanwhile: start over from it
+                        if attempt + 1 == TABLE_ATTEMPTS:
+                            raise
+                        log.warning("%s: a concurrent commit refused this one (%s); starting over", label,
+                                    str(exc).splitlines()[0][:200])
             except Exception as exc:  # noqa: BLE001 - reported per table, raised below
                 log.error("%s: not maintained: %s", label, exc, exc_info=not isinstance(exc, PgcdcError))
                 res = DeltaTableResult(table=label, url=url, action="failed", error=f"{type(exc).__name__}: {exc}")

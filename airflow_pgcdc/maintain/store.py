@@ -19,8 +19,8 @@ there. No merge reads them: every table that has changes in such a window merged
 
 Window folders below the latest committed window without a manifest (crashed attempts)
 older than the retention are removed whole. ``{slot}/merge-staging/{run}/`` folders whose
-newest object is older than the retention are removed (a running merge's staging is
-younger than any sane retention).
+newest object is older than the retention (and than 6 hours, whatever the retention: a running merge's
+staging must stay) are removed.
 """
 
 from __future__ import annotations
@@ -164,8 +164,15 @@ def expire_windows(
     return out
 
 
+STAGING_MIN_AGE_HOURS = 6
+"""Staging younger than this is never removed, whatever the retention (a running merge's:
+removing it fails that merge). The merge job itself removes staging older than this too."""
+
+
 def remove_staging(client, layout: Layout, slot: str, *, cutoff: datetime, dry_run: bool = False) -> dict[str, Any]:
-    """Remove ``merge-staging/{run}/`` folders whose newest object is older than ``cutoff``."""
+    """Remove ``merge-staging/{run}/`` folders whose newest object is older than ``cutoff``
+    (and than :data:`STAGING_MIN_AGE_HOURS`)."""
+    cutoff = min(cutoff, datetime.now(UTC) - timedelta(hours=STAGING_MIN_AGE_HOURS))
     base = layout.merge_staging_prefix(slot)
     runs: dict[str, list[dict]] = {}
     for o in s3store.list_objects(client, layout.bucket, base):

@@ -1,0 +1,77 @@
+"""``PgcdcMaintainOperator``: lake upkeep of a slot's Delta tables and change store
+(:mod:`airflow_pgcdc.maintain`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+
+
+class PgcdcMaintainOperator(BaseOperator):
+    """Compact, vacuum and checkpoint every Delta table of ``slot`` under ``delta`` (each on
+    its own), then remove the parts of the change windows every table has merged and old
+    merge staging (``pgcdc maintain``). No Spark, no PostgreSQL: delta-rs and S3 only.
+
+    Pushes the result (per table: files and bytes before/after, compaction, vacuum and log
+    figures, app transaction versions; the windows expired and kept, with why; staging
+    debris; ``bytes_removed``). Fails naming the tables that failed, after maintaining the
+    others. Run it at most once at a time per slot (``max_active_runs=1`` or a pool of one
+    slot): two at once are safe for the Delta tables (conflict checks) but waste work.
+
+    :param source: the store, ``s3://bucket/prefix`` (templated)
+    :param slot: the pipeline's replication slot (templated)
+    :param delta: the Delta root (templated)
+    :param tables: only these ``schema.table`` Delta tables (templated; default all)
+    :param retention_hours: how long removed files, merged windows and staging are kept
+        (default 168; below it a warning: time travel and running readers of older versions break)
+    :param zorder: Z-order each table on its key columns instead of plain compaction
+    :param dry_run: report, remove nothing
+    :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
+    """
+
+    template_fields: Sequence[str] = ("source", "slot", "delta", "tables", "retention_hours", "zorder")
+    ui_color = "#e8f6f3"
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        slot: str,
+        delta: str,
+        tables: Sequence[str] | str | None = None,
+        retention_hours: float | None = None,
+        zorder: bool = False,
+        dry_run: bool = False,
+        aws_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.source = source
+        self.slot = slot
+        self.delta = delta
+        self.tables = tables
+        self.retention_hours = retention_hours
+        self.zorder = zorder
+        self.dry_run = dry_run
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context) -> dict[str, Any]:
+        from airflow_pgcdc.maintain import TablesFailed, maintain_slot
+
+        tables = [self.tables] if isinstance(self.tables, str) else (list(self.tables) if self.tables else None)
+        settings = PgcdcHook(aws_conn_id=self.aws_conn_id).s3_settings()
+        retention = None if self.retention_hours in (None, "") else float(self.retention_hours)
+        try:
+            result = maintain_slot(
+                source=self.source, slot=self.slot, delta=self.delta, tables=tables,
+                retention_hours=retention, zorder=self.zorder in (True, "True", "true", "1"), dry_run=self.dry_run, settings=settings,
+            ).to_dict()
+        except TablesFailed as e:
+            self.log.error("maintain result: %s", e.result.to_dict())
+            raise
+        self.log.info("removed %d bytes; windows expired %s", result["bytes_removed"], result["windows"].get("expired"))
+        return result
