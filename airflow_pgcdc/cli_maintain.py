@@ -34,8 +34,9 @@ def register(subparsers) -> None:
                         "(default 168; any value, 0 included, is honoured, with a warning below 168)")
     p.add_argument("--zorder", action="store_true", help="Z-order each table on its key columns instead of "
                    "plain compaction (rewrites every file)")
-    p.add_argument("--target-size", type=int, default=None, metavar="BYTES",
-                   help="compaction's target file size (default 128 MiB)")
+    p.add_argument("--target-file-mb", type=float, default=None, metavar="MB",
+                   help="compaction's target file size (default 32, as pgcdc merge --target-file-mb: "
+                        "give the same value as the merge)")
     p.add_argument("--no-windows", dest="windows", action="store_false",
                    help="leave the change store alone (Delta tables only)")
     p.add_argument("--dry-run", action="store_true", help="report what would be removed, change nothing")
@@ -44,6 +45,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from airflow_pgcdc.maintain import DEFAULT_TARGET_SIZE, TablesFailed, maintain_slot
+    from airflow_pgcdc.merge.pruning import target_bytes
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     if args.retention_hours is not None and args.retention_hours < 0:
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         result = maintain_slot(
             source=args.source, slot=args.slot, delta=args.delta, tables=args.tables,
             retention_hours=args.retention_hours, zorder=args.zorder,
-            target_size=args.target_size or DEFAULT_TARGET_SIZE, dry_run=args.dry_run, windows=args.windows,
+            target_size=target_bytes(args.target_file_mb) if args.target_file_mb else DEFAULT_TARGET_SIZE, dry_run=args.dry_run, windows=args.windows,
         )
     except TablesFailed as e:  # the others were maintained: print every outcome, then fail
         json.dump(e.result.to_dict(), sys.stdout, indent=2, default=str)

@@ -26,12 +26,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.merge.pruning import DEFAULT_TARGET_FILE_MB, target_bytes
 from airflow_pgcdc.store import s3 as s3store
 
 log = logging.getLogger("airflow_pgcdc.maintain")
 
-DEFAULT_TARGET_SIZE = 128 << 20
-"""Compaction's target file size (bytes): files smaller than it are binned together."""
+DEFAULT_TARGET_SIZE = target_bytes(DEFAULT_TARGET_FILE_MB)
+"""Compaction's target file size (bytes): files smaller than it are binned together. The
+merge's bootstrap target (``pgcdc merge --target-file-mb``, 32 MB), so a compaction does not
+fold the key-sorted files the bootstrap wrote (and the merge prunes by) into bigger ones."""
 
 COMMIT_RETRIES = 3
 
