@@ -22,6 +22,7 @@ are checked against PostgreSQL (row count and a digest) after each merge.
 
     .venv/bin/python bench/merge_cost.py [--rows 200000] [--factor 10] [--changes 20000]
                                          [--engine delta-rs|delta-spark|both]
+                                         [--target-file-mb MB] [--mix 0.70,0.10,0.15,0.05]
 """
 
 from __future__ import annotations
@@ -69,12 +70,14 @@ def build(pg: PostgresServer, sizes: dict[str, int]) -> None:
         c.execute(f"CREATE PUBLICATION {quote_ident(PUB)} FOR TABLE {', '.join(map(quote_ident, sizes))}")
 
 
-def workload(pg: PostgresServer, sizes: dict[str, int], changes: int, batch: int = 500) -> None:
-    """``changes`` change rows per table, the same mix on each (see the module docstring)."""
+def workload(pg: PostgresServer, sizes: dict[str, int], changes: int, batch: int = 500,
+             mix: tuple[float, ...] = (0.70, 0.10, 0.15, 0.05)) -> None:
+    """``changes`` change rows per table, the same mix on each (see the module docstring;
+    ``mix``: the fractions of recent updates, scattered updates, inserts, scattered deletes)."""
     rng = np.random.default_rng(7)
     plan = {}
     for name, rows in sizes.items():
-        n_hot, n_wide, n_ins, n_del = (int(changes * f) for f in (0.70, 0.10, 0.15, 0.05))
+        n_hot, n_wide, n_ins, n_del = (int(changes * f) for f in mix)
         recent = max(1, rows // 50)
         dels = rng.choice(np.arange(1, rows - recent), size=n_del, replace=False)
         wide = rng.integers(1, rows - recent, size=n_wide)
@@ -149,6 +152,9 @@ def main() -> int:
     ap.add_argument("--changes", type=int, default=20_000, help="change rows per table")
     ap.add_argument("--engine", choices=("delta-rs", "delta-spark", "both"), default="both")
     ap.add_argument("--server", choices=("pg18", "pg15"), default="pg18")
+    ap.add_argument("--target-file-mb", type=float, help="the bootstrap's data file size (pgcdc merge's default)")
+    ap.add_argument("--mix", default="0.70,0.10,0.15,0.05", metavar="HOT,WIDE,INS,DEL",
+                    help="fractions of recent updates, scattered updates, inserts, scattered deletes")
     args = ap.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     engines = ["delta-rs", "delta-spark"] if args.engine == "both" else [args.engine]
@@ -183,11 +189,12 @@ def run(args, engines: list[str], pg: PostgresServer, s3: S3Server) -> int:
     for engine in engines:  # each engine bootstraps its own tables: the file layout is its own
         base = f"s3://{BUCKET}/base-{engine}"
         boot = run_job(["--from", src, "--slot", SLOT, "--delta", base, "--max-windows", "0", "--engine", engine,
+                        *(["--target-file-mb", str(args.target_file_mb)] if args.target_file_mb else []),
                         *(["--reader", "s3a"] if engine == "delta-spark" else [])], env,
                        os.path.join(work, f"boot-{engine}"))
         bases[engine] = base
         say(f"bootstrap with {engine} (not timed): {boot['wall']:.1f}s")
-    workload(pg, sizes, args.changes)
+    workload(pg, sizes, args.changes, mix=tuple(float(f) for f in args.mix.split(",")))
     target = current_lsn(pg)
     w = drain_window(pg.dsn, src, slot=SLOT, publications=PUB, until_lsn=target, s3_client=client)
     say(f"drained window {w.window_seq}: {w.rows:,} change rows {w.tables}")
