@@ -313,26 +313,60 @@ def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, 
     a_version = DeltaTable(delta_table_url(lake, "public", "a"), storage_options=storage).version()
 
     stop, counter, errors = threading.Event(), [0], []
+    # Windows must straddle the copy's consistent point (changes on both sides of it in one
+    # window), whatever the timing: the drains pause before the resync (so the next window
+    # starts before the point, with the writer's changes in between) and go on once the
+    # temporary slot is consistent and the writer has committed after it (or the resync ended).
+    hold, idle = threading.Event(), threading.Event()
+
+    def wait_for(count):
+        while counter[0] < count and not stop.is_set():
+            stop.wait(0.02)
 
     def drains():
+        held = False
         while not stop.is_set():
-            try:
-                drain(db, src, slot, client, max_seconds=1)
+            if hold.is_set():
+                idle.set()
+                held = True
+                stop.wait(0.02)
+                continue
+            idle.clear()
+            try:  # the first window after the pause reads up to the server's end (no time cut)
+                drain(db, src, slot, client, max_seconds=None if held else 1)
+                held = False
             except Exception as exc:  # noqa: BLE001 - reported by the test
                 errors.append(exc)
+                idle.set()
                 return
+
+    def release_when_consistent():
+        with psycopg.connect(db, autocommit=True) as c:
+            while hold.is_set() and not stop.is_set():
+                if c.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'pgcdc\\_rs\\_%' "
+                             "AND confirmed_flush_lsn IS NOT NULL").fetchone()[0]:
+                    wait_for(counter[0] + 2)
+                    hold.clear()
+                    return
+                stop.wait(0.02)
 
     threads = [threading.Thread(target=_numbered_writer, args=(db, "b", stop, counter, "l")),
                threading.Thread(target=drains)]
     for th in threads:
         th.start()
     try:
-        while counter[0] < 50:
-            stop.wait(0.05)
+        wait_for(50)
+        hold.set()
+        idle.wait(120)
+        wait_for(counter[0] + 5)  # changes between the last window's end and the consistent point
+        watcher = threading.Thread(target=release_when_consistent)
+        watcher.start()
         done = resync()
         at_resync = counter[0]
-        while counter[0] < at_resync + 50:
-            stop.wait(0.05)
+        wait_for(at_resync + 2)
+        hold.clear()
+        watcher.join(60)
+        wait_for(at_resync + 50)
     finally:
         stop.set()
         for th in threads:
