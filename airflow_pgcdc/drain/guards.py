@@ -22,6 +22,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -42,6 +43,7 @@ __all__ = [
     "WindowConflict",
     "check_publications",
     "check_server",
+    "partition_leaves",
 ]
 
 Table = tuple[str, str]
@@ -321,3 +323,68 @@ def _check_branch(
                 hint="point the DSN at the server the pipeline follows; otherwise take a new snapshot into "
                      "a new store prefix (and a new slot)",
             )
+
+
+# --------------------------------------------------------------------------- partitions
+
+PARTITION_LEAVES_FIELD = "partition_leaves"
+"""A window manifest's optional field (format 1): for every partitioned table of the
+pipeline (a root published via ``publish_via_partition_root = true``: the stream names the
+root), the leaves the catalog showed when the window was committed. See
+:func:`partition_leaves` and docs/store-format.md."""
+
+_TREE_SQL = """
+SELECT t.relid::oid::bigint, t.parentrelid::oid::bigint, t.isleaf, n.nspname::text, c.relname::text,
+       i.xmin::text, (i.xmin = COALESCE(ty.xmin, c.xmin)) AS created_as_partition
+FROM pg_catalog.pg_partition_tree(%s::oid::regclass) t
+JOIN pg_catalog.pg_class c ON c.oid = t.relid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_catalog.pg_type ty ON ty.oid = c.reltype
+LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid
+WHERE t.level > 0
+"""
+
+
+def partition_leaves(sql: psycopg.Connection, tables: Iterable[Table]) -> dict[str, Any]:
+    """``{"partition_leaves": [...]}`` for the partitioned tables among ``tables`` (the
+    tables the publications cover: a partitioned table is among them only when it is
+    published through its root), ``{}`` when there is none (the manifest then carries no
+    field). Read when the window's changes have been received, right before its manifest
+    is committed, so every ATTACH/DETACH committed before the window's end is seen (one
+    committed a moment later may be seen too: the merge then refuses the root one window
+    early, never late).
+
+    Each entry: ``{"schema", "table", "leaves": [{"schema", "table", "oid", "link",
+    "attached": bool}]}``. ``link``: the transaction ids (``pg_inherits.xmin``) of the
+    partition links from the leaf up to the root, ``/``-joined: a leaf detached and
+    attached again gets a new one. ``attached``: some link on that path was made after the
+    partition's table was created (``ATTACH PARTITION``: the rows it held then were never
+    streamed), not by ``CREATE TABLE … PARTITION OF``."""
+    names = sorted(set(tables))
+    if not names:
+        return {}
+    rows = sql.execute(
+        "SELECT n.nspname::text, c.relname::text, c.oid::bigint FROM pg_catalog.pg_class c "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relkind = 'p' AND (n.nspname::text, c.relname::text) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+        ([s for s, _ in names], [t for _, t in names]),
+    ).fetchall()
+    out = []
+    for schema, table, oid in sorted(rows):
+        tree = sql.execute(_TREE_SQL, (oid,)).fetchall()
+        nodes = {relid: (parent, leaf, s, t, xid, created) for relid, parent, leaf, s, t, xid, created in tree}
+        leaves = []
+        for relid, (_parent, leaf, s, t, _xid, _created) in nodes.items():
+            if not leaf:
+                continue
+            links, attached, node = [], False, relid
+            while node in nodes:  # up to the root (not in nodes: level 0)
+                p, _l, _s, _t, x, c = nodes[node]
+                links.append(str(x))
+                attached = attached or not c
+                node = p
+            leaves.append({"schema": s, "table": t, "oid": int(relid), "link": "/".join(links),
+                           "attached": bool(attached)})
+        leaves.sort(key=lambda e: (e["schema"], e["table"]))
+        out.append({"schema": schema, "table": table, "leaves": leaves})
+    return {PARTITION_LEAVES_FIELD: out} if out else {}

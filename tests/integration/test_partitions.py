@@ -248,3 +248,34 @@ def test_detach_per_leaf_is_refused_by_the_drain(fresh_db, slot_name, store, spa
     assert out["public.m_us"].left_pipeline
     for leaf in ("m_eu", "m_us"):
         assert_equal(db, lake, leaf)
+
+
+# ------------------------------------------------------------------ leaf sets in the windows (issue #13)
+
+
+def _leaves(client, src, slot, seq) -> dict:
+    w = read_window(client, Layout.parse(src), slot, seq)
+    return {(e["schema"], e["table"]): e["leaves"] for e in w.extra.get("partition_leaves", ())}
+
+
+def test_window_records_the_roots_leaves(fresh_db, slot_name, store):
+    """Via the root: each window records the root's leaves as the catalog shows them when
+    it commits, and which were ATTACHed to it (not created as partitions); per leaf nothing
+    is recorded (no partitioned table is a pipeline table)."""
+    client, src, _lake = store
+    db = fresh_db
+    make_partitioned(db, via_root=True)
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    sql(db, "INSERT INTO m VALUES (200, 'eu', 'e')")
+    w0 = drain(db, src, slot, client)
+    leaves = _leaves(client, src, slot, w0.window_seq)
+    assert [(x["schema"], x["table"], x["attached"]) for x in leaves[("public", "m")]] == [
+        ("public", "m_eu", False), ("public", "m_us", False)], leaves
+    sql(db, "CREATE TABLE m_asia (id int, region text, v text, PRIMARY KEY (id, region))")
+    sql(db, "ALTER TABLE m ATTACH PARTITION m_asia FOR VALUES IN ('asia')")
+    sql(db, "ALTER TABLE m DETACH PARTITION m_us")
+    sql(db, "INSERT INTO m VALUES (201, 'eu', 'e')")
+    w1 = drain(db, src, slot, client)
+    leaves = _leaves(client, src, slot, w1.window_seq)
+    assert [(x["table"], x["attached"]) for x in leaves[("public", "m")]] == [("m_asia", True), ("m_eu", False)]
