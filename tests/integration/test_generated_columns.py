@@ -19,8 +19,7 @@ column added later is not in the list), ``default`` (15 and 18: never streamed).
 from __future__ import annotations
 
 import pytest
-from test_merge import drain, sql
-from test_shapes import spark, store  # noqa: F401 - fixtures
+from lake_helpers import drain, sql
 
 from airflow_pgcdc.cli import main
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
-from test_merge import drain, sql
+from lake_helpers import drain, sql
 
 from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot
@@ -26,20 +26,6 @@ ENGINES = [  # (engine, reader of the store)
 ]
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from airflow_pgcdc.merge.session import spark_session
-
-    s = spark_session("local[2]", delta=_NO_JARS is None)
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def store(s3, s3_bucket, monkeypatch):
-    for k, v in s3.aws_env().items():
-        monkeypatch.setenv(k, v)
-    return s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
 
 
 EXTRA = "'1 mon 2 days 00:00:03', '{1,NULL}', '\\x00ff', '2024-01-02 03:04:05.123456+00', 'o'"

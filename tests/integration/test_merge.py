@@ -5,13 +5,12 @@ Delta tables equal the PostgreSQL tables after each merge; replays are no-ops.""
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 
 import psycopg
 import pytest
 from deltalake import DeltaTable
+from lake_helpers import SMALL_WORK_MEM, assert_equal, delta_rows, drain, pg_rows, sql  # noqa: F401 - re-exported
 
-from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.merge.plan import WindowGap, app_id, delta_table_url
 from airflow_pgcdc.protocol.lsn import LSN
@@ -20,74 +19,6 @@ from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.window import read_window
-
-SMALL_WORK_MEM = "-c logical_decoding_work_mem=64kB"
-
-
-def sql(dsn, query, params=None):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        cur = c.execute(query, params)
-        return cur.fetchall() if cur.description else None
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from airflow_pgcdc.merge.session import spark_session
-
-    s = spark_session("local[2]")
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def store(s3, s3_bucket, monkeypatch):
-    for k, v in s3.aws_env().items():
-        monkeypatch.setenv(k, v)
-    return s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
-
-
-def pg_rows(dsn, table, key):
-    with psycopg.connect(dsn) as c:
-        cur = c.execute(f"SELECT * FROM {table} ORDER BY {key}")
-        names = [d.name for d in cur.description]
-        return [_norm(dict(zip(names, r, strict=True))) for r in cur.fetchall()]
-
-
-def delta_rows(url, key, columns=None):
-    dt = DeltaTable(url, storage_options=s3store.delta_storage_options())
-    t = dt.to_pyarrow_table()
-    if columns is not None:
-        t = t.select(columns)
-    return [_norm(r) for r in t.sort_by(key).to_pylist()]
-
-
-def _norm(row):
-    out = {}
-    for k, v in row.items():
-        if isinstance(v, dict | list) and k == "j":  # jsonb from psycopg
-            v = json.dumps(v, sort_keys=True)
-        elif isinstance(v, str) and v[:1] in "{[" and k == "j":
-            v = json.dumps(json.loads(v), sort_keys=True)
-        elif isinstance(v, Decimal):
-            v = str(v)
-        out[k] = v
-    return out
-
-
-def assert_equal(dsn, lake, table, key):
-    schema, name = table.split(".")
-    url = delta_table_url(lake, schema, name)
-    expect = pg_rows(dsn, table, key)
-    cols = list(expect[0]) if expect else None
-    got = delta_rows(url, key, cols)
-    assert len(got) == len(expect), f"{table}: {len(got)} rows in Delta, {len(expect)} in PostgreSQL"
-    for g, e in zip(got, expect, strict=True):
-        assert g == e, f"{table} key {e.get(key)}"
-
-
-def drain(dsn, url, slot, client, **kw):
-    return drain_window(dsn, url, slot=slot, publications="pub", s3_client=client,
-                        connect_options=SMALL_WORK_MEM, **kw)
 
 
 def test_snapshot_windows_merge_equal_postgres(fresh_db, slot_name, store, spark):

@@ -17,7 +17,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
-from test_merge import assert_equal, drain, end_to_end, sql
+from lake_helpers import assert_equal, drain, sql
+from test_merge import end_to_end
 
 from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.plan import app_id, delta_table_url

@@ -105,7 +105,7 @@ def test_delta_rs_and_delta_spark_take_turns_on_one_table(db18, slot_name, store
     own Delta reader) see PostgreSQL's rows after every turn. ±infinity dates and
     timestamps included (delta-rs computes no statistics for them: the table property
     survives either engine's writes)."""
-    from test_merge import drain
+    from lake_helpers import drain
 
     from airflow_pgcdc.merge.deltaspark import s3a
     from airflow_pgcdc.merge.job import merge_slot

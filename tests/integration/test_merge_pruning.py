@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from test_merge import drain, sql
+from lake_helpers import drain, sql
 
 from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.job import merge_slot
@@ -26,20 +26,6 @@ ENGINES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from airflow_pgcdc.merge.session import spark_session
-
-    s = spark_session("local[2]", delta=_NO_JARS is None)
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def store(s3, s3_bucket, monkeypatch):
-    for k, v in s3.aws_env().items():
-        monkeypatch.setenv(k, v)
-    return s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
 
 
 def files(url: str) -> dict[str, tuple[int, int]]:

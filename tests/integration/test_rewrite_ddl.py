@@ -17,8 +17,7 @@ table whose DDL and the resync fall in one window with changes on both sides.
 from __future__ import annotations
 
 import pytest
-from test_merge import drain, sql
-from test_shapes import read_windows, spark, store  # noqa: F401 - fixtures
+from lake_helpers import drain, read_windows, sql
 
 from airflow_pgcdc.merge.job import IncompatibleSchemaChange, TablesFailed, merge_slot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3

@@ -7,28 +7,12 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from test_merge import assert_equal, drain, sql
+from lake_helpers import assert_equal, drain, read_windows, sql
 
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.verify import verify_table
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from airflow_pgcdc.merge.session import spark_session
-
-    s = spark_session("local[2]")
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def store(s3, s3_bucket, monkeypatch):
-    for k, v in s3.aws_env().items():
-        monkeypatch.setenv(k, v)
-    return s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
 
 
 def delta_ids(lake, schema, table):
@@ -227,14 +211,6 @@ def test_key_swap_in_one_statement_under_a_deferrable_key(fresh_db, slot_name, s
 
 
 # --------------------------------------------------------------------------- resync
-
-
-def read_windows(client, src, slot):
-    from airflow_pgcdc.store.layout import Layout
-    from airflow_pgcdc.store.window import read_window, window_folders
-
-    layout = Layout.parse(src)
-    return [read_window(client, layout, slot, seq) for seq in window_folders(client, layout, slot)]
 
 
 def _numbered_writer(db, table, stop, counter, log_table=None):

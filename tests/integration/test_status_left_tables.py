@@ -9,27 +9,12 @@ import json
 import subprocess
 import sys
 
-import psycopg
-import pytest
+from lake_helpers import sql
 
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.merge.plan import delta_table_url
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
-
-
-def sql(dsn, query, params=None):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(query, params)
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from airflow_pgcdc.merge.session import spark_session
-
-    s = spark_session("local[2]")
-    yield s
-    s.stop()
 
 
 def pgcdc(*args: str, env: dict) -> subprocess.CompletedProcess:
