@@ -68,7 +68,7 @@ def register(subparsers) -> None:
 
 
 def _sandbox(args: argparse.Namespace):
-    from airflow_pgcdc.sandbox import Sandbox
+    from airflow_pgcdc.testing.sandbox import Sandbox
 
     return Sandbox(args.dir)
 

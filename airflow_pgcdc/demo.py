@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psycopg
 
-from airflow_pgcdc.sandbox import Sandbox
+from airflow_pgcdc.testing.sandbox import Sandbox
 
 log = logging.getLogger("pgcdc.demo")
 

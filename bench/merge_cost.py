@@ -47,7 +47,7 @@ from airflow_pgcdc.merge.jars import unavailable_reason  # noqa: E402
 from airflow_pgcdc.merge.plan import delta_table_url  # noqa: E402
 from airflow_pgcdc.protocol.lsn import LSN  # noqa: E402
 from airflow_pgcdc.protocol.quoting import quote_ident  # noqa: E402
-from airflow_pgcdc.sandbox import PostgresServer, S3Server  # noqa: E402
+from airflow_pgcdc.testing.sandbox import PostgresServer, S3Server  # noqa: E402
 from airflow_pgcdc.snapshot.export import snapshot_to_s3  # noqa: E402
 from airflow_pgcdc.store import s3 as s3store  # noqa: E402
 

@@ -38,7 +38,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from airflow_pgcdc import cli
-from airflow_pgcdc.sandbox import PostgresServer, _chown_tree, _postgres_run_as
+from airflow_pgcdc.testing.sandbox import PostgresServer, _chown_tree, _postgres_run_as
 from airflow_pgcdc.snapshot.basebackup import (
     BackupExists,
     BaseBackupResult,

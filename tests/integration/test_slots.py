@@ -20,7 +20,7 @@ from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.tables import TableNotFound
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
-from airflow_pgcdc.sandbox import PostgresServer
+from airflow_pgcdc.testing.sandbox import PostgresServer
 from airflow_pgcdc.store import s3 as s3store
 
 
