@@ -25,7 +25,7 @@ ENGINES = [  # (engine, reader of the store)
     pytest.param(("delta-spark", "s3a"), id="delta-spark-s3a", marks=_JARS),
 ]
 
-
+pytestmark = pytest.mark.delta_spark  # its engine parameters need Delta in the session
 
 
 EXTRA = "'1 mon 2 days 00:00:03', '{1,NULL}', '\\x00ff', '2024-01-02 03:04:05.123456+00', 'o'"

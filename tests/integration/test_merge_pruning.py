@@ -25,7 +25,7 @@ ENGINES = [
     pytest.param("delta-spark", id="delta-spark", marks=_JARS),
 ]
 
-
+pytestmark = pytest.mark.delta_spark  # its engine parameters need Delta in the session
 
 
 def files(url: str) -> dict[str, tuple[int, int]]:
