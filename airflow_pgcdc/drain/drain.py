@@ -1091,7 +1091,7 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
             last_commit_lsn=str(window.last_commit) if window.last_commit is not None else None,
             system_id=ident.systemid, timeline=ident.timeline, snapshot_id=snapshot_id,
             publications=tuple(publications), pipeline_tables=tuple(sorted(pubs.covered)), attempt=attempt,
-            extra=partition_leaves(sql, pubs.covered),  # the partitioned roots' leaves now (guards.py)
+            extra=partition_leaves(sql, pubs.covered, client=client, layout=layout, slot=slot, seq=seq),
         )
         if not _while_pumping(lambda: writer.commit(manifest), pump):
             try:

@@ -327,12 +327,6 @@ def _check_branch(
 
 # --------------------------------------------------------------------------- partitions
 
-PARTITION_LEAVES_FIELD = "partition_leaves"
-"""A window manifest's optional field (format 1): for every partitioned table of the
-pipeline (a root published via ``publish_via_partition_root = true``: the stream names the
-root), the leaves the catalog showed when the window was committed. See
-:func:`partition_leaves` and docs/store-format.md."""
-
 _TREE_SQL = """
 SELECT t.relid::oid::bigint, t.parentrelid::oid::bigint, t.isleaf, n.nspname::text, c.relname::text,
        i.xmin::text, (i.xmin = COALESCE(ty.xmin, c.xmin)) AS created_as_partition
@@ -345,46 +339,103 @@ WHERE t.level > 0
 """
 
 
-def partition_leaves(sql: psycopg.Connection, tables: Iterable[Table]) -> dict[str, Any]:
-    """``{"partition_leaves": [...]}`` for the partitioned tables among ``tables`` (the
-    tables the publications cover: a partitioned table is among them only when it is
-    published through its root), ``{}`` when there is none (the manifest then carries no
-    field). Read when the window's changes have been received, right before its manifest
-    is committed, so every ATTACH/DETACH committed before the window's end is seen (one
-    committed a moment later may be seen too: the merge then refuses the root one window
-    early, never late).
+def partition_leaves(
+    sql: psycopg.Connection,
+    tables: Iterable[Table],
+    *,
+    client: Any = None,
+    layout: Any = None,
+    slot: str | None = None,
+    seq: int | None = None,
+) -> dict[str, Any]:
+    """``{"partition_leaves": [...]}`` (:mod:`airflow_pgcdc.store.partitions`) for the
+    partitioned tables among ``tables`` (the tables the publications cover: a partitioned
+    table is among them only when it is published through its root), ``{}`` when there is
+    none (the window manifest then carries no field).
 
-    Each entry: ``{"schema", "table", "leaves": [{"schema", "table", "oid", "link",
-    "attached": bool}]}``. ``link``: the transaction ids (``pg_inherits.xmin``) of the
-    partition links from the leaf up to the root, ``/``-joined: a leaf detached and
-    attached again gets a new one. ``attached``: some link on that path was made after the
-    partition's table was created (``ATTACH PARTITION``: the rows it held then were never
-    streamed), not by ``CREATE TABLE … PARTITION OF``."""
+    Read when the window's changes have been received, right before its manifest is
+    committed: every ATTACH/DETACH committed before the window's end is seen; one
+    committed a moment after the end may be seen too, and then counts as this window's
+    (the merge refuses the root one window early, never late). Each root's ``attached``
+    and ``detached`` compare with window ``seq - 1``'s entry for it (read from the store
+    through ``client``/``layout``), or, when that window has none (window 0, a window
+    written before the field existed), with the root's newest copy (snapshot or resync)."""
     names = sorted(set(tables))
     if not names:
         return {}
     rows = sql.execute(
         "SELECT n.nspname::text, c.relname::text, c.oid::bigint FROM pg_catalog.pg_class c "
         "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE c.relkind = 'p' AND (n.nspname::text, c.relname::text) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+        "WHERE c.relkind = 'p' AND (n.nspname::text, c.relname::text) IN "
+        "(SELECT * FROM unnest(%s::text[], %s::text[]))",
         ([s for s, _ in names], [t for _, t in names]),
     ).fetchall()
+    if not rows:
+        return {}
+    from airflow_pgcdc.store import partitions as sp
+
+    previous = _previous_leaves(client, layout, slot, seq)
+    copies: dict | None = None
     out = []
     for schema, table, oid in sorted(rows):
-        tree = sql.execute(_TREE_SQL, (oid,)).fetchall()
-        nodes = {relid: (parent, leaf, s, t, xid, created) for relid, parent, leaf, s, t, xid, created in tree}
-        leaves = []
-        for relid, (_parent, leaf, s, t, _xid, _created) in nodes.items():
-            if not leaf:
-                continue
-            links, attached, node = [], False, relid
-            while node in nodes:  # up to the root (not in nodes: level 0)
-                p, _l, _s, _t, x, c = nodes[node]
-                links.append(str(x))
-                attached = attached or not c
-                node = p
-            leaves.append({"schema": s, "table": t, "oid": int(relid), "link": "/".join(links),
-                           "attached": bool(attached)})
-        leaves.sort(key=lambda e: (e["schema"], e["table"]))
-        out.append({"schema": schema, "table": table, "leaves": leaves})
-    return {PARTITION_LEAVES_FIELD: out} if out else {}
+        leaves = _leaves_now(sql, oid)
+        before = previous.get((schema, table))
+        if before is not None:
+            attached, detached = sp.changes_since_window(leaves, before)
+        else:
+            if copies is None:
+                copies = _copied_leaves(client, layout, slot)
+            copied = copies.get((schema, table))
+            attached, detached = sp.changes_since_copy(leaves, copied) if copied is not None else ((), ())
+        out.append(sp.RootLeaves(schema, table, tuple(leaves), attached, detached).to_dict())
+    return {sp.PARTITION_LEAVES_FIELD: out}
+
+
+def _leaves_now(sql: psycopg.Connection, oid: int) -> list:
+    from airflow_pgcdc.store.partitions import Leaf
+
+    nodes = {relid: (parent, leaf, s, t, xid, created)
+             for relid, parent, leaf, s, t, xid, created in sql.execute(_TREE_SQL, (oid,)).fetchall()}
+    leaves = []
+    for relid, (_parent, leaf, s, t, _xid, _created) in nodes.items():
+        if not leaf:
+            continue
+        links, attached, node = [], False, relid
+        while node in nodes:  # up to the root (level 0, not in nodes)
+            parent, _l, _s, _t, xid, created = nodes[node]
+            links.append(str(xid))
+            attached = attached or not created
+            node = parent
+        leaves.append(Leaf(s, t, int(relid), "/".join(links), bool(attached)))
+    return sorted(leaves, key=lambda x: x.name)
+
+
+def _previous_leaves(client, layout, slot, seq) -> dict:
+    if client is None or not seq:
+        return {}
+    from airflow_pgcdc.store import s3 as s3store
+    from airflow_pgcdc.store.partitions import window_partition_leaves
+    from airflow_pgcdc.store.window import read_window
+
+    try:
+        return window_partition_leaves(read_window(client, layout, slot, seq - 1))
+    except s3store.ObjectNotFound:
+        return {}
+
+
+def _copied_leaves(client, layout, slot) -> dict:
+    """``{root: leaves}`` of the newest copy (snapshot, then resyncs) of each root."""
+    if client is None:
+        return {}
+    from airflow_pgcdc.store.manifest import committed_snapshot
+    from airflow_pgcdc.store.partitions import copied_leaves
+    from airflow_pgcdc.store.resyncs import committed_resyncs
+
+    out = {}
+    snapshot = committed_snapshot(client, layout, slot)
+    for t in snapshot.tables if snapshot is not None else ():
+        out[(t.schema, t.table)] = copied_leaves(t)
+    for r in committed_resyncs(client, layout, slot):  # oldest first: the newest copy wins
+        for t in r.manifest.tables:
+            out[(t.schema, t.table)] = copied_leaves(t)
+    return {k: v for k, v in out.items() if v is not None}

@@ -255,27 +255,40 @@ def test_detach_per_leaf_is_refused_by_the_drain(fresh_db, slot_name, store, spa
 
 def _leaves(client, src, slot, seq) -> dict:
     w = read_window(client, Layout.parse(src), slot, seq)
-    return {(e["schema"], e["table"]): e["leaves"] for e in w.extra.get("partition_leaves", ())}
+    return {(e["schema"], e["table"]): e for e in w.extra.get("partition_leaves", ())}
 
 
 def test_window_records_the_roots_leaves(fresh_db, slot_name, store):
     """Via the root: each window records the root's leaves as the catalog shows them when
-    it commits, and which were ATTACHed to it (not created as partitions); per leaf nothing
-    is recorded (no partitioned table is a pipeline table)."""
+    it commits, which were ATTACHed (not created as partitions), and what changed since the
+    previous window (or the copy, for window 0): a partition created as one is no change."""
     client, src, _lake = store
     db = fresh_db
     make_partitioned(db, via_root=True)
     slot = slot_name()
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    sql(db, "CREATE TABLE m_sa PARTITION OF m FOR VALUES IN ('sa')")
     sql(db, "INSERT INTO m VALUES (200, 'eu', 'e')")
     w0 = drain(db, src, slot, client)
-    leaves = _leaves(client, src, slot, w0.window_seq)
-    assert [(x["schema"], x["table"], x["attached"]) for x in leaves[("public", "m")]] == [
-        ("public", "m_eu", False), ("public", "m_us", False)], leaves
+    root = _leaves(client, src, slot, w0.window_seq)[("public", "m")]
+    assert [(x["table"], x["attached_after_creation"]) for x in root["leaves"]] == [
+        ("m_eu", False), ("m_sa", False), ("m_us", False)], root
+    assert "attached" not in root and "detached" not in root, root
     sql(db, "CREATE TABLE m_asia (id int, region text, v text, PRIMARY KEY (id, region))")
     sql(db, "ALTER TABLE m ATTACH PARTITION m_asia FOR VALUES IN ('asia')")
     sql(db, "ALTER TABLE m DETACH PARTITION m_us")
     sql(db, "INSERT INTO m VALUES (201, 'eu', 'e')")
     w1 = drain(db, src, slot, client)
-    leaves = _leaves(client, src, slot, w1.window_seq)
-    assert [(x["table"], x["attached"]) for x in leaves[("public", "m")]] == [("m_asia", True), ("m_eu", False)]
+    root = _leaves(client, src, slot, w1.window_seq)[("public", "m")]
+    assert [(x["table"], x["attached_after_creation"]) for x in root["leaves"]] == [
+        ("m_asia", True), ("m_eu", False), ("m_sa", False)], root
+    assert root["attached"] == [["public", "m_asia"]] and root["detached"] == [["public", "m_us"]], root
+    sql(db, "ALTER TABLE m_eu RENAME TO m_europe")  # same oid and link: no change
+    sql(db, "INSERT INTO m VALUES (202, 'eu', 'e')")
+    root = _leaves(client, src, slot, drain(db, src, slot, client).window_seq)[("public", "m")]
+    assert "attached" not in root and "detached" not in root, root
+    assert [x["table"] for x in root["leaves"]] == ["m_asia", "m_europe", "m_sa"]
+    sql(db, "ALTER TABLE m DETACH PARTITION m_sa")  # detached and attached again: a change
+    sql(db, "ALTER TABLE m ATTACH PARTITION m_sa FOR VALUES IN ('sa')")
+    root = _leaves(client, src, slot, drain(db, src, slot, client).window_seq)[("public", "m")]
+    assert root["attached"] == [["public", "m_sa"]] and root["detached"] == [["public", "m_sa"]], root
