@@ -109,7 +109,7 @@ def capture_from_server(flavour: str, rows: int, per_txn: int, proto: int) -> li
     from airflow_pgcdc.pg.replication import ReplicationConnection
     from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
     from airflow_pgcdc.protocol.replication import PrimaryKeepalive
-    from airflow_pgcdc.testing.sandbox import PostgresServer
+    from airflow_pgcdc.testing.postgres import PostgresServer
 
     with PostgresServer(flavour) as server:
         with psycopg.connect(server.socket_dsn, autocommit=True) as c:

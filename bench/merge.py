@@ -79,12 +79,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from airflow_pgcdc.drain.drain import drain_window  # noqa: E402
 from airflow_pgcdc.merge.plan import delta_table_url, plan_table, select_windows  # noqa: E402
 from airflow_pgcdc.protocol.lsn import LSN  # noqa: E402
-from airflow_pgcdc.testing.sandbox import PostgresServer, S3Server  # noqa: E402
 from airflow_pgcdc.snapshot.export import snapshot_to_s3  # noqa: E402
 from airflow_pgcdc.store import s3 as s3store  # noqa: E402
 from airflow_pgcdc.store.layout import Layout  # noqa: E402
 from airflow_pgcdc.store.manifest import committed_snapshot  # noqa: E402
 from airflow_pgcdc.store.window import committed_window_seqs, read_window  # noqa: E402
+from airflow_pgcdc.testing.postgres import PostgresServer  # noqa: E402
+from airflow_pgcdc.testing.s3 import S3Server  # noqa: E402
 
 SLOT, PUB, BUCKET = "bench_merge", "bench_pub", "bench"
 COLUMNS = ("id", "qty", "label", "amount", "ts", "flag", "score", "payload")

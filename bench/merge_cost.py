@@ -47,9 +47,10 @@ from airflow_pgcdc.merge.jars import unavailable_reason  # noqa: E402
 from airflow_pgcdc.merge.plan import delta_table_url  # noqa: E402
 from airflow_pgcdc.protocol.lsn import LSN  # noqa: E402
 from airflow_pgcdc.protocol.quoting import quote_ident  # noqa: E402
-from airflow_pgcdc.testing.sandbox import PostgresServer, S3Server  # noqa: E402
 from airflow_pgcdc.snapshot.export import snapshot_to_s3  # noqa: E402
 from airflow_pgcdc.store import s3 as s3store  # noqa: E402
+from airflow_pgcdc.testing.postgres import PostgresServer  # noqa: E402
+from airflow_pgcdc.testing.s3 import S3Server  # noqa: E402
 
 SLOT, PUB, BUCKET = "bench_cost", "bench_cost_pub", "bench"
 TABLES = ("small", "big")

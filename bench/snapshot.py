@@ -25,7 +25,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_pgcdc.testing.sandbox import PostgresServer, S3Server  # noqa: E402
+from airflow_pgcdc.testing.postgres import PostgresServer  # noqa: E402
+from airflow_pgcdc.testing.s3 import S3Server  # noqa: E402
 
 
 def _tree(root: int) -> list[int]:

@@ -27,7 +27,7 @@ from airflow_pgcdc.pg.logical import LogicalStream  # noqa: E402
 from airflow_pgcdc.pg.replication import ReplicationConnection  # noqa: E402
 from airflow_pgcdc.protocol.lsn import LSN  # noqa: E402
 from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions  # noqa: E402
-from airflow_pgcdc.testing.sandbox import PostgresServer  # noqa: E402
+from airflow_pgcdc.testing.postgres import PostgresServer  # noqa: E402
 
 PROTO = 1  # the same pgoutput options for both consumers
 

@@ -2,11 +2,11 @@
 
 Fixtures (servers start on first use, stop at session end, and die with pytest):
 
-- ``pg15``, ``pg18``: :class:`airflow_pgcdc.testing.sandbox.PostgresServer` (session). ``pg15`` FAILS,
+- ``pg15``, ``pg18``: :class:`airflow_pgcdc.testing.postgres.PostgresServer` (session). ``pg15`` FAILS,
   with the fix in the message, when Debian's PostgreSQL 15 / pglogical / wal2json are
   missing: ``make test`` installs them.
 - ``pg_server``: the same, parametrized over both (ids ``pg15``, ``pg18``).
-- ``s3``: :class:`airflow_pgcdc.testing.sandbox.S3Server` (session); ``s3_bucket``: a new bucket per test.
+- ``s3``: :class:`airflow_pgcdc.testing.s3.S3Server` (session); ``s3_bucket``: a new bucket per test.
 - ``fresh_db``: a new database on ``pg_server`` per test, dropped after (with its slots);
   its value is the TCP DSN (a ``str``) with ``.dbname``, ``.server`` and ``.socket_dsn``.
 - ``slot_name``: a factory of unique slot names; slots it named are dropped after the test.
@@ -34,7 +34,9 @@ from typing import Any
 
 import pytest
 
-from airflow_pgcdc.testing.sandbox import PostgresServer, S3Server, SandboxError
+from airflow_pgcdc.testing.postgres import PostgresServer
+from airflow_pgcdc.testing.processes import SandboxError
+from airflow_pgcdc.testing.s3 import S3Server
 
 # py4j logs "Closing down clientserver connection" (INFO) from a finalizer at interpreter
 # exit, after pytest closed the stream logging writes to: a "--- Logging error ---" trace

@@ -1,7 +1,7 @@
 """A Spark standalone cluster on this machine, from pyspark's own ``bin/spark-class``: one
 Master and N Workers, each its own JVM, on 127.0.0.1 only, on free ports.
 
-Used two ways, like the servers of :mod:`airflow_pgcdc.testing.sandbox`:
+Used two ways, like the servers of :mod:`airflow_pgcdc.testing.postgres` and :mod:`airflow_pgcdc.testing.s3`:
 
 - by the test bed (``tests/conftest.py``, fixture ``spark_cluster``): in a temporary
   directory, as children of the test process that die with it (each JVM leads its own
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_pgcdc.testing.sandbox import (
+from airflow_pgcdc.testing.processes import (
     SandboxError,
     _kill_group,
     _make_temp_base,
@@ -282,9 +282,9 @@ class SparkCluster:
         finally:
             if self._temp:
                 shutil.rmtree(self.base_dir, ignore_errors=True)
-            from airflow_pgcdc.testing import sandbox
+            from airflow_pgcdc.testing import processes
 
-            sandbox._live.discard(self)
+            processes._live.discard(self)
 
     def __enter__(self) -> SparkCluster:
         return self.start()

@@ -38,7 +38,6 @@ import pytest
 from botocore.exceptions import ClientError
 
 from airflow_pgcdc import cli
-from airflow_pgcdc.testing.sandbox import PostgresServer, _chown_tree, _postgres_run_as
 from airflow_pgcdc.snapshot.basebackup import (
     BackupExists,
     BaseBackupResult,
@@ -48,6 +47,8 @@ from airflow_pgcdc.snapshot.basebackup import (
 )
 from airflow_pgcdc.store.manifest import read_basebackup_info
 from airflow_pgcdc.store.s3 import MIN_PART_SIZE, ObjectNotFound
+from airflow_pgcdc.testing.postgres import PostgresServer
+from airflow_pgcdc.testing.processes import _chown_tree, _postgres_run_as
 
 MiB = 1024 * 1024
 

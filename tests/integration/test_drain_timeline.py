@@ -33,9 +33,9 @@ from test_drain import all_rows, confirmed, create_slot, sql
 from airflow_pgcdc.drain.drain import ServerMismatch, drain_window
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.protocol.lsn import LSN
-from airflow_pgcdc.testing.sandbox import PostgresServer
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.window import committed_window_seqs, read_window
+from airflow_pgcdc.testing.postgres import PostgresServer
 
 SLOT = "tl_slot"
 

@@ -224,7 +224,7 @@ def _pgcdc(*args, cwd):
 def test_sandbox_up_spark_gives_a_cluster_and_the_airflow_connection(tmp_path):
     """``pgcdc sandbox up --spark``: PostgreSQL, S3 and a Spark standalone cluster that runs a
     job; ``env --airflow`` points spark_default at it; ``down`` leaves no JVM behind."""
-    from airflow_pgcdc.testing.sandbox import _pid_alive
+    from airflow_pgcdc.testing.processes import _pid_alive
 
     try:
         up = _pgcdc("sandbox", "up", "--spark", cwd=tmp_path)

@@ -113,7 +113,7 @@ def test_pgbench_database_with_a_keyless_table(fresh_db, slot_name, store, spark
 
     from psycopg.conninfo import conninfo_to_dict
 
-    from airflow_pgcdc.testing.sandbox import pg_bin_dir
+    from airflow_pgcdc.testing.postgres import pg_bin_dir
 
     client, src, lake = store
     db = fresh_db

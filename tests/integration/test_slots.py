@@ -20,8 +20,8 @@ from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.tables import TableNotFound
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
-from airflow_pgcdc.testing.sandbox import PostgresServer
 from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.testing.postgres import PostgresServer
 
 
 def sql(dsn: str, query: str, params=None):

