@@ -6,7 +6,10 @@ and the windows not yet merged, read from the committed window manifests under
 ``{prefix}/{slot}/changes/`` (a window exists if and only if its ``_manifest.json``
 does). Merge progress is each Delta table's app transaction: with ``--delta``,
 ``merged_through`` is the lowest last-merged window over the slot's tables; without it
-(or when a table has none merged), every committed window counts as not merged.
+(or when a table has none merged), every committed window counts as not merged. With
+``--delta``, ``delta_tables`` lists every Delta table of the pipeline (history tables
+included) with its latest version, the versions its log keeps, its live data files and
+bytes, and the last ``pgcdc maintain`` of it (:func:`delta_tables`).
 
 Tables that left the pipeline (dropped, or let go with ``pgcdc drain --forget-table``)
 are listed one by one (``left_pipeline``): a table the pipeline knew (the snapshot, a
@@ -175,7 +178,9 @@ def register(subparsers) -> None:
     p.add_argument("--publication", help="also check that this publication exists")
     p.add_argument("--from", dest="store", metavar="S3_URL", help="the store, s3://bucket/prefix")
     p.add_argument("--delta", metavar="S3_URL",
-                   help="the Delta root (s3://bucket/lake): count windows merged into every table")
+                   help="the Delta root (s3://bucket/lake): count windows merged into every table, and "
+                        "show each Delta table's version, versions kept in its log, live data files "
+                        "and bytes, and its last pgcdc maintain")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run_status)
 
@@ -323,6 +328,9 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
     }
     if per_table is not None:
         out["merged_per_table"] = per_table
+    if delta_url:
+        out["delta_tables"] = delta_tables(client, layout, slot, delta_url, last_seq=(last or {}).get("window_seq"),
+                                           extra=[(t["schema"], t["name"]) for t in left])
     out["left_pipeline"] = left
     out["without_copy"] = [f"{a}.{b}" for a, b in without_copy]
     out["without_copy_hint"] = None
@@ -397,6 +405,83 @@ def _left_pipeline(client: Any, layout: Any, slot: str, newest: Any) -> list[dic
         {"table": f"{schema}.{table}", "schema": schema, "name": table, "last_window": w}
         for (schema, table), w in sorted(known.items()) if (schema, table) not in pipeline
     ]
+
+
+HISTORY_KINDS = (("", "table"), ("__changelog", "changelog"), ("__scd2", "scd2"))  # merge/job.py's suffixes
+
+
+def _pipeline_tables(client: Any, layout: Any, slot: str, last_seq: int | None,
+                     extra: list[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+    """Every table the pipeline knows: the snapshot's, the resyncs', the merge's tables
+    index, the newest window's and ``extra``, in that order, once each."""
+    from airflow_pgcdc.store import s3 as s3store
+    from airflow_pgcdc.store.manifest import committed_snapshot
+    from airflow_pgcdc.store.resyncs import committed_resyncs
+    from airflow_pgcdc.store.window import read_window
+
+    tables: dict[tuple[str, str], None] = {}
+    snapshot = committed_snapshot(client, layout, slot)
+    for t in snapshot.tables if snapshot is not None else ():
+        tables[(t.schema, t.table)] = None
+    for r in committed_resyncs(client, layout, slot):
+        for t in r.manifest.tables:
+            tables[(t.schema, t.table)] = None
+    try:
+        index = s3store.get_json(client, layout.bucket, layout.merge_tables_index(slot))
+        for t in index.get("tables", ()) if isinstance(index, dict) else ():
+            tables[(str(t["schema"]), str(t["table"]))] = None
+    except Exception:  # noqa: BLE001 - a cache: never fail status on it
+        pass
+    if last_seq is not None:
+        for t in read_window(client, layout, slot, last_seq).tables:
+            tables[(t["schema"], t["table"])] = None
+    for t in extra:
+        tables[t] = None
+    return list(tables)
+
+
+def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_seq: int | None = None,
+                 extra: list[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+    """Per Delta table of the pipeline (each source table's, and its ``__changelog`` /
+    ``__scd2`` history tables when they exist), whichever engine wrote it: ``version``,
+    ``versions_kept``, ``oldest_version``, ``checkpoint_version``, live data ``files`` and
+    their ``bytes``, ``log_bytes``, ``stored_bytes``
+    (:func:`airflow_pgcdc.maintain.delta.table_figures`) and ``last_maintenance``: the record
+    ``pgcdc maintain`` wrote for it (``{slot}/maintain/tables/``), or None. A source table
+    without a Delta table yet is listed with ``exists: false``; one that cannot be read
+    gets ``error``."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    from airflow_pgcdc.maintain.delta import table_figures
+    from airflow_pgcdc.maintain.store import last_maintenance
+    from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options, settings_of
+
+    storage = delta_storage_options(settings_of(client) or S3Settings.from_env())
+    out: list[dict[str, Any]] = []
+    for schema, table in _pipeline_tables(client, layout, slot, last_seq, extra):
+        base = _delta_url(delta_url, schema, table)
+        for suffix, kind in HISTORY_KINDS:
+            url = base + suffix
+            entry: dict[str, Any] = {"table": f"{schema}.{table}{suffix}", "kind": kind, "delta_url": url}
+            try:
+                dt = DeltaTable(url, storage_options=storage)
+            except TableNotFoundError:
+                if not suffix:
+                    out.append({**entry, "exists": False})
+                continue
+            entry["exists"] = True
+            try:
+                entry.update(table_figures(url, storage_options=storage, client=client, dt=dt))
+            except Exception as exc:  # noqa: BLE001 - one table's trouble is reported, status goes on
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+            try:
+                entry["last_maintenance"] = last_maintenance(client, layout, slot, url)
+            except Exception as exc:  # noqa: BLE001
+                entry["last_maintenance"] = None
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+            out.append(entry)
+    return out
 
 
 def _merged_per_table(client: Any, layout: Any, slot: str, delta_url: str, last_seq: int,
@@ -572,6 +657,36 @@ def _left_line(t: dict[str, Any]) -> str:
     return text
 
 
+def _maintenance_text(m: dict[str, Any] | None) -> str:
+    if not m:
+        return "never maintained"
+    when = m.get("finished_at") or m.get("started_at")
+    if m.get("action") == "failed":
+        return f"last maintain {when} FAILED: {m.get('error')}"
+    what = []
+    c = m.get("compaction") or {}
+    if "files_removed" in c:
+        what.append(f"{c.get('mode', 'compact')} {c['files_removed']} -> {c.get('files_added', 0)} files")
+    v = m.get("vacuum") or {}
+    if "files" in v:
+        what.append(f"vacuum {v['files']} files, {_human_bytes(v.get('bytes'))} "
+                    f"(retention {v.get('retention_hours')} h)")
+    lg = m.get("log") or {}
+    if "checkpoint_version" in lg:
+        what.append(f"checkpoint at v{lg['checkpoint_version']}, {lg.get('log_files_removed', 0)} log files removed")
+    return f"last maintain {when}: " + "; ".join(what)
+
+
+def _delta_table_line(t: dict[str, Any]) -> str:
+    if not t.get("exists"):
+        return f"{t['table']}: no Delta table yet"
+    if "version" not in t:
+        return f"{t['table']}: cannot be read: {t.get('error')}"
+    return (f"{t['table']}: version {t['version']} ({t['versions_kept']} versions in the log from "
+            f"{t['oldest_version']}), {t['files']} data files, {_human_bytes(t['bytes'])} "
+            f"(stored {_human_bytes(t['stored_bytes'])}); {_maintenance_text(t.get('last_maintenance'))}")
+
+
 def _print_status(status: dict[str, Any]) -> None:
     s = status["slot"]
     state = f"active (pid {s['active_pid']})" if s["active"] else "inactive"
@@ -612,6 +727,8 @@ def _print_status(status: dict[str, Any]) -> None:
                           + store["without_copy_hint"]))
         for t in store.get("partitions_changed") or ():
             lines.append(("PARTITIONS", _partitions_line(t)))
+        for t in store.get("delta_tables") or ():
+            lines.append(("delta table", _delta_table_line(t)))
     if status["problem"]:
         lines.append(("PROBLEM", status["problem"]["message"]))
         if status["problem"].get("hint"):

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow_pgcdc.errors import HintedError, PgcdcError
@@ -20,8 +21,11 @@ from airflow_pgcdc.maintain.store import (
     cutoff_for,
     expire_windows,
     expired_key,
+    last_maintenance,
     read_expired,
+    record_key,
     remove_staging,
+    write_record,
 )
 from airflow_pgcdc.merge.plan import app_id, delta_table_url
 from airflow_pgcdc.store import s3 as s3store
@@ -35,8 +39,10 @@ __all__ = [
     "MaintainResult",
     "TablesFailed",
     "expired_key",
+    "last_maintenance",
     "maintain_slot",
     "read_expired",
+    "record_key",
 ]
 
 log = logging.getLogger("airflow_pgcdc.maintain")
@@ -90,6 +96,17 @@ def _key_of(snapshot, resyncs, schema: str, table: str) -> tuple[str, ...]:
         return tuple(found[1].key_columns)
     entry = next((t for t in (snapshot.tables if snapshot else ()) if t.schema == schema and t.table == table), None)
     return tuple(entry.key_columns) if entry is not None else ()
+
+
+def _record(client, layout: Layout, slot: str, url: str, res: DeltaTableResult, started: datetime, **options) -> None:
+    """Write ``{slot}/maintain/tables/{segment}.json`` for this table; a failure to write it
+    is logged, never raised (the table was maintained)."""
+    record = {"started_at": started.isoformat(timespec="seconds"),
+              "finished_at": datetime.now(UTC).isoformat(timespec="seconds"), **options, **res.to_dict()}
+    try:
+        write_record(client, layout, slot, url, record)
+    except Exception as exc:  # noqa: BLE001 - the record is for status; the upkeep is done
+        log.warning("%s: the maintenance record was not written: %s", res.table, exc)
 
 
 def maintain_slot(
@@ -174,6 +191,7 @@ def maintain_slot(
                 if url == base:
                     log.info("%s: no Delta table yet (nothing to maintain; its windows are kept)", name)
                 continue
+            started = datetime.now(UTC)
             try:
                 keys = _key_of(snapshot, resyncs, schema, table) if (zorder and url == base) else ()
                 for attempt in range(TABLE_ATTEMPTS):
@@ -191,6 +209,9 @@ def maintain_slot(
                 log.error("%s: not maintained: %s", label, exc, exc_info=not isinstance(exc, PgcdcError))
                 res = DeltaTableResult(table=label, url=url, action="failed", error=f"{type(exc).__name__}: {exc}")
             result.tables.append(res)
+            if not dry_run:  # the last maintenance of this table, for pgcdc status
+                _record(client, layout, slot, url, res, started, retention_hours=retention_hours,
+                        zorder=bool(zorder), target_size=target_size)
 
     if windows:
         fresh: dict[tuple[str, str], int | None] = {}

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -185,3 +187,55 @@ def maintain_table(
     res.action = "dry-run" if dry_run else "maintained"
     res.seconds = round(time.monotonic() - t0, 3)
     return res
+
+
+_COMMIT_RE = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.\d+)?(?:\.[0-9a-f-]+)?\.(?:parquet|json)$")
+
+
+def _objects(client, url: str) -> dict[str, int]:
+    """``{key relative to the table root: size}`` of every object under ``url`` (S3 or a local path)."""
+    if url.startswith(("s3://", "s3a://")):
+        return _sizes(client, url.replace("s3a://", "s3://", 1))
+    root = url[len("file://"):] if url.startswith("file://") else url
+    out = {}
+    for folder, _, names in os.walk(root):
+        for n in names:
+            path = os.path.join(folder, n)
+            out[os.path.relpath(path, root).replace(os.sep, "/")] = os.path.getsize(path)
+    return out
+
+
+def table_figures(url: str, *, storage_options: dict[str, str], client, dt=None) -> dict[str, Any]:
+    """What a Delta table holds now, written by either engine (read with delta-rs and one
+    listing of the table's folder): ``version`` (latest), ``files``/``bytes`` (live data files:
+    the add actions of the latest version), ``versions_kept`` (commit files ``_delta_log``
+    still holds; ``oldest_version`` the first of them), ``checkpoint_version`` (the newest
+    checkpoint, or None), ``log_bytes`` (``_delta_log``) and ``stored_bytes`` (every object
+    under the table: live files, files removed but not vacuumed yet, the log)."""
+    from deltalake import DeltaTable
+
+    if dt is None:
+        dt = DeltaTable(url, storage_options=storage_options)
+    files, size = _data_files(dt)
+    objects = _objects(client, url)
+    commits, checkpoints, log_bytes = [], [], 0
+    for key, n in objects.items():
+        if not key.startswith("_delta_log/"):
+            continue
+        log_bytes += n
+        name = key[len("_delta_log/"):]
+        if m := _COMMIT_RE.match(name):
+            commits.append(int(m.group(1)))
+        elif m := _CHECKPOINT_RE.match(name):
+            checkpoints.append(int(m.group(1)))
+    return {
+        "version": dt.version(),
+        "files": files,
+        "bytes": size,
+        "versions_kept": len(commits),
+        "oldest_version": min(commits, default=None),
+        "checkpoint_version": max(checkpoints, default=None),
+        "log_bytes": log_bytes,
+        "stored_bytes": sum(objects.values()),
+    }

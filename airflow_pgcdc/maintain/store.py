@@ -191,3 +191,54 @@ def remove_staging(client, layout: Layout, slot: str, *, cutoff: datetime, dry_r
 
 def cutoff_for(retention_hours: float, now: datetime | None = None) -> datetime:
     return (now or datetime.now(UTC)) - timedelta(hours=retention_hours)
+
+
+# -- the record of the last maintenance of each Delta table ------------------------------
+
+RECORD_FORMAT = 1
+
+
+def record_key(layout: Layout, slot: str, table_url: str) -> str:
+    """``{prefix}/{slot}/maintain/tables/{segment}.json``: ``{segment}`` is the Delta table's
+    folder under its root (``{schema}.{table}`` encoded as in the store, plus ``__changelog``
+    or ``__scd2`` for a history table)."""
+    segment = table_url.rstrip("/").rsplit("/", 1)[-1]
+    return layout.changes_prefix(slot)[: -len("changes/")] + f"maintain/tables/{segment}.json"
+
+
+def read_records(client, layout: Layout, slot: str, table_url: str) -> dict[str, Any]:
+    """``{delta table url: record}`` of the table's folder name (one entry per Delta root
+    that ``pgcdc maintain`` was run on), or ``{}`` (never maintained, or an unknown
+    ``format``: not this reader's to interpret)."""
+    try:
+        doc = s3store.get_json(client, layout.bucket, record_key(layout, slot, table_url))
+    except s3store.ObjectNotFound:
+        return {}
+    if not isinstance(doc, dict) or doc.get("format") != RECORD_FORMAT:
+        log.warning("%s: maintain record format %r not supported: ignored", table_url,
+                    doc.get("format") if isinstance(doc, dict) else None)
+        return {}
+    runs = doc.get("delta")
+    return runs if isinstance(runs, dict) else {}
+
+
+def last_maintenance(client, layout: Layout, slot: str, table_url: str) -> dict[str, Any] | None:
+    """The record of the last ``pgcdc maintain`` of the Delta table at ``table_url`` (see
+    :func:`write_record`), or None."""
+    return read_records(client, layout, slot, table_url).get(table_url.rstrip("/"))
+
+
+def write_record(client, layout: Layout, slot: str, table_url: str, record: dict[str, Any]) -> None:
+    """Record the last maintenance of one Delta table (read, update this root's entry,
+    write; ``pgcdc maintain`` runs one at a time per slot: the example DAG's
+    ``max_active_runs=1``). Fields of entries written by other roots are kept as read."""
+    try:
+        doc = s3store.get_json(client, layout.bucket, record_key(layout, slot, table_url))
+        if not isinstance(doc, dict) or doc.get("format") != RECORD_FORMAT:
+            doc = None
+    except s3store.ObjectNotFound:
+        doc = None
+    doc = doc or {"format": RECORD_FORMAT, "kind": "maintain-table", "slot": slot, "delta": {}}
+    doc.setdefault("delta", {})[table_url.rstrip("/")] = record
+    s3store.put_bytes(client, layout.bucket, record_key(layout, slot, table_url),
+                      json.dumps(doc, indent=1, default=str), content_type="application/json")
