@@ -107,7 +107,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_env(args: argparse.Namespace) -> int:
     env = _sandbox(args).env()
     if args.airflow:
-        from airflow_pgcdc.dagrun import sandbox_connections
+        from airflow_pgcdc.testing.dagrun import sandbox_connections
 
         env = {**env, **sandbox_connections(env, spark_master=env.get("PGCDC_SPARK_MASTER", "local[2]"))}
     print(format_env(env, args.format))

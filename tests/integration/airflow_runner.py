@@ -1,11 +1,11 @@
-"""The DAG runner of the tests: :mod:`airflow_pgcdc.dagrun` (shared with ``make demo``),
+"""The DAG runner of the tests: :mod:`airflow_pgcdc.testing.dagrun` (shared with ``make demo``),
 and a reader of the Asset events a run left in its metadata DB."""
 
 import json
 import sqlite3
 from pathlib import Path
 
-from airflow_pgcdc.dagrun import DagRunResult, airflow_env, migrate, run_dag
+from airflow_pgcdc.testing.dagrun import DagRunResult, airflow_env, migrate, run_dag
 
 __all__ = ["DagRunResult", "airflow_env", "asset_events", "migrate", "run_dag"]
 

@@ -131,7 +131,7 @@ class Workload(threading.Thread):
 
 
 def _airflow_env(env: dict[str, str], root: Path) -> dict[str, str]:
-    from airflow_pgcdc.dagrun import airflow_env, sandbox_connections
+    from airflow_pgcdc.testing.dagrun import airflow_env, sandbox_connections
 
     thresholds = {"PGCDC_MIN_BYTES": "1", "PGCDC_MAX_DELAY": "5"}  # every change is worth a window
     return airflow_env(root / "airflow", DAGS, {**env, **sandbox_connections(env), **thresholds})
@@ -159,7 +159,7 @@ def _reset(dsn: str, env: dict[str, str], bucket: str) -> None:
 
 
 def _run(dag: str, env: dict[str, str], conf: dict) -> dict:
-    from airflow_pgcdc.dagrun import run_dag
+    from airflow_pgcdc.testing.dagrun import run_dag
 
     t0 = time.monotonic()
     result = run_dag(DAGS / f"{dag}.py", dag, env, conf, timeout=600)
