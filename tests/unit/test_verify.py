@@ -383,7 +383,7 @@ def test_open_missing_delta_table(tmp_path):
 def test_local_delta_table_via_dataset_and_sql_engine(tmp_path):
     from deltalake import write_deltalake
 
-    from airflow_pgcdc.verify import _delta_batches, _delta_query
+    from airflow_pgcdc.verify.delta import _delta_batches, _delta_query
 
     data = delta_form(table(BASE))
     write_deltalake(

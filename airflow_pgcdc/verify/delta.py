@@ -1,0 +1,126 @@
+"""The Delta side of ``pgcdc verify``: open the table at ``{delta_url}/{schema}.{table}``
+with delta-rs, read it in batches of the columns compared, and say what its last commit
+was. Storage secrets never reach a message."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from airflow_pgcdc.errors import is_secret_name, redact
+from airflow_pgcdc.verify.results import DeltaReadError, DeltaTableNotFound
+
+__all__ = [
+    "delta_table_location",
+    "open_delta_table",
+]
+
+DELTA_BATCH_ROWS = 65_536
+
+
+def _delta_batches(delta: Any, names: list[str]) -> Iterator[pa.RecordBatch]:
+    if isinstance(delta, pa.Table):
+        yield from delta.select(names).to_batches()
+    elif isinstance(delta, pa.RecordBatchReader):
+        yield from delta
+    else:  # a pyarrow dataset
+        yield from delta.to_batches(columns=names, batch_size=DELTA_BATCH_ROWS)
+
+
+def delta_table_location(delta_url: str, schema: str, table: str) -> str:
+    """``{delta_url}/{schema}.{table}``: where the merge keeps the table (one rule, the merge's)."""
+    from airflow_pgcdc.merge.plan import delta_table_url
+
+    return delta_table_url(delta_url, schema, table)
+
+
+def _storage_options(url: str, storage_options: Mapping[str, str] | None) -> dict[str, str] | None:
+    if storage_options is not None:
+        return dict(storage_options)
+    if url.startswith("s3://"):
+        from airflow_pgcdc.store.s3 import S3Location, delta_storage_options
+
+        S3Location.parse(url)  # a clear error for a malformed URL
+        return delta_storage_options()
+    return None
+
+
+def _scrub(text: str, options: Mapping[str, str] | None) -> str:
+    return redact(text, [v for k, v in (options or {}).items() if is_secret_name(k)])
+
+
+_HINT_DELTA = (
+    "--delta is the Delta root (e.g. s3://bucket/lake), the table's Delta table is at "
+    "<root>/<schema>.<table>; S3 endpoint and keys come from AWS_ENDPOINT_URL, "
+    "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY"
+)
+
+
+def open_delta_table(
+    delta_url: str, schema: str, table: str, *, storage_options: Mapping[str, str] | None = None
+):
+    """``(DeltaTable, location)`` of ``schema.table``'s Delta table under ``delta_url``
+    (S3 options from the environment for ``s3://`` URLs unless given). Raises
+    :class:`DeltaTableNotFound` or :class:`DeltaReadError`."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    location = delta_table_location(delta_url, schema, table)
+    options = _storage_options(location, storage_options)
+    try:
+        return DeltaTable(location, storage_options=options), location
+    except TableNotFoundError:
+        raise DeltaTableNotFound(
+            f"no Delta table at {location} (for {schema}.{table})",
+            hint=_HINT_DELTA + "; has the merge run for this table?",
+        ) from None
+    except Exception as e:  # storage errors: wrong endpoint, keys, bucket
+        msg = _scrub(str(e).strip().splitlines()[0] if str(e).strip() else "", options)
+        raise DeltaReadError(
+            f"cannot open the Delta table at {location}: {type(e).__name__}: {msg}", hint=_HINT_DELTA
+        ) from None
+
+
+def _delta_source(dt, names: list[str]):
+    """A dataset of the Delta table, or (tables with deletion vectors or column mapping,
+    which pyarrow datasets cannot read) a RecordBatchReader from delta-rs' SQL engine."""
+    from deltalake.exceptions import DeltaProtocolError
+
+    try:
+        return dt.to_pyarrow_dataset()
+    except DeltaProtocolError:
+        return _delta_query(dt, names)
+
+
+def _delta_query(dt, names: list[str]) -> pa.RecordBatchReader:
+    from deltalake import QueryBuilder
+
+    from airflow_pgcdc.merge.clauses import quote_ident
+
+    cols = ", ".join(quote_ident(n, "delta-rs") for n in names) if names else "1"
+    reader = QueryBuilder().register("t", dt).execute(f"SELECT {cols} FROM t")
+    return pa.RecordBatchReader.from_stream(reader)
+
+
+_COMMIT_STANDARD = {
+    "operationParameters", "operationMetrics", "engineInfo", "clientVersion", "readVersion",
+    "isBlindAppend", "isolationLevel", "txnId",
+}
+
+
+def _last_commit(dt) -> dict[str, Any]:
+    try:
+        history = dt.history(1)
+    except Exception:
+        return {}
+    if not history:
+        return {}
+    info = {k: v for k, v in history[0].items() if k not in _COMMIT_STANDARD}
+    ts = info.get("timestamp")
+    if isinstance(ts, int):
+        info["timestamp"] = datetime.fromtimestamp(ts / 1000, UTC).isoformat()
+    return info
+
