@@ -2,22 +2,35 @@
 
 Same server, same WAL, same pgoutput options (protocol 4, ``streaming parallel``,
 ``messages``), slots created before the workload, the two consumers alternated in one
-run. Wall time: from the call until the window is committed and acknowledged (ours),
-until ``--endpos`` is reached (pg_recvlogical). Workloads:
+run. Ours runs in a child process of its own (``bench/drain.py --child``: the drain's
+imports done first, then one :func:`drain_window` call), so its CPU time and peak RSS
+are the drain's alone. Wall time: from the call until the window is committed and
+acknowledged (ours), from the start of ``pg_recvlogical`` until ``--endpos`` is reached
+(theirs). Workloads (``--workload``, comma-separated or ``all``):
 
-* ``inserts``: 1,000,000 rows inserted in 10 transactions;
-* ``updates``: 200,000 single-row update transactions;
-* ``memory``: one 5,000,000-row transaction (streamed, spooled to disk): the peak RSS
-  of a ``pgcdc drain`` process (target <= 300 MB).
+* ``inserts``: ``--rows`` (1,000,000) rows inserted in ``--txns`` (10) transactions;
+* ``updates``: ``--updates`` (200,000) single-row update transactions;
+* ``wide``: ``--wide-rows`` (200,000) rows of a 60-column table of mixed types (~2 KB a
+  row) in 10 transactions;
+* ``tables``: one transaction per table over ``--tables`` (500) tables,
+  ``--table-rows`` (1,000) rows each: one window touching them all;
+* ``streamed``: one ``--big``-row (5,000,000) transaction (streamed by the server,
+  spooled to disk by the drain).
 
-Printed: throughput ratio ours / pg_recvlogical (target >= 0.8) and the peak RSS.
+Printed per workload (medians over ``--rounds``, default 3; the order alternates each
+round): the drain's rows/s, pg_recvlogical's rows/s, the throughput ratio ours/theirs
+(target >= 0.9), the drain's CPU seconds (user + sys, every thread and child process of
+the drain) per million rows, and its peak RSS (``VmHWM``; target <= 300 MB for
+``tables`` and ``streamed``). On a shared machine compare ratios and CPU per million
+rows, not wall times.
 
-    .venv/bin/python bench/drain.py [--server pg18|pg15] [--rounds 2] [--workload inserts|updates|memory|all]
+    .venv/bin/python bench/drain.py [--server pg18|pg15] [--rounds 3] [--workload all|inserts,updates,...]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -30,50 +43,104 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stream import fill_inserts, fill_updates  # noqa: E402  (the same workloads as bench/stream.py)
-
-from airflow_pgcdc.drain.drain import drain_window  # noqa: E402
 from airflow_pgcdc.protocol.lsn import LSN  # noqa: E402
-from airflow_pgcdc.sandbox import PostgresServer, S3Server  # noqa: E402
-from airflow_pgcdc.testing.memory import wait_with_peak  # noqa: E402
+
+WORKLOADS = ("inserts", "updates", "wide", "tables", "streamed")
+PUBLICATION = {"inserts": "bench_pub", "updates": "bench_pub", "streamed": "bench_pub",
+               "wide": "wide_pub", "tables": "many_pub"}
 
 
-def setup(conn: psycopg.Connection) -> None:
+# --------------------------------------------------------------------------- workloads
+
+
+def setup(conn: psycopg.Connection, tables: int) -> None:
     conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, a int, b text, c timestamptz, d numeric(12,2))")
     conn.execute("CREATE PUBLICATION bench_pub FOR TABLE bench")
+    conn.execute(f"CREATE TABLE wide ({', '.join(['id bigint PRIMARY KEY'] + [f'{n} {t}' for n, t, _ in WIDE])})")
+    conn.execute("CREATE PUBLICATION wide_pub FOR TABLE wide")
+    for i in range(tables):
+        conn.execute(f"CREATE TABLE many_{i} (id bigint PRIMARY KEY, a int, b text, c timestamptz)")
+    if tables:
+        conn.execute("CREATE PUBLICATION many_pub FOR TABLE " + ", ".join(f"many_{i}" for i in range(tables)))
 
 
-def create_slots(server: PostgresServer, names: list[str]) -> None:
-    with psycopg.connect(server.socket_dsn, autocommit=True) as c:
-        for s in names:
-            c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (s,))
+# 59 columns besides the key: (name, type, expression of g), about 2 KB a row in all
+_WIDE_KINDS = [
+    ("int", "(g %% 100000)::int"),
+    ("bigint", "g * 7919"),
+    ("text", "repeat(md5(g::text), 3)"),  # 96 characters
+    ("numeric(14,3)", "(g / 7.0)::numeric(14,3)"),
+    ("timestamptz", "now() + g * interval '1 second'"),
+    ("boolean", "g %% 3 = 0"),
+    ("double precision", "g / 3.0"),
+    ("date", "date '2020-01-01' + (g %% 3000)::int"),
+    ("uuid", "md5(g::text)::uuid"),
+    ("varchar(200)", "repeat(md5((g + 1)::text), 4)"),  # 128 characters
+    ("jsonb", "jsonb_build_object('k', g, 'v', md5(g::text))"),
+    ("smallint", "(g %% 30000)::smallint"),
+]
+WIDE = [(f"c{i}", *_WIDE_KINDS[i % len(_WIDE_KINDS)]) for i in range(59)]
 
 
-def drop_slots(server: PostgresServer, names: list[str]) -> None:
-    with psycopg.connect(server.socket_dsn, autocommit=True) as c:
-        for s in names:
-            c.execute("SELECT pg_drop_replication_slot(%s)", (s,))
+def fill_wide(conn: psycopg.Connection, rows: int, txns: int = 10) -> None:
+    per = rows // txns
+    exprs = ", ".join(e for _, _, e in WIDE)
+    for t in range(txns):
+        conn.execute(f"INSERT INTO wide SELECT g, {exprs} FROM generate_series(%s::bigint, %s::bigint) g",
+                     (t * per + 1, (t + 1) * per))
 
 
-def current_lsn(server: PostgresServer) -> LSN:
-    with psycopg.connect(server.socket_dsn, autocommit=True) as c:
-        return LSN.parse(c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+def fill_tables(conn: psycopg.Connection, tables: int, per_table: int) -> None:
+    conn.execute("SET synchronous_commit = off")
+    for i in range(tables):
+        conn.execute(f"INSERT INTO many_{i} SELECT g, g %% 1000, md5(g::text), now() "
+                     "FROM generate_series(1, %s::bigint) g", (per_table,))
 
 
-def run_ours(server: PostgresServer, s3: S3Server, url: str, slot: str, target: LSN) -> tuple[float, int]:
+# --------------------------------------------------------------------------- one drain, in a child
+
+
+def child(spec: dict) -> int:
+    """``--child``: one drain_window call; prints its wall and CPU seconds as JSON."""
+    from airflow_pgcdc.drain.drain import drain_window
+    from airflow_pgcdc.store.s3 import make_s3_client
+
+    client = make_s3_client()
+    ru0 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
     t0 = time.perf_counter()
-    r = drain_window(server.dsn, url, slot=slot, publications="bench_pub", until_lsn=target,
-                     s3_client=s3.client())
-    return time.perf_counter() - t0, r.rows
+    r = drain_window(spec["dsn"], spec["url"], slot=spec["slot"], publications=spec["publication"],
+                     until_lsn=spec["until"], s3_client=client, **spec.get("kw", {}))
+    dt = time.perf_counter() - t0
+    ru1 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    cpu = sum((b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime) for a, b in zip(ru0, ru1, strict=True))
+    print(json.dumps({"seconds": dt, "cpu": cpu, "rows": r.rows, "transactions": r.transactions,
+                      "end_lsn": r.end_lsn, "manifest": r.manifest}), flush=True)
+    return 0
 
 
-def run_recvlogical(server: PostgresServer, slot: str, target: LSN) -> float:
+def run_ours(server, s3, url: str, slot: str, publication: str, target: LSN) -> dict:
+    from airflow_pgcdc.testing.memory import wait_with_peak
+
+    spec = {"dsn": server.dsn, "url": url, "slot": slot, "publication": publication, "until": str(target)}
+    env = {**os.environ, **s3.aws_env()}
+    proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    status, peak, _usage = wait_with_peak(proc)  # VmHWM: ru_maxrss would carry this process' own size
+    out, err = proc.stdout.read(), proc.stderr.read()
+    if status != 0:
+        raise RuntimeError(f"the drain failed ({status}): {err.decode()[-3000:]}")
+    res = json.loads(out.decode().strip().splitlines()[-1])
+    res["peak_mb"] = peak / (1 << 20)
+    return res
+
+
+def run_recvlogical(server, slot: str, publication: str, target: LSN) -> float:
     version = 4 if server.version_num >= 160000 else 2
     streaming = "parallel" if server.version_num >= 160000 else "on"
     cmd = [
         str(server.bin_dir / "pg_recvlogical"),
         "-d", server.dsn, "-S", slot, "--start", "--no-loop",
-        "-o", f"proto_version={version}", "-o", "publication_names=bench_pub",
+        "-o", f"proto_version={version}", "-o", f"publication_names={publication}",
         "-o", "messages=true", "-o", f"streaming={streaming}",
         "--endpos", str(target), "-f", "/dev/null", "-s", "10",
     ]
@@ -82,7 +149,25 @@ def run_recvlogical(server: PostgresServer, slot: str, target: LSN) -> float:
     return time.perf_counter() - t0
 
 
-def bench(server: PostgresServer, s3: S3Server, url: str, name: str, fill, rounds: int) -> float:
+def create_slots(server, names: list[str]) -> None:
+    with psycopg.connect(server.socket_dsn, autocommit=True) as c:
+        for s in names:
+            c.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (s,))
+
+
+def drop_slots(server, names: list[str]) -> None:
+    with psycopg.connect(server.socket_dsn, autocommit=True) as c:
+        for s in names:
+            c.execute("SELECT pg_drop_replication_slot(%s)", (s,))
+
+
+def current_lsn(server) -> LSN:
+    with psycopg.connect(server.socket_dsn, autocommit=True) as c:
+        return LSN.parse(c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+
+
+def bench(server, s3, url: str, name: str, fill, rounds: int) -> dict:
+    publication = PUBLICATION[name]
     slots = [f"bench_{name}_{i}" for i in range(2 * rounds)]
     create_slots(server, slots)
     t0 = time.perf_counter()
@@ -90,59 +175,60 @@ def bench(server: PostgresServer, s3: S3Server, url: str, name: str, fill, round
         fill(c)
     target = current_lsn(server)
     print(f"[{name}] workload written in {time.perf_counter() - t0:.1f}s, end LSN {target}", flush=True)
-    ours, theirs = [], []
-    rows = 0
+    ours: list[dict] = []
+    theirs: list[float] = []
     for i in range(rounds):
         order = ("ours", "theirs") if i % 2 == 0 else ("theirs", "ours")
         for who in order:
             if who == "ours":
-                dt, rows = run_ours(server, s3, url, slots[2 * i], target)
-                ours.append(dt)
+                r = run_ours(server, s3, url, slots[2 * i], publication, target)
+                ours.append(r)
+                print(f"[{name}] round {i + 1} ours   {r['seconds']:.2f}s cpu {r['cpu']:.2f}s "
+                      f"peak {r['peak_mb']:.0f} MB rows {r['rows']:,}", flush=True)
             else:
-                theirs.append(run_recvlogical(server, slots[2 * i + 1], target))
-            print(f"[{name}] round {i + 1} {who:6s} {(ours if who == 'ours' else theirs)[-1]:.2f}s", flush=True)
+                theirs.append(run_recvlogical(server, slots[2 * i + 1], publication, target))
+                print(f"[{name}] round {i + 1} theirs {theirs[-1]:.2f}s", flush=True)
     drop_slots(server, slots)
-    o, t = statistics.median(ours), statistics.median(theirs)
-    ratio = t / o
-    print(f"RESULT {name}: ours {o:.2f}s ({rows / o:,.0f} rows/s), pg_recvlogical {t:.2f}s "
-          f"({rows / t:,.0f} rows/s); throughput ratio ours/pg_recvlogical = {ratio:.2f}", flush=True)
-    return ratio
-
-
-def bench_memory(server: PostgresServer, s3: S3Server, url: str, rows: int, first: int) -> float:
-    slot = "bench_memory"
-    create_slots(server, [slot])
-    t0 = time.perf_counter()
-    with psycopg.connect(server.socket_dsn, autocommit=True) as c:
-        fill_inserts(c, rows, 1, first=first)
-    target = current_lsn(server)
-    print(f"[memory] one {rows:,}-row transaction written in {time.perf_counter() - t0:.1f}s", flush=True)
-    env = {**os.environ, **s3.aws_env()}
-    cmd = [sys.executable, "-m", "airflow_pgcdc.cli", "drain", "--dsn", server.dsn, "--slot", slot,
-           "--publication", "bench_pub", "--to", url, "--until-lsn", str(target)]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    status, peak, _usage = wait_with_peak(proc)  # VmHWM: ru_maxrss would carry this process' own size
-    dt = time.perf_counter() - t0
-    if status != 0:
-        raise RuntimeError(f"the drain failed ({status})")
-    peak_mb = peak / (1 << 20)
-    drop_slots(server, [slot])
-    print(f"RESULT memory: one {rows:,}-row streamed transaction drained in {dt:.1f}s "
-          f"({rows / dt:,.0f} rows/s), peak RSS {peak_mb:.0f} MB (target <= 300 MB)", flush=True)
-    return peak_mb
+    rows = ours[0]["rows"]
+    o = statistics.median(r["seconds"] for r in ours)
+    t = statistics.median(theirs)
+    ratios = [b / a["seconds"] for a, b in zip(ours, theirs, strict=True)]  # per round
+    res = {
+        "rows": rows, "ours_s": o, "theirs_s": t, "ratio": t / o, "round_ratios": ratios,
+        "cpu_per_mrow": statistics.median(r["cpu"] for r in ours) / rows * 1e6 if rows else float("nan"),
+        "peak_mb": max(r["peak_mb"] for r in ours),
+    }
+    print(f"RESULT {name}: {rows:,} rows; ours {o:.2f}s ({rows / o:,.0f} rows/s), pg_recvlogical {t:.2f}s "
+          f"({rows / t:,.0f} rows/s); ratio ours/pg_recvlogical {res['ratio']:.2f} (rounds "
+          f"{', '.join(f'{x:.2f}' for x in ratios)}); drain CPU {res['cpu_per_mrow']:.1f} s per million rows; "
+          f"peak RSS {res['peak_mb']:.0f} MB", flush=True)
+    return res
 
 
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        return child(json.loads(sys.argv[2]))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", choices=("pg18", "pg15"), default="pg18")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--txns", type=int, default=10)
     ap.add_argument("--updates", type=int, default=200_000)
+    ap.add_argument("--wide-rows", type=int, default=200_000)
+    ap.add_argument("--tables", type=int, default=500)
+    ap.add_argument("--table-rows", type=int, default=1_000)
     ap.add_argument("--big", type=int, default=5_000_000)
-    ap.add_argument("--workload", choices=("inserts", "updates", "memory", "all"), default="all")
+    ap.add_argument("--workload", default="all", help="all, or a comma-separated subset of " + ", ".join(WORKLOADS))
     args = ap.parse_args()
+    chosen = WORKLOADS if args.workload == "all" else tuple(args.workload.split(","))
+    unknown = set(chosen) - set(WORKLOADS)
+    if unknown:
+        ap.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    from stream import fill_inserts, fill_updates  # the same workloads as bench/stream.py
+
+    from airflow_pgcdc.testing.postgres import PostgresServer
+    from airflow_pgcdc.testing.s3 import S3Server
+
     resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
     settings = {"max_wal_size": "8GB", "wal_sender_timeout": "0", "checkpoint_timeout": "30min"}
     results = {}
@@ -150,19 +236,32 @@ def main() -> int:
         bucket = s3.create_bucket("bench")
         url = f"s3://{bucket}/lake"
         with psycopg.connect(server.socket_dsn, autocommit=True) as c:
-            setup(c)
-        if args.workload in ("inserts", "updates", "all"):
+            setup(c, args.tables if "tables" in chosen else 0)
+        next_id = 1
+        if "inserts" in chosen:
             results["inserts"] = bench(server, s3, url, "inserts",
                                        lambda c: fill_inserts(c, args.rows, args.txns), args.rounds)
-        if args.workload in ("updates", "all"):
+            next_id = args.rows + 1
+        if "updates" in chosen:
+            if next_id <= args.updates:  # rows to update, written before the slots exist
+                with psycopg.connect(server.socket_dsn, autocommit=True) as c:
+                    fill_inserts(c, args.updates, 1, first=next_id)
+                next_id += args.updates
             results["updates"] = bench(server, s3, url, "updates", lambda c: fill_updates(c, args.updates),
                                        args.rounds)
-        if args.workload in ("memory", "all"):
-            peak = bench_memory(server, s3, url, args.big, first=args.rows + 1)
-    for k, v in results.items():
-        print(f"ratio {k}: {v:.2f} (target >= 0.80)")
-    if args.workload in ("memory", "all"):
-        print(f"peak RSS of a {args.big:,}-row transaction: {peak:.0f} MB (target <= 300 MB)")
+        if "wide" in chosen:
+            results["wide"] = bench(server, s3, url, "wide", lambda c: fill_wide(c, args.wide_rows), args.rounds)
+        if "tables" in chosen:
+            results["tables"] = bench(server, s3, url, "tables",
+                                      lambda c: fill_tables(c, args.tables, args.table_rows), args.rounds)
+        if "streamed" in chosen:
+            first = next_id
+            results["streamed"] = bench(server, s3, url, "streamed",
+                                        lambda c: fill_inserts(c, args.big, 1, first=first), args.rounds)
+    print("workload   rows        ours rows/s  pg_recvlogical rows/s  ratio (>=0.9)  CPU s/Mrow  peak RSS MB")
+    for k, r in results.items():
+        print(f"{k:10s} {r['rows']:>10,}  {r['rows'] / r['ours_s']:>11,.0f}  {r['rows'] / r['theirs_s']:>21,.0f}"
+              f"  {r['ratio']:>13.2f}  {r['cpu_per_mrow']:>10.1f}  {r['peak_mb']:>11.0f}")
     return 0
 
 
