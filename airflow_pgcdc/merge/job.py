@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -69,14 +70,22 @@ from airflow_pgcdc.merge.plan import (
 )
 from airflow_pgcdc.merge.spark_io import encode_schema, register, s3_options
 from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.quoting import quote_qualified
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, encode_table_segment, new_run_id
 from airflow_pgcdc.store.manifest import committed_snapshot
+from airflow_pgcdc.store.partitions import (
+    changes_since_copy,
+    copied_leaves,
+    window_partition_leaves,
+)
 from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
 from airflow_pgcdc.store.window import REFUSED_FIELD, read_window, window_folders
 from airflow_pgcdc.testhooks import fault_point
 
-__all__ = ["IncompatibleSchemaChange", "MergeResult", "TableResult", "TableRewritten", "merge_slot"]
+__all__ = [
+    "IncompatibleSchemaChange", "MergeResult", "PartitionsChanged", "TableResult", "TableRewritten", "merge_slot",
+]
 
 log = logging.getLogger(__name__)
 STAGING_TTL_HOURS = 6
@@ -100,6 +109,12 @@ class NeedsSnapshot(MergeError):
     """A table has changes in the windows but no starting copy: it joined the publication
     after the pipeline's snapshot (or was left out of it). Merging its changes alone would
     make a partial Delta table."""
+
+
+class PartitionsChanged(MergeError):
+    """A partitioned table published through its root had partitions attached (holding
+    rows), detached or dropped after its copy: PostgreSQL streams none of those rows, so
+    its Delta table would miss or keep them. The root needs a new copy (``pgcdc resync``)."""
 
 
 class ReservedColumnName(MergeError):
@@ -393,8 +408,11 @@ def _left_pipeline(manifests, schema: str, table: str) -> bool:
 
 
 def _held_tables(m) -> set[tuple[str, str]]:
-    """The tables a window holds changes or a truncate of."""
+    """The tables a window holds changes or a truncate of, and the partitioned roots whose
+    leaves it says changed (so that the tables index never lets a merge skip that window:
+    the root is refused from it on, see :func:`_check_partitions`)."""
     out = {(t["schema"], t["table"]) for t in m.tables}
+    out |= {root for root, e in window_partition_leaves(m).items() if e.changed}
     for tr in m.truncates:
         for name in tr.get("tables", ()):
             schema, _, table = name.partition(".")
@@ -540,16 +558,20 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
             hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
                  f"{ctx.layout.root.prefix} --tables {name}; the next merge then creates it",
         )
+    last_merged = deltars.merged_version(dt, app)
+    merged = ctx.after(name, last_merged)  # anchored: windows up to there hold nothing for it
+    consistent = snapshot.consistent_point if (merged is None and entry is not None and since is None) else None
+    windows = select_windows(manifests, after=merged, consistent_point=consistent, limit=max_windows)
+    # partitions attached or detached since the copy: refused, history included
+    copied_at = since if since is not None else (
+        int(LSN.parse(snapshot.consistent_point)) if snapshot is not None and entry is main_entry else None)
+    _check_partitions(ctx, schema, table, windows, entry, copied_at)
     # history first: its own app transaction, committed before the table's merge, so a
     # crash between the two leaves the history ahead, never behind
     if ctx.history == "changelog":
         res.history = _changelog(ctx, schema, table, manifests, keys, main_entry, max_windows)
     elif ctx.history == "scd2":
         res.history = _scd2(ctx, schema, table, snapshot, main_entry, manifests, keys, max_windows)
-    last_merged = deltars.merged_version(dt, app)
-    merged = ctx.after(name, last_merged)  # anchored: windows up to there hold nothing for it
-    consistent = snapshot.consistent_point if (merged is None and entry is not None and since is None) else None
-    windows = select_windows(manifests, after=merged, consistent_point=consistent, limit=max_windows)
     if not windows or not _holds(windows, schema, table):
         if (windows or merged != last_merged) and res.action == "up-to-date":
             res.action = "no-changes"
@@ -641,6 +663,52 @@ def _check_refused(name: str, windows, since: int | None) -> None:
                     hint=f"rename the column(s) in PostgreSQL, then take the table again: pgcdc resync "
                          f"--tables {name} (the other tables are not affected)",
                 )
+
+
+def _check_partitions(ctx: _Context, schema: str, table: str, windows, entry, copied_at: int | None) -> None:
+    """A partitioned root published through it whose leaves changed since its copy
+    (``entry``, taken at ``copied_at``): refused from the first window that says so
+    (:mod:`airflow_pgcdc.store.partitions`). A window records the root's leaves as the
+    catalog showed them when it committed; it is refused when they differ from the copy's
+    (a copied leaf gone, a leaf not in the copy that was attached after its creation), or
+    when the window says they changed since the window before (which catches a partition
+    created after the copy and then detached). The window in which the copy was taken
+    (it starts before ``copied_at``) is only compared with the copy: what changed in it
+    before the copy's point is in the copy. Windows written before the field existed say
+    nothing and pass."""
+    copied = copied_leaves(entry) if entry is not None else None
+    name = f"{schema}.{table}"
+    for m in windows:
+        rec = window_partition_leaves(m).get((schema, table))
+        if rec is None:
+            continue
+        attached: set = set()
+        detached: set = set()
+        if copied is not None:
+            a, d = changes_since_copy(rec.leaves, copied)
+            attached |= set(a)
+            detached |= set(d)
+        if rec.changed and (copied_at is None or int(m.start) >= copied_at):
+            attached |= set(rec.attached)
+            detached |= set(rec.detached)
+        if not attached and not detached:
+            continue
+        what = []
+        if attached:
+            what.append("attached " + ", ".join(quote_qualified(*n) for n in sorted(attached)))
+        if detached:
+            what.append("detached or dropped " + ", ".join(quote_qualified(*n) for n in sorted(detached)))
+        raise PartitionsChanged(
+            f"table {name} is published through its partitioned root and its partitions changed in window "
+            f"{m.window_seq} ({m.start_lsn}..{m.end_lsn}) or just before it was committed: {'; '.join(what)}. "
+            "PostgreSQL streams neither the rows an attached partition already held nor a delete for a "
+            "detached one's, so its Delta table would silently miss or keep them: nothing merged from that "
+            "window on",
+            hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
+                 f"{ctx.layout.root.prefix} --tables {shlex.quote(quote_qualified(schema, table))} (a copy of "
+                 "the root with its partitions now; the next merge replaces the Delta table from it and goes "
+                 "on; the other tables are not affected)",
+        )
 
 
 def _after_point(ctx: _Context, plan: TablePlan, windows, since: int) -> TablePlan:

@@ -27,6 +27,7 @@ import psycopg
 import pytest
 
 from airflow_pgcdc.drain.drain import drain_window
+from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot
 from airflow_pgcdc.pg.tables import PublishedPerLeaf, PublishedViaRoot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
@@ -34,6 +35,8 @@ from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.window import read_window
 from airflow_pgcdc.verify import verify_table
+
+_DELTA_SPARK_MISSING = unavailable_reason()
 
 
 def pgcdc(*args: str, env: dict) -> subprocess.CompletedProcess:
@@ -55,7 +58,7 @@ def slot_exists(dsn, slot) -> bool:
 def spark():
     from airflow_pgcdc.merge.session import spark_session
 
-    s = spark_session("local[2]")
+    s = spark_session("local[2]", delta=_DELTA_SPARK_MISSING is None)  # both engines
     yield s
     s.stop()
 
@@ -292,3 +295,132 @@ def test_window_records_the_roots_leaves(fresh_db, slot_name, store):
     sql(db, "ALTER TABLE m ATTACH PARTITION m_sa FOR VALUES IN ('sa')")
     root = _leaves(client, src, slot, drain(db, src, slot, client).window_seq)[("public", "m")]
     assert root["attached"] == [["public", "m_sa"]] and root["detached"] == [["public", "m_sa"]], root
+
+
+# ------------------------------------------------------------------ the merge refuses a root whose leaves changed (issue #13)
+
+ENGINES = ["delta-rs", pytest.param("delta-spark", marks=pytest.mark.skipif(
+    _DELTA_SPARK_MISSING is not None, reason=_DELTA_SPARK_MISSING or ""))]
+
+
+def make_pipeline_with_other(db, client, src, slot) -> None:
+    """``m`` partitioned (published via its root) and ``other``, a plain table, in one
+    publication; the snapshot."""
+    make_partitioned(db, via_root=True)
+    sql(db, "CREATE TABLE other (id int PRIMARY KEY, v text)")
+    sql(db, "INSERT INTO other SELECT g, 'o' || g FROM generate_series(1, 5) g")
+    sql(db, "ALTER PUBLICATION pub ADD TABLE other")
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+
+
+def refused_root(spark, src, slot, lake, engine) -> dict:
+    with pytest.raises(TablesFailed) as e:
+        merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine)
+    by = {t.table: t for t in e.value.result.tables}
+    m = by["public.m"]
+    assert m.action == "failed" and m.error.startswith("PartitionsChanged: table public.m "), m
+    assert m.hint.startswith(f"pgcdc resync --slot {slot} --publication <publication> --to {src} "
+                             """--tables '"public"."m"'"""), m.hint
+    assert [t.table for t in e.value.result.failed] == ["public.m"]
+    return by
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_attach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, spark, engine):
+    """Via the root, ATTACH PARTITION of a table holding rows: those rows are the root's in
+    PostgreSQL but never streamed. The merge refuses the root from the window that saw the
+    ATTACH (PartitionsChanged, hint: pgcdc resync --tables the root), again on every rerun and
+    while later windows come, and merges the other table meanwhile; after the resync of the
+    root the merge goes on and the root's Delta table equals PostgreSQL."""
+    client, src, lake = store
+    db = fresh_db
+    slot = slot_name()
+    make_pipeline_with_other(db, client, src, slot)
+    sql(db, "INSERT INTO m VALUES (200, 'eu', 'w0')")
+    drain(db, src, slot, client)
+    merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine)
+    assert_equal(db, lake, "m")
+
+    sql(db, "CREATE TABLE m_asia (id int, region text, v text, PRIMARY KEY (id, region))")
+    sql(db, "INSERT INTO m_asia SELECT g, 'asia', 'pre' || g FROM generate_series(100, 104) g")
+    sql(db, "ALTER TABLE m ATTACH PARTITION m_asia FOR VALUES IN ('asia')")
+    sql(db, "INSERT INTO m VALUES (105, 'asia', 'after attach')")
+    sql(db, "UPDATE other SET v = 'w1' WHERE id = 1")
+    w1 = drain(db, src, slot, client)
+    by = refused_root(spark, src, slot, lake, engine)
+    assert f"changed in window {w1.window_seq} " in by["public.m"].error
+    assert 'attached "public"."m_asia"' in by["public.m"].error, by["public.m"].error
+    assert by["public.other"].action == "merged", by["public.other"]
+    assert_equal(db, lake, "other")
+    # refused again: on a rerun, and with a later window that holds no change of the root
+    refused_root(spark, src, slot, lake, engine)
+    sql(db, "UPDATE other SET v = 'w2' WHERE id = 2")
+    drain(db, src, slot, client)
+    by = refused_root(spark, src, slot, lake, engine)
+    assert by["public.other"].action == "merged"
+    assert_equal(db, lake, "other")
+
+    resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
+    sql(db, "UPDATE m SET v = 'later' WHERE id IN (100, 2)")
+    drain(db, src, slot, client)
+    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables}
+    assert out["public.m"].action == "resynced+merged", out["public.m"]
+    assert_equal(db, lake, "m")
+    assert_equal(db, lake, "other")
+    sql(db, "INSERT INTO m VALUES (106, 'asia', 'after resync')")
+    drain(db, src, slot, client)
+    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables}
+    assert out["public.m"].action == "merged", out["public.m"]
+    assert_equal(db, lake, "m")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_detach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, spark, engine):
+    """Via the root, DETACH PARTITION (and DROP of a partition created after the copy): the
+    rows leave the root in PostgreSQL with no delete streamed. The merge refuses the root
+    (PartitionsChanged) while the other table merges; a partition created as one (PARTITION
+    OF) is no change; after the resync the root's Delta table equals PostgreSQL."""
+    client, src, lake = store
+    db = fresh_db
+    slot = slot_name()
+    make_pipeline_with_other(db, client, src, slot)
+    sql(db, "CREATE TABLE m_sa PARTITION OF m FOR VALUES IN ('sa')")  # no change: its rows stream
+    sql(db, "INSERT INTO m VALUES (300, 'sa', 's'), (301, 'sa', 's')")
+    drain(db, src, slot, client)
+    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables}
+    assert out["public.m"].action == "bootstrapped+merged", out["public.m"]
+    assert_equal(db, lake, "m")
+
+    sql(db, "ALTER TABLE m DETACH PARTITION m_us")
+    sql(db, "UPDATE other SET v = 'w1' WHERE id = 1")
+    w1 = drain(db, src, slot, client)
+    by = refused_root(spark, src, slot, lake, engine)
+    assert f"changed in window {w1.window_seq} " in by["public.m"].error
+    assert 'detached or dropped "public"."m_us"' in by["public.m"].error, by["public.m"].error
+    assert by["public.other"].action == "merged"
+    assert_equal(db, lake, "other")
+
+    resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
+    sql(db, "INSERT INTO m VALUES (201, 'eu', 'after resync')")
+    drain(db, src, slot, client)
+    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables}
+    assert out["public.m"].action == "resynced+merged", out["public.m"]
+    assert_equal(db, lake, "m")
+
+    # a partition created after the copy (its rows streamed), then dropped: its rows leave
+    # the root with no delete streamed; the window before says nothing, this one does
+    sql(db, "CREATE TABLE m_af PARTITION OF m FOR VALUES IN ('af')")
+    sql(db, "INSERT INTO m VALUES (400, 'af', 'a')")
+    drain(db, src, slot, client)
+    merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine)
+    assert_equal(db, lake, "m")
+    sql(db, "DROP TABLE m_af")
+    sql(db, "UPDATE other SET v = 'w9' WHERE id = 3")
+    drain(db, src, slot, client)
+    by = refused_root(spark, src, slot, lake, engine)
+    assert 'detached or dropped "public"."m_af"' in by["public.m"].error, by["public.m"].error
+    resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
+    drain(db, src, slot, client)
+    merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine)
+    assert_equal(db, lake, "m")
+    assert_equal(db, lake, "other")
