@@ -24,16 +24,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from airflow_pgcdc.changes.columns import (
+    IS_CURRENT,
+    KEEP_PREFIX,
+    KIND,
+    MATCH_PREFIX,
+    OP,
+    VALID_FROM,
+    VALID_TO,
+)
+
 __all__ = [
     "KEEP_PREFIX", "MATCH_PREFIX", "MergeSpec", "Scd2Spec", "build_keyless_spec", "build_merge_spec",
     "build_scd2_spec", "keep_column", "quote_ident",
 ]
 
-KEEP_PREFIX = "_pgcdc_keep_"
-MATCH_PREFIX = "_pgcdc_match_"
-"""A rekeyed batch's ``_pgcdc_match_<k>``: the target key each row is matched on
-(:func:`airflow_pgcdc.merge.compact.compact` with ``rekey``)."""
-OP = "_pgcdc_op"
 DIALECTS = ("delta-rs", "spark")
 
 
@@ -177,8 +182,6 @@ def build_scd2_spec(
     """``close`` source rows end the key's current history row (at the key's first change
     in the batch, or at the truncate); ``version`` rows are inserted. ``target_columns``
     are the history table's columns (the table's plus the ``__`` history columns)."""
-    from airflow_pgcdc.merge.compact import IS_CURRENT, KIND, VALID_FROM, VALID_TO
-
     q = lambda n: quote_ident(n, dialect)  # noqa: E731
     if not key_columns:
         raise ValueError("a merge needs at least one key column")

@@ -36,15 +36,26 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from airflow_pgcdc.changes.rows import OLD_PREFIX
-from airflow_pgcdc.merge.clauses import MATCH_PREFIX, keep_column, quote_ident
+from airflow_pgcdc.changes.columns import COMMIT_LSN as LSN
+from airflow_pgcdc.changes.columns import (
+    FROM_PREFIX,
+    HIST_OP,
+    IS_CURRENT,
+    KIND,
+    MATCH_PREFIX,
+    MOVE_D,
+    MOVED,
+    OLD_PREFIX,
+    OP,
+    SEQ,
+    VALID_FROM,
+    VALID_TO,
+)
+from airflow_pgcdc.changes.columns import UNCHANGED_TOAST as TOAST
+from airflow_pgcdc.merge.clauses import keep_column, quote_ident
 
 __all__ = ["FIXED_WIDTH_TYPES", "compact", "ordered_changes", "scd2_rows", "toastable"]
 
-OP, LSN, SEQ, TOAST = "_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq", "_pgcdc_unchanged_toast"
-MOVED = "_pgcdc_moved"
-MOVE_D = "_pgcdc_move_d"  # the D row a key-changing update adds for its old key
-FROM_PREFIX = "_pgcdc_from_"  # a moved row's old key
 
 # PostgreSQL types stored inline at a fixed width (pg_type.typlen > 0): never TOASTed.
 # Both spellings: typname (the window manifests) and SQL (format_type).
@@ -294,12 +305,6 @@ def _all(conditions: list):
     for cond in conditions[1:]:
         out = out & cond
     return out
-
-
-# SCD type 2 history columns
-VALID_FROM, VALID_TO, IS_CURRENT, HIST_OP, KIND = (
-    "__valid_from_lsn", "__valid_to_lsn", "__is_current", "__op", "_pgcdc_kind",
-)
 
 
 def scd2_rows(

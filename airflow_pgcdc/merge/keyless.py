@@ -50,7 +50,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_pgcdc.changes.rows import OLD_PREFIX
+from airflow_pgcdc.changes.columns import (
+    KEYLESS_CANON as CANON,
+)
+from airflow_pgcdc.changes.columns import KEYLESS_COUNT as COUNT
+from airflow_pgcdc.changes.columns import KEYLESS_DELTA as DELTA
+from airflow_pgcdc.changes.columns import KEYLESS_FULL as FULL
+from airflow_pgcdc.changes.columns import KEYLESS_HAVE as HAVE
+from airflow_pgcdc.changes.columns import KEYLESS_LOW as LOW
+from airflow_pgcdc.changes.columns import KEYLESS_RUN as RUN
+from airflow_pgcdc.changes.columns import KEYLESS_SUB as SUB
+from airflow_pgcdc.changes.columns import KEYLESS_SUM as SUM
+from airflow_pgcdc.changes.columns import KIND, OLD_PREFIX
 from airflow_pgcdc.merge.clauses import build_keyless_spec
 from airflow_pgcdc.merge.compact import LSN, OP, SEQ, TOAST, col
 from airflow_pgcdc.protocol.lsn import LSN as Lsn
@@ -60,10 +71,6 @@ __all__ = ["KIND", "apply_keyless", "float_columns", "nested_float_columns"]
 
 log = logging.getLogger(__name__)
 
-KIND = "_pgcdc_kind"  # 'del' | 'ins' in the MERGE source
-DELTA, SUB, FULL, RUN = "_pgcdc_delta", "_pgcdc_sub", "_pgcdc_full", "_pgcdc_run"
-SUM, LOW, HAVE, COUNT = "_pgcdc_sum", "_pgcdc_low", "_pgcdc_have", "_pgcdc_n"
-CANON = "_pgcdc_v"  # _pgcdc_v<i>: column i's value as compared
 INTERNAL = (KIND, DELTA, SUB, FULL, RUN, SUM, LOW, HAVE, COUNT)
 
 
