@@ -16,7 +16,7 @@ from _pgcdc_defaults import AWS_CONN_ID, PARAMS, POSTGRES_CONN_ID, SPARK_CONN_ID
 from airflow.sdk import DAG, Param, task
 
 from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
-from airflow_pgcdc.operators.snapshot import PgSnapshotToS3Operator
+from airflow_pgcdc.operators.snapshot import PgcdcSnapshotOperator
 from airflow_pgcdc.operators.verify import PgcdcVerifyOperator
 
 with DAG(
@@ -48,7 +48,7 @@ with DAG(
             done = ensure(conn, params["publication"], list(params["tables"]))
         return done.to_dict()
 
-    snapshot = PgSnapshotToS3Operator(
+    snapshot = PgcdcSnapshotOperator(
         task_id="snapshot",
         to="{{ params.store }}",
         slot="{{ params.slot }}",

@@ -1,16 +1,18 @@
-"""``PgBaseBackupToS3Operator``: a physical ``BASE_BACKUP`` streamed into S3."""
+"""``PgcdcBaseBackupOperator`` (formerly ``PgBaseBackupToS3Operator``): a physical ``BASE_BACKUP`` streamed into S3."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 
 
-class PgBaseBackupToS3Operator(BaseOperator):
+class PgcdcBaseBackupOperator(BaseOperator):
     """Stream ``BASE_BACKUP`` archives (and ``backup_manifest``) into
     ``{to}/basebackup/{backup_id}/``, never buffering an archive in memory.
 
@@ -94,3 +96,15 @@ class PgBaseBackupToS3Operator(BaseOperator):
             "archives": {a.name: a.bytes for a in info.archives},
             "seconds": round(result.seconds, 3),
         }
+
+
+class PgBaseBackupToS3Operator(PgcdcBaseBackupOperator):
+    """The name PgcdcBaseBackupOperator had before 0.2: kept for one release, with a deprecation warning."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warnings.warn(
+            "PgBaseBackupToS3Operator is now PgcdcBaseBackupOperator (airflow_pgcdc.operators.basebackup); the old name goes in the next release",
+            AirflowProviderDeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init__(**kwargs)

@@ -1,10 +1,12 @@
-"""``PgSnapshotToS3Operator``: the initial copy (exported snapshot -> Parquet on S3)."""
+"""``PgcdcSnapshotOperator`` (formerly ``PgSnapshotToS3Operator``): the initial copy (exported snapshot -> Parquet on S3)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import Asset, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
@@ -16,7 +18,7 @@ def snapshot_asset(to: str, slot: str) -> Asset:
     return Asset(uri=f"{to.rstrip('/')}/{slot}/snapshot", name=f"pgcdc-snapshot-{slot}")
 
 
-class PgSnapshotToS3Operator(BaseOperator):
+class PgcdcSnapshotOperator(BaseOperator):
     """Create ``slot`` with an exported snapshot and copy the tables to S3 as Parquet.
 
     Pushes (return value / XCom ``return_value``)::
@@ -110,3 +112,15 @@ class PgSnapshotToS3Operator(BaseOperator):
             "rows": manifest.rows,
         })
         return result
+
+
+class PgSnapshotToS3Operator(PgcdcSnapshotOperator):
+    """The name PgcdcSnapshotOperator had before 0.2: kept for one release, with a deprecation warning."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        warnings.warn(
+            "PgSnapshotToS3Operator is now PgcdcSnapshotOperator (airflow_pgcdc.operators.snapshot); the old name goes in the next release",
+            AirflowProviderDeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init__(**kwargs)

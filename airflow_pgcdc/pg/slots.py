@@ -198,7 +198,7 @@ class UnsupportedFeature(_Hinted, PgcdcError, ValueError):
 def _resnapshot_hint(slot: str) -> str:
     return (
         f"re-snapshot with a new slot: `pgcdc slot drop --slot {slot}`, then take a new "
-        "snapshot (`pgcdc snapshot --slot <new slot> ...` or PgSnapshotToS3Operator) and "
+        "snapshot (`pgcdc snapshot --slot <new slot> ...` or PgcdcSnapshotOperator) and "
         "stream from the new slot; windows already in the store stay valid up to their end_lsn"
     )
 

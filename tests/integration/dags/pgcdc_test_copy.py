@@ -4,11 +4,11 @@ import datetime
 
 from airflow.sdk import DAG
 
-from airflow_pgcdc.operators.basebackup import PgBaseBackupToS3Operator
-from airflow_pgcdc.operators.snapshot import PgSnapshotToS3Operator
+from airflow_pgcdc.operators.basebackup import PgcdcBaseBackupOperator
+from airflow_pgcdc.operators.snapshot import PgcdcSnapshotOperator
 
 with DAG("pgcdc_test_copy", schedule=None, start_date=datetime.datetime(2024, 1, 1), catchup=False) as dag:
-    PgSnapshotToS3Operator(
+    PgcdcSnapshotOperator(
         task_id="snapshot",
         to="{{ dag_run.conf['to'] }}",
         slot="{{ dag_run.conf['slot'] }}",
@@ -17,7 +17,7 @@ with DAG("pgcdc_test_copy", schedule=None, start_date=datetime.datetime(2024, 1,
         postgres_conn_id="pgcdc_src",
         aws_conn_id="pgcdc_s3",
     )
-    PgBaseBackupToS3Operator(
+    PgcdcBaseBackupOperator(
         task_id="basebackup",
         to="{{ dag_run.conf['to'] }}",
         backup_label="pgcdc-test",
