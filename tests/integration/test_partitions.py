@@ -5,10 +5,12 @@ does not stream it, and partitions attached or detached while the pipeline runs,
 What PostgreSQL does (observed here, both versions): ``ATTACH``/``DETACH PARTITION`` are DDL:
 the rows already in the attached table, or in the detached one, are not streamed.
 
-- via root (``true``): the root's Delta table misses the attached partition's rows, or keeps
-  the detached one's. Nothing in the stream says so; the copy records the root's leaves and
-  ``pgcdc status`` compares them with the catalog (``partitions_changed``, exit 1, naming
-  ``pgcdc resync --tables <root>``, which repairs it);
+- via root (``true``): the root's Delta table would miss the attached partition's rows, or keep
+  the detached one's. Nothing in the stream says so; the copy records the root's leaves, each
+  window the leaves when it committed (``partition_leaves``), and the merge refuses the root
+  from the first window whose leaves differ from the copy's (``PartitionsChanged``, the
+  other tables merge); ``pgcdc status`` compares the copy with the catalog
+  (``partitions_changed``, exit 1); both name ``pgcdc resync --tables <root>``, which repairs it;
 - per leaf (``false``): an attached leaf is a new table of the pipeline (the next window's
   ``pipeline_tables`` holds it): its changes are refused by the merge (``NeedsSnapshot``, hint:
   ``pgcdc resync``) until it is resynced; a detached leaf is a table out of the publication:
@@ -159,12 +161,13 @@ def test_attach_and_detach_via_root_are_shown_by_status_and_repaired_by_a_resync
     sql(db, "ALTER TABLE m DETACH PARTITION m_us")
     sql(db, "INSERT INTO m VALUES (200, 'eu', 'e')")
     w = drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    assert w.rows == 3  # what PostgreSQL streams: neither the 5 attached rows nor the 10 detached
+    with pytest.raises(TablesFailed, match="PartitionsChanged"):  # the merge refuses the root (below)
+        merge_slot(spark, source=src, slot=slot, delta=lake)
     before = verify_table(db, lake, "public", "m")
-    assert not before.equal  # what PostgreSQL streams: neither the 5 attached rows nor the 10 detached
+    assert not before.equal  # bootstrapped from the copy, nothing merged after it
     counts = (before.comparison.postgres_rows, before.comparison.delta_rows)
-    assert counts == (10 + 1 + 5 + 1 + 1, 20 + 1 + 1 + 1), counts
-    assert w.rows == 3
+    assert counts == (10 + 1 + 5 + 1 + 1, 20), counts
 
     env = s3.aws_env()
     proc = pgcdc("status", "--dsn", db, "--slot", slot, "--from", src, "--json", env=env)
