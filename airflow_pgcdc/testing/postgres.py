@@ -22,21 +22,21 @@ from typing import Any
 from airflow_pgcdc.testing.processes import (
     MAKE_HINT,
     SandboxError,
-    _chown_tree,
-    _kill_group,
-    _live,
-    _make_temp_base,
-    _minimal_env,
-    _pid_runs,
-    _postgres_run_as,
-    _register_live,
-    _spawn,
-    _tail,
-    _traversable_by,
-    _wait_gone,
+    chown_tree,
     free_port,
+    kill_group,
+    live_servers,
+    make_temp_base,
+    minimal_env,
+    pid_runs,
+    postgres_run_as,
+    register_live,
+    spawn,
+    tail_of,
+    traversable_by,
+    wait_gone,
 )
-from airflow_pgcdc.testing.tls import _write_tls
+from airflow_pgcdc.testing.tls import write_tls
 
 __all__ = [
     "FLAVOURS",
@@ -160,10 +160,10 @@ class PostgresServer:
     ) -> None:
         self.flavour = flavour
         self.bin_dir = pg_bin_dir(flavour)
-        self._run_as = _postgres_run_as()
+        self._run_as = postgres_run_as()
         self._temp = base_dir is None
         if base_dir is None:
-            self.base_dir = _make_temp_base(flavour)
+            self.base_dir = make_temp_base(flavour)
             if self._run_as is not None:
                 os.chmod(self.base_dir, 0o711)  # searchable by `postgres`, not listable
         else:
@@ -186,7 +186,7 @@ class PostgresServer:
         self._pid: int | None = None
         self._version_num: int | None = None
         if not detached:
-            _register_live(self)
+            register_live(self)
 
     # ---- properties
 
@@ -262,7 +262,7 @@ class PostgresServer:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc.pid
         pid = self._read_postmaster_pid()
-        if pid and _pid_runs(pid, self.bin_dir / "postgres"):
+        if pid and pid_runs(pid, self.bin_dir / "postgres"):
             return pid
         return None
 
@@ -287,7 +287,7 @@ class PostgresServer:
         """Initialise (first time), configure and start; return when it accepts connections."""
         if self.running:
             return self
-        if not _traversable_by(self.base_dir, self._run_as):
+        if not traversable_by(self.base_dir, self._run_as):
             raise SandboxError(
                 f"the `postgres` user cannot reach {self.base_dir} (a parent directory is not searchable)"
             )
@@ -319,9 +319,9 @@ class PostgresServer:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, _STOP_SIGNALS[mode])
-        if not _wait_gone(pid, self._proc if self._proc and self._proc.pid == pid else None, timeout):
-            _kill_group(pid)
-            _wait_gone(pid, self._proc if self._proc and self._proc.pid == pid else None, 10)
+        if not wait_gone(pid, self._proc if self._proc and self._proc.pid == pid else None, timeout):
+            kill_group(pid)
+            wait_gone(pid, self._proc if self._proc and self._proc.pid == pid else None, 10)
         self._reap()
 
     def restart(self, mode: str = "fast") -> PostgresServer:
@@ -337,10 +337,10 @@ class PostgresServer:
         finally:
             if self._temp:
                 shutil.rmtree(self.base_dir, ignore_errors=True)
-            _live.discard(self)
+            live_servers.discard(self)
 
     def log_tail(self, lines: int = 40) -> str:
-        return _tail(self.log_file, lines)
+        return tail_of(self.log_file, lines)
 
     # ---- copies and promotion (tests of a server that is not the one the store followed)
 
@@ -359,7 +359,7 @@ class PostgresServer:
         (copy.data_dir / "postmaster.pid").unlink(missing_ok=True)
         if standby:
             (copy.data_dir / "standby.signal").touch()
-        _chown_tree(copy.data_dir, copy._run_as)
+        chown_tree(copy.data_dir, copy._run_as)
         return copy
 
     def promote(self, timeout: float = 60.0) -> None:
@@ -457,7 +457,7 @@ class PostgresServer:
             kwargs.update(user=self._run_as.uid, group=self._run_as.gid, extra_groups=[])
         try:
             result = subprocess.run(
-                argv, capture_output=True, text=True, env=_minimal_env(), cwd=str(self.base_dir),
+                argv, capture_output=True, text=True, env=minimal_env(), cwd=str(self.base_dir),
                 timeout=120, **kwargs,
             )
         except subprocess.TimeoutExpired as e:
@@ -472,8 +472,8 @@ class PostgresServer:
             shutil.rmtree(self.data_dir)  # a half-initialised leftover
         self.data_dir.mkdir(mode=0o700)
         self.socket_dir.mkdir(mode=0o700, exist_ok=True)
-        _chown_tree(self.data_dir, self._run_as)
-        _chown_tree(self.socket_dir, self._run_as)
+        chown_tree(self.data_dir, self._run_as)
+        chown_tree(self.socket_dir, self._run_as)
         self._run_tool(
             [
                 str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", self.superuser,
@@ -483,8 +483,8 @@ class PostgresServer:
             f"initdb ({self.flavour})",
         )
         if self.ssl:
-            _write_tls(self.base_dir / "ca.crt", self.data_dir / "server.crt", self.data_dir / "server.key")
-            _chown_tree(self.data_dir, self._run_as)
+            write_tls(self.base_dir / "ca.crt", self.data_dir / "server.crt", self.data_dir / "server.key")
+            chown_tree(self.data_dir, self._run_as)
         with open(self.data_dir / "postgresql.conf", "a") as f:
             f.write("\n# airflow-pgcdc test bed / sandbox settings (rewritten at every start)\n")
             f.write("include 'pgcdc.conf'\n")
@@ -521,7 +521,7 @@ class PostgresServer:
 
     def _write_config(self) -> None:
         self.socket_dir.mkdir(mode=0o700, exist_ok=True)
-        _chown_tree(self.socket_dir, self._run_as)
+        chown_tree(self.socket_dir, self._run_as)
         lines = []
         for key, value in self._config().items():
             if isinstance(value, bool):
@@ -546,7 +546,7 @@ class PostgresServer:
 
     def _launch(self) -> None:
         self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
-        self._proc = _spawn(
+        self._proc = spawn(
             [str(self.bin_dir / "postgres"), "-D", str(self.data_dir)],
             log_file=self.log_file,
             detached=self.detached,
@@ -594,7 +594,7 @@ class PostgresServer:
                     return
             time.sleep(0.05)
         pid = self._proc.pid
-        _kill_group(pid)
+        kill_group(pid)
         self._proc.wait(10)
         self._proc = None
         raise SandboxError(

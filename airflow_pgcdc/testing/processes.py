@@ -30,8 +30,21 @@ from airflow_pgcdc.errors import PgcdcError
 __all__ = [
     "MAKE_HINT",
     "SandboxError",
+    "chown_tree",
     "free_port",
+    "kill_group",
+    "live_servers",
+    "make_temp_base",
+    "minimal_env",
+    "pid_alive",
+    "pid_runs",
+    "postgres_run_as",
     "reap_stale_temp_dirs",
+    "register_live",
+    "spawn",
+    "tail_of",
+    "traversable_by",
+    "wait_gone",
 ]
 
 MAKE_HINT = "run `make test` (or `make setup`), which installs PostgreSQL 15, pglogical and wal2json"
@@ -94,7 +107,7 @@ def free_port(*, also_free_offset: int | None = None) -> int:
     raise SandboxError("could not find a free TCP port on 127.0.0.1")
 
 
-def _tail(path: Path | None, lines: int = 40) -> str:
+def tail_of(path: Path | None, lines: int = 40) -> str:
     if path is None:
         return ""
     try:
@@ -108,7 +121,7 @@ def _tail(path: Path | None, lines: int = 40) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
-def _pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
     if not pid or pid <= 0:
         return False
     try:
@@ -124,9 +137,9 @@ def _pid_alive(pid: int | None) -> bool:
         return True
 
 
-def _pid_runs(pid: int | None, exe: Path, marker: str | None = None) -> bool:
+def pid_runs(pid: int | None, exe: Path, marker: str | None = None) -> bool:
     """True if ``pid`` is alive, runs ``exe`` and (if given) has ``marker`` in its command line."""
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
     try:
         running = Path(os.readlink(f"/proc/{pid}/exe"))
@@ -147,19 +160,19 @@ def _pid_runs(pid: int | None, exe: Path, marker: str | None = None) -> bool:
     return True
 
 
-def _wait_gone(pid: int, popen: subprocess.Popen | None, timeout: float) -> bool:
+def wait_gone(pid: int, popen: subprocess.Popen | None, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if popen is not None:
             if popen.poll() is not None:
                 return True
-        elif not _pid_alive(pid):
+        elif not pid_alive(pid):
             return True
         time.sleep(0.05)
     return False
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     """SIGKILL ``pid``'s process group if it leads one (our servers do), else just ``pid``."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if os.getpgid(pid) == pid:
@@ -192,7 +205,7 @@ class _RunAs:
         self.uid, self.gid, self.name = uid, gid, name
 
 
-def _postgres_run_as() -> _RunAs | None:
+def postgres_run_as() -> _RunAs | None:
     """PostgreSQL refuses to run as root: as root, run it as the ``postgres`` system user."""
     if os.geteuid() != 0:
         return None
@@ -206,7 +219,7 @@ def _postgres_run_as() -> _RunAs | None:
     return _RunAs(entry.pw_uid, entry.pw_gid, "postgres")
 
 
-def _traversable_by(path: Path, run_as: _RunAs | None) -> bool:
+def traversable_by(path: Path, run_as: _RunAs | None) -> bool:
     """Whether ``run_as`` can reach ``path`` (every existing ancestor searchable)."""
     if run_as is None:
         return True
@@ -227,7 +240,7 @@ def _traversable_by(path: Path, run_as: _RunAs | None) -> bool:
     return True
 
 
-def _chown_tree(path: Path, run_as: _RunAs | None) -> None:
+def chown_tree(path: Path, run_as: _RunAs | None) -> None:
     if run_as is None:
         return
     os.chown(path, run_as.uid, run_as.gid)
@@ -236,7 +249,7 @@ def _chown_tree(path: Path, run_as: _RunAs | None) -> None:
             os.chown(os.path.join(root, name), run_as.uid, run_as.gid, follow_symlinks=False)
 
 
-def _minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of server processes: no AWS keys or PG passwords inherited."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C", "TZ": "UTC"}
     if extra:
@@ -244,7 +257,7 @@ def _minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-_live: weakref.WeakSet = weakref.WeakSet()
+live_servers: weakref.WeakSet = weakref.WeakSet()
 
 
 _atexit_registered = False
@@ -256,16 +269,16 @@ _OWNER_FILE = "owner.json"
 _TEMP_PREFIX = "pgcdc-testbed-"
 
 
-def _register_live(server: Any) -> None:
+def register_live(server: Any) -> None:
     global _atexit_registered
-    _live.add(server)
+    live_servers.add(server)
     if not _atexit_registered:
         atexit.register(_stop_all_live)
         _atexit_registered = True
 
 
 def _stop_all_live() -> None:
-    for server in list(_live):
+    for server in list(live_servers):
         with contextlib.suppress(Exception):
             server.close(mode="immediate")
 
@@ -277,7 +290,7 @@ def _proc_start_time(pid: int) -> str | None:
         return None
 
 
-def _make_temp_base(kind: str) -> Path:
+def make_temp_base(kind: str) -> Path:
     """A fresh temp dir recording its owner, after removing those whose owner is gone."""
     reap_stale_temp_dirs()
     base = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{kind}-"))
@@ -300,26 +313,26 @@ def reap_stale_temp_dirs() -> list[Path]:
         except (OSError, ValueError):
             continue
         pid = owner.get("pid")
-        if _pid_alive(pid) and _proc_start_time(pid) == owner.get("start"):
+        if pid_alive(pid) and _proc_start_time(pid) == owner.get("start"):
             continue
         for pidfile in base.glob("*/postmaster.pid"):
             with contextlib.suppress(OSError, ValueError, IndexError):
                 stale = int(pidfile.read_text().splitlines()[0])
                 exe = Path(os.readlink(f"/proc/{stale}/exe"))
                 # the postmaster's command line names its data dir: not a reused pid
-                if exe.name == "postgres" and _pid_runs(stale, exe, str(base)):
-                    _kill_group(stale)
+                if exe.name == "postgres" and pid_runs(stale, exe, str(base)):
+                    kill_group(stale)
         with contextlib.suppress(OSError, ValueError):
             stale = int((base / "weed.pid").read_text())
             exe = Path(os.readlink(f"/proc/{stale}/exe"))
-            if exe.name == "weed" and _pid_runs(stale, exe, str(base)):
-                _kill_group(stale)
+            if exe.name == "weed" and pid_runs(stale, exe, str(base)):
+                kill_group(stale)
         shutil.rmtree(base, ignore_errors=True)
         removed.append(base)
     return removed
 
 
-def _spawn(
+def spawn(
     argv: list[str],
     *,
     log_file: Path,
@@ -335,7 +348,7 @@ def _spawn(
             "stdin": subprocess.DEVNULL,
             "stdout": log,
             "stderr": subprocess.STDOUT,
-            "env": dict(env) if env is not None else _minimal_env(),
+            "env": dict(env) if env is not None else minimal_env(),
             "cwd": str(cwd) if cwd else None,
             "close_fds": True,
         }

@@ -22,15 +22,15 @@ from typing import Any
 
 from airflow_pgcdc.testing.processes import (
     SandboxError,
-    _kill_group,
-    _live,
-    _make_temp_base,
-    _pid_runs,
-    _register_live,
-    _spawn,
-    _tail,
-    _wait_gone,
     free_port,
+    kill_group,
+    live_servers,
+    make_temp_base,
+    pid_runs,
+    register_live,
+    spawn,
+    tail_of,
+    wait_gone,
 )
 
 __all__ = [
@@ -88,7 +88,7 @@ class S3Server:
         self.weed = weed_binary()
         self.volume_size_limit_mb = volume_size_limit_mb
         self._temp = base_dir is None
-        self.base_dir = _make_temp_base("s3") if base_dir is None else Path(base_dir).absolute()
+        self.base_dir = make_temp_base("s3") if base_dir is None else Path(base_dir).absolute()
         self.data_dir = self.base_dir / "data"
         self.log_file = Path(log_file).absolute() if log_file else self.base_dir / "weed.log"
         self._ports_given = ports is not None
@@ -100,7 +100,7 @@ class S3Server:
         self.startup_timeout = startup_timeout
         self._proc: subprocess.Popen | None = None
         if not detached:
-            _register_live(self)
+            register_live(self)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -175,7 +175,7 @@ class S3Server:
             return self._proc.pid
         with contextlib.suppress(OSError, ValueError):
             pid = int((self.base_dir / "weed.pid").read_text())
-            if _pid_runs(pid, self.weed, str(self.data_dir)):
+            if pid_runs(pid, self.weed, str(self.data_dir)):
                 return pid
         return None
 
@@ -247,7 +247,7 @@ class S3Server:
         identities = self._write_identities()
         for attempt in range(3):
             offset = self.log_file.stat().st_size if self.log_file.exists() else 0
-            self._proc = _spawn(
+            self._proc = spawn(
                 self._argv(identities), log_file=self.log_file, detached=self.detached,
                 cwd=self.base_dir, death_signal=signal.SIGKILL,
             )
@@ -299,7 +299,7 @@ class S3Server:
                 if time.monotonic() - answering_since > 3:
                     return
             time.sleep(0.1)
-        _kill_group(self._proc.pid)
+        kill_group(self._proc.pid)
         self._proc.wait(10)
         self._proc = None
         raise SandboxError(
@@ -313,9 +313,9 @@ class S3Server:
             popen = self._proc if self._proc is not None and self._proc.pid == pid else None
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            if not _wait_gone(pid, popen, timeout):
-                _kill_group(pid)
-                _wait_gone(pid, popen, 10)
+            if not wait_gone(pid, popen, timeout):
+                kill_group(pid)
+                wait_gone(pid, popen, 10)
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=5)
@@ -324,12 +324,12 @@ class S3Server:
     def close(self, mode: str = "fast") -> None:
         try:
             if mode == "immediate" and self.pid is not None:
-                _kill_group(self.pid)
+                kill_group(self.pid)
             self.stop()
         finally:
             if self._temp:
                 self.purge()
-            _live.discard(self)
+            live_servers.discard(self)
 
     def purge(self) -> None:
         """Delete the server's files (data, sockets). Stop it first."""
@@ -338,5 +338,5 @@ class S3Server:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
 
     def log_tail(self, lines: int = 40) -> str:
-        return _tail(self.log_file, lines)
+        return tail_of(self.log_file, lines)
 

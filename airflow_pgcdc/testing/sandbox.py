@@ -34,10 +34,10 @@ from typing import Any
 from airflow_pgcdc.testing.postgres import PostgresServer, pg_bin_dir, pg_build_has_ssl
 from airflow_pgcdc.testing.processes import (
     SandboxError,
-    _chown_tree,
-    _postgres_run_as,
-    _traversable_by,
+    chown_tree,
     free_port,
+    postgres_run_as,
+    traversable_by,
 )
 from airflow_pgcdc.testing.s3 import S3Server
 
@@ -224,16 +224,16 @@ class Sandbox:
     def _new_state(self, flavour: str) -> dict[str, Any]:
         self._make_root()
         bin_dir = pg_bin_dir(flavour)  # fail early, with the hint, if binaries are missing
-        run_as = _postgres_run_as()
+        run_as = postgres_run_as()
         pg_base = self.root / flavour
-        if not _traversable_by(self.root, run_as) or len(str(pg_base / "sock")) > 80:
+        if not traversable_by(self.root, run_as) or len(str(pg_base / "sock")) > 80:
             # e.g. root running in /root/project: PostgreSQL runs as `postgres` and
             # cannot reach it, so its directory lives in /tmp (recorded in the state).
             pg_base = Path(tempfile.mkdtemp(prefix="pgcdc-sandbox-"))
             os.chmod(pg_base, 0o755)
         if run_as is not None:
             pg_base.mkdir(exist_ok=True)
-            _chown_tree(pg_base, run_as)
+            chown_tree(pg_base, run_as)
         return {
             "format": 1,
             "flavour": flavour,

@@ -35,13 +35,13 @@ from typing import Any
 
 from airflow_pgcdc.testing.processes import (
     SandboxError,
-    _kill_group,
-    _make_temp_base,
-    _pid_alive,
-    _register_live,
-    _spawn,
-    _wait_gone,
     free_port,
+    kill_group,
+    make_temp_base,
+    pid_alive,
+    register_live,
+    spawn,
+    wait_gone,
 )
 
 __all__ = ["SparkCluster", "SparkProcess", "spark_home"]
@@ -69,7 +69,7 @@ class SparkProcess:
     def running(self) -> bool:
         if self.popen is not None:
             return self.popen.poll() is None
-        return _pid_alive(self.pid) and _is_spark_daemon(self.pid)
+        return pid_alive(self.pid) and _is_spark_daemon(self.pid)
 
 
 def _is_spark_daemon(pid: int | None) -> bool:
@@ -98,7 +98,7 @@ class SparkCluster:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self._temp = base_dir is None
-        self.base_dir = _make_temp_base("spark") if base_dir is None else Path(base_dir).absolute()
+        self.base_dir = make_temp_base("spark") if base_dir is None else Path(base_dir).absolute()
         self.workers = workers
         self.cores = cores
         self.memory = memory
@@ -118,7 +118,7 @@ class SparkCluster:
                     SparkProcess(f"worker-{n}", free_port(), free_port(), self.base_dir / f"worker-{n}.log")
                 )
         if not detached:
-            _register_live(self)
+            register_live(self)
 
     def __repr__(self) -> str:
         return f"<SparkCluster {self.master_url} {'running' if self.running else 'stopped'} {self.base_dir}>"
@@ -202,7 +202,7 @@ class SparkCluster:
     def _launch(self, p: SparkProcess) -> None:
         if p.name != "master":
             self.work_dir(p).mkdir(parents=True, exist_ok=True)
-        p.popen = _spawn(self._argv(p), log_file=p.log_file, detached=self.detached, env=self._env(),
+        p.popen = spawn(self._argv(p), log_file=p.log_file, detached=self.detached, env=self._env(),
                          cwd=self.base_dir, death_signal=signal.SIGKILL)
         p.pid = p.popen.pid
 
@@ -265,9 +265,9 @@ class SparkCluster:
             # each daemon leads its own process group (pgid = pid), its executors in it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGTERM)
-            if not _wait_gone(pid, p.popen, timeout):
-                _kill_group(pid)
-                _wait_gone(pid, p.popen, 10)
+            if not wait_gone(pid, p.popen, timeout):
+                kill_group(pid)
+                wait_gone(pid, p.popen, 10)
             with contextlib.suppress(ProcessLookupError, PermissionError):  # what is left of the group
                 os.killpg(pid, signal.SIGKILL)
             p.popen = None
@@ -277,14 +277,14 @@ class SparkCluster:
             if mode == "immediate":
                 for p in self.processes:
                     if p.pid is not None and p.running:
-                        _kill_group(p.pid)
+                        kill_group(p.pid)
             self.stop()
         finally:
             if self._temp:
                 shutil.rmtree(self.base_dir, ignore_errors=True)
             from airflow_pgcdc.testing import processes
 
-            processes._live.discard(self)
+            processes.live_servers.discard(self)
 
     def __enter__(self) -> SparkCluster:
         return self.start()

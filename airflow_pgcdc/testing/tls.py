@@ -11,9 +11,10 @@ import tempfile
 from pathlib import Path
 
 __all__ = [
+    "write_tls",
 ]
 
-def _write_tls(ca_file: Path, cert_file: Path, key_file: Path) -> None:
+def write_tls(ca_file: Path, cert_file: Path, key_file: Path) -> None:
     """A self-signed CA and a server certificate for 127.0.0.1/localhost signed by it."""
     try:
         from cryptography import x509

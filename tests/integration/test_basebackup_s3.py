@@ -48,7 +48,7 @@ from airflow_pgcdc.snapshot.basebackup import (
 from airflow_pgcdc.store.manifest import read_basebackup_info
 from airflow_pgcdc.store.s3 import MIN_PART_SIZE, ObjectNotFound
 from airflow_pgcdc.testing.postgres import PostgresServer
-from airflow_pgcdc.testing.processes import _chown_tree, _postgres_run_as
+from airflow_pgcdc.testing.processes import chown_tree, postgres_run_as
 
 MiB = 1024 * 1024
 
@@ -121,12 +121,12 @@ class FaultyClient:
 def tablespace(fresh_db):
     """An extra tablespace on the test's server (dropped after, with ``t_ts``)."""
     server: PostgresServer = fresh_db.server
-    run_as = _postgres_run_as()
+    run_as = postgres_run_as()
     base = Path(tempfile.mkdtemp(prefix="pgcdc-ts-"))
     os.chmod(base, 0o711)
     location = base / "ts"
     location.mkdir(mode=0o700)
-    _chown_tree(location, run_as)
+    chown_tree(location, run_as)
     name = "ts_" + secrets.token_hex(4)
     server.execute(f"CREATE TABLESPACE {name} LOCATION '{location}'")
     yield name
@@ -296,7 +296,7 @@ def start_restored(source: PostgresServer, restored: Restored):
         oids = {int(line.split(" ", 1)[0]) for line in tmap.read_text().splitlines() if line}
         assert oids == set(restored.tablespaces)
         tmap.write_text("".join(f"{oid} {path}\n" for oid, path in restored.tablespaces.items()))
-    _chown_tree(restored.base, _postgres_run_as())
+    chown_tree(restored.base, postgres_run_as())
     server = PostgresServer(
         source.flavour,
         base_dir=restored.base,

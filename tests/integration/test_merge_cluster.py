@@ -224,7 +224,7 @@ def _pgcdc(*args, cwd):
 def test_sandbox_up_spark_gives_a_cluster_and_the_airflow_connection(tmp_path):
     """``pgcdc sandbox up --spark``: PostgreSQL, S3 and a Spark standalone cluster that runs a
     job; ``env --airflow`` points spark_default at it; ``down`` leaves no JVM behind."""
-    from airflow_pgcdc.testing.processes import _pid_alive
+    from airflow_pgcdc.testing.processes import pid_alive
 
     try:
         up = _pgcdc("sandbox", "up", "--spark", cwd=tmp_path)
@@ -244,8 +244,8 @@ def test_sandbox_up_spark_gives_a_cluster_and_the_airflow_connection(tmp_path):
                              env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable))
         assert out.stdout.strip().splitlines()[-1] == "9900", out.stderr[-3000:]
         pids = [p["pid"] for p in state["spark"]["processes"]]
-        assert len(pids) == 3 and all(_pid_alive(p) for p in pids)
+        assert len(pids) == 3 and all(pid_alive(p) for p in pids)
     finally:
         subprocess.run([sys.executable, "-m", "airflow_pgcdc.cli", "sandbox", "down", "--purge"], cwd=tmp_path,
                        capture_output=True, timeout=120)
-    assert not any(_pid_alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)

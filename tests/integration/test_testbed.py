@@ -101,10 +101,10 @@ def test_tls_verify_ca(pg_server: PostgresServer):
 
 
 def test_tls_rejects_unknown_ca(pg15: PostgresServer, tmp_path: Path):
-    from airflow_pgcdc.testing.tls import _write_tls
+    from airflow_pgcdc.testing.tls import write_tls
 
     other_ca = tmp_path / "other-ca.crt"
-    _write_tls(other_ca, tmp_path / "s.crt", tmp_path / "s.key")
+    write_tls(other_ca, tmp_path / "s.crt", tmp_path / "s.key")
     dsn = pg15.make_dsn(sslmode="verify-ca", sslrootcert=str(other_ca), connect_timeout=10)
     with pytest.raises(psycopg.OperationalError, match="certificate verify failed"):
         psycopg.connect(dsn)
