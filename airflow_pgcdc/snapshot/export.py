@@ -41,14 +41,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import psycopg
 
-from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.pg.conninfo import redact
-from airflow_pgcdc.pg.errors import AdminShutdown, ConnectionLost, DuplicateObject, UndefinedObject
+from airflow_pgcdc.pg.errors import DuplicateObject, UndefinedObject
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.slotlock import lock_holder, try_lock_slot
 from airflow_pgcdc.pg.tables import (
@@ -62,16 +61,14 @@ from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_literal
 from airflow_pgcdc.snapshot.convert import (
     COPY_FORMATS,
-    SESSION_SETUP,
-    TableConverter,
     function_casts,
     table_converter,
 )
-from airflow_pgcdc.snapshot.workers import CopyJob, ProcessWorker, WorkerFailed
+from airflow_pgcdc.snapshot.parts import Progress, SnapshotPart, copy_part, import_snapshot
+from airflow_pgcdc.snapshot.workers import CopyJob, ProcessWorker, retryable
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id
 from airflow_pgcdc.store.manifest import ColumnEntry, PartEntry, SnapshotManifest, TableEntry
-from airflow_pgcdc.store.parquet import PartSequence
 from airflow_pgcdc.store.window import window_folders
 
 log = logging.getLogger(__name__)
@@ -81,7 +78,7 @@ SMALL_TABLE_PAGES = 128  # 1 MiB of heap: one part, no CTID filter
 MAX_PART_ATTEMPTS = 3
 
 
-class SnapshotError(PgcdcError):
+class SnapshotError(HintedError):
     """The snapshot could not be taken."""
 
 
@@ -97,44 +94,9 @@ class SlotTaken(SnapshotError):
     """A slot of that name exists and is not provably the leftover of a failed run of this
     snapshot: it is never dropped. ``hint`` says what to do."""
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-    def __reduce__(self):
-        return (_rebuild_taken, (str(self), self.hint))
-
-
-def _rebuild_taken(message, hint):
-    return SlotTaken(message, hint=hint)
 
 
 SLOT_RECORD = "_slot.json"
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotPart:
-    table: TableInfo
-    number: int
-    start_block: int | None  # None: from the start
-    end_block: int | None  # exclusive; None: to the end
-    pages: int  # for progress
-
-    @property
-    def expected_rows(self) -> float:
-        """Rows the statistics promise this part (``reltuples`` per page); 0 when unknown."""
-        t = self.table
-        return t.reltuples * self.pages / t.relpages if t.relpages > 0 and t.reltuples > 0 else 0.0
-
-    def where(self) -> str:
-        conds = []
-        if self.start_block is not None:
-            conds.append(f"ctid >= {quote_literal(f'({self.start_block},0)')}::tid")
-        if self.end_block is not None:
-            conds.append(f"ctid < {quote_literal(f'({self.end_block},0)')}::tid")
-        if self.table.row_filter:
-            conds.append(f"({self.table.row_filter})")
-        return (" WHERE " + " AND ".join(conds)) if conds else ""
 
 
 def plan_parts(table: TableInfo, rows_per_part: int, workers: int = 1) -> list[SnapshotPart]:
@@ -162,67 +124,6 @@ def plan_parts(table: TableInfo, rows_per_part: int, workers: int = 1) -> list[S
         end = None if i == n - 1 else bounds[i + 1]
         parts.append(SnapshotPart(table, i, start, end, max(bounds[i + 1] - bounds[i], 1)))
     return parts
-
-
-@dataclass
-class _Progress:
-    """Counters of a running copy. The percentage is by heap pages: a finished part counts
-    its pages; a running one the share of its pages its rows so far make, by the table's
-    rows per page (``reltuples / relpages``), so the figure moves inside large parts."""
-
-    total_pages: int
-    started: float = field(default_factory=time.monotonic)
-    done_pages: int = 0
-    rows: int = 0
-    bytes: int = 0
-    parts_done: int = 0
-    tables_done: int = 0
-    running: dict = field(default_factory=dict)  # (table oid, part number) -> (part, rows so far)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def part_rows(self, part: SnapshotPart, rows: int) -> None:
-        """``rows`` more rows of ``part`` (call with the lock held)."""
-        key = (part.table.oid, part.number)
-        _, done = self.running.get(key, (part, 0))
-        self.running[key] = (part, done + rows)
-        self.rows += rows
-
-    def part_done(self, part: SnapshotPart, size: int) -> None:
-        """``part`` is copied and uploaded (call with the lock held)."""
-        self.running.pop((part.table.oid, part.number), None)
-        self.bytes += size
-        self.done_pages += part.pages
-        self.parts_done += 1
-
-    def percent(self) -> float:
-        if not self.total_pages:
-            return 100.0
-        pages = self.done_pages + sum(
-            part.pages * min(done / part.expected_rows, 1.0)
-            for part, done in self.running.values()
-            if part.expected_rows > 0
-        )
-        return min(100.0 * pages / self.total_pages, 100.0)
-
-    def line(self, tables: int, parts: int) -> str:
-        elapsed = time.monotonic() - self.started
-        pct = self.percent()
-        rate = self.rows / elapsed if elapsed > 0 else 0.0
-        eta = f"{elapsed * (100.0 - pct) / pct:,.0f}s" if pct > 0 else "unknown"
-        return (
-            f"snapshot: {self.tables_done}/{tables} tables, {self.parts_done}/{parts} parts, "
-            f"{self.rows:,} rows, {self.bytes / 1e6:,.1f} MB, {pct:.1f}% of pages, "
-            f"{rate:,.0f} rows/s, ETA {eta}"
-        )
-
-
-def _import_snapshot(dsn: str, snapshot_name: str) -> ReplicationConnection:
-    conn = ReplicationConnection.connect(dsn, replication="false", application_name="pgcdc-snapshot")
-    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-    conn.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot_name)}")
-    for stmt in SESSION_SETUP:
-        conn.execute(stmt)
-    return conn
 
 
 def _discover(
@@ -487,7 +388,7 @@ def snapshot_to_s3(
                         w.end_import()
                 else:
                     for _ in range(workers):
-                        sessions.append(_import_snapshot(dsn, snapshot_name))
+                        sessions.append(import_snapshot(dsn, snapshot_name))
                 # the slot connection stays idle until the copy ends: while it does, the
                 # exported snapshot lives, and a worker whose session died imports it again
                 if on_slot_created is not None:
@@ -522,7 +423,7 @@ def snapshot_to_s3(
             else:
 
                 def reconnect() -> ReplicationConnection:
-                    session = _import_snapshot(dsn, snapshot_name)
+                    session = import_snapshot(dsn, snapshot_name)
                     sessions.append(session)
                     return session
 
@@ -603,53 +504,6 @@ def _table_entry(t: TableInfo, results: dict, layout: Layout, slot: str, sid: st
     )
 
 
-def _copy_part(
-    session: ReplicationConnection,
-    part: SnapshotPart,
-    conv: TableConverter,
-    client,
-    layout: Layout,
-    slot: str,
-    sid: str,
-    progress: _Progress,
-    copy_format: str,
-) -> tuple[int, str, int, int]:
-    t = part.table
-    key = layout.snapshot_part(slot, sid, t.schema, t.name, part.number)
-    seq = PartSequence(
-        conv.schema,
-        key_for=lambda _n: key,
-        client=client,
-        bucket=layout.bucket,
-        target_bytes=None,
-        first_number=part.number,
-        encodings=conv.encodings,
-    )
-    try:
-        for batch in conv.batches(session, part.where(), copy_format):
-            seq.write_batch(batch)
-            with progress.lock:
-                progress.part_rows(part, batch.num_rows)
-        infos = seq.close()
-    except BaseException:
-        seq.abort()
-        raise
-    rows = sum(i.rows for i in infos)
-    size = sum(i.bytes for i in infos)
-    with progress.lock:
-        progress.part_done(part, size)
-    relative = key[len(layout.snapshot_prefix(slot, sid)) :].lstrip("/")
-    return part.number, relative, rows, size
-
-
-def _retryable(exc: BaseException) -> bool:
-    """Connection and storage failures are worth another worker's try; a conversion
-    error or a server error about the query itself would fail again."""
-    if isinstance(exc, WorkerFailed):
-        return exc.retryable  # judged by this function in the worker process
-    return isinstance(exc, (ConnectionLost, AdminShutdown, s3store.S3RequestError, s3store.UploadAborted, OSError))
-
-
 def _close_workers(procs: list[ProcessWorker]) -> None:
     """Ask every worker process to exit, then wait for them: they exit together.
     Idempotent."""
@@ -669,9 +523,9 @@ class _InThisProcess:
         self._converters = converters
         self._copy_format = copy_format
 
-    def copy(self, part: SnapshotPart, progress: _Progress) -> tuple:
+    def copy(self, part: SnapshotPart, progress: Progress) -> tuple:
         conv = self._converters[part.table.oid]
-        return _copy_part(self.session, part, conv, *self._args, progress, self._copy_format)
+        return copy_part(self.session, part, conv, *self._args, progress, self._copy_format)
 
     def recover(self) -> bool:
         """After a failed part: a new session importing the same snapshot (False if none)."""
@@ -691,7 +545,7 @@ class _InWorkerProcess:
         self.worker = worker
         self._restart = restart
 
-    def copy(self, part: SnapshotPart, progress: _Progress) -> tuple:
+    def copy(self, part: SnapshotPart, progress: Progress) -> tuple:
         def on_rows(n: int) -> None:
             with progress.lock:
                 progress.part_rows(part, n)
@@ -726,7 +580,7 @@ def _copy_all(parts, runners, progress_interval) -> dict:
         work.put((p, 1))
     results: dict[int, list] = {p.table.oid: [] for p in parts}
     remaining = {t: sum(1 for p in parts if p.table.oid == t) for t in results}
-    progress = _Progress(total_pages=sum(p.pages for p in parts))
+    progress = Progress(total_pages=sum(p.pages for p in parts))
     failures: list[BaseException] = []
     lock = threading.Lock()
     alive = [len(runners)]
@@ -745,7 +599,7 @@ def _copy_all(parts, runners, progress_interval) -> dict:
             except BaseException as exc:  # this runner's session is unusable now
                 if stop.is_set():
                     return  # the run is failing: no new session or process
-                retry = attempt < MAX_PART_ATTEMPTS and _retryable(exc)
+                retry = attempt < MAX_PART_ATTEMPTS and retryable(exc)
                 recovered = runner.recover() if retry else False
                 with lock:
                     if not recovered:

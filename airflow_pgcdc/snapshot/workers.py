@@ -44,6 +44,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.pg.errors import AdminShutdown, ConnectionLost
+from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.s3 import S3Settings
 
@@ -53,11 +55,19 @@ START_TIMEOUT = 120.0
 
 class WorkerFailed(PgcdcError):
     """A part failed inside a worker process; ``retryable`` as the worker judged it
-    (:func:`~airflow_pgcdc.snapshot.export._retryable` on the original exception)."""
+    (:func:`~airflow_pgcdc.snapshot.retryable` on the original exception)."""
 
     def __init__(self, message: str, *, retryable: bool) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+def retryable(exc: BaseException) -> bool:
+    """Connection and storage failures are worth another worker's try; a conversion
+    error or a server error about the query itself would fail again."""
+    if isinstance(exc, WorkerFailed):
+        return exc.retryable  # judged by this function in the worker process
+    return isinstance(exc, (ConnectionLost, AdminShutdown, s3store.S3RequestError, s3store.UploadAborted, OSError))
 
 
 class WorkerDied(WorkerFailed):
@@ -168,7 +178,7 @@ class ProcessWorker:
 
     def copy(self, part: Any, on_rows) -> tuple:
         """Copy ``part`` in the worker; ``on_rows(n)`` for each batch it writes. Returns
-        the worker's result (see ``export._copy_part``)."""
+        the worker's result (see :func:`~airflow_pgcdc.snapshot.parts.copy_part`)."""
         self._send(("part", part))
         while True:
             msg = self._recv(None)
@@ -240,7 +250,7 @@ class ProcessWorker:
 
 
 class _Progress:
-    """What ``export._copy_part`` reports to, in a worker: rows go to the coordinator."""
+    """What :func:`~airflow_pgcdc.snapshot.parts.copy_part` reports to, in a worker: rows go to the coordinator."""
 
     lock = contextlib.nullcontext()
 
@@ -264,8 +274,7 @@ def _die_with_parent() -> None:
 
 
 def _serve(conn: Connection) -> None:
-    from airflow_pgcdc.snapshot import export
-    from airflow_pgcdc.store import s3 as s3store
+    from airflow_pgcdc.snapshot.parts import copy_part, import_snapshot
 
     parent = os.getppid()
     session = None
@@ -284,9 +293,9 @@ def _serve(conn: Connection) -> None:
             if kind == "snapshot":
                 _, dsn, snapshot_name = msg
                 try:
-                    session = export._import_snapshot(dsn, snapshot_name)
+                    session = import_snapshot(dsn, snapshot_name)
                 except BaseException as exc:
-                    conn.send(("failed", export._retryable(exc), f"{type(exc).__name__}: {exc}"))
+                    conn.send(("failed", retryable(exc), f"{type(exc).__name__}: {exc}"))
                     continue
                 conn.send(("ready",))
             elif kind == "job":
@@ -298,8 +307,8 @@ def _serve(conn: Connection) -> None:
                     if job is None or dsn is None:
                         raise RuntimeError("a part arrived before the snapshot and the job")
                     if session is None:  # the last part failed: a new session in the same snapshot
-                        session = export._import_snapshot(dsn, snapshot_name)
-                    result = export._copy_part(
+                        session = import_snapshot(dsn, snapshot_name)
+                    result = copy_part(
                         session, part, job.converters[part.table.oid], client, job.layout,
                         job.slot, job.snapshot_id, _Progress(conn), job.copy_format,
                     )
@@ -309,7 +318,7 @@ def _serve(conn: Connection) -> None:
                         session = None
                     if os.getppid() != parent:
                         return
-                    conn.send(("failed", export._retryable(exc), f"{type(exc).__name__}: {exc}"))
+                    conn.send(("failed", retryable(exc), f"{type(exc).__name__}: {exc}"))
                     if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                         return
                     continue

@@ -327,7 +327,7 @@ def test_plan_parts_open_ended_ranges():
 
 def test_progress_counts_pages_of_running_parts():
     from airflow_pgcdc.pg.tables import TableInfo
-    from airflow_pgcdc.snapshot.export import _Progress
+    from airflow_pgcdc.snapshot.parts import Progress as _Progress
 
     t = TableInfo(oid=1, schema="s", name="t", relkind="r", replica_identity="d", columns=(), key_columns=("id",),
                   key_source="primary key", relpages=1000, reltuples=100_000.0)
