@@ -13,23 +13,29 @@ from collections.abc import Iterable, Mapping
 
 
 class PgcdcError(Exception):
-    """Base class of every error raised by airflow-pgcdc."""
+    """Base class of every error raised by airflow-pgcdc.
+
+    Pickles with every field it carries, whatever its ``__init__`` takes (errors cross
+    process boundaries: Spark executors, snapshot workers, Airflow triggers)."""
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls, args, state):
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
 
 
 class HintedError(PgcdcError):
     """An error with a ``hint``: what the user can do about it (the CLI prints it on its
-    own line). Pickles with its hint (Spark workers, multiprocessing)."""
+    own line). Every error that carries a hint is one of these."""
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
         self.hint = hint
-
-    def __reduce__(self):
-        return (_rebuild_hinted, (type(self), str(self), self.hint))
-
-
-def _rebuild_hinted(cls, message, hint):
-    return cls(message, hint=hint)
 
 
 class ProtocolError(PgcdcError, ValueError):
@@ -65,15 +71,6 @@ class ProtocolError(PgcdcError, ValueError):
         prefix = " ".join(where)
         return f"{prefix}: {self.reason}" if prefix else self.reason
 
-    def __reduce__(self):  # keep the keyword fields across pickling (Spark, multiprocessing)
-        return (
-            _rebuild_protocol_error,
-            (type(self), self.reason, self.protocol, self.message_type, self.offset),
-        )
-
-
-def _rebuild_protocol_error(cls, reason, protocol, message_type, offset):
-    return cls(reason, protocol=protocol, message_type=message_type, offset=offset)
 
 
 class TruncatedMessage(ProtocolError):

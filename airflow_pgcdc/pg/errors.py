@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.errors import HintedError, PgcdcError
 
 
 class PgError(PgcdcError):
@@ -26,7 +26,7 @@ class ReplicationStateError(PgError):
     frames when no stream is running, or starting a second stream)."""
 
 
-class ServerError(PgError):
+class ServerError(HintedError, PgError):
     """An ErrorResponse from the server.
 
     ``sqlstate``, ``severity``, ``message`` (primary), ``detail``, ``hint`` and
@@ -49,7 +49,6 @@ class ServerError(PgError):
         self.sqlstate = sqlstate
         self.severity = severity
         self.detail = detail
-        self.hint = hint
         self.command = command
         text = f"{severity}: {message} (SQLSTATE {sqlstate})"
         if detail:
@@ -58,7 +57,7 @@ class ServerError(PgError):
             text += f"\nHINT: {hint}"
         if command:
             text += f"\nCOMMAND: {command}"
-        super().__init__(text)
+        super().__init__(text, hint=hint)
 
 
 class DuplicateObject(ServerError):

@@ -49,7 +49,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerr
 
-from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.pg.errors import DuplicateObject, ObjectInUse, UndefinedObject
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.tables import (
@@ -96,30 +96,15 @@ PG15, PG16, PG17 = 150000, 160000, 170000
 # --------------------------------------------------------------------------- errors
 
 
-def _rebuild(cls, message, attrs):
-    err = cls.__new__(cls)
-    Exception.__init__(err, message)
-    err.__dict__.update(attrs)
-    return err
-
-
-class _Hinted:
-    """Mixin: keyword fields (``slot``, ``hint``...) survive pickling."""
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), str(self), dict(self.__dict__)))
-
-
-class SlotError(_Hinted, PgcdcError):
+class SlotError(HintedError):
     """A replication slot that cannot be used as asked. ``kind`` names the case (it is the
     ``error`` field of the sensor's failure event), ``hint`` what to do about it."""
 
     kind = "slot_error"
 
     def __init__(self, message: str, *, slot: str | None = None, hint: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, hint=hint)
         self.slot = slot
-        self.hint = hint
 
 
 class SlotMissing(SlotError):
@@ -164,35 +149,28 @@ class SlotMismatch(SlotError):
     kind = "slot_mismatch"
 
 
-class PublicationMissing(_Hinted, PublicationNotFound):
+class PublicationMissing(HintedError, PublicationNotFound):
     """The publication the slot is to stream does not exist in the slot's database."""
 
     kind = "publication_missing"
 
     def __init__(self, message: str, *, publication: str | None = None, hint: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, hint=hint)
         self.publication = publication
-        self.hint = hint
 
 
-class PublicationConflict(_Hinted, CatalogError):
+class PublicationConflict(HintedError, CatalogError):
     """The publication exists in a shape that ``ensure_publication`` cannot reach without
     dropping something (e.g. it lists tables and ``FOR ALL TABLES`` was asked)."""
 
     kind = "publication_conflict"
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
-class UnsupportedFeature(_Hinted, PgcdcError, ValueError):
+class UnsupportedFeature(HintedError, ValueError):
     """A feature the server's PostgreSQL version does not have (column lists and row
     filters need 15, failover slots 17)."""
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 def _resnapshot_hint(slot: str) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.pg.slots import PendingClock, PublicationMissing, SlotError
 from airflow_pgcdc.triggers.changes import (
@@ -48,7 +48,7 @@ from airflow_pgcdc.triggers.changes import (
 RETRYABLE = frozenset({"slot_in_use", "connection"})
 
 
-class PgcdcSlotError(AirflowException, PgcdcError):
+class PgcdcSlotError(AirflowException, HintedError):
     """The sensor cannot wait on the slot. ``kind``: ``slot_lost``, ``slot_missing``,
     ``slot_in_use``, ``slot_mismatch``, ``publication_missing`` or ``connection``."""
 
@@ -59,15 +59,6 @@ class PgcdcSlotError(AirflowException, PgcdcError):
         self.hint = hint
         self.slot = slot
 
-    def __reduce__(self):
-        return (_rebuild, (type(self), str(self), dict(self.__dict__)))
-
-
-def _rebuild(cls, text, attrs):
-    err = cls.__new__(cls)
-    Exception.__init__(err, text)
-    err.__dict__.update(attrs)
-    return err
 
 
 class PgcdcSlotBusy(PgcdcSlotError):

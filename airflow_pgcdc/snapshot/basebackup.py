@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_pgcdc.errors import InvalidFieldValue, PgcdcError, UnexpectedMessage
+from airflow_pgcdc.errors import HintedError, InvalidFieldValue, PgcdcError, UnexpectedMessage
 from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.pg.replication import BackupResult, ReplicationConnection
 from airflow_pgcdc.protocol import commands
@@ -95,7 +95,7 @@ _CONTENT_TYPES = {
 # --------------------------------------------------------------------------- errors
 
 
-class BaseBackupError(PgcdcError):
+class BaseBackupError(HintedError):
     """A base backup to S3 failed.
 
     ``backup_id``, ``url`` (the backup's ``s3://…/`` prefix), ``stage`` (what was being
@@ -121,8 +121,7 @@ class BaseBackupError(PgcdcError):
         self.stage = stage
         self.cause = cause
         self.cleanup = cleanup
-        self.hint = hint
-        super().__init__(self._render())
+        super().__init__(self._render(), hint=hint)
 
     def _render(self) -> str:
         first, _, rest = self.reason.partition("\n")
@@ -132,15 +131,6 @@ class BaseBackupError(PgcdcError):
             text += f" ({self.cleanup})"
         return text + ("\n" + rest if rest else "")
 
-    def __reduce__(self):  # keep the keyword fields across pickling (Airflow, multiprocessing)
-        return (
-            _rebuild,
-            (type(self), self.reason, self.backup_id, self.url, self.stage, self.cleanup, self.hint),
-        )
-
-
-def _rebuild(cls, reason, backup_id, url, stage, cleanup, hint):
-    return cls(reason, backup_id=backup_id, url=url, stage=stage, cleanup=cleanup, hint=hint)
 
 
 class BaseBackupServerError(BaseBackupError):

@@ -86,15 +86,6 @@ class StoreError(PgcdcError):
         tail = f" [{self.code}]" if self.code else ""
         return f"{head}: {self.reason}{tail}" if head else f"{self.reason}{tail}"
 
-    def __reduce__(self):  # keep the keyword fields across pickling (Spark, multiprocessing)
-        return (
-            _rebuild_store_error,
-            (type(self), self.reason, self.bucket, self.key, self.operation, self.code),
-        )
-
-
-def _rebuild_store_error(cls, reason, bucket, key, operation, code):
-    return cls(reason, bucket=bucket, key=key, operation=operation, code=code)
 
 
 class InvalidS3Url(StoreError, ValueError):

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.errors import HintedError
 
 __all__ = [
     "MAKE_HINT",
@@ -50,15 +50,12 @@ __all__ = [
 MAKE_HINT = "run `make test` (or `make setup`), which installs PostgreSQL 15, pglogical and wal2json"
 
 
-class SandboxError(PgcdcError):
+class SandboxError(HintedError):
     """A local server could not be started, reached or stopped.
 
     ``hint`` says what the user can do about it (shown by the CLI).
     """
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 _reserved_ports: set[int] = set()
