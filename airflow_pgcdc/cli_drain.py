@@ -26,7 +26,8 @@ def register(subparsers) -> None:
     p.add_argument("--slot", required=True, help="logical replication slot (pgoutput)")
     p.add_argument("--publication", required=True, action="append",
                    help="publication to stream (repeat for several)")
-    p.add_argument("--to", required=True, metavar="S3URL", help="s3://bucket/prefix")
+    p.add_argument("--store", "--to", dest="store", required=True, metavar="S3URL",
+                   help="the change store: s3://bucket/prefix (--to: its 0.1 name)")
     p.add_argument("--until-lsn", metavar="LSN", help="window end (X/Y); default pg_current_wal_insert_lsn()")
     p.add_argument("--max-bytes", type=int, help="end the window after this many bytes of changes")
     p.add_argument("--max-rows", type=int, help="end the window after this many change rows")
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 def _drain(args: argparse.Namespace, drain_window):
     return drain_window(
         args.dsn,
-        args.to,
+        args.store,
         slot=args.slot,
         publications=args.publication,
         until_lsn=args.until_lsn,

@@ -24,7 +24,8 @@ def register(subparsers) -> None:
             "bytes) as JSON; exits 1 naming the tables that failed."
         ),
     )
-    p.add_argument("--from", dest="source", required=True, metavar="S3URL", help="the store: s3://bucket/prefix")
+    p.add_argument("--store", "--from", dest="store", required=True, metavar="S3URL",
+                   help="the change store: s3://bucket/prefix (--from: its 0.1 name)")
     p.add_argument("--slot", required=True, help="the pipeline's replication slot")
     p.add_argument("--delta", required=True, metavar="URL", help="the Delta root (as given to pgcdc merge)")
     p.add_argument("--tables", nargs="+", metavar="SCHEMA.TABLE", help="only these tables' Delta tables "
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise argparse.ArgumentTypeError("--retention-hours must be 0 or more")
     try:
         result = maintain_slot(
-            source=args.source, slot=args.slot, delta=args.delta, tables=args.tables,
+            source=args.store, slot=args.slot, delta=args.delta, tables=args.tables,
             retention_hours=args.retention_hours, zorder=args.zorder,
             target_size=target_bytes(args.target_file_mb) if args.target_file_mb else DEFAULT_TARGET_SIZE, dry_run=args.dry_run, windows=args.windows,
         )

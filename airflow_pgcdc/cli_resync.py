@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     add_dsn_argument(p, "of the source database")
     p.add_argument("--slot", required=True, help="the pipeline's replication slot")
     p.add_argument("--publication", required=True, help="the publication the pipeline's drains use")
-    p.add_argument("--to", required=True, metavar="S3URL", help="the pipeline's store: s3://bucket/prefix")
+    p.add_argument("--store", "--to", dest="store", required=True, metavar="S3URL",
+                   help="the pipeline's change store: s3://bucket/prefix (--to: its 0.1 name)")
     p.add_argument("--tables", nargs="+", required=True, metavar="SCHEMA.TABLE", help="the tables to copy")
     p.add_argument("--workers", type=int, default=4, help="parallel COPY sessions (default 4)")
     p.add_argument("--rows-per-part", type=int, default=1_000_000, help="rows per Parquet part (default 1000000)")
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     done = resync_tables(
-        args.dsn, args.to, slot=args.slot, publication=args.publication, tables=args.tables,
+        args.dsn, args.store, slot=args.slot, publication=args.publication, tables=args.tables,
         workers=args.workers, rows_per_part=args.rows_per_part,
     )
     out = json.loads(done.manifest.to_json())

@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     add_dsn_argument(p, 'of the source database')
     p.add_argument("--slot", required=True, help="logical replication slot to create")
     p.add_argument("--publication", help="copy this publication's tables (column lists and row filters honoured)")
-    p.add_argument("--to", required=True, metavar="S3URL", help="s3://bucket/prefix")
+    p.add_argument("--store", "--to", dest="store", required=True, metavar="S3URL",
+                   help="the change store: s3://bucket/prefix (--to: its 0.1 name)")
     p.add_argument("--tables", nargs="+", metavar="SCHEMA.TABLE", help="copy these tables (default: the publication's)")
     p.add_argument("--workers", type=int, default=4, help="parallel COPY sessions (default 4)")
     p.add_argument("--rows-per-part", type=int, default=1_000_000, help="rows per Parquet part (default 1000000)")
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     manifest = snapshot_to_s3(
         args.dsn,
-        args.to,
+        args.store,
         slot=args.slot,
         publication=args.publication,
         tables=args.tables,

@@ -67,7 +67,7 @@ with DAG(
 
     resync = PgcdcResyncOperator(
         task_id="resync",
-        to="{{ params.store }}",
+        store="{{ params.store }}",
         slot="{{ params.slot }}",
         publication="{{ params.publication }}",
         tables="{{ params.tables }}",
@@ -76,7 +76,7 @@ with DAG(
     )
     merge_resynced = PgcdcSparkMergeOperator(
         task_id="merge_resynced",
-        source="{{ params.store }}",
+        store="{{ params.store }}",
         slot="{{ params.slot }}",
         delta="{{ params.delta }}",
         tables="{{ params.tables }}",
@@ -85,7 +85,7 @@ with DAG(
     )
     rebuild = PgcdcSparkMergeOperator(
         task_id="rebuild",
-        source="{{ params.store }}",
+        store="{{ params.store }}",
         slot="{{ params.slot }}",
         delta=REBUILT,
         tables="{{ params.tables }}",

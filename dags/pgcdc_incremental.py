@@ -68,7 +68,7 @@ with DAG(
     )
     drain = PgcdcDrainOperator(
         task_id="drain",
-        to="{{ params.store }}",
+        store="{{ params.store }}",
         slot="{{ params.slot }}",
         publication="{{ params.publication }}",
         sensor_task_id="wait_for_changes",
@@ -80,7 +80,7 @@ with DAG(
     )
     merge = PgcdcSparkMergeOperator(
         task_id="merge",
-        source="{{ params.store }}",
+        store="{{ params.store }}",
         slot="{{ params.slot }}",
         delta="{{ params.delta }}",
         aws_conn_id=AWS_CONN_ID,

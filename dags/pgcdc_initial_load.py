@@ -50,7 +50,7 @@ with DAG(
 
     snapshot = PgcdcSnapshotOperator(
         task_id="snapshot",
-        to="{{ params.store }}",
+        store="{{ params.store }}",
         slot="{{ params.slot }}",
         publication="{{ params.publication }}",
         workers="{{ params.workers }}",
@@ -60,7 +60,7 @@ with DAG(
 
     bootstrap = PgcdcSparkMergeOperator(
         task_id="bootstrap",
-        source="{{ params.store }}",
+        store="{{ params.store }}",
         slot="{{ params.slot }}",
         delta="{{ params.delta }}",
         aws_conn_id=AWS_CONN_ID,

@@ -38,7 +38,7 @@ with DAG(
 ) as dag:
     PgcdcMaintainOperator(
         task_id="maintain",
-        source="{{ params.store }}",
+        store="{{ params.store }}",
         slot="{{ params.slot }}",
         delta="{{ params.delta }}",
         retention_hours="{{ params.retention_hours }}",

@@ -29,8 +29,8 @@ def parse_keys(items: list[str] | None) -> dict[str, list[str]]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--from", dest="source", required=True, metavar="S3URL",
-                   help="the change store: s3://bucket/prefix (as given to snapshot and drain)")
+    p.add_argument("--store", "--from", dest="store", required=True, metavar="S3URL",
+                   help="the change store: s3://bucket/prefix (as given to snapshot and drain; --from: its 0.1 name)")
     p.add_argument("--slot", required=True, help="the replication slot whose snapshot and windows to merge")
     p.add_argument("--delta", required=True, metavar="S3URL",
                    help="where the Delta tables live: s3://bucket/lake (one table per source table)")
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace, spark=None) -> dict:
         if master and not master.startswith("local"):
             ship_package(spark)
     result = merge_slot(
-        spark, source=args.source, slot=args.slot, delta=args.delta, tables=args.tables,
+        spark, source=args.store, slot=args.slot, delta=args.delta, tables=args.tables,
         keys=parse_keys(args.key), max_windows=args.max_windows, engine=args.engine,
         history=args.history, reader=args.reader, target_file_mb=getattr(args, "target_file_mb", None),
     )

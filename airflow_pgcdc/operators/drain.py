@@ -9,6 +9,7 @@ from airflow.sdk import Asset, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
+from airflow_pgcdc.operators.renamed import renamed_argument
 
 
 def changes_asset(to: str, slot: str) -> Asset:
@@ -32,10 +33,10 @@ class PgcdcDrainOperator(BaseOperator):
 
     ``window_seq`` is ``None`` when there was nothing to drain. A committed window emits an
     Asset event on ``s3://bucket/prefix/<slot>/changes`` (extra: window_seq, end_lsn,
-    rows; through the AssetAlias ``pgcdc-changes[-<slot>]`` when ``to`` or ``slot`` is
+    rows; through the AssetAlias ``pgcdc-changes[-<slot>]`` when ``store`` or ``slot`` is
     templated, see :mod:`airflow_pgcdc.operators.assets`).
 
-    :param to: ``s3://bucket/prefix`` (templated)
+    :param store: ``s3://bucket/prefix`` (templated)
     :param slot: the logical replication slot (pgoutput) (templated)
     :param publication: publication name, or a list of names (templated)
     :param until_lsn: window end ``X/Y`` (templated)
@@ -52,13 +53,13 @@ class PgcdcDrainOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("to", "slot", "publication", "until_lsn")
+    template_fields: Sequence[str] = ("store", "slot", "publication", "until_lsn")
     ui_color = "#d5f5e3"
 
     def __init__(
         self,
         *,
-        to: str,
+        store: str | None = None,
         slot: str,
         publication: str | Sequence[str],
         until_lsn: str | None = None,
@@ -75,10 +76,11 @@ class PgcdcDrainOperator(BaseOperator):
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        store = renamed_argument(kwargs, "to", "store", store, "PgcdcDrainOperator")
         if "outlets" not in kwargs:
-            kwargs["outlets"] = default_outlets("changes", to, slot, changes_asset)
+            kwargs["outlets"] = default_outlets("changes", store, slot, changes_asset)
         super().__init__(**kwargs)
-        self.to = to
+        self.store = store
         self.slot = slot
         self.publication = publication
         self.until_lsn = until_lsn
@@ -114,7 +116,7 @@ class PgcdcDrainOperator(BaseOperator):
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
         publications = [self.publication] if isinstance(self.publication, str) else list(self.publication)
         until = self._window_end(context)
-        self.log.info("drain of slot %s (%s) into %s, window end %s", self.slot, hook.safe_dsn(), self.to,
+        self.log.info("drain of slot %s (%s) into %s, window end %s", self.slot, hook.safe_dsn(), self.store,
                       until or "current WAL insert position")
         try:
             result = self._drain(drain_window, hook, publications, until)
@@ -124,7 +126,7 @@ class PgcdcDrainOperator(BaseOperator):
         self.log.info("window %s [%s, %s): %s transactions, %s rows, %s bytes", out["window_seq"],
                       out["start_lsn"], out["end_lsn"], out["transactions"], out["rows"], out["bytes"])
         if result.window_seq is not None:
-            emit(self, context, changes_asset(self.to, self.slot), {
+            emit(self, context, changes_asset(self.store, self.slot), {
                 "window_seq": result.window_seq, "end_lsn": str(result.end_lsn), "rows": result.rows,
             })
         return out
@@ -132,7 +134,7 @@ class PgcdcDrainOperator(BaseOperator):
     def _drain(self, drain_window, hook: PgcdcHook, publications: list[str], until: str | None):
         return drain_window(
             hook.get_dsn(),
-            self.to,
+            self.store,
             slot=self.slot,
             publications=publications,
             until_lsn=until,

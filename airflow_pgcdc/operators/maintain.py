@@ -9,6 +9,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.operators.renamed import renamed_argument
 
 
 class PgcdcMaintainOperator(BaseOperator):
@@ -22,7 +23,7 @@ class PgcdcMaintainOperator(BaseOperator):
     others. Run it at most once at a time per slot (``max_active_runs=1`` or a pool of one
     slot): two at once are safe for the Delta tables (conflict checks) but waste work.
 
-    :param source: the store, ``s3://bucket/prefix`` (templated)
+    :param store: the store, ``s3://bucket/prefix`` (templated)
     :param slot: the pipeline's replication slot (templated)
     :param delta: the Delta root (templated)
     :param tables: only these ``schema.table`` Delta tables (templated; default all)
@@ -33,13 +34,13 @@ class PgcdcMaintainOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("source", "slot", "delta", "tables", "retention_hours", "zorder")
+    template_fields: Sequence[str] = ("store", "slot", "delta", "tables", "retention_hours", "zorder")
     ui_color = "#e8f6f3"
 
     def __init__(
         self,
         *,
-        source: str,
+        store: str | None = None,
         slot: str,
         delta: str,
         tables: Sequence[str] | str | None = None,
@@ -49,8 +50,9 @@ class PgcdcMaintainOperator(BaseOperator):
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        store = renamed_argument(kwargs, "source", "store", store, "PgcdcMaintainOperator")
         super().__init__(**kwargs)
-        self.source = source
+        self.store = store
         self.slot = slot
         self.delta = delta
         self.tables = tables
@@ -67,7 +69,7 @@ class PgcdcMaintainOperator(BaseOperator):
         retention = None if self.retention_hours in (None, "") else float(self.retention_hours)
         try:
             result = maintain_slot(
-                source=self.source, slot=self.slot, delta=self.delta, tables=tables,
+                source=self.store, slot=self.slot, delta=self.delta, tables=tables,
                 retention_hours=retention, zorder=self.zorder in (True, "True", "true", "1"), dry_run=self.dry_run, settings=settings,
             ).to_dict()
         except TablesFailed as e:

@@ -49,6 +49,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators import assets
+from airflow_pgcdc.operators.renamed import renamed_argument
 
 __all__ = [
     "MERGED_ACTIONS",
@@ -112,7 +113,7 @@ def delta_alias(slot: str | None = None) -> AssetAlias:
 
 def merge_application_args(
     *,
-    source: str,
+    store: str,
     slot: str,
     delta: str,
     tables: Sequence[str] | None = None,
@@ -121,9 +122,10 @@ def merge_application_args(
     history: str | None = None,
     engine: str | None = None,
     reader: str | None = None,
+    target_file_mb: float | None = None,
 ) -> list[str]:
     """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`)."""
-    args = ["--from", source, "--slot", slot, "--delta", delta]
+    args = ["--store", store, "--slot", slot, "--delta", delta]
     for flag, value in (("--history", history), ("--engine", engine), ("--reader", reader)):
         if value:
             args += [flag, value]
@@ -136,6 +138,10 @@ def merge_application_args(
         args += ["--key", f"{table}={','.join(cols)}"]
     if max_windows is not None:
         args += ["--max-windows", str(max_windows)]
+    if target_file_mb is not None:
+        if not float(target_file_mb) > 0:
+            raise ValueError(f"target_file_mb must be positive, got {target_file_mb!r}")
+        args += ["--target-file-mb", f"{float(target_file_mb):g}"]
     return args
 
 
@@ -265,7 +271,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         merge = PgcdcSparkMergeOperator(task_id="merge", ..., on_failed_tables="succeed")
         merge >> PgcdcMergeCheckOperator(task_id="merge_check", merge_task_id="merge")
 
-    :param source: the change store, ``s3://bucket/prefix`` (templated)
+    :param store: the change store, ``s3://bucket/prefix`` (templated)
     :param slot: the replication slot (templated)
     :param delta: the Delta root, ``s3://bucket/lake`` (templated)
     :param tables: only these ``schema.table`` (templated; a list, or one string of
@@ -278,6 +284,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         hadoop-aws jars: found by the job itself after ``make setup``, see
         :mod:`airflow_pgcdc.merge.jars`, or given by the cluster)
     :param reader: ``python`` (default) or ``s3a`` (templated; Spark's Parquet reader, needs hadoop-aws)
+    :param target_file_mb: data file size when a table is bootstrapped or replaced by a
+        resync, rows sorted by the key (``--target-file-mb``; default the job's, 32 MB)
     :param aws_conn_id: Airflow ``aws`` connection for S3 (login = access key id,
         password = secret key, extras ``endpoint_url``, ``region_name``); ``None``: the
         worker's environment (boto3's conventions) is inherited by spark-submit
@@ -302,7 +310,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     """
 
     template_fields: Sequence[str] = (
-        *SparkSubmitOperator.template_fields, "source", "slot", "delta", "tables", "max_windows",
+        *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "max_windows",
         "history", "engine", "reader",
     )
     ui_color = "#fdebd0"
@@ -310,7 +318,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     def __init__(
         self,
         *,
-        source: str,
+        store: str | None = None,
         slot: str,
         delta: str,
         tables: Sequence[str] | str | None = None,
@@ -319,6 +327,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         history: str | None = None,
         engine: str | None = None,
         reader: str | None = None,
+        target_file_mb: float | None = None,
         aws_conn_id: str | None = None,
         conn_id: str = "spark_default",
         py_files_dir: str | None = None,
@@ -327,6 +336,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         name: str = "pgcdc-merge",
         **kwargs: Any,
     ) -> None:
+        store = renamed_argument(kwargs, "source", "store", store, "PgcdcSparkMergeOperator")
         if on_failed_tables not in ON_FAILED_TABLES:
             raise ValueError(f"on_failed_tables must be one of {', '.join(ON_FAILED_TABLES)}, got {on_failed_tables!r}")
         given = [k for k in _OWNED if k in kwargs]
@@ -343,7 +353,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             name=name,
             **kwargs,
         )
-        self.source = source
+        self.store = store
         self.slot = slot
         self.delta = delta
         self.tables = tables
@@ -352,10 +362,12 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.history = history
         self.engine = engine
         self.reader = reader
+        self.target_file_mb = target_file_mb
         self.aws_conn_id = aws_conn_id
         self.py_files_dir = py_files_dir
         self.on_failed_tables = on_failed_tables
-        merge_application_args(source=source, slot=slot, delta=delta, keys=self.keys)  # bad keys fail at parse time
+        # bad keys or file size fail at parse time
+        merge_application_args(store=store, slot=slot, delta=delta, keys=self.keys, target_file_mb=target_file_mb)
 
     # ------------------------------------------------------------------ building
 
@@ -431,11 +443,12 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         from airflow_pgcdc.merge.session import build_py_files
 
         self.application_args = merge_application_args(
-            source=self.source, slot=self.slot, delta=self.delta, tables=self._tables(),
+            store=self.store, slot=self.slot, delta=self.delta, tables=self._tables(),
             keys=self.keys, max_windows=self._max_windows(),
             history=None if self.history in (None, "", "None") else self.history,
             engine=None if self.engine in (None, "", "None") else self.engine,
             reader=None if self.reader in (None, "", "None") else self.reader,
+            target_file_mb=self.target_file_mb,
         )
         user_jars = self.jars
         self.jars = self._merge_jars()
@@ -444,7 +457,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             zip_path = build_py_files(self.py_files_dir or tmp)
             self.py_files = ",".join([zip_path, *user_py_files])
             self.log.info("merge of slot %s from %s into %s (tables %s, max windows %s)", self.slot,
-                          self.source, self.delta, self._tables() or "all", self._max_windows() or "all")
+                          self.store, self.delta, self._tables() or "all", self._max_windows() or "all")
             submit_error: Exception | None = None
             try:
                 super().execute(context)

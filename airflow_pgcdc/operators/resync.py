@@ -10,6 +10,7 @@ from airflow.sdk import Asset, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
+from airflow_pgcdc.operators.renamed import renamed_argument
 
 
 def resync_asset(to: str, slot: str) -> Asset:
@@ -26,7 +27,7 @@ class PgcdcResyncOperator(BaseOperator):
     "tables": {"schema.table": {"rows", "parts"}}}`` and an Asset event on
     ``s3://bucket/prefix/<slot>/resync`` with ``{consistent_point, tables}`` as extra.
 
-    :param to: the pipeline's store, ``s3://bucket/prefix`` (templated)
+    :param store: the pipeline's store, ``s3://bucket/prefix`` (templated)
     :param slot: the pipeline's replication slot (templated)
     :param publication: the publication the drains use; the tables must be in it (templated)
     :param tables: ``["schema.table", ...]`` (templated)
@@ -35,13 +36,13 @@ class PgcdcResyncOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("to", "slot", "publication", "tables", "workers")
+    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers")
     ui_color = "#d6eaf8"
 
     def __init__(
         self,
         *,
-        to: str,
+        store: str | None = None,
         slot: str,
         publication: str,
         tables: Sequence[str] | str,
@@ -51,10 +52,11 @@ class PgcdcResyncOperator(BaseOperator):
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        store = renamed_argument(kwargs, "to", "store", store, "PgcdcResyncOperator")
         if "outlets" not in kwargs:
-            kwargs["outlets"] = default_outlets("resync", to, slot, resync_asset)
+            kwargs["outlets"] = default_outlets("resync", store, slot, resync_asset)
         super().__init__(**kwargs)
-        self.to = to
+        self.store = store
         self.slot = slot
         self.publication = publication
         self.tables = tables
@@ -68,9 +70,9 @@ class PgcdcResyncOperator(BaseOperator):
 
         tables = [self.tables] if isinstance(self.tables, str) else list(self.tables or ())
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
-        self.log.info("resync of %s from %s into %s, slot %s", tables, hook.safe_dsn(), self.to, self.slot)
+        self.log.info("resync of %s from %s into %s, slot %s", tables, hook.safe_dsn(), self.store, self.slot)
         done = resync_tables(
-            hook.get_dsn(), self.to, slot=self.slot, publication=self.publication, tables=tables,
+            hook.get_dsn(), self.store, slot=self.slot, publication=self.publication, tables=tables,
             workers=int(self.workers), rows_per_part=self.rows_per_part, s3_client=hook.s3_client(),
         )
         m = done.manifest
@@ -82,7 +84,7 @@ class PgcdcResyncOperator(BaseOperator):
             "rows": m.rows,
             "tables": {f"{t.schema}.{t.table}": {"rows": t.rows, "parts": len(t.parts)} for t in m.tables},
         }
-        emit(self, context, resync_asset(self.to, self.slot), {
+        emit(self, context, resync_asset(self.store, self.slot), {
             "consistent_point": m.consistent_point, "tables": sorted(result["tables"]),
         })
         return result

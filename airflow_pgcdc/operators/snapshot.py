@@ -11,6 +11,7 @@ from airflow.sdk import Asset, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
+from airflow_pgcdc.operators.renamed import renamed_argument
 
 
 def snapshot_asset(to: str, slot: str) -> Asset:
@@ -29,10 +30,10 @@ class PgcdcSnapshotOperator(BaseOperator):
 
     and an Asset event on ``s3://bucket/prefix/<slot>/snapshot`` with
     ``{snapshot_id, consistent_point, rows}`` as extra (through the AssetAlias
-    ``pgcdc-snapshot[-<slot>]`` when ``to`` or ``slot`` is templated; see
+    ``pgcdc-snapshot[-<slot>]`` when ``store`` or ``slot`` is templated; see
     :mod:`airflow_pgcdc.operators.assets`).
 
-    :param to: ``s3://bucket/prefix`` (templated)
+    :param store: ``s3://bucket/prefix`` (templated)
     :param slot: replication slot to create (templated)
     :param publication: copy its tables (templated); or ``tables``
     :param tables: ``["schema.table", ...]`` (templated)
@@ -43,13 +44,13 @@ class PgcdcSnapshotOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("to", "slot", "publication", "tables", "workers")
+    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers")
     ui_color = "#d6eaf8"
 
     def __init__(
         self,
         *,
-        to: str,
+        store: str | None = None,
         slot: str,
         publication: str | None = None,
         tables: Sequence[str] | None = None,
@@ -60,10 +61,11 @@ class PgcdcSnapshotOperator(BaseOperator):
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        store = renamed_argument(kwargs, "to", "store", store, "PgcdcSnapshotOperator")
         if "outlets" not in kwargs:
-            kwargs["outlets"] = default_outlets("snapshot", to, slot, snapshot_asset)
+            kwargs["outlets"] = default_outlets("snapshot", store, slot, snapshot_asset)
         super().__init__(**kwargs)
-        self.to = to
+        self.store = store
         self.slot = slot
         self.publication = publication
         self.tables = list(tables) if tables else None
@@ -78,10 +80,10 @@ class PgcdcSnapshotOperator(BaseOperator):
         from airflow_pgcdc.store.layout import Layout
 
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
-        self.log.info("snapshot of %s into %s, slot %s", hook.safe_dsn(), self.to, self.slot)
+        self.log.info("snapshot of %s into %s, slot %s", hook.safe_dsn(), self.store, self.slot)
         manifest = snapshot_to_s3(
             hook.get_dsn(),
-            self.to,
+            self.store,
             slot=self.slot,
             publication=self.publication,
             tables=self.tables,
@@ -90,7 +92,7 @@ class PgcdcSnapshotOperator(BaseOperator):
             two_phase=self.two_phase,
             s3_client=hook.s3_client(),
         )
-        layout = Layout.parse(self.to)
+        layout = Layout.parse(self.store)
         result = {
             "snapshot_id": manifest.snapshot_id,
             "slot": manifest.slot,
@@ -106,7 +108,7 @@ class PgcdcSnapshotOperator(BaseOperator):
                 for t in manifest.tables
             },
         }
-        emit(self, context, snapshot_asset(self.to, self.slot), {
+        emit(self, context, snapshot_asset(self.store, self.slot), {
             "snapshot_id": manifest.snapshot_id,
             "consistent_point": manifest.consistent_point,
             "rows": manifest.rows,

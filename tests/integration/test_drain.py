@@ -341,7 +341,7 @@ with DAG("pgcdc_test_drain", schedule=None, start_date=datetime.datetime(2024, 1
     w = wait()
     d = PgcdcDrainOperator(
         task_id="drain",
-        to="{{ dag_run.conf['to'] }}",
+        store="{{ dag_run.conf['to'] }}",
         slot="{{ dag_run.conf['slot'] }}",
         publication="pub",
         sensor_task_id="wait",

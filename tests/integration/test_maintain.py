@@ -204,7 +204,7 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
     # maintain again: the windows expired before are skipped, the merged ones now expire
     from airflow_pgcdc.operators.maintain import PgcdcMaintainOperator
 
-    out2 = PgcdcMaintainOperator(task_id="maintain", source=src, slot=slot, delta=lake,
+    out2 = PgcdcMaintainOperator(task_id="maintain", store=src, slot=slot, delta=lake,
                                  retention_hours="0").execute({})
     assert out2["windows"]["expired"] == [[merges, last]], out2["windows"]
     assert_equal(db, lake)

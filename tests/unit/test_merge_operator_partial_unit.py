@@ -91,7 +91,7 @@ class _TI:
 
 
 def test_fail_mode_fails_naming_the_tables_and_pushes_the_result(failing_spark):
-    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake")
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake")
     events, ti = _Events(), _TI()
     with pytest.raises(PgcdcTablesFailed, match=r"public\.bad: MergeError: columns Name") as e:
         op.execute({"outlet_events": events, "ti": ti})
@@ -101,7 +101,7 @@ def test_fail_mode_fails_naming_the_tables_and_pushes_the_result(failing_spark):
 
 
 def test_succeed_mode_emits_the_moved_tables_events(failing_spark):
-    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake",
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
                                  on_failed_tables="succeed")
     events = _Events()
     assert op.execute({"outlet_events": events, "ti": _TI()}) == RESULT
@@ -112,7 +112,7 @@ def test_succeed_mode_emits_the_moved_tables_events(failing_spark):
 def test_exit_1_without_failed_tables_is_the_submit_error(failing_spark):
     ok = {**RESULT, "tables": [RESULT["tables"][0]]}
     (failing_spark / "result.json").write_text(json.dumps(ok))
-    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake",
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
                                  on_failed_tables="succeed")
     with pytest.raises(Exception, match="Error code is: 1"):
         op.execute({"outlet_events": _Events(), "ti": _TI()})
@@ -120,7 +120,7 @@ def test_exit_1_without_failed_tables_is_the_submit_error(failing_spark):
 
 def test_bad_on_failed_tables_is_refused():
     with pytest.raises(ValueError, match="on_failed_tables must be one of fail, succeed"):
-        PgcdcSparkMergeOperator(task_id="m", source="s", slot="s", delta="d", on_failed_tables="ignore")
+        PgcdcSparkMergeOperator(task_id="m", store="s", slot="s", delta="d", on_failed_tables="ignore")
 
 
 def test_check_operator():

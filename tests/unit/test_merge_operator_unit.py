@@ -4,6 +4,7 @@ last two through a stand-in ``spark-submit`` script."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import stat
@@ -33,16 +34,16 @@ def test_application_args_parse_back_with_the_apps_own_parser():
     import argparse
 
     args = merge_application_args(
-        source="s3://b/cdc", slot="shop", delta="s3://b/lake", tables=["public.a", "s.b"],
+        store="s3://b/cdc", slot="shop", delta="s3://b/lake", tables=["public.a", "s.b"],
         keys={"public.a": ["k1", "k2"], "my.schema.t": ("id",)}, max_windows=3,
     )
-    assert args == ["--from", "s3://b/cdc", "--slot", "shop", "--delta", "s3://b/lake",
+    assert args == ["--store", "s3://b/cdc", "--slot", "shop", "--delta", "s3://b/lake",
                     "--tables", "public.a", "s.b", "--key", "public.a=k1,k2", "--key", "my.schema.t=id",
                     "--max-windows", "3"]
     p = argparse.ArgumentParser()
     add_arguments(p)
     ns = p.parse_args(args)
-    assert (ns.source, ns.slot, ns.delta, ns.tables, ns.max_windows) == (
+    assert (ns.store, ns.slot, ns.delta, ns.tables, ns.max_windows) == (
         "s3://b/cdc", "shop", "s3://b/lake", ["public.a", "s.b"], 3)
     assert parse_keys(ns.key) == {"public.a": ["k1", "k2"], "my.schema.t": ["id"]}
 
@@ -50,23 +51,23 @@ def test_application_args_parse_back_with_the_apps_own_parser():
 def test_application_args_history_engine_reader_parse_back():
     import argparse
 
-    args = merge_application_args(source="s3://b/p", slot="s", delta="s3://b/l", history="scd2",
+    args = merge_application_args(store="s3://b/p", slot="s", delta="s3://b/l", history="scd2",
                                   engine="delta-spark", reader="s3a")
     assert args[6:] == ["--history", "scd2", "--engine", "delta-spark", "--reader", "s3a"]
     p = argparse.ArgumentParser()
     add_arguments(p)
     ns = p.parse_args(args)
     assert (ns.history, ns.engine, ns.reader) == ("scd2", "delta-spark", "s3a")
-    ns = p.parse_args(merge_application_args(source="s3://b/p", slot="s", delta="s3://b/l"))
+    ns = p.parse_args(merge_application_args(store="s3://b/p", slot="s", delta="s3://b/l"))
     assert (ns.history, ns.engine, ns.reader) == (None, "delta-rs", "python"), "the app's defaults"
 
 
 def test_application_args_minimal_and_bad_keys():
-    assert merge_application_args(source="s3://b/p", slot="s", delta="s3://b/l") == [
-        "--from", "s3://b/p", "--slot", "s", "--delta", "s3://b/l"]
+    assert merge_application_args(store="s3://b/p", slot="s", delta="s3://b/l") == [
+        "--store", "s3://b/p", "--slot", "s", "--delta", "s3://b/l"]
     for bad in ([], ["a,b"], [""]):
         with pytest.raises(ValueError, match="keys"):
-            merge_application_args(source="s3://b/p", slot="s", delta="s3://b/l", keys={"t": bad})
+            merge_application_args(store="s3://b/p", slot="s", delta="s3://b/l", keys={"t": bad})
 
 
 def test_spark_conf_defaults_python_and_user_override():
@@ -99,19 +100,19 @@ def test_result_line():
 
 
 def test_operator_fields_conf_and_outlets():
-    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake",
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
                                  conf={"spark.executor.memory": "2g"}, py_files="/x/extra.zip")
     for f in ("source", "slot", "delta", "tables", "max_windows", "application_args", "conf", "env_vars"):
         assert f in op.template_fields
     assert Path(op.application).name == "spark_app.py" and Path(op.application).is_file()
     assert op.conf["spark.executor.memory"] == "2g" and op.conf["spark.sql.session.timeZone"] == "UTC"
     assert op.outlets == [AssetAlias(name="pgcdc-delta-shop")]
-    templated = PgcdcSparkMergeOperator(task_id="m2", source="s3://b/cdc", slot="{{ params.slot }}", delta="s3://b/l")
+    templated = PgcdcSparkMergeOperator(task_id="m2", store="s3://b/cdc", slot="{{ params.slot }}", delta="s3://b/l")
     assert templated.outlets == [delta_alias(None)] == [AssetAlias(name="pgcdc-delta")]
     with pytest.raises(TypeError, match="application_args"):
-        PgcdcSparkMergeOperator(task_id="m3", source="s", slot="s", delta="d", application_args=["x"])
+        PgcdcSparkMergeOperator(task_id="m3", store="s", slot="s", delta="d", application_args=["x"])
     with pytest.raises(ValueError, match="keys"):
-        PgcdcSparkMergeOperator(task_id="m4", source="s", slot="s", delta="d", keys={"t": []})
+        PgcdcSparkMergeOperator(task_id="m4", store="s", slot="s", delta="d", keys={"t": []})
 
 
 @pytest.mark.parametrize(("tables", "expect"), [
@@ -119,19 +120,19 @@ def test_operator_fields_conf_and_outlets():
     ("public.a s.b", ["public.a", "s.b"]), (["public.a"], ["public.a"]), ([], None),
 ])
 def test_rendered_tables(tables, expect):
-    op = PgcdcSparkMergeOperator(task_id="m", source="s", slot="s", delta="d", tables=tables)
+    op = PgcdcSparkMergeOperator(task_id="m", store="s", slot="s", delta="d", tables=tables)
     assert op._tables() == expect
 
 
 @pytest.mark.parametrize(("value", "expect"), [(None, None), ("None", None), ("", None), ("4", 4), (2, 2)])
 def test_rendered_max_windows(value, expect):
-    op = PgcdcSparkMergeOperator(task_id="m", source="s", slot="s", delta="d", max_windows=value)
+    op = PgcdcSparkMergeOperator(task_id="m", store="s", slot="s", delta="d", max_windows=value)
     assert op._max_windows() == expect
 
 
 def test_max_windows_must_be_positive():
     with pytest.raises(ValueError, match="at least 1"):
-        PgcdcSparkMergeOperator(task_id="m", source="s", slot="s", delta="d", max_windows="0")._max_windows()
+        PgcdcSparkMergeOperator(task_id="m", store="s", slot="s", delta="d", max_windows="0")._max_windows()
 
 
 # --------------------------------------------------------------------------- a stand-in spark-submit
@@ -194,7 +195,7 @@ class _Events(dict):
 def test_execute_submits_reads_the_result_and_emits_asset_events(fake_spark):
     declared = Asset(uri="s3://b/lake/public.b")
     op = PgcdcSparkMergeOperator(
-        task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake", tables="public.a,public.b",
+        task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake", tables="public.a,public.b",
         keys={"public.a": ["id"]}, max_windows="5", aws_conn_id="s3",
         outlets=[AssetAlias(name="lake"), declared], env_vars={"EXTRA": "1"},
     )
@@ -208,7 +209,7 @@ def test_execute_submits_reads_the_result_and_emits_asset_events(fake_spark):
     zip_path = args[args.index("--py-files") + 1]
     assert zip_path.endswith("/airflow_pgcdc.zip") and not Path(zip_path).exists()  # a per-run temp dir
     app = args.index(op.application)
-    assert args[app + 1:] == ["--from", "s3://b/cdc", "--slot", "shop", "--delta", "s3://b/lake",
+    assert args[app + 1:] == ["--store", "s3://b/cdc", "--slot", "shop", "--delta", "s3://b/lake",
                               "--tables", "public.a", "public.b", "--key", "public.a=id", "--max-windows", "5"]
     assert SECRET not in cmd and "AKIDEXAMPLE" not in cmd
     env = dict(line.split("=", 1) for line in (fake_spark / "env.txt").read_text().splitlines() if "=" in line)
@@ -228,26 +229,26 @@ def test_execute_submits_reads_the_result_and_emits_asset_events(fake_spark):
 
 def test_no_result_line_is_an_error(fake_spark):
     (fake_spark / "result.json").write_text("")  # the prefix alone, then nothing parseable
-    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake")
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake")
     with pytest.raises(RuntimeError, match="merge result is unknown: unreadable"):
         op.execute({"outlet_events": _Events()})
     script = fake_spark / "bin" / "spark-submit"
     script.write_text(script.read_text().replace(f"printf '{RESULT_PREFIX}'", "printf ''"))
     (fake_spark / "result.json").write_text("{}")
-    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake")
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake")
     with pytest.raises(RuntimeError, match="no PGCDC_MERGE_RESULT line"):
         op.execute({"outlet_events": _Events()})
 
 
 def test_failed_submit_fails_the_task(fake_spark, monkeypatch):
     monkeypatch.setenv("FAKE_EXIT", "1")
-    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake")
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake")
     with pytest.raises(Exception, match="Error code is: 1"):
         op.execute({"outlet_events": _Events()})
 
 
 def test_cluster_deploy_mode_is_refused(fake_spark):
-    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake",
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
                                  deploy_mode="cluster")
     with pytest.raises(ValueError, match="client deploy mode"):
         op.execute({"outlet_events": _Events()})
@@ -258,10 +259,23 @@ def test_spark_submit_beside_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("SPARK_HOME", raising=False)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
-    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/cdc", slot="shop", delta="s3://b/lake")
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake")
     hook = op._get_hook()
     beside = Path(sys.executable).parent / "spark-submit"
     if not beside.is_file():
         pytest.skip("pyspark installed no spark-submit beside this interpreter")
     assert hook._get_spark_binary_path() == [str(beside)]
     assert (Path(hook._env_vars["SPARK_HOME"]) / "bin" / "spark-class").is_file()
+
+
+def test_target_file_mb_reaches_the_job(fake_spark):
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake", target_file_mb=64)
+    op.execute({"outlet_events": _Events()})
+    args = (fake_spark / "args.txt").read_text().splitlines()
+    assert args[-2:] == ["--target-file-mb", "64"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(args[args.index(op.application) + 1:]).target_file_mb == 64.0
+    assert "--target-file-mb" not in merge_application_args(store="s", slot="s", delta="d")
+    with pytest.raises(ValueError, match="target_file_mb must be positive"):
+        PgcdcSparkMergeOperator(task_id="m2", store="s", slot="s", delta="d", target_file_mb=0)

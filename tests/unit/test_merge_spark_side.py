@@ -90,7 +90,7 @@ def test_the_operator_passes_the_jars_only_when_needed(engine, reader, packages,
         monkeypatch.setenv(jars.JARS_ENV, env)
     else:
         monkeypatch.delenv(jars.JARS_ENV, raising=False)
-    op = PgcdcSparkMergeOperator(task_id="m", source="s3://b/c", slot="s", delta="s3://b/l", engine=engine,
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/c", slot="s", delta="s3://b/l", engine=engine,
                                  reader=reader, packages=packages, jars="/mine.jar")
     got = op._merge_jars()
     assert got == ("/mine.jar,/j/delta.jar,/j/aws.jar" if expect else "/mine.jar")

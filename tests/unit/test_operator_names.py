@@ -1,5 +1,6 @@
-"""Every operator is named ``Pgcdc*``; the two that were not keep their old names for one
-release, as subclasses that warn (a DAG written against 0.1 still parses and runs)."""
+"""One vocabulary: every operator is named ``Pgcdc*`` and takes the change store as
+``store``. The 0.1 names (two operators, ``to=``/``source=``) keep working for one release,
+with a deprecation warning (a DAG written against 0.1 still parses and runs)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from airflow_pgcdc.operators.snapshot import PgcdcSnapshotOperator, PgSnapshotTo
 
 def test_old_names_warn_and_build_the_new_operators():
     with pytest.warns(AirflowProviderDeprecationWarning, match="PgSnapshotToS3Operator is now PgcdcSnapshotOperator"):
-        snap = PgSnapshotToS3Operator(task_id="snap", to="s3://b/p", slot="s", publication="pub", workers=2)
+        snap = PgSnapshotToS3Operator(task_id="snap", store="s3://b/p", slot="s", publication="pub", workers=2)
     assert isinstance(snap, PgcdcSnapshotOperator)
-    assert (snap.to, snap.slot, snap.publication, snap.workers) == ("s3://b/p", "s", "pub", 2)
+    assert (snap.store, snap.slot, snap.publication, snap.workers) == ("s3://b/p", "s", "pub", 2)
     with pytest.warns(AirflowProviderDeprecationWarning, match="PgBaseBackupToS3Operator is now PgcdcBaseBackupOperator"):
         backup = PgBaseBackupToS3Operator(task_id="bb", to="s3://b/backups", backup_id="b1")
     assert isinstance(backup, PgcdcBaseBackupOperator)
@@ -37,3 +38,45 @@ def test_every_operator_of_the_provider_is_named_pgcdc():
                     if issubclass(obj, BaseOperator) and obj.__module__ == module and "before 0.2" not in (obj.__doc__ or ""):
                         names.append(name)
     assert names and all(n.startswith("Pgcdc") for n in names), names
+
+
+@pytest.mark.parametrize("old", ["to", "source"])
+def test_the_store_under_its_old_names(old):
+    from airflow_pgcdc.operators.drain import PgcdcDrainOperator
+    from airflow_pgcdc.operators.maintain import PgcdcMaintainOperator
+    from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
+    from airflow_pgcdc.operators.resync import PgcdcResyncOperator
+
+    cases = {
+        "to": [(PgcdcSnapshotOperator, {"slot": "s", "publication": "p"}), (PgcdcDrainOperator, {"slot": "s", "publication": "p"}),
+               (PgcdcResyncOperator, {"slot": "s", "publication": "p", "tables": ["a.b"]})],
+        "source": [(PgcdcSparkMergeOperator, {"slot": "s", "delta": "s3://b/l"}), (PgcdcMaintainOperator, {"slot": "s", "delta": "s3://b/l"})],
+    }[old]
+    for cls, rest in cases:
+        with pytest.warns(AirflowProviderDeprecationWarning, match=rf"{cls.__name__}\({old}=...\) is now {cls.__name__}\(store=...\)"):
+            op = cls(task_id="t", **{old: "s3://b/cdc"}, **rest)
+        assert op.store == "s3://b/cdc" and "store" in cls.template_fields and old not in cls.template_fields
+        with pytest.raises(TypeError, match=f"give store= only \\({old}= is its former name\\)"):
+            cls(task_id="t2", store="s3://b/cdc", **{old: "s3://b/other"}, **rest)
+        with pytest.raises(TypeError, match="needs store="):
+            cls(task_id="t3", **rest)
+
+
+@pytest.mark.parametrize(
+    ("command", "old", "rest"),
+    [
+        ("snapshot", "--to", ["--slot", "s", "--publication", "p"]),
+        ("drain", "--to", ["--slot", "s", "--publication", "p"]),
+        ("resync", "--to", ["--slot", "s", "--publication", "p", "--tables", "a.b"]),
+        ("merge", "--from", ["--slot", "s", "--delta", "s3://b/l"]),
+        ("maintain", "--from", ["--slot", "s", "--delta", "s3://b/l"]),
+    ],
+)
+def test_cli_takes_the_store_as_store_and_under_its_old_flag(command, old, rest):
+    from airflow_pgcdc.cli import build_parser
+
+    parser = build_parser()
+    for flag in ("--store", old):
+        args = parser.parse_args([command, flag, "s3://b/cdc", *rest])
+        assert args.store == "s3://b/cdc", (command, flag)
+    assert "--store" in parser._subparsers._group_actions[0].choices[command].format_help()

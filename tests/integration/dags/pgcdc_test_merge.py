@@ -15,7 +15,7 @@ from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
 with DAG("pgcdc_test_merge", schedule=None, start_date=datetime.datetime(2024, 1, 1), catchup=False,
          render_template_as_native_obj=True) as dag:
     common = dict(
-        source="{{ dag_run.conf['source'] }}",
+        store="{{ dag_run.conf['source'] }}",
         slot="{{ dag_run.conf['slot'] }}",
         delta="{{ dag_run.conf['delta'] }}",
         tables="{{ dag_run.conf.get('tables') }}",

@@ -14,7 +14,7 @@ from airflow_pgcdc.operators.merge import PgcdcMergeCheckOperator, PgcdcSparkMer
 with DAG("pgcdc_test_merge_partial", schedule=None, start_date=datetime.datetime(2024, 1, 1), catchup=False,
          render_template_as_native_obj=True) as dag:
     common = dict(
-        source="{{ dag_run.conf['source'] }}",
+        store="{{ dag_run.conf['source'] }}",
         slot="{{ dag_run.conf['slot'] }}",
         aws_conn_id="pgcdc_s3",
         driver_memory="1g",

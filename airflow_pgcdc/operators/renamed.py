@@ -1,0 +1,29 @@
+"""Operator arguments renamed for one vocabulary (``store`` for the change store's URL, as
+the CLI's ``--store``): the old keyword keeps working for one release, with a warning."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from airflow.exceptions import AirflowProviderDeprecationWarning
+
+__all__ = ["renamed_argument"]
+
+
+def renamed_argument(kwargs: dict[str, Any], old: str, new: str, value: Any, owner: str) -> Any:
+    """``value`` (the argument ``new``), or the value given under its old name ``old``
+    (taken out of ``kwargs``, with an :class:`AirflowProviderDeprecationWarning`). Both, or
+    neither, is a :class:`TypeError` naming the operator."""
+    if old in kwargs:
+        if value is not None:
+            raise TypeError(f"{owner}: give {new}= only ({old}= is its former name)")
+        warnings.warn(
+            f"{owner}({old}=...) is now {owner}({new}=...); {old}= goes in the next release",
+            AirflowProviderDeprecationWarning,
+            stacklevel=3,
+        )
+        value = kwargs.pop(old)
+    if value is None:
+        raise TypeError(f"{owner} needs {new}= (the change store, s3://bucket/prefix)")
+    return value
