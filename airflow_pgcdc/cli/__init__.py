@@ -1,6 +1,7 @@
 """The ``pgcdc`` command.
 
-Subcommands live in their own modules, listed in :data:`COMMANDS`. To add one, write a
+Subcommands live in their own modules of this package (``cli/<command>.py``), listed in
+:data:`COMMANDS`. To add one, write a
 module with a function ``register(subparsers)`` that adds its parser(s) and sets a
 handler with ``parser.set_defaults(handler=fn)``; ``fn(args)`` returns an exit code
 (``None`` means 0). Then append the module's name to :data:`COMMANDS`.
@@ -31,16 +32,16 @@ from collections.abc import Sequence
 from airflow_pgcdc.errors import PgcdcError
 
 COMMANDS: list[str] = [
-    "airflow_pgcdc.cli_sandbox",
-    "airflow_pgcdc.peek",
-    "airflow_pgcdc.cli_basebackup",
-    "airflow_pgcdc.cli_snapshot",
-    "airflow_pgcdc.cli_resync",
-    "airflow_pgcdc.cli_drain",
+    "airflow_pgcdc.cli.sandbox",
+    "airflow_pgcdc.cli.peek",
+    "airflow_pgcdc.cli.basebackup",
+    "airflow_pgcdc.cli.snapshot",
+    "airflow_pgcdc.cli.resync",
+    "airflow_pgcdc.cli.drain",
     "airflow_pgcdc.cli_slots",
-    "airflow_pgcdc.cli_verify",
-    "airflow_pgcdc.cli_merge",
-    "airflow_pgcdc.cli_maintain",
+    "airflow_pgcdc.cli.verify",
+    "airflow_pgcdc.cli.merge",
+    "airflow_pgcdc.cli.maintain",
 ]
 
 PROG = "pgcdc"
@@ -161,6 +162,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     return 0 if code is None else int(code)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
