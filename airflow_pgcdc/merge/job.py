@@ -84,7 +84,8 @@ from airflow_pgcdc.store.window import REFUSED_FIELD, read_window, window_folder
 from airflow_pgcdc.testhooks import fault_point
 
 __all__ = [
-    "IncompatibleSchemaChange", "MergeResult", "PartitionsChanged", "TableResult", "TableRewritten", "merge_slot",
+    "IncompatibleSchemaChange", "MergeResult", "PartitionsChanged", "TableResult", "TableRewritten", "WindowsExpired",
+    "merge_slot",
 ]
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,29 @@ class NeedsSnapshot(MergeError):
     """A table has changes in the windows but no starting copy: it joined the publication
     after the pipeline's snapshot (or was left out of it). Merging its changes alone would
     make a partial Delta table."""
+
+
+class WindowsExpired(MergeError):
+    """A table needs the changes of windows whose parts ``pgcdc maintain`` removed (listed in
+    ``{slot}/maintain/expired.json``): its Delta table is missing, rebuilt from the snapshot
+    into a new root, or behind the expiry. Nothing of it is read or merged (a missing Parquet
+    file is never read, changes are never skipped). ``windows``: the expired windows it
+    needs, ``start_lsn``/``end_lsn``: their span."""
+
+    def __init__(self, message: str, *, hint: str | None = None, table: str = "",
+                 windows: Sequence[int] = (), start_lsn: str | None = None, end_lsn: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.table = table
+        self.windows = tuple(windows)
+        self.start_lsn = start_lsn
+        self.end_lsn = end_lsn
+
+    def __reduce__(self):
+        return (_rebuild_expired, (str(self), self.hint, self.table, self.windows, self.start_lsn, self.end_lsn))
+
+
+def _rebuild_expired(message, hint, table, windows, start_lsn, end_lsn):
+    return WindowsExpired(message, hint=hint, table=table, windows=windows, start_lsn=start_lsn, end_lsn=end_lsn)
 
 
 class PartitionsChanged(MergeError):
@@ -240,6 +264,7 @@ def merge_slot(
     _remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
     ctx.resyncs = committed_resyncs(client, layout, slot)
+    ctx.expired = _read_expired(ctx)
     manifests, wanted = _load_windows(ctx, snapshot, tables)
     result = MergeResult(slot=slot, source=source, delta=delta)
     try:
@@ -287,6 +312,8 @@ class _Context:
     target_file_mb: float = pruning.DEFAULT_TARGET_FILE_MB
     # the slot's committed resyncs (store/resyncs.py), oldest first
     resyncs: list = field(default_factory=list)
+    # windows whose parts pgcdc maintain removed ({slot}/maintain/expired.json)
+    expired: frozenset[int] = frozenset()
     # "schema.table" -> window N: no window up to N holds the table after its last merged
     # one (the tables index says so), so its merge starts after N (see _load_windows)
     anchors: dict[str, int] = field(default_factory=dict)
@@ -547,6 +574,10 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
             res.action = "resynced"
             dt = deltars.open_table(url, ctx.storage)
     elif dt is None and entry is not None:
+        # the windows the new table will need, before copying it for nothing
+        _check_expired(ctx, schema, table, select_windows(
+            manifests, after=ctx.after(name, None), consistent_point=snapshot.consistent_point,
+            limit=max_windows), None, url, None)
         res.bootstrap_rows = _bootstrap(ctx, snapshot, entry, url, _key_columns(name, entry, (), keys))
         res.action = "bootstrapped"
         dt = deltars.open_table(url, ctx.storage)
@@ -566,6 +597,7 @@ def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys
     copied_at = since if since is not None else (
         int(LSN.parse(snapshot.consistent_point)) if snapshot is not None and entry is main_entry else None)
     _check_partitions(ctx, schema, table, windows, entry, copied_at)
+    _check_expired(ctx, schema, table, windows, since, url, last_merged)
     # history first: its own app transaction, committed before the table's merge, so a
     # crash between the two leaves the history ahead, never behind
     if ctx.history == "changelog":
@@ -709,6 +741,71 @@ def _check_partitions(ctx: _Context, schema: str, table: str, windows, entry, co
                  "the root with its partitions now; the next merge replaces the Delta table from it and goes "
                  "on; the other tables are not affected)",
         )
+
+
+def _read_expired(ctx: _Context) -> frozenset[int]:
+    """The windows ``pgcdc maintain`` removed the parts of (``expired.json``; none when
+    there is no such file)."""
+    from airflow_pgcdc.maintain.store import read_expired
+
+    return frozenset(read_expired(ctx.client, ctx.layout, ctx.slot))
+
+
+def _ranges_text(seqs: Sequence[int]) -> str:
+    out: list[list[int]] = []
+    for s in sorted(seqs):
+        if out and out[-1][1] == s - 1:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def _check_expired(ctx: _Context, schema: str, table: str, windows, since: int | None, url: str,
+                   merged: int | None, *, history: str | None = None) -> None:
+    """Raise :class:`WindowsExpired` when one of ``windows`` whose change parts the table
+    needs was expired by ``pgcdc maintain``: its parts are gone, and merging without them
+    would skip changes. A window holding only a truncate of the table needs no part (the
+    truncate is in the manifest). With ``since`` (a resync's point), a window whose every
+    transaction committed before it is not needed (in the copy)."""
+    if not ctx.expired:
+        return
+    needed = []
+    for m in windows:
+        if m.window_seq not in ctx.expired:
+            continue
+        if since is not None and m.last_commit_lsn and int(LSN.parse(m.last_commit_lsn)) < since:
+            continue
+        for t in m.tables:
+            if (t["schema"], t["table"]) == (schema, table) and any(
+                rv.get("parts") for rv in t.get("relation_versions", ())
+            ):
+                needed.append(m)
+                break
+    if not needed:
+        return
+    name = f"{schema}.{table}"
+    seqs = [m.window_seq for m in needed]
+    start, end = needed[0].start_lsn, needed[-1].end_lsn
+    what = f"{history} table of {name}" if history else f"table {name}"
+    state = (f"its Delta table {url} has merged through window {merged}" if merged is not None else
+             f"its Delta table {url} has merged no window yet (missing, or rebuilt from the copy)")
+    store = f"s3://{ctx.layout.bucket}/{ctx.layout.root.prefix}"
+    if history:
+        hint = (f"the {history} table cannot get those changes back (pgcdc resync does not rebuild history "
+                f"tables): keep windows longer where history tables may be added or rebuilt (pgcdc maintain "
+                f"--retention-hours N, or --no-windows); merge without --history {history} meanwhile")
+    else:
+        hint = (f"pgcdc resync --slot {ctx.slot} --publication <publication> --to {store} --tables "
+                f"{shlex.quote(name)} (a new copy: the next merge replaces the Delta table from it and needs "
+                "only the windows after it), or keep windows longer where rebuilds from the store must be "
+                "possible (pgcdc maintain --retention-hours N, or --no-windows)")
+    raise WindowsExpired(
+        f"{what} needs the changes of window(s) {_ranges_text(seqs)} ({start}..{end}), but pgcdc maintain "
+        f"removed their parts (listed in s3://{ctx.layout.bucket}/{ctx.layout.changes_prefix(ctx.slot)[:-len('changes/')]}"
+        f"maintain/expired.json): {state}. Nothing of this table was read or merged",
+        hint=hint, table=name, windows=seqs, start_lsn=start, end_lsn=end,
+    )
 
 
 def _after_point(ctx: _Context, plan: TablePlan, windows, since: int) -> TablePlan:
@@ -1224,9 +1321,11 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, m
     name = f"{schema}.{table}"
     url, app = _target(ctx, schema, table, "changelog")
     dt = ctx.open(url)
-    windows = select_windows(manifests, after=ctx.after(name, deltars.merged_version(dt, app)), limit=max_windows)
+    merged = deltars.merged_version(dt, app)
+    windows = select_windows(manifests, after=ctx.after(name, merged), limit=max_windows)
     if not windows or not _holds(windows, schema, table):
         return {"changelog": url, "rows": 0}
+    _check_expired(ctx, schema, table, windows, None, url, merged, history="changelog")
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=_key_columns(name, entry, windows, keys),
         window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq), keyless=True,  # rows as they are
@@ -1421,6 +1520,9 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
     out: dict[str, Any] = {"scd2": url, "versions": 0, "bootstrap_rows": 0}
     dt = ctx.open(url)
     if dt is None and entry is not None:
+        _check_expired(ctx, schema, table, select_windows(
+            manifests, after=ctx.after(name, None), consistent_point=snapshot.consistent_point,
+            limit=max_windows), None, url, None, history="scd2")
         parts, fields = _snapshot_input(ctx, snapshot, entry)
         schema_h = pa.schema(fields + _scd2_fields())
         df = _read(ctx, parts, pa.schema(fields)).select(
@@ -1452,6 +1554,7 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
     windows = select_windows(manifests, after=after, consistent_point=consistent, limit=max_windows)
     if not windows or not _holds(windows, schema, table):
         return out
+    _check_expired(ctx, schema, table, windows, None, url, deltars.merged_version(dt, app), history="scd2")
     key_columns = _key_columns(name, entry, windows, keys)
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=key_columns,
