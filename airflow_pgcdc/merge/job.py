@@ -701,13 +701,14 @@ def _check_partitions(ctx: _Context, schema: str, table: str, windows, entry, co
     """A partitioned root published through it whose leaves changed since its copy
     (``entry``, taken at ``copied_at``): refused from the first window that says so
     (:mod:`airflow_pgcdc.store.partitions`). A window records the root's leaves as the
-    catalog showed them when it committed; it is refused when they differ from the copy's
-    (a copied leaf gone, a leaf not in the copy that was attached after its creation), or
-    when the window says they changed since the window before (which catches a partition
-    created after the copy and then detached). The window in which the copy was taken
-    (it starts before ``copied_at``) is only compared with the copy: what changed in it
-    before the copy's point is in the copy. Windows written before the field existed say
-    nothing and pass."""
+    catalog showed them when it committed and what changed since the window before (the
+    drain judges a leaf attached when it first sees it, by its partition link's
+    transaction). A window is refused when a leaf of the copy is gone (by name), or when it
+    lists a change (an ATTACH after the copy, a partition created after the copy and then
+    detached or dropped, a leaf detached and attached again). The window in which the copy
+    was taken (it starts before ``copied_at``) is compared with the copy alone, attached
+    leaves included: what changed in it before the copy's point is in the copy. Windows
+    written before the field existed say nothing and pass."""
     copied = copied_leaves(entry) if entry is not None else None
     name = f"{schema}.{table}"
     for m in windows:
@@ -716,11 +717,13 @@ def _check_partitions(ctx: _Context, schema: str, table: str, windows, entry, co
             continue
         attached: set = set()
         detached: set = set()
+        spans_copy = copied_at is not None and int(m.start) < copied_at
         if copied is not None:
             a, d = changes_since_copy(rec.leaves, copied)
-            attached |= set(a)
             detached |= set(d)
-        if rec.changed and (copied_at is None or int(m.start) >= copied_at):
+            if spans_copy:  # judged once, here; later a rename or ALTER ... OWNER would fake an ATTACH
+                attached |= set(a)
+        if rec.changed and not spans_copy:
             attached |= set(rec.attached)
             detached |= set(rec.detached)
         if not attached and not detached:

@@ -371,6 +371,14 @@ def test_attach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     assert_equal(db, lake, "m")
     assert_equal(db, lake, "other")
     sql(db, "INSERT INTO m VALUES (106, 'asia', 'after resync')")
+    # a partition created as one after the copy, renamed later: no change (its rows streamed)
+    sql(db, "CREATE TABLE m_oc PARTITION OF m FOR VALUES IN ('oc')")
+    sql(db, "INSERT INTO m VALUES (500, 'oc', 'o')")
+    drain(db, src, slot, client)
+    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables}
+    assert out["public.m"].action == "merged", out["public.m"]
+    sql(db, "ALTER TABLE m_oc RENAME TO m_oceania")
+    sql(db, "INSERT INTO m VALUES (501, 'oc', 'o')")
     drain(db, src, slot, client)
     out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables}
     assert out["public.m"].action == "merged", out["public.m"]
