@@ -41,7 +41,8 @@ from pathlib import Path
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# --baseline: the child imports the package from another source tree (PGCDC_BENCH_TREE)
+sys.path.insert(0, os.environ.get("PGCDC_BENCH_TREE") or str(Path(__file__).resolve().parents[1]))
 
 from airflow_pgcdc.protocol.lsn import LSN  # noqa: E402
 
@@ -58,6 +59,8 @@ def setup(conn: psycopg.Connection, tables: int) -> None:
     conn.execute("CREATE PUBLICATION bench_pub FOR TABLE bench")
     conn.execute(f"CREATE TABLE wide ({', '.join(['id bigint PRIMARY KEY'] + [f'{n} {t}' for n, t, _ in WIDE])})")
     conn.execute("CREATE PUBLICATION wide_pub FOR TABLE wide")
+    conn.execute("CREATE TABLE fresh (id bigserial PRIMARY KEY, v bigint)")
+    conn.execute("CREATE PUBLICATION fresh_pub FOR TABLE fresh")
     for i in range(tables):
         conn.execute(f"CREATE TABLE many_{i} (id bigint PRIMARY KEY, a int, b text, c timestamptz)")
     if tables:
@@ -113,16 +116,24 @@ def child(spec: dict) -> int:
     dt = time.perf_counter() - t0
     ru1 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
     cpu = sum((b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime) for a, b in zip(ru0, ru1, strict=True))
+    timings = {}
+    if r.manifest:  # the drain's own split: receiving (and decoding) vs finishing (parts, manifest)
+        bucket, key = r.manifest[len("s3://"):].split("/", 1)
+        timings = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read()).get("timings", {})
     print(json.dumps({"seconds": dt, "cpu": cpu, "rows": r.rows, "transactions": r.transactions,
-                      "end_lsn": r.end_lsn, "manifest": r.manifest}), flush=True)
+                      "end_lsn": r.end_lsn, "manifest": r.manifest,
+                      "receive_s": timings.get("receive_seconds"), "finish_s": timings.get("finish_seconds")}),
+          flush=True)
     return 0
 
 
-def run_ours(server, s3, url: str, slot: str, publication: str, target: LSN) -> dict:
+def run_ours(server, s3, url: str, slot: str, publication: str, target: LSN, tree: str | None = None) -> dict:
     from airflow_pgcdc.testing.memory import wait_with_peak
 
     spec = {"dsn": server.dsn, "url": url, "slot": slot, "publication": publication, "until": str(target)}
     env = {**os.environ, **s3.aws_env()}
+    if tree:
+        env["PGCDC_BENCH_TREE"] = tree
     proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     status, peak, _usage = wait_with_peak(proc)  # VmHWM: ru_maxrss would carry this process' own size
@@ -166,29 +177,34 @@ def current_lsn(server) -> LSN:
         return LSN.parse(c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
 
 
-def bench(server, s3, url: str, name: str, fill, rounds: int) -> dict:
+def bench(server, s3, url: str, name: str, fill, rounds: int, baseline: str | None = None) -> dict:
+    """Alternated rounds of ours and pg_recvlogical (and, with ``baseline``, the drain of
+    that source tree: same WAL, same rounds, the order rotating)."""
     publication = PUBLICATION[name]
-    slots = [f"bench_{name}_{i}" for i in range(2 * rounds)]
-    create_slots(server, slots)
+    who_all = ("ours", "theirs", "base") if baseline else ("ours", "theirs")
+    slots = {(who, i): f"bench_{name}_{who}_{i}" for i in range(rounds) for who in who_all}
+    create_slots(server, list(slots.values()))
     t0 = time.perf_counter()
     with psycopg.connect(server.socket_dsn, autocommit=True) as c:
         fill(c)
     target = current_lsn(server)
     print(f"[{name}] workload written in {time.perf_counter() - t0:.1f}s, end LSN {target}", flush=True)
-    ours: list[dict] = []
-    theirs: list[float] = []
+    runs: dict[str, list] = {who: [] for who in who_all}
     for i in range(rounds):
-        order = ("ours", "theirs") if i % 2 == 0 else ("theirs", "ours")
+        order = who_all[i % len(who_all):] + who_all[:i % len(who_all)]
         for who in order:
-            if who == "ours":
-                r = run_ours(server, s3, url, slots[2 * i], publication, target)
-                ours.append(r)
-                print(f"[{name}] round {i + 1} ours   {r['seconds']:.2f}s cpu {r['cpu']:.2f}s "
-                      f"peak {r['peak_mb']:.0f} MB rows {r['rows']:,}", flush=True)
-            else:
-                theirs.append(run_recvlogical(server, slots[2 * i + 1], publication, target))
-                print(f"[{name}] round {i + 1} theirs {theirs[-1]:.2f}s", flush=True)
-    drop_slots(server, slots)
+            slot = slots[(who, i)]
+            if who == "theirs":
+                runs[who].append(run_recvlogical(server, slot, publication, target))
+                print(f"[{name}] round {i + 1} theirs {runs[who][-1]:.2f}s", flush=True)
+                continue
+            r = run_ours(server, s3, url, slot, publication, target, baseline if who == "base" else None)
+            runs[who].append(r)
+            print(f"[{name}] round {i + 1} {who:6s} {r['seconds']:.2f}s (receive {r['receive_s']}s, finish "
+                  f"{r['finish_s']}s) cpu {r['cpu']:.2f}s peak {r['peak_mb']:.0f} MB rows {r['rows']:,}",
+                  flush=True)
+    drop_slots(server, list(slots.values()))
+    ours, theirs = runs["ours"], runs["theirs"]
     rows = ours[0]["rows"]
     o = statistics.median(r["seconds"] for r in ours)
     t = statistics.median(theirs)
@@ -202,12 +218,119 @@ def bench(server, s3, url: str, name: str, fill, rounds: int) -> dict:
           f"({rows / t:,.0f} rows/s); ratio ours/pg_recvlogical {res['ratio']:.2f} (rounds "
           f"{', '.join(f'{x:.2f}' for x in ratios)}); drain CPU {res['cpu_per_mrow']:.1f} s per million rows; "
           f"peak RSS {res['peak_mb']:.0f} MB", flush=True)
+    if baseline:
+        base = runs["base"]
+        res["base"] = {
+            "ratio": t / statistics.median(r["seconds"] for r in base),
+            "cpu_per_mrow": statistics.median(r["cpu"] for r in base) / rows * 1e6 if rows else float("nan"),
+            "peak_mb": max(r["peak_mb"] for r in base),
+            "cpu_new_over_base": statistics.median(a["cpu"] / b["cpu"] for a, b in zip(ours, base, strict=True)),
+            "time_new_over_base": statistics.median(a["seconds"] / b["seconds"]
+                                                    for a, b in zip(ours, base, strict=True)),
+        }
+        b = res["base"]
+        print(f"RESULT {name} baseline ({baseline}): ratio {b['ratio']:.2f}, CPU {b['cpu_per_mrow']:.1f} s per "
+              f"million rows, peak RSS {b['peak_mb']:.0f} MB; ours/baseline per round (median): CPU "
+              f"{b['cpu_new_over_base']:.2f}, wall {b['time_new_over_base']:.2f}", flush=True)
     return res
+
+
+# --------------------------------------------------------------------------- freshness
+
+
+def child_loop(spec: dict) -> int:
+    """``--child-loop``: drains back to back (each ``drain_window`` with ``max_seconds``)
+    until ``stop_at`` (epoch seconds) and the slot is caught up; for every committed row,
+    prints the seconds from its transaction's commit (``_pgcdc_commit_ts``) to the return of
+    the call that committed and acknowledged its window."""
+    import pyarrow.parquet as pq
+
+    from airflow_pgcdc.drain.drain import drain_window
+    from airflow_pgcdc.store.s3 import make_s3_client
+
+    client = make_s3_client()
+    latencies: list[float] = []
+    windows = 0
+    while True:
+        started = time.time()
+        r = drain_window(spec["dsn"], spec["url"], slot=spec["slot"], publications=spec["publication"],
+                         max_seconds=spec["max_seconds"], s3_client=client)
+        done = time.time()
+        if r.manifest:
+            windows += 1
+            bucket, key = r.manifest[len("s3://"):].split("/", 1)
+            manifest = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+            base = key.rsplit("/", 1)[0] + "/"
+            for t in manifest["tables"]:
+                for v in t["relation_versions"]:
+                    for part in v["parts"]:
+                        body = client.get_object(Bucket=bucket, Key=base + part["path"])["Body"].read()
+                        ts = pq.read_table(pa_buffer(body), columns=["_pgcdc_commit_ts"]).column(0)
+                        latencies += [done - x.timestamp() for x in ts.to_pylist()]
+        if started > spec["stop_at"] and not r.rows:
+            break
+    print(json.dumps({"windows": windows, "latencies": latencies}), flush=True)
+    return 0
+
+
+def pa_buffer(data: bytes):
+    import pyarrow as pa
+
+    return pa.BufferReader(data)
+
+
+def bench_freshness(server, s3, url: str, rate: int, seconds: int, max_seconds: float) -> dict:
+    """A writer commits ``rate`` one-row transactions a second for ``seconds`` while drains
+    run back to back with ``max_seconds``: p50/p99 of commit → window committed."""
+    import threading
+
+    slot = "bench_freshness"
+    create_slots(server, [slot])
+    stop_at = time.time() + seconds
+
+    def writer() -> None:
+        with psycopg.connect(server.socket_dsn, autocommit=True) as c:
+            c.execute("SET synchronous_commit = off")
+            c.execute(f"""DO $$ DECLARE t0 timestamptz := clock_timestamp(); i bigint := 0; BEGIN
+                  WHILE clock_timestamp() < t0 + interval '{seconds} s' LOOP
+                    INSERT INTO fresh (v) VALUES (i); COMMIT; i := i + 1;
+                    IF i % 20 = 0 THEN  -- the i-th transaction not before t0 + i / rate
+                      PERFORM pg_sleep(greatest(0, extract(epoch FROM
+                        t0 + (i / {rate}.0) * interval '1 s' - clock_timestamp())));
+                    END IF;
+                  END LOOP; END $$""")
+
+    th = threading.Thread(target=writer)
+    th.start()
+    spec = {"dsn": server.dsn, "url": url, "slot": slot, "publication": "fresh_pub", "stop_at": stop_at,
+            "max_seconds": max_seconds}
+    env = {**os.environ, **s3.aws_env()}
+    out = subprocess.run([sys.executable, __file__, "--child-loop", json.dumps(spec)], env=env,
+                         capture_output=True, check=False)
+    th.join()
+    if out.returncode != 0:
+        raise RuntimeError(f"the drain loop failed: {out.stderr.decode()[-3000:]}")
+    res = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    lat = sorted(res["latencies"])
+    drop_slots(server, [slot])
+
+    def q(p: float) -> float:
+        return lat[min(len(lat) - 1, int(p * len(lat)))]
+
+    r = {"rows": len(lat), "windows": res["windows"], "rate": len(lat) / seconds, "p50": q(0.5), "p99": q(0.99),
+         "max": lat[-1]}
+    print(f"RESULT freshness: {r['rows']:,} one-row transactions in {seconds} s ({r['rate']:,.0f} tx/s), "
+          f"{r['windows']} windows with --max-seconds {max_seconds:g}: commit -> window committed p50 "
+          f"{r['p50']:.2f} s, p99 {r['p99']:.2f} s, max {r['max']:.2f} s (target p99 <= {max_seconds + 2:g} s)",
+          flush=True)
+    return r
 
 
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         return child(json.loads(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] == "--child-loop":
+        return child_loop(json.loads(sys.argv[2]))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", choices=("pg18", "pg15"), default="pg18")
     ap.add_argument("--rounds", type=int, default=3)
@@ -218,9 +341,18 @@ def main() -> int:
     ap.add_argument("--tables", type=int, default=500)
     ap.add_argument("--table-rows", type=int, default=1_000)
     ap.add_argument("--big", type=int, default=5_000_000)
-    ap.add_argument("--workload", default="all", help="all, or a comma-separated subset of " + ", ".join(WORKLOADS))
+    ap.add_argument("--freshness", action="store_true",
+                    help="also: a steady writer of --rate one-row transactions a second for --seconds while "
+                         "drains with --max-seconds run back to back; p50/p99 commit -> window committed")
+    ap.add_argument("--rate", type=int, default=2000)
+    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--max-seconds", type=float, default=10.0)
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="another source tree (e.g. `git archive` of a commit): its drain runs in the same "
+                         "alternated rounds; printed: its figures and ours/its CPU and wall per round")
+    ap.add_argument("--workload", default="all", help="all, none, or a comma-separated subset of " + ", ".join(WORKLOADS))
     args = ap.parse_args()
-    chosen = WORKLOADS if args.workload == "all" else tuple(args.workload.split(","))
+    chosen = WORKLOADS if args.workload == "all" else () if args.workload == "none" else tuple(args.workload.split(","))
     unknown = set(chosen) - set(WORKLOADS)
     if unknown:
         ap.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
@@ -240,7 +372,7 @@ def main() -> int:
         next_id = 1
         if "inserts" in chosen:
             results["inserts"] = bench(server, s3, url, "inserts",
-                                       lambda c: fill_inserts(c, args.rows, args.txns), args.rounds)
+                                       lambda c: fill_inserts(c, args.rows, args.txns), args.rounds, args.baseline)
             next_id = args.rows + 1
         if "updates" in chosen:
             if next_id <= args.updates:  # rows to update, written before the slots exist
@@ -248,20 +380,30 @@ def main() -> int:
                     fill_inserts(c, args.updates, 1, first=next_id)
                 next_id += args.updates
             results["updates"] = bench(server, s3, url, "updates", lambda c: fill_updates(c, args.updates),
-                                       args.rounds)
+                                       args.rounds, args.baseline)
         if "wide" in chosen:
-            results["wide"] = bench(server, s3, url, "wide", lambda c: fill_wide(c, args.wide_rows), args.rounds)
+            results["wide"] = bench(server, s3, url, "wide", lambda c: fill_wide(c, args.wide_rows), args.rounds, args.baseline)
         if "tables" in chosen:
             results["tables"] = bench(server, s3, url, "tables",
-                                      lambda c: fill_tables(c, args.tables, args.table_rows), args.rounds)
+                                      lambda c: fill_tables(c, args.tables, args.table_rows), args.rounds, args.baseline)
         if "streamed" in chosen:
             first = next_id
             results["streamed"] = bench(server, s3, url, "streamed",
-                                        lambda c: fill_inserts(c, args.big, 1, first=first), args.rounds)
-    print("workload   rows        ours rows/s  pg_recvlogical rows/s  ratio (>=0.9)  CPU s/Mrow  peak RSS MB")
+                                        lambda c: fill_inserts(c, args.big, 1, first=first), args.rounds, args.baseline)
+        fresh = bench_freshness(server, s3, url, args.rate, args.seconds, args.max_seconds) if args.freshness else None
+    print("workload   rows        ours rows/s  pg_recvlogical rows/s  ratio (>=0.9)  CPU s/Mrow  peak RSS MB"
+          + ("  | baseline: ratio  CPU s/Mrow  peak MB  CPU ours/base  wall ours/base" if args.baseline else ""))
     for k, r in results.items():
-        print(f"{k:10s} {r['rows']:>10,}  {r['rows'] / r['ours_s']:>11,.0f}  {r['rows'] / r['theirs_s']:>21,.0f}"
-              f"  {r['ratio']:>13.2f}  {r['cpu_per_mrow']:>10.1f}  {r['peak_mb']:>11.0f}")
+        line = (f"{k:10s} {r['rows']:>10,}  {r['rows'] / r['ours_s']:>11,.0f}  {r['rows'] / r['theirs_s']:>21,.0f}"
+                f"  {r['ratio']:>13.2f}  {r['cpu_per_mrow']:>10.1f}  {r['peak_mb']:>11.0f}")
+        if "base" in r:
+            b = r["base"]
+            line += (f"  | {b['ratio']:>15.2f}  {b['cpu_per_mrow']:>10.1f}  {b['peak_mb']:>7.0f}"
+                     f"  {b['cpu_new_over_base']:>13.2f}  {b['time_new_over_base']:>14.2f}")
+        print(line)
+    if fresh:
+        print(f"freshness at {fresh['rate']:,.0f} tx/s, --max-seconds {args.max_seconds:g}: p50 {fresh['p50']:.2f} s, "
+              f"p99 {fresh['p99']:.2f} s (target <= {args.max_seconds + 2:g} s), {fresh['windows']} windows")
     return 0
 
 

@@ -69,6 +69,10 @@ __all__ = [
 
 SPOOL_MAGIC = b"PGCDCSP1"
 _REC = struct.Struct("!BII")
+_XID_OID = struct.Struct("!II").unpack_from  # a change message in a stream block: xid, relation OID
+_OID = struct.Struct("!I").unpack_from
+_CHANGE_TAGS = b"IUD"
+SPOOL_READ_CHUNK = 1 << 16  # bytes read at once when a spool is replayed
 F_IN_STREAM = 1
 F_RELATION = 2
 
@@ -160,26 +164,48 @@ class Spool:
         self.aborted.add(subxid)
 
     def records(self) -> Iterator[tuple[int, int, bytes]]:
-        """``(flags, subxid, raw)`` of every record not dropped by a subxact abort."""
+        """``(flags, subxid, raw)`` of every record not dropped by a subxact abort.
+
+        Read in chunks of :data:`SPOOL_READ_CHUNK` bytes with ``pread`` and cut in memory
+        (a buffered file's ``tell``/``read`` per record cost more than the decoding)."""
         f = self._f
         f.flush()
         end = f.tell()
-        f.seek(9)
+        fd = f.fileno()
         aborted = self.aborted
+        head = _REC.size
+        unpack = _REC.unpack_from
+        buf = b""
+        base = 9  # file offset of buf[0]
+        pos = 0
         try:
-            while f.tell() < end:
-                head = f.read(_REC.size)
-                if len(head) != _REC.size:
-                    raise AssemblyError(f"{self.path}: truncated spool record")
-                flags, subxid, n = _REC.unpack(head)
-                raw = f.read(n)
-                if len(raw) != n:
-                    raise AssemblyError(f"{self.path}: truncated spool record")
+            while base + pos < end:
+                if pos + head > len(buf):
+                    buf, base, pos = self._refill(fd, buf, base, pos, head, end)
+                flags, subxid, n = unpack(buf, pos)
+                stop = pos + head + n
+                if stop > len(buf):
+                    buf, base, pos = self._refill(fd, buf, base, pos, head + n, end)
+                    stop = pos + head + n
+                start = pos + head
+                pos = stop
                 if not (flags & F_RELATION) and subxid in aborted:
                     continue
-                yield flags, subxid, raw
+                yield flags, subxid, buf[start:stop]
         finally:
             f.seek(end)
+
+    def _refill(self, fd: int, buf: bytes, base: int, pos: int, need: int, end: int) -> tuple[bytes, int, int]:
+        """``buf[pos:]`` followed by what the file holds next (at least ``need`` bytes
+        from ``pos``, else the spool is truncated); returns ``(buf, base, 0)``."""
+        rest = buf[pos:]
+        at = base + len(buf)
+        want = min(max(SPOOL_READ_CHUNK, need) - len(rest), end - at)
+        data = os.pread(fd, want, at) if want > 0 else b""
+        buf = rest + data if rest else data
+        if len(buf) < need:
+            raise AssemblyError(f"{self.path}: truncated spool record")
+        return buf, base + pos, 0
 
     def write_filtered(self, out) -> int:
         """Write a spool file without the aborted subtransactions' records to ``out``
@@ -190,12 +216,21 @@ class Spool:
             n += out.write(raw)
         return n
 
-    def messages(self) -> Iterator[tuple[Any, int]]:
+    def messages(self, *, raw_inserts: bool = False) -> Iterator[tuple[Any, int]]:
         """``(decoded message, size)`` in order (a fresh decoder per spool, primed for
-        stream records)."""
+        stream records). With ``raw_inserts``, Insert messages are not decoded: they come
+        as the bytes of an Insert outside a stream block (a stream record's xid removed)."""
         plain = po.PgoutputDecoder(self.proto_version)
         streamed = None
         for flags, _subxid, raw in self.records():
+            if raw_inserts and raw[0] == 73:  # 'I'
+                if flags & F_IN_STREAM:
+                    if len(raw) >= 12 and raw[9] == 78:  # 'I' xid oid 'N' ncols
+                        yield b"I" + raw[5:], len(raw)
+                        continue
+                elif len(raw) >= 8 and raw[5] == 78:
+                    yield raw, len(raw)
+                    continue
             if flags & F_IN_STREAM:
                 if streamed is None:
                     streamed = po.PgoutputDecoder(self.proto_version)
@@ -261,6 +296,8 @@ class TransactionAssembler:
         self.spools: dict[int, Spool] = {}
         self.held: dict[str, HeldPrepared] = dict(held or {})
         self.fetch_prepared = fetch_prepared
+        # a sink that takes inserts as received (see take_raw): insert_raw(relation, message, nbytes)
+        self._insert_raw = getattr(sink, "insert_raw", None)
         self._stream_xid: int | None = None
         self._plain: TxnInfo | None = None  # open Begin ... Commit
         self._plain_started = False
@@ -280,6 +317,50 @@ class TransactionAssembler:
     @property
     def open_streams(self) -> int:
         return len(self.spools)
+
+    @property
+    def in_stream_block(self) -> bool:
+        """Between Stream Start and Stream Stop: changes go to a spool (see
+        :meth:`spool_streamed_change`)."""
+        return self._stream_xid is not None
+
+    def take_raw(self, raw: bytes) -> bool:
+        """The drain's hot path, before decoding: True when ``raw`` (a pgoutput message
+        as received) was handled without being decoded, else False (decode it and
+        :meth:`feed` it). Handled: a change (Insert, Update, Delete) inside a stream block
+        (:meth:`spool_streamed_change`), and an Insert of a plain transaction when the sink
+        takes inserts as received (``sink.insert_raw(relation, message, nbytes)``; its
+        values are decoded with the rest of their chunk). Anything unusual is declined, so
+        the decoder sees it and says what is wrong."""
+        if self._stream_xid is not None:
+            return raw[0] in _CHANGE_TAGS and self.spool_streamed_change(raw)
+        if raw[0] != 73 or self._plain is None or self._prep is not None or self._insert_raw is None \
+                or len(raw) < 8 or raw[5] != 78:  # 'I' ... 'N'
+            return False
+        if self._plain_skip:
+            return True
+        entry = self.relations.get(_OID(raw, 1)[0])
+        if entry is None:
+            return False  # feed() raises the error
+        if not self._plain_started:
+            self._start_plain()
+        self._insert_raw(entry[0], raw, len(raw))
+        return True
+
+    def spool_streamed_change(self, raw: bytes) -> bool:
+        """Spool an Insert, Update or Delete received inside a stream block without
+        decoding it (it is decoded when the transaction is replayed at its Stream Commit,
+        and never if it is aborted): what :meth:`feed` does with the decoded message.
+        ``raw`` must be such a message; False (nothing done) outside a stream block or
+        when ``raw`` is too short to hold its xid and relation OID (decode it: the
+        decoder says what is wrong)."""
+        if self._stream_xid is None or len(raw) < 9:
+            return False
+        xid, oid = _XID_OID(raw, 1)
+        spool = self.spools[self._stream_xid]
+        self._spool_relations(spool, (oid,))
+        spool.append(raw, in_stream=True, subxid=xid or spool.xid)
+        return True
 
     def close(self) -> None:
         """Discard every local spool (streamed transactions that did not commit)."""
@@ -534,10 +615,17 @@ class TransactionAssembler:
             self.skipped_transactions += 1
             return
         sink = self.sink
+        insert_raw = self._insert_raw
         rels: dict[int, po.Relation] = {}
         started = False
-        for m, size in spool.messages():
+        for m, size in spool.messages(raw_inserts=insert_raw is not None):
             t = type(m)
+            if t is bytes:  # an Insert as received (its xid removed), see Spool.messages
+                if not started:
+                    sink.begin(txn)
+                    started = True
+                insert_raw(rels[_OID(m, 1)[0]], m, size)
+                continue
             if t is po.Relation:
                 rels[m.relation_oid] = m
                 continue

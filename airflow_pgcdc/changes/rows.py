@@ -47,7 +47,7 @@ import pyarrow as pa
 from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.changes.tuples import TupleDecoder
 from airflow_pgcdc.changes.typemap import TypeMapError, ValueConversionError
-from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST
+from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST, PgoutputDecoder
 from airflow_pgcdc.protocol.pgtypes import PgColumn, format_type
 
 __all__ = [
@@ -72,6 +72,7 @@ META_NAMES = frozenset(f.name for f in META_FIELDS)
 """The metadata columns of a change part; a table column may not be named so (nor start
 with ``_pgcdc_old_``); any other name, ``_pgcdc_``-prefixed ones included, is the user's."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_INSERTS = PgoutputDecoder(1)  # Insert messages outside a stream block (stateless for them)
 
 
 MISSING_VALUES_FIELD = "missing_values"
@@ -206,9 +207,21 @@ class RelationVersion:
         )
 
     def to_batch(self, chunk: ChangeChunk) -> pa.RecordBatch:
-        """Convert a taken chunk to a record batch of :attr:`schema_arrow`."""
+        """Convert a taken chunk to a record batch of :attr:`schema_arrow`. Inserts added
+        as received (:meth:`ChangeBuffer.add_raw_insert`) are decoded here: a chunk of
+        them only by :meth:`TupleDecoder.decode_raw_inserts`, else (or when that declines)
+        one by one."""
         n = len(chunk.ops)
-        decoded = self.decoder.decode(chunk.images, row_offset=chunk.first_seq)
+        decoded = None
+        images = chunk.images
+        if chunk.raw:
+            if chunk.raw == n:
+                decoded = self.decoder.decode_raw_inserts(images, row_offset=chunk.first_seq)
+            if decoded is None:
+                decode = _INSERTS.decode
+                images = [decode(m).new if type(m) is bytes else m for m in images]
+        if decoded is None:
+            decoded = self.decoder.decode(images, row_offset=chunk.first_seq)
         out = list(decoded.batch.columns)
         if self.old_decoder is not None:
             out += self._old_columns(chunk.olds, n, chunk.first_seq)
@@ -261,6 +274,7 @@ class ChangeChunk:
     xids: list[int]
     commit_ts_us: list[int | None]
     nbytes: int
+    raw: int = 0  # images that are Insert messages as received (bytes), not decoded tuples
 
     @property
     def first_seq(self) -> int:
@@ -319,6 +333,25 @@ class ChangeBuffer:
         c.xids.append(xid)
         c.commit_ts_us.append(commit_ts_us)
         size = nbytes + 48
+        c.nbytes += size
+        self.nbytes += size
+        self.rows += 1
+
+    def add_raw_insert(self, message: bytes, commit_lsn: int, seq: int, xid: int, commit_ts_us: int | None,
+                       nbytes: int | None = None) -> None:
+        """Add an insert as the pgoutput Insert message received (outside a stream block):
+        decoded when the chunk is converted (:meth:`RelationVersion.to_batch`); ``nbytes``
+        its size as :meth:`add` counts it (default: the message's length)."""
+        c = self._chunk
+        c.ops.append("I")
+        c.images.append(message)
+        c.olds.append(None)
+        c.commit_lsns.append(commit_lsn)
+        c.seqs.append(seq)
+        c.xids.append(xid)
+        c.commit_ts_us.append(commit_ts_us)
+        c.raw += 1
+        size = (len(message) if nbytes is None else nbytes) + 48
         c.nbytes += size
         self.nbytes += size
         self.rows += 1

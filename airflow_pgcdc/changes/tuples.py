@@ -116,6 +116,90 @@ class TupleDecoder:
         except BadValue as e:
             raise wrap_bad(e, column, table=self.table, row_offset=row_offset) from None
 
+    def decode_raw_inserts(self, messages: Sequence[bytes], *, row_offset: int = 0) -> DecodedTuples | None:
+        """Decode a batch of pgoutput Insert messages as received (``I``, relation OID,
+        ``N``, TupleData; outside a stream block, UTF-8 text) without a Python object per
+        value: the messages are joined into one buffer and cut column by column with numpy
+        (each column's kind bytes and lengths for every row at once), each column's text
+        becomes one Arrow string array over the gathered bytes, and the codecs convert it
+        as in :meth:`decode`, so the batch is the one :meth:`decode` makes of the decoded
+        rows. ``None`` when a message is not that simple (a binary or unchanged-TOAST value,
+        a column count that is not the relation's, bytes that do not parse, text that is not
+        UTF-8): the caller then decodes the messages one by one, which says what is wrong."""
+        n = len(messages)
+        ncols = len(self.columns)
+        if n == 0:
+            return None
+        lengths = np.fromiter(map(len, messages), dtype=np.int64, count=n)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        buf = np.frombuffer(b"".join(messages), dtype=np.uint8)
+        total = len(buf)
+        if int(lengths.min()) < 8:
+            return None
+        head_ok = (buf[starts] == 73) & (buf[starts + 5] == 78)  # 'I' ... 'N'
+        counts = (buf[starts + 6].astype(np.int64) << 8) | buf[starts + 7]
+        if not head_ok.all() or not (counts == ncols).all():
+            return None
+        pos = starts + 8
+        cols: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (value starts, lengths, null mask)
+        for _ in range(ncols):
+            if int(pos.max()) >= total or (pos >= ends).any():
+                return None
+            kind = buf[pos]
+            is_t = kind == 116
+            is_n = kind == 110
+            if not (is_t | is_n).all():  # 'b' (binary), 'u' (unchanged TOAST) or garbage
+                return None
+            if is_t.any():
+                if int(pos[is_t].max()) + 4 >= total:
+                    return None
+                p = pos + 1
+                ln = np.where(is_t, (buf[np.minimum(p, total - 1)].astype(np.int64) << 24)
+                              | (buf[np.minimum(p + 1, total - 1)].astype(np.int64) << 16)
+                              | (buf[np.minimum(p + 2, total - 1)].astype(np.int64) << 8)
+                              | buf[np.minimum(p + 3, total - 1)], 0)
+                nxt = np.where(is_t, pos + 5 + ln, pos + 1)
+            else:
+                ln = np.zeros(n, dtype=np.int64)
+                nxt = pos + 1
+            if (nxt > ends).any():
+                return None
+            cols.append((pos + 5, ln, is_n))
+            pos = nxt
+        if not (pos == ends).all():
+            return None
+        out = []
+        try:
+            for i, (vstart, ln, null) in enumerate(cols):
+                codec = self.codecs[i]
+                if null.all():
+                    out.append(arrays.nulls(n, codec.arrow_type))
+                    continue
+                valid = ~null
+                ln_valid = ln[valid]
+                size = int(ln_valid.sum())
+                if size:
+                    starts_valid = vstart[valid]
+                    # gather the values' bytes: for each value, its start repeated over its length
+                    # plus 0, 1, 2...
+                    offs = np.cumsum(ln_valid) - ln_valid
+                    idx = np.repeat(starts_valid - offs, ln_valid) + np.arange(size, dtype=np.int64)
+                    data = buf[idx].tobytes()
+                else:
+                    data = b""
+                arr = arrays._varlen(pa.string(), n, ln_valid, data, None if not null.any() else valid)
+                if size and not data.isascii():
+                    arr.validate(full=True)  # not UTF-8: pa.lib.ArrowInvalid below
+                out.append(codec.from_text(arr))
+        except pa.ArrowInvalid:
+            return None
+        except BadValue as e:
+            raise wrap_bad(e, self.columns[i], table=self.table, row_offset=row_offset) from None
+        batch = pa.RecordBatch.from_arrays(out, schema=self.schema)
+        masks: list[np.ndarray | None] = [None] * ncols
+        return DecodedTuples(batch, self._unchanged_names(n, masks), masks)
+
     # ---- internals
 
     def _binary(self, codec: Codec, column: PgColumn, values: list, row_offset: int) -> pa.Array:

@@ -628,6 +628,7 @@ _UNPACK_I16 = _I16.unpack_from
 _UNPACK_OID_B = _OID_B.unpack_from
 _UNPACK_OID_B_I16 = struct.Struct("!IBh").unpack_from  # relation oid + 'N' + column count
 _UNPACK_XID_OID_B = _XID_OID_B.unpack_from
+_UNPACK_XID_OID_B_I16 = struct.Struct("!IIBh").unpack_from  # xid + relation oid + 'N' + column count
 _new_lsn = int.__new__  # LSN values straight from a "Q" unpack are always in range
 
 _N, _K, _O = ord("N"), ord("K"), ord("O")
@@ -1164,18 +1165,25 @@ class PgoutputDecoder:
 
     def _insert(self, data: bytes) -> Insert:
         """Insert, the hottest message: an inlined copy of :func:`_read_tuple`'s ASCII
-        loop for the common case (outside a stream block, all-ASCII tuple); anything
-        else, including every malformed message, goes through :meth:`_insert_general`.
+        loop for the common case (an all-ASCII tuple, in or outside a stream block: a
+        streamed transaction's inserts are decoded twice, when received and when
+        replayed); anything else, including every malformed message, goes through
+        :meth:`_insert_general`.
         """
-        if self._ascii_ok and not self._in_stream:
+        if self._ascii_ok:
             try:
-                oid, sub, ncols = _UNPACK_OID_B_I16(data, 1)
-                if sub == 78 and (data.isascii() or data[8:].isascii()):
+                if self._in_stream:  # inside a stream block the xid comes first
+                    xid, oid, sub, ncols = _UNPACK_XID_OID_B_I16(data, 1)
+                    pos = 12
+                else:
+                    xid = None
+                    oid, sub, ncols = _UNPACK_OID_B_I16(data, 1)
+                    pos = 8
+                if sub == 78 and (data.isascii() or data[pos:].isascii()):
                     text = data.decode("latin-1")
                     unpack_u32 = _UNPACK_U32
                     values: list[TupleValue] = []
                     append = values.append
-                    pos = 8
                     for _ in range(ncols):
                         kind = data[pos]
                         if kind == 116:  # 't'
@@ -1197,7 +1205,7 @@ class PgoutputDecoder:
                         else:
                             break
                     if pos == len(data) and len(values) == ncols:
-                        return Insert(None, oid, tuple(values))
+                        return Insert(xid, oid, tuple(values))
             except (IndexError, struct.error):
                 pass
         return self._insert_general(data)

@@ -274,3 +274,119 @@ def test_window_manifest_round_trip_and_validation():
     bad = m.to_dict() | {"rows": 5}
     with pytest.raises(WindowManifestError, match="sum over the tables"):
         WindowManifest.from_json(bad)
+
+
+def test_spool_records_cut_across_read_chunks(tmp_path, monkeypatch):
+    """Records are read back in chunks: records larger than a chunk, headers split across
+    chunks, aborted subtransactions dropped, a truncated file refused."""
+    from airflow_pgcdc.changes import assembly
+
+    monkeypatch.setattr(assembly, "SPOOL_READ_CHUNK", 7)
+    spool = assembly.Spool(str(tmp_path), 42, 2)
+    written = []
+    for i in range(50):
+        raw = bytes([i % 251]) * (i * 3 % 40)
+        sub = 43 if i % 5 == 0 else 0
+        spool.append(raw, in_stream=bool(i % 2), subxid=sub, relation=i % 7 == 0)
+        written.append((i, raw, sub, i % 7 == 0))
+    spool.abort_subxact(43)
+    expected = [raw for _i, raw, sub, rel in written if rel or sub != 43]
+    assert [raw for _f, _s, raw in spool.records()] == expected
+    assert [raw for _f, _s, raw in spool.records()] == expected  # again: the position is kept
+    spool.close()
+    with open(spool.path, "r+b") as f:
+        f.truncate(f.seek(0, 2) - 3)
+    again = assembly.Spool(str(tmp_path), 42, 2, path=spool.path)
+    with pytest.raises(AssemblyError, match="truncated"):
+        list(again.records())
+
+
+class RawStreamFeeder(Feeder):
+    """As the drain feeds: changes inside a stream block are spooled undecoded."""
+
+    def __call__(self, *msgs):
+        for m in msgs:
+            raw = m.encode(V, in_stream=self.decoder.in_stream)
+            if raw[:1] in (b"I", b"U", b"D") and self.asm.spool_streamed_change(raw):
+                continue
+            self.asm.feed(self.decoder.decode(raw), raw)
+
+
+def test_undecoded_streamed_changes_replay_like_decoded_ones(tmp_path):
+    """spool_streamed_change (the drain's path for changes in a stream block) leads to the
+    same events as feeding the decoded messages: subtransaction aborts, relations spooled
+    once per spool, a schema change inside the stream, plain changes in between."""
+
+    def scenario(feed):
+        feed(po.StreamStart(50, True), rel(xid=50), ins(1, xid=50), ins(2, xid=51), ins(3, xid=52),
+             po.Update(52, 100, None, None, ("3", "u3")), po.StreamStop())
+        feed(po.Begin(LSN(0x200), TS, 60), ins(9), po.Commit(0, LSN(0x200), LSN(0x210), TS))
+        feed(po.StreamStart(50, False), ins(4, xid=51), rel(xid=50, cols=("id", "v", "w")),
+             po.Insert(50, 100, ("5", "x", "y")), po.Delete(50, 100, ("1", None, None), None), po.StreamStop())
+        feed(po.StreamAbort(50, 51))
+        feed(po.StreamCommit(50, 0, LSN(0x300), LSN(0x310), TS))
+
+    runs = []
+    for feeder in (Feeder, RawStreamFeeder):
+        d = tmp_path / feeder.__name__
+        d.mkdir()
+        rec = Recorder()
+        asm = TransactionAssembler(rec, proto_version=V, spool_dir=str(d))
+        scenario(feeder(asm))
+        assert asm.open_streams == 0 and list(d.iterdir()) == []
+        runs.append(rec.events)
+    assert runs[0] == runs[1]
+    assert ("insert", "t", ("2", "v2")) not in runs[1] and ("insert", "t", ("5", "x", "y")) in runs[1]
+    # outside a stream block nothing is done
+    (tmp_path / "x").mkdir()
+    _rec, asm, _feed = make(tmp_path / "x")
+    assert not asm.in_stream_block and not asm.spool_streamed_change(ins(1, xid=50).encode(V, in_stream=True))
+
+
+class RawRecorder(Recorder):
+    """A sink that takes inserts as received, as the drain's window does."""
+
+    _dec = po.PgoutputDecoder(1)
+
+    def insert_raw(self, rel, message, nbytes):
+        self.events.append(("insert", rel.relation_name, self._dec.decode(message).new))
+
+
+class TakeRawFeeder(Feeder):
+    """As the drain feeds: every message is offered to take_raw before being decoded."""
+
+    def __call__(self, *msgs):
+        for m in msgs:
+            raw = m.encode(V, in_stream=self.decoder.in_stream)
+            if not self.asm.take_raw(raw):
+                self.asm.feed(self.decoder.decode(raw), raw)
+
+
+def test_inserts_taken_as_received_give_the_same_events(tmp_path):
+    """take_raw (plain inserts to sink.insert_raw, stream-block changes spooled undecoded,
+    replays handing inserts over undecoded) leads to the events of decoded feeding:
+    plain, streamed with a subtransaction abort, prepared, skipped origins."""
+
+    def scenario(feed):
+        feed(po.Begin(LSN(0x100), TS, 7), rel(), ins(1), po.Update(None, 100, None, None, ("1", "u")),
+             ins(2), po.Delete(None, 100, ("1", None), None), po.Commit(0, LSN(0x100), LSN(0x130), TS))
+        feed(po.StreamStart(50, True), rel(xid=50), ins(3, xid=50), ins(4, xid=51), po.StreamStop())
+        feed(po.StreamStart(50, False), rel(xid=50, cols=("id", "v", "w")), po.Insert(50, 100, ("5", "x", "y")),
+             po.StreamStop(), po.StreamAbort(50, 51))
+        feed(po.StreamCommit(50, 0, LSN(0x300), LSN(0x310), TS))
+        feed(po.Begin(LSN(0x400), TS, 8), po.Origin(LSN(0x10), "elsewhere"), ins(6), po.Commit(0, LSN(0x400), LSN(0x410), TS))
+        feed(po.BeginPrepare(LSN(0x500), LSN(0x520), TS, 70, "g1"), ins(7), po.Prepare(0, LSN(0x500), LSN(0x520), TS, 70, "g1"))
+        feed(po.CommitPrepared(0, LSN(0x600), LSN(0x610), TS, 70, "g1"))
+
+    runs = []
+    for recorder, feeder in ((Recorder, Feeder), (RawRecorder, TakeRawFeeder)):
+        d = tmp_path / feeder.__name__
+        d.mkdir()
+        rec = recorder()
+        asm = TransactionAssembler(rec, proto_version=V, spool_dir=str(d), skip_origins={"elsewhere"})
+        scenario(feeder(asm))
+        runs.append((rec.events, asm.skipped_transactions, asm.streamed_committed))
+    assert runs[0] == runs[1]
+    events = runs[1][0]
+    assert ("insert", "t", ("3", "v3")) in events and ("insert", "t", ("4", "v4")) not in events
+    assert ("insert", "t", ("7", "v7")) in events and ("insert", "t", ("6", "v6")) not in events

@@ -317,6 +317,14 @@ def test_fast_insert_path_matches_general_path(raw, oid, tail):
 
 
 @FUZZ
+@given(tuple_bytes(), u32, u32, st.binary(max_size=2))
+def test_fast_insert_path_in_a_stream_block_matches_general_path(raw, xid, oid, tail):
+    d = make_decoder(2, False, True)
+    data = b"I" + xid.to_bytes(4, "big") + oid.to_bytes(4, "big") + b"N" + raw + tail
+    assert outcome(d._insert, data) == outcome(d._insert_general, data)
+
+
+@FUZZ
 @given(tuples)
 def test_tuple_values_survive_every_path(values):
     raw = encode_tuple(values)
