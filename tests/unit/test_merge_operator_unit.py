@@ -102,7 +102,7 @@ def test_result_line():
 def test_operator_fields_conf_and_outlets():
     op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
                                  conf={"spark.executor.memory": "2g"}, py_files="/x/extra.zip")
-    for f in ("source", "slot", "delta", "tables", "max_windows", "application_args", "conf", "env_vars"):
+    for f in ("store", "slot", "delta", "tables", "max_windows", "application_args", "conf", "env_vars"):
         assert f in op.template_fields
     assert Path(op.application).name == "spark_app.py" and Path(op.application).is_file()
     assert op.conf["spark.executor.memory"] == "2g" and op.conf["spark.sql.session.timeZone"] == "UTC"

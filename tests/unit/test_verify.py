@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_pgcdc.changes.typemap import arrow_schema, convert_text
-from airflow_pgcdc.cli_verify import render_report, split_key
+from airflow_pgcdc.cli.verify import render_report, split_key
 from airflow_pgcdc.merge.delta_types import (
     DeltaTypeMismatch,
     from_delta_array,
