@@ -69,7 +69,7 @@ test: setup bytecode
 	@SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup bytecode
-	@SPARK_LOCAL_IP=127.0.0.1 $(PY) -m airflow_pgcdc.testing.demo
+	@SPARK_LOCAL_IP=127.0.0.1 $(PY) -m airflow_pgcdc.testing.demo --dags dags
 
 lint: setup
 	@$(VENV)/bin/ruff check airflow_pgcdc tests bench

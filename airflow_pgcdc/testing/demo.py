@@ -34,7 +34,6 @@ SLOT = "pgcdc_demo"
 PUBLICATION = "pgcdc_demo_pub"
 TABLES = ["shop.customers", "shop.orders", "shop.products"]
 STORE_PREFIX, DELTA_PREFIX = "cdc", "delta"
-DAGS = Path(__file__).resolve().parents[1] / "dags"
 
 SCHEMA = """
 DROP SCHEMA IF EXISTS shop CASCADE;
@@ -130,11 +129,11 @@ class Workload(threading.Thread):
         self.join(timeout=30)
 
 
-def _airflow_env(env: dict[str, str], root: Path) -> dict[str, str]:
+def _airflow_env(env: dict[str, str], root: Path, dags: Path) -> dict[str, str]:
     from airflow_pgcdc.testing.dagrun import airflow_env, sandbox_connections
 
     thresholds = {"PGCDC_MIN_BYTES": "1", "PGCDC_MAX_DELAY": "5"}  # every change is worth a window
-    return airflow_env(root / "airflow", DAGS, {**env, **sandbox_connections(env), **thresholds})
+    return airflow_env(root / "airflow", dags, {**env, **sandbox_connections(env), **thresholds})
 
 
 def _reset(dsn: str, env: dict[str, str], bucket: str) -> None:
@@ -158,11 +157,11 @@ def _reset(dsn: str, env: dict[str, str], bucket: str) -> None:
         s3store.delete_prefix(client, bucket, prefix + "/")
 
 
-def _run(dag: str, env: dict[str, str], conf: dict) -> dict:
+def _run(dags: Path, dag: str, env: dict[str, str], conf: dict) -> dict:
     from airflow_pgcdc.testing.dagrun import run_dag
 
     t0 = time.monotonic()
-    result = run_dag(DAGS / f"{dag}.py", dag, env, conf, timeout=600)
+    result = run_dag(dags / f"{dag}.py", dag, env, conf, timeout=600)
     seconds = time.monotonic() - t0
     states = ", ".join(f"{t} {v['state'].split('.')[-1]}" for t, v in result.tasks.items())
     log.info("      %s: %s in %.0fs (%s)", dag, result.state.split(".")[-1], seconds, states)
@@ -172,7 +171,23 @@ def _run(dag: str, env: dict[str, str], conf: dict) -> dict:
     return {"result": result, "seconds": seconds}
 
 
-def main() -> int:
+def _dag_folder(argv: list[str] | None) -> Path:
+    """The folder of the example DAGs (the repository's ``dags/``, which ``make demo``
+    passes): the package does not guess where a checkout keeps them."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m airflow_pgcdc.testing.demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--dags", type=Path, required=True,
+                        help="the folder holding pgcdc_initial_load.py and pgcdc_incremental.py (the repository's dags/)")
+    dags = parser.parse_args(argv).dags.absolute()
+    missing = [n for n in ("pgcdc_initial_load.py", "pgcdc_incremental.py") if not (dags / n).is_file()]
+    if missing:
+        parser.error(f"{dags} holds no {' or '.join(missing)}: give the example DAGs' folder (the repository's dags/)")
+    return dags
+
+
+def main(argv: list[str] | None = None) -> int:
+    dags = _dag_folder(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     t_start = time.monotonic()
     root = Path(".pgcdc").absolute()
@@ -186,11 +201,11 @@ def main() -> int:
 
     log.info("[2/6] creating the demo schema and data (20,000 customers, 2,000 products, 100,000 orders)")
     _reset(dsn, env, bucket)
-    aenv = _airflow_env(env, root)
+    aenv = _airflow_env(env, root, dags)
     conf = {"slot": SLOT, "publication": PUBLICATION, "tables": TABLES, "store": store, "delta": delta}
 
     log.info("[3/6] DAG pgcdc_initial_load: publication, snapshot to S3, Spark bootstrap of Delta, verify")
-    initial = _run("pgcdc_initial_load", aenv, {**conf, "workers": 2})
+    initial = _run(dags, "pgcdc_initial_load", aenv, {**conf, "workers": 2})
     snap = initial["result"].xcom("snapshot")
     log.info("      snapshot %s at %s: %s rows", snap["snapshot_id"], snap["consistent_point"], f"{snap['rows']:,}")
 
@@ -206,7 +221,7 @@ def main() -> int:
             time.sleep(3)
         if workload.error is not None:
             raise SystemExit(f"the demo workload failed: {workload.error}")
-        run = _run("pgcdc_incremental", aenv, conf)
+        run = _run(dags, "pgcdc_incremental", aenv, conf)
         window = run["result"].xcom("drain")
         log.info("      run %d: window %s, %s..%s, %s change rows", i + 1, window["window_seq"],
                  window["start_lsn"], window["end_lsn"], f"{window['rows']:,}")
