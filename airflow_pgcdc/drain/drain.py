@@ -53,7 +53,11 @@ One call, :func:`drain_window`:
    :class:`~airflow_pgcdc.changes.assembly.TransactionAssembler` (streamed ones
    spooled to ``spool_dir``), change rows built by :mod:`airflow_pgcdc.changes.rows`,
    written by :class:`~airflow_pgcdc.store.window.WindowWriter` from a background
-   thread. Relation messages make relation versions (per table, per window, from 0);
+   thread. The receive loop does not decode a plain transaction's inserts nor the
+   changes inside a stream block (:meth:`TransactionAssembler.take_raw
+   <airflow_pgcdc.changes.assembly.TransactionAssembler.take_raw>`): inserts are kept as
+   received and decoded a chunk at a time by the writer, stream-block changes are
+   spooled as received and decoded when replayed. Relation messages make relation versions (per table, per window, from 0);
    types outside the built-in set are resolved from the catalogs (a SQL session), a
    Type message's name being the fallback.
 
@@ -450,6 +454,34 @@ class _Window:
                 image = (None,) * len(rv.columns)
         before = buf.nbytes
         buf.add(op, image, old, self._commit_lsn, self.seq, self._txn.xid, self._ts, nbytes)  # type: ignore[union-attr]
+        self.buffered += buf.nbytes - before
+        self.seq += 1
+        self.rows += 1
+        if self.rows & 1023 == 0:  # a replay (streamed, prepared) feeds no frames: keep the status going
+            self.pump()
+        if buf.nbytes >= CHUNK_BYTES or len(buf) >= CHUNK_ROWS:
+            self.buffered -= buf.nbytes
+            self.writer.submit_rows(rv, buf.take(), self.pump)
+        elif self.buffered > self.buffer_budget:
+            self._flush_largest()
+
+    def insert_raw(self, rel: po.Relation, message: bytes, nbytes: int) -> None:
+        """An Insert as received (:meth:`TransactionAssembler.take_raw`): kept undecoded in
+        its buffer, its values decoded with the rest of its chunk by the writer
+        (:meth:`~airflow_pgcdc.changes.rows.RelationVersion.to_batch`). The rest as
+        :meth:`change`."""
+        if rel is self._last_rel:
+            rv, buf = self._last_rv, self._last_buf
+        else:
+            try:
+                rv = self._version(rel)
+            except ColumnNameClash as exc:  # that table alone: never the slot's drain
+                self._refuse(rel, exc)
+                return
+            buf = self.buffers[id(rv)]
+            self._last_rel, self._last_rv, self._last_buf = rel, rv, buf
+        before = buf.nbytes
+        buf.add_raw_insert(message, self._commit_lsn, self.seq, self._txn.xid, self._ts, nbytes)  # type: ignore[union-attr]
         self.buffered += buf.nbytes - before
         self.seq += 1
         self.rows += 1
@@ -950,13 +982,22 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
         read = conn.read_message
         decode = stream.decoder.decode
         feed = asm.feed
+        take_raw = asm.take_raw
+        in_block = False  # inside a stream block (a streamed transaction's changes are spooled)
         while True:
             frame = read(0.2)
             if type(frame) is XLogData:
                 data = frame.data
+                n += 1
+                # the hottest path: a plain transaction's insert, or a change in a stream block,
+                # taken undecoded (decoded in batches by the writer, or when replayed)
+                if data and (in_block or data[0] == 73) and take_raw(data):
+                    received += len(data)
+                    if n & 4095 == 0:
+                        pump()
+                    continue
                 msg = decode(data)
                 t = type(msg)
-                n += 1
                 if t is po.Insert or t is po.Update or t is po.Delete:  # the hot path
                     received += len(data)
                     feed(msg, data)
@@ -978,6 +1019,7 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
                 received += len(data)
                 window.txn_ended = False
                 feed(msg, data)
+                in_block = asm.in_stream_block
                 if window.txn_ended:
                     if window.last_end is not None and window.last_end > safe:
                         safe = window.last_end

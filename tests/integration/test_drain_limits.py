@@ -135,15 +135,32 @@ class _Decoder:
 
 
 def watch_decoder(monkeypatch, on_message):
-    """Wrap the decoder of every stream the drain opens; ``on_message(msg, options)``."""
+    """Wrap the decoder of every stream the drain opens; ``on_message(msg, options)``. The
+    messages the drain takes undecoded (``TransactionAssembler.take_raw``: a plain
+    transaction's inserts, the changes inside a stream block) are seen too, decoded here."""
     real = drain_mod.LogicalStream.pgoutput
+    current = {}
 
     def pgoutput(conn, slot, options, start_lsn=0):
         stream = real(conn, slot, options, start_lsn)
         stream.decoder = _Decoder(stream.decoder, lambda msg: on_message(msg, options))
+        current["options"] = options
         return stream
 
+    real_take = drain_mod.TransactionAssembler.take_raw
+
+    def take_raw(self, raw):
+        in_block = self.in_stream_block
+        taken = real_take(self, raw)
+        if taken:
+            decoder = po.PgoutputDecoder(4 if in_block else 1)
+            if in_block:
+                decoder.decode(po.StreamStart(0, False).encode(4))
+            on_message(decoder.decode(raw), current["options"])
+        return taken
+
     monkeypatch.setattr(drain_mod.LogicalStream, "pgoutput", staticmethod(pgoutput))
+    monkeypatch.setattr(drain_mod.TransactionAssembler, "take_raw", take_raw)
 
 
 # --------------------------------------------------------------------------- max_bytes
