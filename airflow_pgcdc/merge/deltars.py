@@ -27,6 +27,7 @@ from airflow_pgcdc.merge.plan import MergeError
 __all__ = [
     "CONCURRENT", "ConcurrentCommit", "TableExists", "add_columns", "add_filled_columns", "append", "bootstrap", "commit_once", "merge", "replace", "merged_version", "open_table",
     "merge_progress", "merge_scd2", "read_staged", "staged_column", "staged_reader", "swap",
+    "UnreadableFeatures", "plain_dataset", "unreadable_features",
 ]
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,36 @@ class TableExists(MergeError):
 class ConcurrentCommit(MergeError):
     """Another writer committed to the Delta table between this job's read and its commit,
     and that commit was not this window's merge: rerun the job (nothing was written)."""
+
+
+class UnreadableFeatures(MergeError):
+    """The Delta table uses a feature delta-rs' pyarrow datasets read wrong (column mapping:
+    every column NULL; deletion vectors: deleted rows back), so the delta-rs engine must not
+    copy its rows."""
+
+
+def unreadable_features(table) -> list[str]:
+    """The features of ``table`` (a ``DeltaTable``) that its pyarrow dataset would read
+    wrong, without an error: ``column mapping`` (a table Delta's Spark engine created with
+    column names that need it), ``deletion vectors``."""
+    mode = (table.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
+    out = ["column mapping"] if mode not in ("", "none") else []
+    if "deletionVectors" in set(table.protocol().reader_features or ()):
+        out.append("deletion vectors")
+    return out
+
+
+def plain_dataset(table):
+    """``table.to_pyarrow_dataset()``, refused (:class:`UnreadableFeatures`) for a table
+    that dataset would read wrong."""
+    features = unreadable_features(table)
+    if features:
+        raise UnreadableFeatures(
+            f"Delta table {table.table_uri} uses {' and '.join(features)}: the delta-rs engine would read its "
+            "rows wrong",
+            hint="merge this table with --engine delta-spark (which created it so)",
+        )
+    return table.to_pyarrow_dataset()
 
 
 CONCURRENT = {"concurrent_commit": True, "num_source_rows": 0}
@@ -246,7 +277,7 @@ def add_filled_columns(table, fields: list[pa.Field], values: dict[str, Any], *,
 
     current = pa.schema(table.schema().to_arrow())
     target = pa.schema(list(current) + [f.with_nullable(True) for f in fields])
-    dataset = table.to_pyarrow_dataset()
+    dataset = plain_dataset(table)
 
     def batches():
         for batch in dataset.to_batches():
@@ -277,7 +308,7 @@ def swap(rebuilt_url: str, live_url: str, *, app: str, storage_options: dict[str
 
     rebuilt = DeltaTable(rebuilt_url, storage_options=storage_options)
     version = rebuilt.transaction_version(app)
-    reader = rebuilt.to_pyarrow_dataset().scanner(batch_size=BATCH_ROWS).to_reader()
+    reader = plain_dataset(rebuilt).scanner(batch_size=BATCH_ROWS).to_reader()
     txns = [Transaction(app, version)] if version is not None else None
     write_deltalake(
         live_url, reader, mode="overwrite", schema_mode="overwrite", storage_options=storage_options,

@@ -23,13 +23,17 @@ puts), not here.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from airflow_pgcdc.merge.clauses import MergeSpec, Scd2Spec, quote_ident
 
-__all__ = ["append", "bootstrap", "last_commit", "merge", "merge_scd2", "s3a", "table_ref"]
+__all__ = ["append", "bootstrap", "last_commit", "merge", "merge_scd2", "needs_column_mapping", "s3a", "table_ref"]
+
+_MAPPED_ONLY = re.compile(r"[ ,;{}()\n\t=]")
+"""Characters Delta accepts in a column name only when the table maps columns by name."""
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -37,8 +41,14 @@ _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def s3a(url: str) -> str:
-    """``s3://bucket/key`` → ``s3a://bucket/key`` (hadoop-aws' scheme)."""
-    return "s3a://" + url[len("s3://"):] if url.startswith("s3://") else url
+    """A Delta table's ``s3://bucket/key`` → ``s3a://bucket/key`` (hadoop-aws' scheme), at
+    the same objects delta-rs uses: delta-rs percent-decodes the URL's path (the table
+    segment ``my%2Eschema.Odd%20Table`` is the key ``my.schema.Odd Table``), Hadoop keeps a
+    ``%`` literally, so the path is decoded here. Without it the two engines wrote the same
+    odd-named table to two places."""
+    from urllib.parse import unquote
+
+    return "s3a://" + unquote(url[len("s3://"):]) if url.startswith("s3://") else url
 
 
 _CONCURRENT_MARKS = ("DELTA_CONCURRENT_", "io.delta.exceptions.Concurrent")
@@ -203,6 +213,24 @@ def append(spark, df, *, path: str, app: str, version: int, metadata: dict[str, 
     return {**_metrics(after["metrics"]), "delta_version": after["version"]}
 
 
+def needs_column_mapping(schema) -> bool:
+    """Whether a Spark ``schema`` (nested fields included) has a column name Delta refuses
+    unless the table maps columns by name (``delta.columnMapping.mode = name``): a space,
+    a comma, ``;{}()=``, a tab or a newline."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    def walk(t) -> bool:
+        if isinstance(t, StructType):
+            return any(_MAPPED_ONLY.search(f.name) or walk(f.dataType) for f in t.fields)
+        if isinstance(t, ArrayType):
+            return walk(t.elementType)
+        if isinstance(t, MapType):
+            return walk(t.keyType) or walk(t.valueType)
+        return False
+
+    return walk(schema)
+
+
 def bootstrap(spark, df, *, path: str, metadata: dict[str, str],
               configuration: Mapping[str, str] | None = None, sort_by: list | None = None,
               files: int | None = None) -> int:
@@ -210,7 +238,9 @@ def bootstrap(spark, df, *, path: str, metadata: dict[str, str],
     a table created meanwhile raises :class:`~.deltars.TableExists`); table properties
     from ``configuration``. ``sort_by`` (Spark columns, the merge key) and ``files``: the
     rows range-partitioned by the key into ``files`` data files, each sorted (every file
-    then holds one narrow key range). Returns the rows written."""
+    then holds one narrow key range). A table whose column names need it maps columns by
+    name (:func:`needs_column_mapping`; only then: the feature shuts out readers without
+    column mapping). Returns the rows written."""
     from airflow_pgcdc.merge.deltars import TableExists
 
     if sort_by:
@@ -220,7 +250,10 @@ def bootstrap(spark, df, *, path: str, metadata: dict[str, str],
 
     writer = df.write.format("delta").mode("errorifexists").option(
         "userMetadata", json.dumps(dict(metadata), sort_keys=True))
-    for key, value in (configuration or {}).items():
+    configuration = dict(configuration or {})
+    if needs_column_mapping(df.schema):
+        configuration.setdefault("delta.columnMapping.mode", "name")
+    for key, value in configuration.items():
         writer = writer.option(key, value)
     try:
         writer.save(path)

@@ -232,13 +232,13 @@ def _target(ctx, dt, url: str, fields: Sequence[pa.Field]):
 
         df = ctx.spark.read.format("delta").option("versionAsOf", dt.version()).load(deltaspark.s3a(url))
         return df.select(*[col(x) for x in names])
+    from airflow_pgcdc.merge.deltars import unreadable_features
     from airflow_pgcdc.merge.job import KeylessChange, _read_files
 
-    features = set(dt.protocol().reader_features or ())
-    mapping = (dt.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
-    if features & {"deletionVectors", "columnMapping"} or mapping != "none":
+    features = unreadable_features(dt)
+    if features:
         raise KeylessChange(
-            f"Delta table {url} uses deletion vectors or column mapping: the delta-rs engine reads a keyless "
+            f"Delta table {url} uses {' and '.join(features)}: the delta-rs engine reads a keyless "
             "table's data files to count its rows and would read them wrong",
             hint="merge this table with --engine delta-spark, or rewrite the table without those features",
         )

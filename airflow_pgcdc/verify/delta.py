@@ -86,9 +86,14 @@ def open_delta_table(
 
 def _delta_source(dt, names: list[str]):
     """A dataset of the Delta table, or (tables with deletion vectors or column mapping,
-    which pyarrow datasets cannot read) a RecordBatchReader from delta-rs' SQL engine."""
+    which pyarrow datasets read wrong: column mapping gives NULL in every column, without
+    an error) a RecordBatchReader from delta-rs' SQL engine, which reads them right."""
     from deltalake.exceptions import DeltaProtocolError
 
+    from airflow_pgcdc.merge.deltars import unreadable_features
+
+    if unreadable_features(dt):
+        return _delta_query(dt, names)
     try:
         return dt.to_pyarrow_dataset()
     except DeltaProtocolError:
