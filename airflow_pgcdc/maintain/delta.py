@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from airflow_pgcdc.errors import PgcdcError
 from airflow_pgcdc.merge.pruning import DEFAULT_TARGET_FILE_MB, target_bytes
@@ -70,7 +71,8 @@ class DeltaTableResult:
 def _sizes(client, url: str) -> dict[str, int]:
     """``{key relative to the table root: size}`` of every object under the table."""
     loc = s3store.S3Location.parse(url)
-    base = loc.prefix.rstrip("/") + "/"
+    # the objects delta-rs wrote for this URL: it percent-decodes the path (my%2Eschema.t → my.schema.t)
+    base = unquote(loc.prefix.rstrip("/")) + "/"
     return {o["Key"][len(base):]: int(o["Size"]) for o in s3store.list_objects(client, loc.bucket, base)}
 
 

@@ -74,3 +74,9 @@ def test_odd_column_names_on_delta_spark(reader, fresh_db, slot_name, store, spa
     drain(db, src, slot, client)
     merge_slot(spark, source=src, slot=slot, delta=lake, engine="delta-spark", reader=reader)
     assert verify_table(db, lake, "my.schema", "Odd Table").equal
+    # pgcdc status' figures find the table's objects where the engines put them
+    from airflow_pgcdc.maintain.delta import table_figures
+
+    odd.update_incremental()
+    figures = table_figures(odd_url, storage_options=storage, client=client)
+    assert figures["files"] == len(odd.file_uris()) > 0 and figures["stored_bytes"] > figures["log_bytes"] > 0, figures
