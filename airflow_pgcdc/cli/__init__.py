@@ -38,7 +38,7 @@ COMMANDS: list[str] = [
     "airflow_pgcdc.cli.snapshot",
     "airflow_pgcdc.cli.resync",
     "airflow_pgcdc.cli.drain",
-    "airflow_pgcdc.cli_slots",
+    "airflow_pgcdc.cli.slots",
     "airflow_pgcdc.cli.verify",
     "airflow_pgcdc.cli.merge",
     "airflow_pgcdc.cli.maintain",
