@@ -1,6 +1,6 @@
 """``pgcdc slot create|drop|list``, ``pgcdc publication ensure`` and ``pgcdc status``.
 
-``status`` is also a library call, :func:`slot_status`: the slot's health (lag in bytes
+``status`` is also a library call, :func:`airflow_pgcdc.ops.status.slot_status`: the slot's health (lag in bytes
 and time, retained WAL, ``wal_status``) and, with a store URL, the last committed window
 and the windows not yet merged, read from the committed window manifests under
 ``{prefix}/{slot}/changes/`` (a window exists if and only if its ``_manifest.json``
@@ -9,7 +9,7 @@ does). Merge progress is each Delta table's app transaction: with ``--delta``,
 (or when a table has none merged), every committed window counts as not merged. With
 ``--delta``, ``delta_tables`` lists every Delta table of the pipeline (history tables
 included) with its latest version, the versions its log keeps, its live data files and
-bytes, and the last ``pgcdc maintain`` of it (:func:`delta_tables`).
+bytes, and the last ``pgcdc maintain`` of it (:func:`airflow_pgcdc.ops.status.delta_tables`).
 
 Tables that left the pipeline (dropped, or let go with ``pgcdc drain --forget-table``)
 are listed one by one (``left_pipeline``): a table the pipeline knew (the snapshot, a
@@ -31,8 +31,16 @@ import json
 import sys
 from typing import Any
 
-# -- argument helpers ---------------------------------------------------------------
+from airflow_pgcdc.ops.status import slot_status
 
+__all__ = [
+    "register",
+    "run_publication_ensure",
+    "run_slot_create",
+    "run_slot_drop",
+    "run_slot_list",
+    "run_status",
+]
 
 def _split_unquoted(text: str, sep: str, maxsplit: int = -1) -> list[str]:
     """Split on ``sep`` outside double quotes (quotes are kept for the name parser)."""
@@ -91,9 +99,6 @@ def _human_seconds(s: float | None) -> str:
 def _print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
-
-
-# -- registration -------------------------------------------------------------------
 
 
 def register(subparsers) -> None:
@@ -176,16 +181,14 @@ def register(subparsers) -> None:
     add_dsn_argument(p, "of the slot's database")
     p.add_argument("--slot", required=True, help="slot name")
     p.add_argument("--publication", help="also check that this publication exists")
-    p.add_argument("--from", dest="store", metavar="S3_URL", help="the store, s3://bucket/prefix")
+    p.add_argument("--store", "--from", dest="store", metavar="S3_URL",
+                   help="the change store, s3://bucket/prefix (--from: its 0.1 name)")
     p.add_argument("--delta", metavar="S3_URL",
                    help="the Delta root (s3://bucket/lake): count windows merged into every table, and "
                         "show each Delta table's version, versions kept in its log, live data files "
                         "and bytes, and its last pgcdc maintain")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run_status)
-
-
-# -- slot ---------------------------------------------------------------------------
 
 
 def run_slot_create(args: argparse.Namespace) -> int:
@@ -229,9 +232,6 @@ def run_slot_list(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- publication ----------------------------------------------------------------------
-
-
 def run_publication_ensure(args: argparse.Namespace) -> int:
     import psycopg
 
@@ -259,370 +259,6 @@ def run_publication_ensure(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- status ---------------------------------------------------------------------------
-
-
-def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | None = None) -> dict[str, Any]:
-    """What the store holds for ``slot``: ``windows_committed``, ``last_window`` (the
-    newest committed manifest's ``window_seq``, ``start_lsn``, ``end_lsn`` and the rest of
-    its top-level scalar fields), ``uncommitted_folders`` (window folders without a
-    manifest: a window being written, or one a crashed drain left), ``merged_through``
-    and ``windows_not_merged``.
-
-    Windows are written one at a time, in order, so every window folder before the
-    newest committed one is committed: the manifests are checked from the newest back.
-    """
-    from airflow_pgcdc.store import s3 as s3store
-    from airflow_pgcdc.store.layout import Layout, LayoutError
-
-    layout = Layout.parse(store_url)
-    prefix = layout.changes_prefix(slot)
-    seqs: list[int] = []
-    paginator = client.get_paginator("list_objects_v2")
-    for page in paginator.paginate(Bucket=layout.bucket, Prefix=prefix, Delimiter="/"):
-        for cp in page.get("CommonPrefixes", ()) or ():
-            folder = cp["Prefix"][len(prefix):].rstrip("/")
-            try:
-                seqs.append(layout.parse_window_key(slot, prefix + folder + "/"))
-            except LayoutError:
-                continue  # not a window folder
-    seqs.sort()
-    last = None
-    uncommitted: list[int] = []
-    for seq in reversed(seqs):
-        key = layout.window_manifest(slot, seq)
-        if s3store.exists(client, layout.bucket, key):
-            doc = s3store.get_json(client, layout.bucket, key)
-            last = {"window_seq": seq, "manifest": layout.url(key)}
-            if isinstance(doc, dict):
-                for name, value in doc.items():
-                    if name not in last and (value is None or isinstance(value, (str, int, float, bool))):
-                        last[name] = value
-            break
-        uncommitted.append(seq)
-    committed = 0 if last is None else sum(1 for s in seqs if s <= last["window_seq"])
-    left: list[dict[str, Any]] = []
-    without_copy: list[tuple[str, str]] = []
-    if last is not None:
-        left = _left_pipeline(client, layout, slot, doc)
-        without_copy = _without_copy(client, layout, slot, doc)
-    gone = {t["table"] for t in left}
-    merged_through = None
-    per_table = None
-    if delta_url and last is not None:
-        per_table = _merged_per_table(client, layout, slot, delta_url, last["window_seq"],
-                                      extra=[(t["schema"], t["name"]) for t in left])
-        for t in left:
-            t["merged_through"] = per_table.get(t["table"])
-            t["delta_url"] = _delta_url(delta_url, t["schema"], t["name"])
-        done = [w for name, w in per_table.items() if name not in gone]
-        merged_through = None if not done or None in done else min(done)
-    not_merged = committed if merged_through is None else max(last["window_seq"] - merged_through, 0)
-    out = {
-        "store": layout.root.url,
-        "windows_committed": committed,
-        "last_window": last,
-        "uncommitted_folders": sorted(uncommitted),
-        "merged_through": merged_through,
-        "windows_not_merged": not_merged,
-    }
-    if per_table is not None:
-        out["merged_per_table"] = per_table
-    if delta_url:
-        out["delta_tables"] = delta_tables(client, layout, slot, delta_url, last_seq=(last or {}).get("window_seq"),
-                                           extra=[(t["schema"], t["name"]) for t in left])
-    out["left_pipeline"] = left
-    out["without_copy"] = [f"{a}.{b}" for a, b in without_copy]
-    out["without_copy_hint"] = None
-    if without_copy:
-        import shlex
-
-        from airflow_pgcdc.protocol.quoting import quote_qualified
-
-        out["without_copy_hint"] = "pgcdc resync --tables " + " ".join(
-            shlex.quote(quote_qualified(a, b)) for a, b in without_copy)
-    return out
-
-
-def _without_copy(client: Any, layout: Any, slot: str, newest: Any) -> list[tuple[str, str]]:
-    """The tables the newest window's ``pipeline_tables`` holds that neither the snapshot nor
-    a resync copied (added to the publication, or a partition attached to a root published
-    per leaf, not resynced yet): their Delta table would miss the rows they held then; the
-    merge refuses their changes (``NeedsSnapshot``) until ``pgcdc resync``."""
-    from airflow_pgcdc.store.manifest import committed_snapshot
-    from airflow_pgcdc.store.resyncs import committed_resyncs
-
-    if not isinstance(newest, dict) or newest.get("pipeline_tables") is None:
-        return []
-    copied: set[tuple[str, str]] = set()
-    snapshot = committed_snapshot(client, layout, slot)
-    if snapshot is None:
-        return []  # a store without a snapshot: nothing to compare with
-    copied |= {(t.schema, t.table) for t in snapshot.tables}
-    for r in committed_resyncs(client, layout, slot):
-        copied |= {(t.schema, t.table) for t in r.manifest.tables}
-    return sorted({(str(a), str(b)) for a, b in newest["pipeline_tables"]} - copied)
-
-
-def _delta_url(delta_url: str, schema: str, table: str) -> str:
-    from airflow_pgcdc.merge.plan import delta_table_url
-
-    return delta_table_url(delta_url, schema, table)
-
-
-def _left_pipeline(client: Any, layout: Any, slot: str, newest: Any) -> list[dict[str, Any]]:
-    """The tables the pipeline knew that the newest committed window (``newest``, its
-    manifest document) no longer covers: ``[{table, schema, name, last_window}]``, where
-    ``last_window`` is the last window holding its changes as far as the merge's tables
-    index knows (``None``: not known)."""
-    from airflow_pgcdc.store import s3 as s3store
-    from airflow_pgcdc.store.manifest import committed_snapshot
-    from airflow_pgcdc.store.resyncs import committed_resyncs
-
-    if not isinstance(newest, dict) or newest.get("pipeline_tables") is None:
-        return []  # a window written before pipeline_tables existed: nothing to tell
-    pipeline = {(str(a), str(b)) for a, b in newest["pipeline_tables"]}
-    known: dict[tuple[str, str], int | None] = {}
-    snapshot = committed_snapshot(client, layout, slot)
-    for t in snapshot.tables if snapshot is not None else ():
-        known[(t.schema, t.table)] = None
-    for r in committed_resyncs(client, layout, slot):
-        for t in r.manifest.tables:
-            known.setdefault((t.schema, t.table), None)
-    try:
-        index = s3store.get_json(client, layout.bucket, layout.merge_tables_index(slot))
-        for t in index.get("tables", ()) if isinstance(index, dict) else ():
-            w = t.get("last_window")
-            known[(str(t["schema"]), str(t["table"]))] = w if isinstance(w, int) and w >= 0 else None
-    except s3store.ObjectNotFound:
-        pass
-    except Exception:  # noqa: BLE001 - a cache: never fail status on it
-        pass
-    for t in newest.get("tables", ()) or ():
-        if isinstance(t, dict) and "schema" in t and "table" in t:
-            known[(str(t["schema"]), str(t["table"]))] = int(newest["window_seq"])
-    return [
-        {"table": f"{schema}.{table}", "schema": schema, "name": table, "last_window": w}
-        for (schema, table), w in sorted(known.items()) if (schema, table) not in pipeline
-    ]
-
-
-HISTORY_KINDS = (("", "table"), ("__changelog", "changelog"), ("__scd2", "scd2"))  # merge/job.py's suffixes
-
-
-def _pipeline_tables(client: Any, layout: Any, slot: str, last_seq: int | None,
-                     extra: list[tuple[str, str]] = ()) -> list[tuple[str, str]]:
-    """Every table the pipeline knows: the snapshot's, the resyncs', the merge's tables
-    index, the newest window's and ``extra``, in that order, once each."""
-    from airflow_pgcdc.store import s3 as s3store
-    from airflow_pgcdc.store.manifest import committed_snapshot
-    from airflow_pgcdc.store.resyncs import committed_resyncs
-    from airflow_pgcdc.store.window import read_window
-
-    tables: dict[tuple[str, str], None] = {}
-    snapshot = committed_snapshot(client, layout, slot)
-    for t in snapshot.tables if snapshot is not None else ():
-        tables[(t.schema, t.table)] = None
-    for r in committed_resyncs(client, layout, slot):
-        for t in r.manifest.tables:
-            tables[(t.schema, t.table)] = None
-    try:
-        index = s3store.get_json(client, layout.bucket, layout.merge_tables_index(slot))
-        for t in index.get("tables", ()) if isinstance(index, dict) else ():
-            tables[(str(t["schema"]), str(t["table"]))] = None
-    except Exception:  # noqa: BLE001 - a cache: never fail status on it
-        pass
-    if last_seq is not None:
-        for t in read_window(client, layout, slot, last_seq).tables:
-            tables[(t["schema"], t["table"])] = None
-    for t in extra:
-        tables[t] = None
-    return list(tables)
-
-
-def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_seq: int | None = None,
-                 extra: list[tuple[str, str]] = ()) -> list[dict[str, Any]]:
-    """Per Delta table of the pipeline (each source table's, and its ``__changelog`` /
-    ``__scd2`` history tables when they exist), whichever engine wrote it: ``version``,
-    ``versions_kept``, ``oldest_version``, ``checkpoint_version``, live data ``files`` and
-    their ``bytes``, ``log_bytes``, ``stored_bytes``
-    (:func:`airflow_pgcdc.maintain.delta.table_figures`) and ``last_maintenance``: the record
-    ``pgcdc maintain`` wrote for it (``{slot}/maintain/tables/``), or None. A source table
-    without a Delta table yet is listed with ``exists: false``; one that cannot be read
-    gets ``error``."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    from airflow_pgcdc.maintain.delta import table_figures
-    from airflow_pgcdc.maintain.store import last_maintenance
-    from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options, settings_of
-
-    storage = delta_storage_options(settings_of(client) or S3Settings.from_env())
-    out: list[dict[str, Any]] = []
-    for schema, table in _pipeline_tables(client, layout, slot, last_seq, extra):
-        base = _delta_url(delta_url, schema, table)
-        for suffix, kind in HISTORY_KINDS:
-            url = base + suffix
-            entry: dict[str, Any] = {"table": f"{schema}.{table}{suffix}", "kind": kind, "delta_url": url}
-            try:
-                dt = DeltaTable(url, storage_options=storage)
-            except TableNotFoundError:
-                if not suffix:
-                    out.append({**entry, "exists": False})
-                continue
-            entry["exists"] = True
-            try:
-                entry.update(table_figures(url, storage_options=storage, client=client, dt=dt))
-            except Exception as exc:  # noqa: BLE001 - one table's trouble is reported, status goes on
-                entry["error"] = f"{type(exc).__name__}: {exc}"
-            try:
-                entry["last_maintenance"] = last_maintenance(client, layout, slot, url)
-            except Exception as exc:  # noqa: BLE001
-                entry["last_maintenance"] = None
-                entry["error"] = f"{type(exc).__name__}: {exc}"
-            out.append(entry)
-    return out
-
-
-def _merged_per_table(client: Any, layout: Any, slot: str, delta_url: str, last_seq: int,
-                      extra: list[tuple[str, str]] = ()) -> dict:
-    from airflow_pgcdc.merge.deltars import merge_progress
-    from airflow_pgcdc.store.manifest import committed_snapshot
-    from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options
-    from airflow_pgcdc.store.window import read_window
-
-    tables: dict[tuple[str, str], None] = {}
-    snapshot = committed_snapshot(client, layout, slot)
-    for t in snapshot.tables if snapshot is not None else ():
-        tables[(t.schema, t.table)] = None
-    for t in read_window(client, layout, slot, last_seq).tables:
-        tables[(t["schema"], t["table"])] = None
-    for t in extra:
-        tables[t] = None
-    return merge_progress(delta_url, slot, list(tables),
-                          storage_options=delta_storage_options(S3Settings.from_env()))
-
-
-def slot_status(
-    dsn: str,
-    slot: str,
-    *,
-    publication: str | None = None,
-    store_url: str | None = None,
-    s3_client: Any = None,
-    delta_url: str | None = None,
-) -> dict[str, Any]:
-    """The status of ``slot`` (and of its windows in the store at ``store_url``).
-
-    ``problem`` is None when the slot can be drained, else ``{"error", "message", "hint"}``
-    (lost, unreserved, mismatched, publication missing); an active slot (a drain running)
-    is not a problem: ``slot.active`` and ``slot.active_pid`` show it. A missing slot raises
-    :class:`~airflow_pgcdc.pg.slots.SlotMissing`.
-    """
-    from airflow_pgcdc.pg.slots import (
-        PublicationMissing,
-        SlotError,
-        SlotMissing,
-        check_slot_usable,
-        slot_health,
-    )
-    from airflow_pgcdc.protocol.lsn import LSN
-
-    health = slot_health(dsn, slot, publication=publication)
-    problem = None
-    try:
-        check_slot_usable(health, plugin=None, allow_active=True)  # active: a drain is running
-    except SlotMissing:
-        raise
-    except (SlotError, PublicationMissing) as e:
-        problem = {"error": e.kind, "message": str(e), "hint": getattr(e, "hint", None)}
-    out: dict[str, Any] = {"slot": health.to_dict(), "problem": problem}
-    if store_url:
-        if s3_client is None:
-            from airflow_pgcdc.store.s3 import S3Settings, make_s3_client
-
-            s3_client = make_s3_client(S3Settings.from_env())
-        store = committed_windows(s3_client, store_url, slot, delta_url)
-        last = store["last_window"]
-        agreement = None
-        if last and isinstance(last.get("end_lsn"), str) and health.confirmed_flush_lsn is not None:
-            end = LSN.parse(last["end_lsn"])
-            if end == health.confirmed_flush_lsn:
-                agreement = "in_sync"
-            elif end > health.confirmed_flush_lsn:
-                agreement = "ack_pending"  # the last window's ack was lost: the next drain sends it
-            else:
-                agreement = "slot_ahead"  # acknowledged beyond the store: changes are missing
-        store["slot_vs_store"] = agreement
-        if store["left_pipeline"]:
-            _why_left(dsn, store["left_pipeline"])
-        store["partitions_changed"] = partition_changes(dsn, s3_client, store_url, slot)
-        out["store"] = store
-    return out
-
-
-_LEAVES_NOW_SQL = """
-SELECT n.nspname::text, c.relname::text,
-       NOT (i.xmin = COALESCE(ty.xmin, c.xmin)) AS attached_later
-FROM pg_catalog.pg_partition_tree(%s::oid::regclass) t
-JOIN pg_catalog.pg_class c ON c.oid = t.relid
-JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-LEFT JOIN pg_catalog.pg_type ty ON ty.oid = c.reltype
-LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid
-WHERE t.isleaf
-"""
-
-
-def partition_changes(dsn: str, client: Any, store_url: str, slot: str) -> list[dict[str, Any]]:
-    """Partitioned tables copied through their root (a snapshot or resync records the leaves
-    its copy holds) whose partitions changed since: leaves ATTACHed after they were created
-    (the rows they held then were never streamed), and leaves DETACHed or dropped (their
-    rows left the root without a delete in the stream). A leaf created as a partition
-    (``CREATE TABLE … PARTITION OF``, created and attached in one transaction: its rows
-    were all streamed) is not reported. Each: ``{table, copied_at, attached, detached, hint}``."""
-    import shlex
-
-    import psycopg
-
-    from airflow_pgcdc.protocol.quoting import quote_qualified
-    from airflow_pgcdc.store.layout import Layout
-    from airflow_pgcdc.store.manifest import committed_snapshot
-    from airflow_pgcdc.store.resyncs import committed_resyncs
-
-    layout = Layout.parse(store_url)
-    copies: dict[tuple[str, str], tuple[Any, str]] = {}
-    snapshot = committed_snapshot(client, layout, slot)
-    for t in snapshot.tables if snapshot is not None else ():
-        copies[(t.schema, t.table)] = (t, snapshot.consistent_point)
-    for r in committed_resyncs(client, layout, slot):  # oldest first: the newest copy wins
-        for t in r.manifest.tables:
-            copies[(t.schema, t.table)] = (t, r.manifest.consistent_point)
-    if not any(isinstance(t.extra.get("partitions"), list) for t, _ in copies.values()):
-        return []  # nothing copied through a root (the usual case)
-    out = []
-    with psycopg.connect(dsn, autocommit=True, application_name="pgcdc-status") as conn:
-        for (schema, table), (entry, copied_at) in sorted(copies.items()):
-            recorded = entry.extra.get("partitions")
-            if not isinstance(recorded, list):
-                continue
-            row = conn.execute(
-                "SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE n.nspname = %s AND c.relname = %s AND c.relkind = 'p'", (schema, table)).fetchone()
-            if row is None:
-                continue  # dropped, or no longer partitioned: not this check's business
-            then = {(str(a), str(b)) for a, b in recorded}
-            now = {(a, b): later for a, b, later in conn.execute(_LEAVES_NOW_SQL, (row[0],)).fetchall()}
-            attached = sorted(k for k, later in now.items() if k not in then and later)
-            detached = sorted(then - set(now))
-            if attached or detached:
-                out.append({
-                    "table": f"{schema}.{table}", "copied_at": copied_at,
-                    "attached": [f"{a}.{b}" for a, b in attached], "detached": [f"{a}.{b}" for a, b in detached],
-                    "hint": f"pgcdc resync --tables {shlex.quote(quote_qualified(schema, table))}",
-                })
-    return out
-
-
 def _partitions_line(t: dict[str, Any]) -> str:
     what = []
     if t["attached"]:
@@ -631,19 +267,6 @@ def _partitions_line(t: dict[str, Any]) -> str:
         what.append(f"detached or dropped {', '.join(t['detached'])}")
     return (f"{t['table']}: {'; '.join(what)} since its copy at {t['copied_at']}: the rows they held then "
             f"are not in the stream, its Delta table differs; run {t['hint']}")
-
-
-def _why_left(dsn: str, left: list[dict[str, Any]]) -> None:
-    """Set ``reason`` on each table of ``left``: ``dropped`` (no such table on the server)
-    or ``forgotten`` (it exists: let go with ``--forget-table``)."""
-    import psycopg
-
-    from airflow_pgcdc.protocol.quoting import quote_qualified
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for t in left:
-            gone = conn.execute("SELECT to_regclass(%s) IS NULL", (quote_qualified(t["schema"], t["name"]),)).fetchone()[0]
-            t["reason"] = "dropped" if gone else "forgotten"
 
 
 def _left_line(t: dict[str, Any]) -> str:
@@ -767,3 +390,4 @@ def run_status(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from airflow_pgcdc.cli_slots import committed_windows, slot_status
+from airflow_pgcdc.ops.status import committed_windows, slot_status
 from airflow_pgcdc.pg import slots
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.tables import TableNotFound

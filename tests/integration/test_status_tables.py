@@ -16,12 +16,12 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from airflow_pgcdc.cli_slots import slot_status
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.maintain import maintain_slot
 from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.merge.plan import delta_table_url
+from airflow_pgcdc.ops.status import slot_status
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
 

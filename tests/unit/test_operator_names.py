@@ -70,6 +70,7 @@ def test_the_store_under_its_old_names(old):
         ("resync", "--to", ["--slot", "s", "--publication", "p", "--tables", "a.b"]),
         ("merge", "--from", ["--slot", "s", "--delta", "s3://b/l"]),
         ("maintain", "--from", ["--slot", "s", "--delta", "s3://b/l"]),
+        ("status", "--from", ["--slot", "s"]),
     ],
 )
 def test_cli_takes_the_store_as_store_and_under_its_old_flag(command, old, rest):

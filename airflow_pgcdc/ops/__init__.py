@@ -1,0 +1,1 @@
+"""Library calls for running a pipeline: :mod:`.status` (what ``pgcdc status`` shows)."""
