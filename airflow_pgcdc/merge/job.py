@@ -27,7 +27,7 @@ Crash safety: a job killed before a table's commit leaves that table at its prev
 version (a Delta commit is one conditional put of the log entry); the rerun merges the
 same windows again. Killed after the commit, the rerun finds the app transaction
 version at the window and does nothing. Test hooks: ``PGCDC_FAULT=merge-after-stage``
-and ``merge-after-commit`` (:mod:`airflow_pgcdc.testhooks`).
+and ``merge-after-commit`` (:mod:`airflow_pgcdc.testing.faults`).
 
 Staged files live under ``{prefix}/{slot}/merge-staging/{run_id}/`` and are removed after
 each commit; debris of a killed job older than :data:`STAGING_TTL_HOURS` is removed by
@@ -81,7 +81,7 @@ from airflow_pgcdc.store.partitions import (
 )
 from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
 from airflow_pgcdc.store.window import REFUSED_FIELD, read_window, window_folders
-from airflow_pgcdc.testhooks import fault_point
+from airflow_pgcdc.testing.faults import fault_point
 
 __all__ = [
     "IncompatibleSchemaChange", "MergeResult", "PartitionsChanged", "TableResult", "TableRewritten", "WindowsExpired",
