@@ -92,7 +92,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -151,6 +150,7 @@ from airflow_pgcdc.store.window import (
     latest_window,
     read_window,
 )
+from airflow_pgcdc.testing.faults import FAULT_ENV, PAUSE_ENV, fault_point
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,6 @@ __all__ = [
 
 HEARTBEAT_PREFIX = "pgcdc.heartbeat"
 HEARTBEAT_RECORD_SLACK = 512  # bytes past a heartbeat's LSN that its own record may take
-FAULT_ENV = "PGCDC_FAULT"
 FAULT_POINTS = ("after-receive", "during-upload", "after-parts", "after-manifest", "after-ack")
 CHUNK_ROWS = 16_384
 CHUNK_BYTES = 8 << 20
@@ -170,20 +169,8 @@ MESSAGE_CHUNK = 1_000
 
 
 def _fault(point: str) -> None:
-    """Test hook: SIGKILL this process at ``point`` when ``PGCDC_FAULT`` names it; pause
-    ``PGCDC_PAUSE_SECONDS`` (default 3) there when ``PGCDC_PAUSE`` names it, after
-    creating the file ``PGCDC_PAUSE_FILE`` (so a test can act while the drain is
-    mid-window)."""
-    if os.environ.get(FAULT_ENV) == point:
-        log.warning("fault injection: killing the drain at %s", point)
-        os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get("PGCDC_PAUSE") == point:
-        os.environ.pop("PGCDC_PAUSE")  # once
-        marker = os.environ.get("PGCDC_PAUSE_FILE")
-        if marker:
-            with open(marker, "w") as f:
-                f.write(point)
-        time.sleep(float(os.environ.get("PGCDC_PAUSE_SECONDS", "3")))
+    """The drain's fault points (:mod:`airflow_pgcdc.testing.faults`)."""
+    fault_point(point, log)
 
 
 @dataclass
@@ -954,7 +941,7 @@ def _run(conn, stream, sql, types, client, layout, slot, seq, start, end_lsn, he
     )
     # the after-receive point is checked after every transaction: read the environment once
     fault_after = int(os.environ.get("PGCDC_FAULT_AFTER", "1"))
-    if "after-receive" not in (os.environ.get(FAULT_ENV), os.environ.get("PGCDC_PAUSE")):
+    if "after-receive" not in (os.environ.get(FAULT_ENV), os.environ.get(PAUSE_ENV)):
         fault_after = None
     receive_t0 = time.monotonic()
     deadline = receive_t0 + max_seconds if max_seconds is not None else None
