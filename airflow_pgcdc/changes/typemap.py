@@ -166,16 +166,6 @@ class ValueConversionError(TypeMapError, ValueError):
             text += f" (value {v[:80] + '...' if len(v) > 80 else v})"
         return text
 
-    def __reduce__(self):
-        return (
-            _rebuild,
-            (type(self), self.reason, self.table, self.column, self.pg_type, self.row, self.offset, self.value),
-        )
-
-
-def _rebuild(cls, reason, table, column, pg_type, row, offset, value):
-    return cls(reason, table=table, column=column, pg_type=pg_type, row=row, offset=offset, value=value)
-
 
 class UnrepresentableValue(ValueConversionError):
     """A valid PostgreSQL value with no lossless form in the column's Arrow type (a

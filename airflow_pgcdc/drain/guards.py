@@ -86,13 +86,6 @@ class PipelineTablesUnpublished(DrainError):
         super().__init__(message, hint=hint)
         self.tables = tuple(tables)
 
-    def __reduce__(self):
-        return (_rebuild_unpublished, (str(self), self.hint, self.tables))
-
-
-def _rebuild_unpublished(message, hint, tables):
-    return PipelineTablesUnpublished(message, hint=hint, tables=tables)
-
 
 class ServerMismatch(DrainError):
     """The server behind the DSN is not the one whose changes the store holds."""

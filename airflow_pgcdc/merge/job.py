@@ -127,13 +127,6 @@ class WindowsExpired(MergeError):
         self.start_lsn = start_lsn
         self.end_lsn = end_lsn
 
-    def __reduce__(self):
-        return (_rebuild_expired, (str(self), self.hint, self.table, self.windows, self.start_lsn, self.end_lsn))
-
-
-def _rebuild_expired(message, hint, table, windows, start_lsn, end_lsn):
-    return WindowsExpired(message, hint=hint, table=table, windows=windows, start_lsn=start_lsn, end_lsn=end_lsn)
-
 
 class PartitionsChanged(MergeError):
     """A partitioned table published through its root had partitions attached (holding
@@ -159,9 +152,6 @@ class TablesFailed(MergeError):
     def __init__(self, message: str, *, hint: str | None = None, result: MergeResult | None = None) -> None:
         super().__init__(message, hint=hint)
         self.result = result
-
-    def __reduce__(self):
-        return (TablesFailed, (str(self),), {"hint": self.hint, "result": self.result})
 
 
 @dataclass

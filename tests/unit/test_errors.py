@@ -12,7 +12,10 @@ import pkgutil
 import pytest
 
 import airflow_pgcdc
+from airflow_pgcdc.changes.typemap import ValueConversionError
+from airflow_pgcdc.drain.guards import PipelineTablesUnpublished
 from airflow_pgcdc.errors import HintedError, PgcdcError, TruncatedMessage
+from airflow_pgcdc.merge.job import TablesFailed, WindowsExpired
 from airflow_pgcdc.pg.errors import ServerError, UndefinedObject
 from airflow_pgcdc.pg.slots import PublicationMissing, SlotInUse, UnsupportedFeature
 from airflow_pgcdc.snapshot.basebackup import BaseBackupServerError
@@ -32,6 +35,10 @@ SAMPLES = [
     StoreError("denied", bucket="b", key="k", operation="put", code="AccessDenied"),
     TruncatedMessage("short", protocol="pgoutput", message_type="Insert ('I')", offset=3),
     SandboxError("no server", hint="make setup"),
+    ValueConversionError("bad date", table="public.t", column="d", pg_type="date", row=3, value="2024-13-01"),
+    PipelineTablesUnpublished("left", hint="add them back", tables=[("public", "t")]),
+    WindowsExpired("expired", hint="resync", table="public.t", windows=[1, 2], start_lsn="0/10", end_lsn="0/20"),
+    TablesFailed("1 of 2 failed", hint="see the result", result=None),
 ]
 
 
