@@ -119,6 +119,7 @@ from airflow_pgcdc.drain.guards import (
     PublicationNotFound,
     ServerMismatch,
     SlotAheadOfStore,
+    SlotMissing,
     SlotNotFound,
     WindowConflict,
     check_publications,
@@ -610,7 +611,11 @@ def _slot_info(sql: psycopg.Connection, slot: str) -> tuple[LSN, bool, str]:
         (slot,),
     ).fetchone()
     if row is None:
-        raise SlotNotFound(f"replication slot {slot!r} does not exist")
+        raise SlotMissing(
+            f"replication slot {slot!r} does not exist", slot=slot,
+            hint="a dropped slot lost its changes: start the pipeline again with pgcdc snapshot (or pgcdc resync "
+            "for some tables) under a new slot name",
+        )
     confirmed, two_phase, plugin, _db = row
     if plugin != "pgoutput":
         raise DrainError(f"slot {slot!r} uses output plugin {plugin!r}; the drain reads pgoutput")

@@ -28,6 +28,7 @@ import psycopg
 
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.pg.errors import ServerError
+from airflow_pgcdc.pg.slots import SlotMissing
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
 
@@ -53,8 +54,9 @@ class DrainError(HintedError):
     """The drain could not produce its window."""
 
 
-class SlotNotFound(DrainError):
-    """The replication slot does not exist (dropped, or never created)."""
+SlotNotFound = SlotMissing
+"""The 0.1 name of :class:`~airflow_pgcdc.pg.slots.SlotMissing` (one class for a slot that
+does not exist, whoever finds out: the drain, the sensor, ``pgcdc slot``)."""
 
 
 class SlotAheadOfStore(DrainError):

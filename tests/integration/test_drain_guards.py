@@ -722,3 +722,19 @@ def test_memory_of_a_window_touching_many_tables_is_bounded(fresh_db, slot_name,
     bounded, unbounded = peaks
     print(f"peak RSS {bounded:.0f} MB with a 32 MB budget, {unbounded:.0f} MB without, for {n} tables")
     assert bounded < 0.6 * unbounded, f"peak RSS {bounded:.0f} MB bounded vs {unbounded:.0f} MB unbounded"
+
+
+def test_a_missing_slot_is_slot_missing(fresh_db, slot_name, store):
+    """One class for a slot that does not exist, whoever finds out (the drain used to raise
+    its own SlotNotFound, without the slot or a hint); the old name still catches it."""
+    from airflow_pgcdc.drain import SlotNotFound
+    from airflow_pgcdc.pg.slots import SlotMissing
+
+    client, url = store
+    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    with pytest.raises(SlotMissing, match=f"replication slot '{slot}' does not exist") as missing:
+        drain(fresh_db, url, slot, client)
+    assert missing.value.slot == slot and "pgcdc snapshot" in missing.value.hint
+    assert isinstance(missing.value, SlotNotFound)
+    assert not list(s3store.list_objects(client, Layout.parse(url).bucket, ""))  # wrote nothing
