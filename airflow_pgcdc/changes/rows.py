@@ -45,6 +45,15 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_pgcdc.changes import arrays
+from airflow_pgcdc.changes.columns import (
+    COMMIT_LSN,
+    COMMIT_TS,
+    OLD_PREFIX,
+    OP,
+    SEQ,
+    XID,
+)
+from airflow_pgcdc.changes.columns import UNCHANGED_TOAST as UNCHANGED_TOAST_COLUMN
 from airflow_pgcdc.changes.tuples import TupleDecoder
 from airflow_pgcdc.changes.typemap import TypeMapError, ValueConversionError
 from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST, PgoutputDecoder
@@ -59,14 +68,13 @@ __all__ = [
     "old_column_name",
 ]
 
-OLD_PREFIX = "_pgcdc_old_"
 META_FIELDS: tuple[pa.Field, ...] = (
-    pa.field("_pgcdc_op", pa.string(), nullable=False),
-    pa.field("_pgcdc_commit_lsn", pa.int64(), nullable=False),
-    pa.field("_pgcdc_seq", pa.int64(), nullable=False),
-    pa.field("_pgcdc_xid", pa.int64(), nullable=False),
-    pa.field("_pgcdc_commit_ts", pa.timestamp("us", tz="UTC"), nullable=True),
-    pa.field("_pgcdc_unchanged_toast", pa.list_(pa.string()), nullable=False),
+    pa.field(OP, pa.string(), nullable=False),
+    pa.field(COMMIT_LSN, pa.int64(), nullable=False),
+    pa.field(SEQ, pa.int64(), nullable=False),
+    pa.field(XID, pa.int64(), nullable=False),
+    pa.field(COMMIT_TS, pa.timestamp("us", tz="UTC"), nullable=True),
+    pa.field(UNCHANGED_TOAST_COLUMN, pa.list_(pa.string()), nullable=False),
 )
 META_NAMES = frozenset(f.name for f in META_FIELDS)
 """The metadata columns of a change part; a table column may not be named so (nor start

@@ -109,6 +109,7 @@ from airflow_pgcdc.changes.assembly import (
     event_position,
 )
 from airflow_pgcdc.changes.codecs import parse_array_text
+from airflow_pgcdc.changes.columns import COMMIT_LSN, SEQ, XID
 from airflow_pgcdc.changes.rows import ChangeBuffer, ColumnNameClash, RelationVersion, ts_us
 from airflow_pgcdc.changes.typemap import SESSION_OPTIONS
 from airflow_pgcdc.drain.guards import (
@@ -521,8 +522,8 @@ class _Window:
     def message(self, msg: po.LogicalMessage) -> None:
         txn = self._txn
         self.messages.append({
-            "_pgcdc_seq": self.seq, "transactional": True, "_pgcdc_xid": txn.xid,  # type: ignore[union-attr]
-            "_pgcdc_commit_lsn": int(txn.commit_lsn), "lsn": int(msg.lsn),  # type: ignore[union-attr]
+            SEQ: self.seq, "transactional": True, XID: txn.xid,  # type: ignore[union-attr]
+            COMMIT_LSN: int(txn.commit_lsn), "lsn": int(msg.lsn),  # type: ignore[union-attr]
             "prefix": msg.prefix, "content": msg.content,
         })
         self.seq += 1
@@ -533,7 +534,7 @@ class _Window:
         if msg.prefix == HEARTBEAT_PREFIX:
             return
         self.messages.append({
-            "_pgcdc_seq": None, "transactional": False, "_pgcdc_xid": None, "_pgcdc_commit_lsn": None,
+            SEQ: None, "transactional": False, XID: None, COMMIT_LSN: None,
             "lsn": int(msg.lsn), "prefix": msg.prefix, "content": msg.content,
         })
         self.n_messages[1] += 1

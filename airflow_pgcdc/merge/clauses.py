@@ -136,7 +136,7 @@ def build_keyless_spec(
     q = lambda n: quote_ident(n, dialect)  # noqa: E731
     if not columns:
         raise ValueError("a keyless merge needs at least one column")
-    kind = "s." + q("_pgcdc_kind")
+    kind = "s." + q(KIND)
     same = "IS NOT DISTINCT FROM" if dialect == "delta-rs" else "<=>"
     text = "VARCHAR" if dialect == "delta-rs" else "STRING"
     conds = [f"{kind} = 'del'"]

@@ -42,13 +42,12 @@ import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 
+from airflow_pgcdc.changes.columns import COMMIT_LSN, COMMIT_TS, OP, SEQ, UNCHANGED_TOAST, XID
 from airflow_pgcdc.changes.rows import (
-    META_FIELDS,
     META_NAMES,
     OLD_PREFIX,
     REWRITTEN_FIELD,
@@ -57,7 +56,28 @@ from airflow_pgcdc.changes.rows import (
 from airflow_pgcdc.merge import deltars, pruning
 from airflow_pgcdc.merge.clauses import MATCH_PREFIX, build_merge_spec, keep_column
 from airflow_pgcdc.merge.compact import compact, toastable
+from airflow_pgcdc.merge.context import (
+    META,
+    JobContext,
+    read_changes,
+    read_files,
+    read_parts,
+    remove_old_staging,
+    spark_commit_once,
+    stage,
+    window_metadata,
+)
 from airflow_pgcdc.merge.delta_types import to_delta_batch, to_delta_schema
+from airflow_pgcdc.merge.errors import (
+    IncompatibleSchemaChange,
+    KeylessChange,
+    NeedsSnapshot,
+    PartitionsChanged,
+    ReservedColumnName,
+    TableRewritten,
+    TablesFailed,
+    WindowsExpired,
+)
 from airflow_pgcdc.merge.plan import (
     MergeError,
     TablePlan,
@@ -68,11 +88,11 @@ from airflow_pgcdc.merge.plan import (
     plan_table,
     select_windows,
 )
-from airflow_pgcdc.merge.spark_io import encode_schema, register, s3_options
+from airflow_pgcdc.merge.spark_io import register, s3_options
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_qualified
 from airflow_pgcdc.store import s3 as s3store
-from airflow_pgcdc.store.layout import Layout, encode_table_segment, new_run_id
+from airflow_pgcdc.store.layout import Layout, new_run_id
 from airflow_pgcdc.store.manifest import committed_snapshot
 from airflow_pgcdc.store.partitions import (
     changes_since_copy,
@@ -83,75 +103,15 @@ from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
 from airflow_pgcdc.store.window import REFUSED_FIELD, read_window, window_folders
 from airflow_pgcdc.testing.faults import fault_point
 
-__all__ = [
-    "IncompatibleSchemaChange", "MergeResult", "PartitionsChanged", "TableResult", "TableRewritten", "WindowsExpired",
-    "merge_slot",
+__all__ = [  # the errors are merge/errors.py's, importable from here as before
+    "IncompatibleSchemaChange", "KeylessChange", "MergeResult", "NeedsSnapshot", "PartitionsChanged",
+    "ReservedColumnName", "TableResult", "TableRewritten", "TablesFailed", "WindowsExpired", "merge_slot",
 ]
 
 log = logging.getLogger(__name__)
-STAGING_TTL_HOURS = 6
 ENGINES = ("delta-rs", "delta-spark")
 HISTORIES = (None, "changelog", "scd2")
 READERS = ("python", "s3a")
-_META = {f.name: f for f in META_FIELDS}
-
-
-class IncompatibleSchemaChange(MergeError):
-    """A source column's type changed in a way the Delta table cannot follow."""
-
-
-class KeylessChange(MergeError):
-    """A table without a key has changes that cannot be applied: an update or a delete
-    without the old row (not under ``REPLICA IDENTITY FULL``), an unsent TOAST value, a
-    column that cannot be compared (see :mod:`.keyless`)."""
-
-
-class NeedsSnapshot(MergeError):
-    """A table has changes in the windows but no starting copy: it joined the publication
-    after the pipeline's snapshot (or was left out of it). Merging its changes alone would
-    make a partial Delta table."""
-
-
-class WindowsExpired(MergeError):
-    """A table needs the changes of windows whose parts ``pgcdc maintain`` removed (listed in
-    ``{slot}/maintain/expired.json``): its Delta table is missing, rebuilt from the snapshot
-    into a new root, or behind the expiry. Nothing of it is read or merged (a missing Parquet
-    file is never read, changes are never skipped). ``windows``: the expired windows it
-    needs, ``start_lsn``/``end_lsn``: their span."""
-
-    def __init__(self, message: str, *, hint: str | None = None, table: str = "",
-                 windows: Sequence[int] = (), start_lsn: str | None = None, end_lsn: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.table = table
-        self.windows = tuple(windows)
-        self.start_lsn = start_lsn
-        self.end_lsn = end_lsn
-
-
-class PartitionsChanged(MergeError):
-    """A partitioned table published through its root had partitions attached (holding
-    rows), detached or dropped after its copy: PostgreSQL streams none of those rows, so
-    its Delta table would miss or keep them. The root needs a new copy (``pgcdc resync``)."""
-
-
-class ReservedColumnName(MergeError):
-    """A table has a column named like the change metadata or the merge's own columns."""
-
-
-class TableRewritten(MergeError):
-    """PostgreSQL rewrote the table without logical changes: a column the Delta table has
-    not got yet was filled in the rows already there (a volatile default, a stored
-    generated column; the drain records it, ``rewritten_columns``), and no change carries
-    those values. The table needs a new copy (``pgcdc resync``)."""
-
-
-class TablesFailed(MergeError):
-    """Some tables could not be merged; the others were (``result`` holds every table's
-    outcome, the failed ones with ``action == "failed"``, their error and hint)."""
-
-    def __init__(self, message: str, *, hint: str | None = None, result: MergeResult | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.result = result
 
 
 @dataclass
@@ -237,7 +197,7 @@ def merge_slot(
     settings = settings or s3store.S3Settings.from_env()
     layout = Layout.parse(source)
     client = s3store.make_s3_client(settings)
-    ctx = _Context(
+    ctx = JobContext(
         spark=spark, layout=layout, client=client, fs=s3store.make_pyarrow_fs(settings),
         storage=s3store.delta_storage_options(settings), slot=slot, delta=delta,
         run_id=new_run_id(), s3_options=s3_options(settings), engine=engine, history=history,
@@ -251,7 +211,7 @@ def merge_slot(
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # see SPARK_CONF
     if ctx.reader == "s3a":  # Parquet TIME columns: read, then turned into int64 µs
         spark.conf.set("spark.sql.timeType.enabled", "true")
-    _remove_old_staging(ctx)
+    remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
     ctx.resyncs = committed_resyncs(client, layout, slot)
     ctx.expired = _read_expired(ctx)
@@ -285,51 +245,6 @@ def merge_slot(
     return result
 
 
-@dataclass
-class _Context:
-    spark: Any
-    layout: Layout
-    client: Any
-    fs: Any
-    storage: dict[str, str]
-    slot: str
-    delta: str
-    run_id: str
-    s3_options: dict[str, str]
-    engine: str = "delta-rs"
-    history: str | None = None
-    reader: str = "python"
-    target_file_mb: float = pruning.DEFAULT_TARGET_FILE_MB
-    # the slot's committed resyncs (store/resyncs.py), oldest first
-    resyncs: list = field(default_factory=list)
-    # windows whose parts pgcdc maintain removed ({slot}/maintain/expired.json)
-    expired: frozenset[int] = frozenset()
-    # "schema.table" -> window N: no window up to N holds the table after its last merged
-    # one (the tables index says so), so its merge starts after N (see _load_windows)
-    anchors: dict[str, int] = field(default_factory=dict)
-    # Delta tables _load_windows already opened (url -> DeltaTable or None), each handed
-    # out once by open(): a job loads a table's log once, not twice
-    loaded: dict[str, Any] = field(default_factory=dict)
-
-    def open(self, url: str):
-        """The Delta table at ``url`` (``None`` when there is none)."""
-        if url in self.loaded:
-            return self.loaded.pop(url)
-        return deltars.open_table(url, self.storage)
-
-    def after(self, name: str, merged: int | None) -> int | None:
-        """Where ``name``'s windows start: after ``merged``, or after its anchor."""
-        anchor = self.anchors.get(name)
-        if anchor is not None and (merged is None or merged < anchor):
-            return anchor
-        return merged
-
-    def staging(self, schema: str, table: str, what: str) -> str:
-        """``bucket/…/merge-staging/{run}/{segment}/{what}/`` (a pyarrow fs path)."""
-        prefix = self.layout.merge_staging_prefix(self.slot, self.run_id)
-        return f"{self.layout.bucket}/{prefix}{encode_table_segment(schema, table)}/{what}/"
-
-
 MANIFEST_READERS = 16
 """Window manifests read at once (the S3 client pools 32 connections): a slot with months
 of windows has thousands, and one GET after the other would cost the job minutes."""
@@ -360,7 +275,7 @@ def _read_windows(client, layout: Layout, slot: str, seqs: Sequence[int]) -> lis
 TABLES_INDEX_FORMAT = 1
 
 
-def _load_windows(ctx: _Context, snapshot, only: Sequence[str] | None) -> tuple[list, list[tuple[str, str]]]:
+def _load_windows(ctx: JobContext, snapshot, only: Sequence[str] | None) -> tuple[list, list[tuple[str, str]]]:
     """The window manifests this job needs and the tables to merge, without reading every
     manifest of a slot that has run for months.
 
@@ -437,7 +352,7 @@ def _held_tables(m) -> set[tuple[str, str]]:
     return out
 
 
-def _read_tables_index(ctx: _Context, folders: list[int]) -> tuple[int, dict[tuple[str, str], int]]:
+def _read_tables_index(ctx: JobContext, folders: list[int]) -> tuple[int, dict[tuple[str, str], int]]:
     """``(through, {table: last window up to through holding it, -1: none})`` from the
     index, or ``(-1, {})`` when there is none usable."""
     key = ctx.layout.merge_tables_index(ctx.slot)
@@ -457,7 +372,7 @@ def _read_tables_index(ctx: _Context, folders: list[int]) -> tuple[int, dict[tup
         return -1, {}
 
 
-def _write_tables_index(ctx: _Context, through: int, end_lsn: str, last_seen: dict) -> None:
+def _write_tables_index(ctx: JobContext, through: int, end_lsn: str, last_seen: dict) -> None:
     doc = {
         "format": TABLES_INDEX_FORMAT,
         "slot": ctx.slot,
@@ -472,7 +387,7 @@ def _write_tables_index(ctx: _Context, through: int, end_lsn: str, last_seen: di
         log.warning("could not write the merge tables index: %s", exc)
 
 
-def _merged_floor(ctx: _Context, wanted: list[tuple[str, str]], through: int, last_seen: dict) -> int:
+def _merged_floor(ctx: JobContext, wanted: list[tuple[str, str]], through: int, last_seen: dict) -> int:
     """The lowest window the tables in ``wanted`` need read (and set ``ctx.anchors``): a
     table's last merged window (over it and its history tables; ``0`` when one has
     merged none), or ``through`` when no window up to ``through`` holds it after that."""
@@ -493,7 +408,7 @@ def _merged_floor(ctx: _Context, wanted: list[tuple[str, str]], through: int, la
     return floor
 
 
-def _target(ctx: _Context, schema: str, table: str, history: str | None = None) -> tuple[str, str]:
+def _target(ctx: JobContext, schema: str, table: str, history: str | None = None) -> tuple[str, str]:
     """``(url, app id)`` of a table's Delta table, or of its ``history`` table
     (``changelog`` or ``scd2``, whose app id ends in ``:changelog``/``:scd2``)."""
     app = app_id(ctx.slot, schema, table)
@@ -521,7 +436,7 @@ RESYNC_APP_SUFFIX = ":resync"
 integer LSN) of the resync it was last replaced from."""
 
 
-def _pending_resync(ctx: _Context, schema: str, table: str):
+def _pending_resync(ctx: JobContext, schema: str, table: str):
     """``(resync, entry)`` when the table's newest resync is not in its Delta table yet."""
     found = latest_resync(ctx.resyncs, schema, table)
     if found is None:
@@ -541,7 +456,7 @@ def _covered_windows(manifests, point: LSN) -> int:
     return max((m.window_seq for m in manifests if m.end <= point), default=-1)
 
 
-def _one_table(ctx: _Context, schema: str, table: str, snapshot, manifests, keys, max_windows) -> TableResult:
+def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, keys, max_windows) -> TableResult:
     t0 = time.monotonic()
     name = f"{schema}.{table}"
     url, app = _target(ctx, schema, table)
@@ -687,7 +602,7 @@ def _check_refused(name: str, windows, since: int | None) -> None:
                 )
 
 
-def _check_partitions(ctx: _Context, schema: str, table: str, windows, entry, copied_at: int | None) -> None:
+def _check_partitions(ctx: JobContext, schema: str, table: str, windows, entry, copied_at: int | None) -> None:
     """A partitioned root published through it whose leaves changed since its copy
     (``entry``, taken at ``copied_at``): refused from the first window that says so
     (:mod:`airflow_pgcdc.store.partitions`). A window records the root's leaves as the
@@ -736,7 +651,7 @@ def _check_partitions(ctx: _Context, schema: str, table: str, windows, entry, co
         )
 
 
-def _read_expired(ctx: _Context) -> frozenset[int]:
+def _read_expired(ctx: JobContext) -> frozenset[int]:
     """The windows ``pgcdc maintain`` removed the parts of (``expired.json``; none when
     there is no such file)."""
     from airflow_pgcdc.maintain.store import read_expired
@@ -754,7 +669,7 @@ def _ranges_text(seqs: Sequence[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
 
 
-def _check_expired(ctx: _Context, schema: str, table: str, windows, since: int | None, url: str,
+def _check_expired(ctx: JobContext, schema: str, table: str, windows, since: int | None, url: str,
                    merged: int | None, *, history: str | None = None) -> None:
     """Raise :class:`WindowsExpired` when one of ``windows`` whose change parts the table
     needs was expired by ``pgcdc maintain``: its parts are gone, and merging without them
@@ -801,7 +716,7 @@ def _check_expired(ctx: _Context, schema: str, table: str, windows, since: int |
     )
 
 
-def _after_point(ctx: _Context, plan: TablePlan, windows, since: int) -> TablePlan:
+def _after_point(ctx: JobContext, plan: TablePlan, windows, since: int) -> TablePlan:
     """After a resync: ``plan`` without the relation versions whose every change committed
     before its consistent point (their rows are in the copy, and so is what DDL did to the
     table then: an older column type, a rewritten column). A window that spans the point
@@ -816,7 +731,7 @@ def _after_point(ctx: _Context, plan: TablePlan, windows, since: int) -> TablePl
         top = None
         for key in v.parts:
             meta = pq.read_metadata(f"{ctx.layout.bucket}/{key}", filesystem=ctx.fs)
-            idx = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == "_pgcdc_commit_lsn"), -1)
+            idx = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == COMMIT_LSN), -1)
             for i in range(meta.num_row_groups):
                 stats = meta.row_group(i).column(idx).statistics if idx >= 0 else None
                 if stats is None or not stats.has_min_max:
@@ -842,7 +757,7 @@ def _after_point(ctx: _Context, plan: TablePlan, windows, since: int) -> TablePl
     return dataclasses.replace(plan, versions=tuple(keep))
 
 
-def _check_rewritten(ctx: _Context, name: str, windows, plan: TablePlan, dt) -> None:
+def _check_rewritten(ctx: JobContext, name: str, windows, plan: TablePlan, dt) -> None:
     """A relation version of the batch has a column the drain saw filled by a table
     rewrite (``rewritten_columns``) and the Delta table has not got it yet: adding it
     would leave its rows already there NULL, not the values PostgreSQL wrote. A column
@@ -927,7 +842,7 @@ def table_configuration(fields: list[pa.Field]) -> dict[str, str] | None:
     return {"delta.dataSkippingStatsColumns": ",".join(safe)}
 
 
-def _part_schema(ctx: _Context, key: str) -> pa.Schema:
+def _part_schema(ctx: JobContext, key: str) -> pa.Schema:
     import pyarrow.parquet as pq
 
     return pq.read_schema(f"{ctx.layout.bucket}/{key}", filesystem=ctx.fs)
@@ -1010,7 +925,7 @@ def _type_change_hint(name: str) -> str:
 # --------------------------------------------------------------------------- bootstrap
 
 
-def _snapshot_input(ctx: _Context, snapshot, entry) -> tuple[list[str], list[pa.Field]]:
+def _snapshot_input(ctx: JobContext, snapshot, entry) -> tuple[list[str], list[pa.Field]]:
     """A snapshot table's part keys and its columns as Delta stores them."""
     base = ctx.layout.snapshot_prefix(ctx.slot, snapshot.snapshot_id)
     parts = [base + p.path for p in entry.parts]
@@ -1033,7 +948,7 @@ def _staged_in_order(paths: list[str]) -> list[str]:
     return sorted(paths, key=lambda p: p.rsplit("/", 1)[-1])
 
 
-def _resync_replace(ctx: _Context, resync, entry, url: str, app: str, covered: int,
+def _resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: int,
                     keys: Sequence[str] = ()) -> int:
     """Replace (or create) the table's Delta table from a resync's copy, in one commit that
     also records the windows the copy covers (app version ``covered``) and the resync
@@ -1049,7 +964,7 @@ def _resync_replace(ctx: _Context, resync, entry, url: str, app: str, covered: i
     fields = _delta_fields(_table_fields(_part_schema(ctx, parts[0])))
     schema = pa.schema(fields)
     staging = ctx.staging(entry.schema, entry.table, "resync")
-    _stage(ctx, _sorted_by_key(_read(ctx, parts, schema), keys), staging, schema)
+    stage(ctx, _sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
     paths, rows = deltars.read_staged(ctx.fs, staging)
     paths = _staged_in_order(paths)
     fault_point("merge-after-stage", log)
@@ -1067,7 +982,7 @@ def _resync_replace(ctx: _Context, resync, entry, url: str, app: str, covered: i
     return rows
 
 
-def _bootstrap(ctx: _Context, snapshot, entry, url: str, keys: Sequence[str] = ()) -> int:
+def _bootstrap(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[str] = ()) -> int:
     """Create the Delta table from the snapshot: rows sorted by ``keys`` (the merge key)
     in files of about ``ctx.target_file_mb`` (see :mod:`.pruning`)."""
     name = entry.qualified_name
@@ -1078,7 +993,7 @@ def _bootstrap(ctx: _Context, snapshot, entry, url: str, keys: Sequence[str] = (
         "pgcdc.snapshot_id": snapshot.snapshot_id,
         "pgcdc.consistent_point": snapshot.consistent_point,
     }
-    df = _read(ctx, parts, schema)
+    df = read_parts(ctx, parts, schema)
     try:
         if ctx.engine == "delta-spark":  # executors write the files, the driver commits
             from airflow_pgcdc.merge import deltaspark
@@ -1090,7 +1005,7 @@ def _bootstrap(ctx: _Context, snapshot, entry, url: str, keys: Sequence[str] = (
                                         sort_by=[col(k) for k in keys], files=files)
         else:
             staging = ctx.staging(entry.schema, entry.table, "bootstrap")
-            _stage(ctx, _sorted_by_key(df, keys), staging, schema)
+            stage(ctx, _sorted_by_key(df, keys), staging, schema)
             paths, rows = deltars.read_staged(ctx.fs, staging)
             deltars.bootstrap(
                 url, deltars.staged_reader(ctx.fs, _staged_in_order(paths), schema), storage_options=ctx.storage,
@@ -1107,7 +1022,7 @@ def _bootstrap(ctx: _Context, snapshot, entry, url: str, keys: Sequence[str] = (
 # --------------------------------------------------------------------------- merge
 
 
-def _batch_fields(ctx: _Context, plan: TablePlan) -> list[pa.Field]:
+def _batch_fields(ctx: JobContext, plan: TablePlan) -> list[pa.Field]:
     """The table's columns over the batch's relation versions, as Delta stores them."""
     schemas = []
     for v in plan.versions:
@@ -1128,7 +1043,7 @@ def _missing_values(plan: TablePlan) -> dict[str, Any]:
     return out
 
 
-def _evolve(ctx: _Context, name: str, url: str, dt, fields: list[pa.Field], created: dict[str, str],
+def _evolve(ctx: JobContext, name: str, url: str, dt, fields: list[pa.Field], created: dict[str, str],
             missing: dict[str, Any] | None = None):
     """The Delta table at ``url`` with every column of ``fields``: created empty when
     missing, new columns added (rows already there read ``missing[column]`` when
@@ -1152,17 +1067,7 @@ def _evolve(ctx: _Context, name: str, url: str, dt, fields: list[pa.Field], crea
     return deltars.open_table(url, ctx.storage), [f.name for f in new]
 
 
-def _window_metadata(ctx: _Context, plan: TablePlan) -> dict[str, str]:
-    return {
-        "pgcdc.slot": ctx.slot,
-        "pgcdc.window_first": str(plan.first_window),
-        "pgcdc.window_last": str(plan.last_window),
-        "pgcdc.start_lsn": plan.start_lsn,
-        "pgcdc.end_lsn": plan.end_lsn,
-    }
-
-
-def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
+def _merge(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     name = plan.qualified_name
     fields = _batch_fields(ctx, plan)
     dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name}, _missing_values(plan))
@@ -1170,7 +1075,7 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     keys = list(plan.key_columns)
     columns, toast, read_schema = _change_inputs(plan, fields, keys)
     _check_internal_names(name, columns, keys, toast)
-    df = _read_changes(ctx, plan, read_schema)
+    df = read_changes(ctx, plan, read_schema)
     # key-changing updates left TOAST values unsent: match such rows on their old key
     rekey = plan.key_moves > 0 and bool(toast)
     compacted = compact(
@@ -1201,10 +1106,10 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
             ranges = pruning.key_ranges(compacted.select(col(bound_key)).toArrow().column(0).to_pylist())
             spec = pruning.bounded(spec, pruning.bounds_predicate(bound_key, ranges, "spark"))
         try:
-            metrics = _spark_commit_once(lambda: deltaspark.merge(
+            metrics = spark_commit_once(lambda: deltaspark.merge(
                 ctx.spark, compacted, spec,
                 path=deltaspark.s3a(url), app=app, version=plan.last_window,
-                metadata=_window_metadata(ctx, plan),
+                metadata=window_metadata(ctx, plan),
             ), dt, url, app, plan.last_window)
         finally:
             if bound_key is not None:
@@ -1216,12 +1121,12 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     by_name = {f.name: f for f in fields}
     stage_schema = pa.schema(
         fields
-        + [_META["_pgcdc_op"], _META["_pgcdc_commit_lsn"], _META["_pgcdc_seq"]]
+        + [META[OP], META[COMMIT_LSN], META[SEQ]]
         + [pa.field(keep_column(c), pa.bool_()) for c in toast]
         + ([by_name[k].with_name(MATCH_PREFIX + k) for k in keys] if rekey else [])
     )
     staging = ctx.staging(plan.schema, plan.table, f"w{plan.last_window}")
-    _stage(ctx, compacted, staging, stage_schema)
+    stage(ctx, compacted, staging, stage_schema)
     paths, _rows = deltars.read_staged(ctx.fs, staging)
     fault_point("merge-after-stage", log)
     spec = build_merge_spec(**spec_args, dialect="delta-rs")
@@ -1232,7 +1137,7 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     metrics = deltars.merge(
         dt, deltars.staged_reader(ctx.fs, paths, stage_schema),
         spec, app=app, version=plan.last_window,
-        metadata=_window_metadata(ctx, plan),
+        metadata=window_metadata(ctx, plan),
     )
     if bound_key is not None and not metrics.get("concurrent_commit"):
         metrics["pgcdc_key_ranges"] = len(ranges)
@@ -1241,17 +1146,7 @@ def _merge(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     return metrics, dt, added
 
 
-def _spark_commit_once(run, dt, url: str, app: str, version: int) -> dict[str, Any]:
-    """A delta-spark commit of window ``version`` (``run()``) made once: Delta's Spark engine
-    refuses a commit that races another writer (``ConcurrentTransactionException`` when
-    both carry our app transaction: two merge jobs of one slot at once); the delta-rs
-    handle ``dt`` then tells whether the other job merged the window (a success here)."""
-    from airflow_pgcdc.merge import deltaspark
-
-    return deltars.commit_once(run, dt, url=url, app=app, version=version, refused=deltaspark.is_concurrent)
-
-
-def _append_only(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
+def _append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     """A table without a key (logs, events, ``pgbench_history``): its inserts are appended
     in commit order, in one commit with the app transaction (exactly once per window, a
     replay is a no-op). A batch with an update, a delete or a truncate is applied as a
@@ -1264,30 +1159,30 @@ def _append_only(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
     name = plan.qualified_name
     fields = _batch_fields(ctx, plan)
     dt, added = _evolve(ctx, name, url, dt, fields, {"pgcdc.created": name}, _missing_values(plan))
-    meta = [_META["_pgcdc_op"], _META["_pgcdc_commit_lsn"], _META["_pgcdc_seq"]]
-    df = _read_changes(ctx, plan, pa.schema(fields + meta))
-    if plan.truncate_at is not None or df.where(spark_col("_pgcdc_op") != F.lit("I")).limit(1).collect():
+    meta = [META[OP], META[COMMIT_LSN], META[SEQ]]
+    df = read_changes(ctx, plan, pa.schema(fields + meta))
+    if plan.truncate_at is not None or df.where(spark_col(OP) != F.lit("I")).limit(1).collect():
         from airflow_pgcdc.merge.keyless import apply_keyless
 
         return apply_keyless(ctx, plan, url, dt, app, fields), dt, added
-    rows = df.orderBy("_pgcdc_commit_lsn", "_pgcdc_seq").drop("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq")
+    rows = df.orderBy(COMMIT_LSN, SEQ).drop(OP, COMMIT_LSN, SEQ)
     out = pa.schema(fields)
     if ctx.engine == "delta-spark":
         from airflow_pgcdc.merge import deltaspark
 
-        metrics = _spark_commit_once(lambda: deltaspark.append(
+        metrics = spark_commit_once(lambda: deltaspark.append(
             ctx.spark, rows, path=deltaspark.s3a(url), app=app, version=plan.last_window,
-            metadata=_window_metadata(ctx, plan),
+            metadata=window_metadata(ctx, plan),
         ), dt, url, app, plan.last_window)
         metrics.setdefault("num_source_rows", plan.rows)
         return metrics, dt, added
     staging = ctx.staging(plan.schema, plan.table, f"append-w{plan.last_window}")
-    _stage(ctx, rows, staging, out)
+    stage(ctx, rows, staging, out)
     paths, n = deltars.read_staged(ctx.fs, staging)
     fault_point("merge-after-stage", log)
     done = deltars.append(
         dt, deltars.staged_reader(ctx.fs, paths, out), pa.schema(dt.schema().to_arrow()),
-        app=app, version=plan.last_window, metadata=_window_metadata(ctx, plan),
+        app=app, version=plan.last_window, metadata=window_metadata(ctx, plan),
     )
     fault_point("merge-after-commit", log)
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
@@ -1298,8 +1193,7 @@ def _append_only(ctx: _Context, plan: TablePlan, url: str, dt, app: str):
 
 
 CHANGELOG_SUFFIX = "__changelog"
-CHANGELOG_META = ("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq", "_pgcdc_xid", "_pgcdc_commit_ts",
-                  "_pgcdc_unchanged_toast")
+CHANGELOG_META = (OP, COMMIT_LSN, SEQ, XID, COMMIT_TS, UNCHANGED_TOAST)
 
 
 def changelog_url(delta: str, schema: str, table: str) -> str:
@@ -1307,7 +1201,7 @@ def changelog_url(delta: str, schema: str, table: str) -> str:
     return delta_table_url(delta, schema, table) + CHANGELOG_SUFFIX
 
 
-def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, max_windows) -> dict:
+def _changelog(ctx: JobContext, schema: str, table: str, manifests, keys, entry, max_windows) -> dict:
     """Append every change row of the windows not yet in the changelog table (its own app
     transaction ``…:changelog``), as they are: one row per change, in commit order, with
     the ``_pgcdc_`` metadata; truncates are not rows (they are in the window manifests)."""
@@ -1325,7 +1219,7 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, m
     )
     if not plan.parts:
         return {"changelog": url, "rows": 0}
-    meta = [_META[n] for n in CHANGELOG_META]
+    meta = [META[n] for n in CHANGELOG_META]
     fields = _batch_fields(ctx, plan)
     dt, _added = _evolve(ctx, name, url, dt, fields + meta, {"pgcdc.changelog": name})
     schema_out = pa.schema(fields + meta)
@@ -1333,20 +1227,20 @@ def _changelog(ctx: _Context, schema: str, table: str, manifests, keys, entry, m
         from airflow_pgcdc.merge import deltaspark
 
         rows = plan.rows
-        done = _spark_commit_once(lambda: deltaspark.append(
-            ctx.spark, _read(ctx, plan.parts, schema_out), path=deltaspark.s3a(url), app=app,
-            version=plan.last_window, metadata=_window_metadata(ctx, plan),
+        done = spark_commit_once(lambda: deltaspark.append(
+            ctx.spark, read_parts(ctx, plan.parts, schema_out), path=deltaspark.s3a(url), app=app,
+            version=plan.last_window, metadata=window_metadata(ctx, plan),
         ), dt, url, app, plan.last_window)
         if done.get("concurrent_commit"):
             return {"changelog": url, "rows": 0, "concurrent_commit": True}
         return {"changelog": url, "rows": int(done.get("numOutputRows", rows))}
     staging = ctx.staging(schema, table, f"changelog-w{plan.last_window}")
-    _stage(ctx, _read(ctx, plan.parts, schema_out), staging, schema_out)
+    stage(ctx, read_parts(ctx, plan.parts, schema_out), staging, schema_out)
     paths, rows = deltars.read_staged(ctx.fs, staging)
     target = pa.schema(dt.schema().to_arrow())
     done = deltars.append(
         dt, deltars.staged_reader(ctx.fs, paths, schema_out), target,
-        app=app, version=plan.last_window, metadata=_window_metadata(ctx, plan),
+        app=app, version=plan.last_window, metadata=window_metadata(ctx, plan),
     )
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     if done.get("concurrent_commit"):
@@ -1369,7 +1263,7 @@ def _change_inputs(plan: TablePlan, fields: list[pa.Field], keys) -> tuple[list[
     read_schema = pa.schema(
         fields
         + [by_name[k].with_name(OLD_PREFIX + k) for k in olds]
-        + [_META[n] for n in ("_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_seq", "_pgcdc_unchanged_toast")]
+        + [META[n] for n in (OP, COMMIT_LSN, SEQ, UNCHANGED_TOAST)]
     )
     return columns, toast, read_schema
 
@@ -1383,95 +1277,6 @@ def _pg_types(plan: TablePlan) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- Spark I/O
-
-
-def _read_changes(ctx: _Context, plan: TablePlan, schema: pa.Schema):
-    """The plan's change rows; after a resync only those committed at or after its
-    consistent point (the earlier ones are in the table's copy)."""
-    df = _read(ctx, plan.parts, schema)
-    if plan.since_lsn is not None:
-        from pyspark.sql import functions as F
-
-        df = df.where(F.col("_pgcdc_commit_lsn") >= F.lit(plan.since_lsn))
-    return df
-
-
-def _read(ctx: _Context, parts: list[str], schema: pa.Schema):
-    """The store's Parquet parts (keys in the store's bucket) as a DataFrame of ``schema``."""
-    return _read_files(ctx, [f"{ctx.layout.bucket}/{p}" for p in parts], schema)
-
-
-def _read_files(ctx: _Context, paths: list[str], schema: pa.Schema):
-    """Parquet files (``bucket/key`` paths) as a DataFrame of ``schema``."""
-    if ctx.reader == "s3a":
-        return _read_s3a(ctx, paths, schema)
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    return (
-        ctx.spark.read.format("pgcdc_parquet")
-        .schema(from_arrow_schema(schema))  # given: Spark need not ask the source (a Python worker)
-        .options(**ctx.s3_options)
-        .option("parts", json.dumps(paths))
-        .option("schema", encode_schema(schema))
-        .load()
-    )
-
-
-def _read_s3a(ctx: _Context, paths: list[str], schema: pa.Schema):
-    """The same files through Spark's own Parquet reader (``s3a://``, hadoop-aws on the
-    classpath, S3A configured by :func:`~airflow_pgcdc.merge.jars.configure_s3a`), conformed
-    to ``schema`` like the Python reader: missing columns NULL, types cast. A Parquet
-    ``TIME`` column (PostgreSQL ``time``) is read as Spark's TIME type
-    (``spark.sql.timeType.enabled``, set by :func:`merge_slot`) and turned into the int64
-    microseconds since midnight Delta stores (``24:00:00`` included)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_type
-    from pyspark.sql.types import TimeType
-
-    from airflow_pgcdc.merge.clauses import quote_ident
-
-    df = ctx.spark.read.option("mergeSchema", "true").parquet(*[f"s3a://{p}" for p in paths])
-    have = {f.name: f.dataType for f in df.schema.fields}
-    cols = []
-    for f in schema:
-        t = from_arrow_type(f.type)
-        quoted = quote_ident(f.name, "spark")
-        if f.name not in have:
-            col = F.lit(None).cast(t)
-        elif isinstance(have[f.name], TimeType) and pa.types.is_integer(f.type):
-            col = F.expr(f"time_diff('MICROSECOND', TIME'00:00:00', {quoted})").cast(t)
-        else:
-            col = F.col(quoted).cast(t)
-        cols.append(col.alias(f.name))
-    return df.select(*cols)
-
-
-def _stage(ctx: _Context, df, staging: str, schema: pa.Schema) -> None:
-    (
-        df.write.format("pgcdc_staging")
-        .options(**ctx.s3_options)
-        .option("staging", staging)
-        .option("schema", encode_schema(schema))
-        .mode("append")
-        .save()
-    )
-
-
-def _remove_old_staging(ctx: _Context) -> None:
-    prefix = ctx.layout.merge_staging_prefix(ctx.slot)
-    cutoff = datetime.now(UTC) - timedelta(hours=STAGING_TTL_HOURS)
-    old_runs = set()
-    for key in s3store.list_keys(ctx.client, ctx.layout.bucket, prefix):
-        run = key[len(prefix):].split("/", 1)[0]
-        try:
-            started = datetime.strptime(run.split("-", 1)[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
-        except ValueError:
-            continue
-        if started < cutoff:
-            old_runs.add(run)
-    for run in sorted(old_runs):
-        s3store.delete_prefix(ctx.client, ctx.layout.bucket, prefix + run + "/")
-        log.info("removed merge staging debris of run %s", run)
 
 
 SCD2_SUFFIX = "__scd2"
@@ -1489,7 +1294,7 @@ def _scd2_fields() -> list[pa.Field]:
             pa.field(IS_CURRENT, pa.bool_()), pa.field(HIST_OP, pa.string())]
 
 
-def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, keys, max_windows) -> dict:
+def _scd2(ctx: JobContext, schema: str, table: str, snapshot, entry, manifests, keys, max_windows) -> dict:
     """Keep ``{schema}.{table}__scd2``: bootstrapped from the snapshot (every row a version
     valid from the consistent point, ``__op`` = ``S``), then one version per insert and
     update, ended by the key's next change (``__valid_to_lsn``; NULL while current), in
@@ -1518,7 +1323,7 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
             limit=max_windows), None, url, None, history="scd2")
         parts, fields = _snapshot_input(ctx, snapshot, entry)
         schema_h = pa.schema(fields + _scd2_fields())
-        df = _read(ctx, parts, pa.schema(fields)).select(
+        df = read_parts(ctx, parts, pa.schema(fields)).select(
             "*",
             F.lit(int(LSN.parse(snapshot.consistent_point))).cast("bigint").alias(VALID_FROM),
             F.lit(None).cast("bigint").alias(VALID_TO),
@@ -1533,7 +1338,7 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
                                         configuration=table_configuration(fields))
         else:
             staging = ctx.staging(schema, table, "scd2-bootstrap")
-            _stage(ctx, df, staging, schema_h)
+            stage(ctx, df, staging, schema_h)
             paths, rows = deltars.read_staged(ctx.fs, staging)
             deltars.bootstrap(
                 url, deltars.staged_reader(ctx.fs, paths, schema_h), storage_options=ctx.storage,
@@ -1559,14 +1364,14 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
     dt, _added = _evolve(ctx, name, url, dt, fields + _scd2_fields(), {"pgcdc.scd2": name})
     columns, toast, read_schema = _change_inputs(plan, fields, key_columns)
     rows = scd2_rows(
-        _read(ctx, plan.parts, read_schema), table_columns=columns, key_columns=key_columns,
+        read_parts(ctx, plan.parts, read_schema), table_columns=columns, key_columns=key_columns,
         toast_columns=toast, truncate_at=plan.truncate_at,
     )
     if toast:  # values not in the batch: the key's current version in the history
         files = [u[len("s3://"):] if u.startswith("s3://") else u for u in dt.file_uris()]
         hist_schema = pa.schema(fields + _scd2_fields())
         current = (
-            _read_files(ctx, files, hist_schema)
+            read_files(ctx, files, hist_schema)
             .where(F.col(IS_CURRENT))
             .select(*[F.col(k) for k in key_columns], *[F.col(c).alias("_pgcdc_h_" + c) for c in toast])
         )
@@ -1590,20 +1395,20 @@ def _scd2(ctx: _Context, schema: str, table: str, snapshot, entry, manifests, ke
     if ctx.engine == "delta-spark":
         from airflow_pgcdc.merge import deltaspark
 
-        metrics = _spark_commit_once(lambda: deltaspark.merge_scd2(
+        metrics = spark_commit_once(lambda: deltaspark.merge_scd2(
             ctx.spark, rows, build_scd2_spec(**spec_args, dialect="spark"), path=deltaspark.s3a(url),
-            app=app, version=plan.last_window, metadata=_window_metadata(ctx, plan),
+            app=app, version=plan.last_window, metadata=window_metadata(ctx, plan),
         ), dt, url, app, plan.last_window)
         out["versions"] = int(metrics.get("num_target_rows_inserted", 0))
         out["closed"] = int(metrics.get("num_target_rows_updated", 0))
         return out
     staging = ctx.staging(schema, table, f"scd2-w{plan.last_window}")
-    _stage(ctx, rows, staging, stage_schema)
+    stage(ctx, rows, staging, stage_schema)
     paths, staged = deltars.read_staged(ctx.fs, staging)
     spec = build_scd2_spec(**spec_args)
     metrics = deltars.merge_scd2(
         dt, deltars.staged_reader(ctx.fs, paths, stage_schema), spec, app=app,
-        version=plan.last_window, metadata=_window_metadata(ctx, plan),
+        version=plan.last_window, metadata=window_metadata(ctx, plan),
     )
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     out["versions"] = int(metrics.get("num_target_rows_inserted", 0))

@@ -38,7 +38,7 @@ is rewritten without it (NULL) when its value's count shrinks.
 
 An update or a delete without the old row (a relation version not under ``REPLICA
 IDENTITY FULL``), or an update whose unchanged TOAST value was not sent, cannot be
-placed: :class:`~airflow_pgcdc.merge.job.KeylessChange` for this table alone.
+placed: :class:`~airflow_pgcdc.merge.errors.KeylessChange` for this table alone.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def _same(left: str, right: str, n: int):
 
 
 def _refuse(name: str, fields: Sequence[pa.Field], hint: str) -> None:
-    from airflow_pgcdc.merge.job import KeylessChange, ReservedColumnName
+    from airflow_pgcdc.merge.errors import KeylessChange, ReservedColumnName
 
     maps = [f.name for f in fields if _has_map(f.type)]
     if maps:
@@ -151,18 +151,18 @@ def _changes(ctx, plan, fields: Sequence[pa.Field]):
     relation version is under ``REPLICA IDENTITY FULL``: its updates carry the old row)."""
     from pyspark.sql import functions as F
 
-    from airflow_pgcdc.merge.job import _META, _read_changes
+    from airflow_pgcdc.merge.context import META, read_changes
 
     schema = pa.schema(
         list(fields) + [f.with_name(OLD_PREFIX + f.name) for f in fields]
-        + [_META[n] for n in (OP, LSN, SEQ, TOAST)]
+        + [META[n] for n in (OP, LSN, SEQ, TOAST)]
     )
     out = None
     for full in (True, False):
         versions = tuple(v for v in plan.versions if (v.replica_identity == "f") == full and v.parts)
         if not versions:
             continue
-        df = _read_changes(ctx, dataclasses.replace(plan, versions=versions), schema).withColumn(FULL, F.lit(full))
+        df = read_changes(ctx, dataclasses.replace(plan, versions=versions), schema).withColumn(FULL, F.lit(full))
         out = df if out is None else out.unionByName(df)
     return out
 
@@ -171,7 +171,7 @@ def _check(name: str, df, hint: str) -> None:
     """An update or delete without the old row, or with an unsent TOAST value: refused."""
     from pyspark.sql import functions as F
 
-    from airflow_pgcdc.merge.job import KeylessChange
+    from airflow_pgcdc.merge.errors import KeylessChange
 
     changes = col(OP).isin("U", "D")
     no_old = changes & ~col(FULL)
@@ -232,8 +232,9 @@ def _target(ctx, dt, url: str, fields: Sequence[pa.Field]):
 
         df = ctx.spark.read.format("delta").option("versionAsOf", dt.version()).load(deltaspark.s3a(url))
         return df.select(*[col(x) for x in names])
+    from airflow_pgcdc.merge.context import read_files
     from airflow_pgcdc.merge.deltars import unreadable_features
-    from airflow_pgcdc.merge.job import KeylessChange, _read_files
+    from airflow_pgcdc.merge.errors import KeylessChange
 
     features = unreadable_features(dt)
     if features:
@@ -245,7 +246,7 @@ def _target(ctx, dt, url: str, fields: Sequence[pa.Field]):
     paths = [u.split("://", 1)[1] if "://" in u else u for u in dt.file_uris()]
     if not paths:
         return ctx.spark.createDataFrame([], _spark_schema(fields))
-    return _read_files(ctx, paths, pa.schema(fields))
+    return read_files(ctx, paths, pa.schema(fields))
 
 
 def _spark_schema(fields: Sequence[pa.Field]):
@@ -303,7 +304,7 @@ def rows_after_truncate(values, fields: Sequence[pa.Field]):
 def apply_keyless(ctx, plan, url: str, dt, app: str, fields: list[pa.Field]) -> dict[str, Any]:
     """Apply the batch of a keyless table (see the module): one commit with the table's app
     transaction. ``fields``: the batch's columns as Delta stores them (the table has them)."""
-    from airflow_pgcdc.merge.job import _window_metadata
+    from airflow_pgcdc.merge.context import window_metadata
 
     name = plan.qualified_name
     hint = (f"ALTER TABLE {quote_qualified(plan.schema, plan.table)} REPLICA IDENTITY FULL (a keyless "
@@ -320,7 +321,7 @@ def apply_keyless(ctx, plan, url: str, dt, app: str, fields: list[pa.Field]) -> 
         values = ctx.spark.createDataFrame([], _spark_schema(fields))
         values = values.select(*[col(x) for x in values.columns], F.lit(0).cast("bigint").alias(SUM),
                                F.lit(0).cast("bigint").alias(LOW))
-    metadata = _window_metadata(ctx, plan)
+    metadata = window_metadata(ctx, plan)
     if plan.truncate_at is not None:
         log.info("%s: keyless, truncated in the batch: its rows are replaced by what the changes after "
                  "the truncate leave", name)
@@ -333,8 +334,9 @@ def _commit(ctx, plan, url, dt, app, fields, rows, source, metadata) -> dict[str
     """One commit: ``rows`` replace the table (a truncate), or ``source`` is merged (an
     empty source: an empty append, for the app transaction)."""
     from airflow_pgcdc.merge import deltars
-    from airflow_pgcdc.merge.job import _spark_commit_once, _stage, fault_point
+    from airflow_pgcdc.merge.context import spark_commit_once, stage
     from airflow_pgcdc.store import s3 as s3store
+    from airflow_pgcdc.testing.faults import fault_point
 
     names = [f.name for f in fields]
     version = plan.last_window
@@ -348,20 +350,20 @@ def _commit(ctx, plan, url, dt, app, fields, rows, source, metadata) -> dict[str
             if source.isEmpty():
                 rows, mode = source.select(*[col(x) for x in names]), "append"
         if rows is not None:
-            metrics = _spark_commit_once(lambda: deltaspark.append(
+            metrics = spark_commit_once(lambda: deltaspark.append(
                 ctx.spark, rows, path=deltaspark.s3a(url), app=app, version=version, metadata=metadata, mode=mode,
             ), dt, url, app, version)
         else:
             spec = build_keyless_spec(columns=names, float_columns=floats, nested_float_columns=nested,
                                       dialect="spark")
-            metrics = _spark_commit_once(lambda: deltaspark.merge(
+            metrics = spark_commit_once(lambda: deltaspark.merge(
                 ctx.spark, source, spec, path=deltaspark.s3a(url), app=app, version=version, metadata=metadata,
             ), dt, url, app, version)
         fault_point("merge-after-commit", log)
         return metrics
     schema = pa.schema(list(fields) + ([pa.field(KIND, pa.string())] if source is not None else []))
     staging = ctx.staging(plan.schema, plan.table, f"keyless-w{version}")
-    _stage(ctx, source if source is not None else rows, staging, schema)
+    stage(ctx, source if source is not None else rows, staging, schema)
     paths, n = deltars.read_staged(ctx.fs, staging)
     fault_point("merge-after-stage", log)
     reader = deltars.staged_reader(ctx.fs, paths, schema)

@@ -80,6 +80,7 @@ from typing import Any
 import pyarrow as pa
 
 from airflow_pgcdc.changes import arrays
+from airflow_pgcdc.changes.columns import COMMIT_LSN, SEQ, XID
 from airflow_pgcdc.changes.rows import ChangeChunk, RelationVersion
 from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN
 from airflow_pgcdc.store import s3 as s3store
@@ -113,10 +114,10 @@ FORMAT_VERSION = 1
 KIND = "window"
 
 MESSAGES_SCHEMA = pa.schema([
-    pa.field("_pgcdc_seq", pa.int64()),  # order in the window (transactional), else null
+    pa.field(SEQ, pa.int64()),  # order in the window (transactional), else null
     pa.field("transactional", pa.bool_(), nullable=False),
-    pa.field("_pgcdc_xid", pa.int64()),
-    pa.field("_pgcdc_commit_lsn", pa.int64()),
+    pa.field(XID, pa.int64()),
+    pa.field(COMMIT_LSN, pa.int64()),
     pa.field("lsn", pa.int64(), nullable=False),
     pa.field("prefix", pa.string(), nullable=False),
     pa.field("content", pa.binary(), nullable=False),
@@ -383,7 +384,7 @@ def read_window_rows(client: Any, layout: Layout, slot: str, manifest: WindowMan
                 tables.append(pq.read_table(f"{layout.bucket}/{base}{p['path']}", filesystem=fs))
         if tables:
             table = pa.concat_tables(tables, promote_options="permissive")
-            out[f"{t['schema']}.{t['table']}"] = table.sort_by("_pgcdc_seq")
+            out[f"{t['schema']}.{t['table']}"] = table.sort_by(SEQ)
     return out
 
 

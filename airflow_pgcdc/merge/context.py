@@ -1,0 +1,188 @@
+"""What one merge job works with (:class:`JobContext`: Spark, the store, the Delta root,
+the engine and reader) and the steps every table's merge shares: reading a window's change
+parts (the Python data source or Spark's s3a reader), staging a batch, the window metadata
+of a commit, one commit attempt with a concurrent writer told apart."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from airflow_pgcdc.changes.columns import COMMIT_LSN
+from airflow_pgcdc.changes.rows import META_FIELDS
+from airflow_pgcdc.merge import deltars, pruning
+from airflow_pgcdc.merge.plan import TablePlan
+from airflow_pgcdc.merge.spark_io import encode_schema
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.layout import Layout, encode_table_segment
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "JobContext",
+    "META",
+    "STAGING_TTL_HOURS",
+    "read_changes",
+    "read_files",
+    "read_parts",
+    "read_s3a",
+    "remove_old_staging",
+    "spark_commit_once",
+    "stage",
+    "window_metadata",
+]
+
+
+STAGING_TTL_HOURS = 6
+
+META = {f.name: f for f in META_FIELDS}
+
+@dataclass
+class JobContext:
+    spark: Any
+    layout: Layout
+    client: Any
+    fs: Any
+    storage: dict[str, str]
+    slot: str
+    delta: str
+    run_id: str
+    s3_options: dict[str, str]
+    engine: str = "delta-rs"
+    history: str | None = None
+    reader: str = "python"
+    target_file_mb: float = pruning.DEFAULT_TARGET_FILE_MB
+    # the slot's committed resyncs (store/resyncs.py), oldest first
+    resyncs: list = field(default_factory=list)
+    # windows whose parts pgcdc maintain removed ({slot}/maintain/expired.json)
+    expired: frozenset[int] = frozenset()
+    # "schema.table" -> window N: no window up to N holds the table after its last merged
+    # one (the tables index says so), so its merge starts after N (see _load_windows)
+    anchors: dict[str, int] = field(default_factory=dict)
+    # Delta tables _load_windows already opened (url -> DeltaTable or None), each handed
+    # out once by open(): a job loads a table's log once, not twice
+    loaded: dict[str, Any] = field(default_factory=dict)
+
+    def open(self, url: str):
+        """The Delta table at ``url`` (``None`` when there is none)."""
+        if url in self.loaded:
+            return self.loaded.pop(url)
+        return deltars.open_table(url, self.storage)
+
+    def after(self, name: str, merged: int | None) -> int | None:
+        """Where ``name``'s windows start: after ``merged``, or after its anchor."""
+        anchor = self.anchors.get(name)
+        if anchor is not None and (merged is None or merged < anchor):
+            return anchor
+        return merged
+
+    def staging(self, schema: str, table: str, what: str) -> str:
+        """``bucket/…/merge-staging/{run}/{segment}/{what}/`` (a pyarrow fs path)."""
+        prefix = self.layout.merge_staging_prefix(self.slot, self.run_id)
+        return f"{self.layout.bucket}/{prefix}{encode_table_segment(schema, table)}/{what}/"
+
+def window_metadata(ctx: JobContext, plan: TablePlan) -> dict[str, str]:
+    return {
+        "pgcdc.slot": ctx.slot,
+        "pgcdc.window_first": str(plan.first_window),
+        "pgcdc.window_last": str(plan.last_window),
+        "pgcdc.start_lsn": plan.start_lsn,
+        "pgcdc.end_lsn": plan.end_lsn,
+    }
+
+def spark_commit_once(run, dt, url: str, app: str, version: int) -> dict[str, Any]:
+    """A delta-spark commit of window ``version`` (``run()``) made once: Delta's Spark engine
+    refuses a commit that races another writer (``ConcurrentTransactionException`` when
+    both carry our app transaction: two merge jobs of one slot at once); the delta-rs
+    handle ``dt`` then tells whether the other job merged the window (a success here)."""
+    from airflow_pgcdc.merge import deltaspark
+
+    return deltars.commit_once(run, dt, url=url, app=app, version=version, refused=deltaspark.is_concurrent)
+
+def read_changes(ctx: JobContext, plan: TablePlan, schema: pa.Schema):
+    """The plan's change rows; after a resync only those committed at or after its
+    consistent point (the earlier ones are in the table's copy)."""
+    df = read_parts(ctx, plan.parts, schema)
+    if plan.since_lsn is not None:
+        from pyspark.sql import functions as F
+
+        df = df.where(F.col(COMMIT_LSN) >= F.lit(plan.since_lsn))
+    return df
+
+def read_parts(ctx: JobContext, parts: list[str], schema: pa.Schema):
+    """The store's Parquet parts (keys in the store's bucket) as a DataFrame of ``schema``."""
+    return read_files(ctx, [f"{ctx.layout.bucket}/{p}" for p in parts], schema)
+
+def read_files(ctx: JobContext, paths: list[str], schema: pa.Schema):
+    """Parquet files (``bucket/key`` paths) as a DataFrame of ``schema``."""
+    if ctx.reader == "s3a":
+        return read_s3a(ctx, paths, schema)
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return (
+        ctx.spark.read.format("pgcdc_parquet")
+        .schema(from_arrow_schema(schema))  # given: Spark need not ask the source (a Python worker)
+        .options(**ctx.s3_options)
+        .option("parts", json.dumps(paths))
+        .option("schema", encode_schema(schema))
+        .load()
+    )
+
+def read_s3a(ctx: JobContext, paths: list[str], schema: pa.Schema):
+    """The same files through Spark's own Parquet reader (``s3a://``, hadoop-aws on the
+    classpath, S3A configured by :func:`~airflow_pgcdc.merge.jars.configure_s3a`), conformed
+    to ``schema`` like the Python reader: missing columns NULL, types cast. A Parquet
+    ``TIME`` column (PostgreSQL ``time``) is read as Spark's TIME type
+    (``spark.sql.timeType.enabled``, set by :func:`merge_slot`) and turned into the int64
+    microseconds since midnight Delta stores (``24:00:00`` included)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import TimeType
+
+    from airflow_pgcdc.merge.clauses import quote_ident
+
+    df = ctx.spark.read.option("mergeSchema", "true").parquet(*[f"s3a://{p}" for p in paths])
+    have = {f.name: f.dataType for f in df.schema.fields}
+    cols = []
+    for f in schema:
+        t = from_arrow_type(f.type)
+        quoted = quote_ident(f.name, "spark")
+        if f.name not in have:
+            col = F.lit(None).cast(t)
+        elif isinstance(have[f.name], TimeType) and pa.types.is_integer(f.type):
+            col = F.expr(f"time_diff('MICROSECOND', TIME'00:00:00', {quoted})").cast(t)
+        else:
+            col = F.col(quoted).cast(t)
+        cols.append(col.alias(f.name))
+    return df.select(*cols)
+
+def stage(ctx: JobContext, df, staging: str, schema: pa.Schema) -> None:
+    (
+        df.write.format("pgcdc_staging")
+        .options(**ctx.s3_options)
+        .option("staging", staging)
+        .option("schema", encode_schema(schema))
+        .mode("append")
+        .save()
+    )
+
+def remove_old_staging(ctx: JobContext) -> None:
+    prefix = ctx.layout.merge_staging_prefix(ctx.slot)
+    cutoff = datetime.now(UTC) - timedelta(hours=STAGING_TTL_HOURS)
+    old_runs = set()
+    for key in s3store.list_keys(ctx.client, ctx.layout.bucket, prefix):
+        run = key[len(prefix):].split("/", 1)[0]
+        try:
+            started = datetime.strptime(run.split("-", 1)[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+        except ValueError:
+            continue
+        if started < cutoff:
+            old_runs.add(run)
+    for run in sorted(old_runs):
+        s3store.delete_prefix(ctx.client, ctx.layout.bucket, prefix + run + "/")
+        log.info("removed merge staging debris of run %s", run)

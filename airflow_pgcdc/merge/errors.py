@@ -1,0 +1,74 @@
+"""The merge's per-table errors (each a :class:`~airflow_pgcdc.merge.plan.MergeError` with a
+``hint``): the job reports them per table and goes on with the others."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from airflow_pgcdc.merge.plan import MergeError
+
+if TYPE_CHECKING:
+    from airflow_pgcdc.merge.job import MergeResult
+
+__all__ = [
+    "IncompatibleSchemaChange",
+    "KeylessChange",
+    "NeedsSnapshot",
+    "PartitionsChanged",
+    "ReservedColumnName",
+    "TableRewritten",
+    "TablesFailed",
+    "WindowsExpired",
+]
+
+
+class IncompatibleSchemaChange(MergeError):
+    """A source column's type changed in a way the Delta table cannot follow."""
+
+class KeylessChange(MergeError):
+    """A table without a key has changes that cannot be applied: an update or a delete
+    without the old row (not under ``REPLICA IDENTITY FULL``), an unsent TOAST value, a
+    column that cannot be compared (see :mod:`.keyless`)."""
+
+class NeedsSnapshot(MergeError):
+    """A table has changes in the windows but no starting copy: it joined the publication
+    after the pipeline's snapshot (or was left out of it). Merging its changes alone would
+    make a partial Delta table."""
+
+class WindowsExpired(MergeError):
+    """A table needs the changes of windows whose parts ``pgcdc maintain`` removed (listed in
+    ``{slot}/maintain/expired.json``): its Delta table is missing, rebuilt from the snapshot
+    into a new root, or behind the expiry. Nothing of it is read or merged (a missing Parquet
+    file is never read, changes are never skipped). ``windows``: the expired windows it
+    needs, ``start_lsn``/``end_lsn``: their span."""
+
+    def __init__(self, message: str, *, hint: str | None = None, table: str = "",
+                 windows: Sequence[int] = (), start_lsn: str | None = None, end_lsn: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.table = table
+        self.windows = tuple(windows)
+        self.start_lsn = start_lsn
+        self.end_lsn = end_lsn
+
+class PartitionsChanged(MergeError):
+    """A partitioned table published through its root had partitions attached (holding
+    rows), detached or dropped after its copy: PostgreSQL streams none of those rows, so
+    its Delta table would miss or keep them. The root needs a new copy (``pgcdc resync``)."""
+
+class ReservedColumnName(MergeError):
+    """A table has a column named like the change metadata or the merge's own columns."""
+
+class TableRewritten(MergeError):
+    """PostgreSQL rewrote the table without logical changes: a column the Delta table has
+    not got yet was filled in the rows already there (a volatile default, a stored
+    generated column; the drain records it, ``rewritten_columns``), and no change carries
+    those values. The table needs a new copy (``pgcdc resync``)."""
+
+class TablesFailed(MergeError):
+    """Some tables could not be merged; the others were (``result`` holds every table's
+    outcome, the failed ones with ``action == "failed"``, their error and hint)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, result: MergeResult | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.result = result
