@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import psycopg
 import pytest
 from airflow_runner import airflow_env, run_dag
 from deltalake import DeltaTable
+from lake_helpers import sql
 
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.maintain import read_expired
@@ -26,21 +26,6 @@ from airflow_pgcdc.verify import verify_table
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 TABLES = ("t", "u")
-
-
-def sql(dsn, query, params=None):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        cur = c.execute(query, params)
-        return cur.fetchall() if cur.description else None
-
-
-@pytest.fixture(scope="module")
-def spark_local():
-    from airflow_pgcdc.merge.session import spark_session
-
-    s = spark_session("local[2]")
-    yield s
-    s.stop()
 
 
 @pytest.fixture
@@ -65,7 +50,7 @@ def assert_equal(db, lake):
 
 
 def test_maintenance_dag_compacts_expires_and_tables_stay_equal(db, slot_name, s3, s3_bucket, tmp_path,
-                                                               monkeypatch, spark_local):
+                                                               monkeypatch, spark):
     for k, v in s3.aws_env().items():
         monkeypatch.setenv(k, v)
     client, src, lake = s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
@@ -80,7 +65,7 @@ def test_maintenance_dag_compacts_expires_and_tables_stay_equal(db, slot_name, s
     for i in range(rounds):
         change(db, i)
         drain_window(db, src, slot=slot, publications="pub", s3_client=client)
-        merge_slot(spark_local, source=src, slot=slot, delta=lake)
+        merge_slot(spark, source=src, slot=slot, delta=lake)
     assert_equal(db, lake)
     opts = s3store.delta_storage_options()
     url = {t: delta_table_url(lake, "public", t) for t in TABLES}
@@ -126,7 +111,7 @@ def test_maintenance_dag_compacts_expires_and_tables_stay_equal(db, slot_name, s
     # the pipeline goes on: a drain and a merge after the maintenance, still equal
     change(db, rounds)
     drain_window(db, src, slot=slot, publications="pub", s3_client=client)
-    res = merge_slot(spark_local, source=src, slot=slot, delta=lake).to_dict()
+    res = merge_slot(spark, source=src, slot=slot, delta=lake).to_dict()
     merged = {r["table"]: r for r in res["tables"]}
     assert merged["public.t"]["action"] == "merged" and merged["public.t"]["first_window"] == rounds, merged
     assert_equal(db, lake)

@@ -10,11 +10,10 @@ import sys
 import threading
 import time
 
-import psycopg
 import pytest
 from deltalake import DeltaTable
+from lake_helpers import drain, sql
 
-from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.maintain import expired_key, maintain_slot, read_expired
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot
 from airflow_pgcdc.merge.plan import app_id, delta_table_url
@@ -27,39 +26,12 @@ from airflow_pgcdc.verify import verify_table
 TABLES = ("t", "u", "q")
 
 
-def sql(dsn, query, params=None):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        cur = c.execute(query, params)
-        return cur.fetchall() if cur.description else None
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from airflow_pgcdc.merge.session import spark_session
-
-    s = spark_session("local[2]")
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def store(s3, s3_bucket, monkeypatch):
-    for k, v in s3.aws_env().items():
-        monkeypatch.setenv(k, v)
-    return s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
-
-
 @pytest.fixture
 def db18(pg18, request):
     name = "mt_" + request.node.name.lower().replace("[", "_").replace("]", "").replace("-", "_")[:40]
     dsn = pg18.create_database(name)
     yield dsn
     pg18.drop_database(name)
-
-
-def drain(dsn, url, slot, client):
-    return drain_window(dsn, url, slot=slot, publications="pub", s3_client=client,
-                        connect_options="-c logical_decoding_work_mem=64kB")
 
 
 def setup_pipeline(db, client, src, slot):

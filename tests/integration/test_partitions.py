@@ -27,6 +27,7 @@ import sys
 
 import psycopg
 import pytest
+from lake_helpers import sql
 
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.merge.jars import unavailable_reason
@@ -40,36 +41,17 @@ from airflow_pgcdc.verify import verify_table
 
 _DELTA_SPARK_MISSING = unavailable_reason()
 
+pytestmark = pytest.mark.delta_spark  # both engines: Delta in the shared session
+
 
 def pgcdc(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "airflow_pgcdc.cli", *args], capture_output=True, text=True,
                           timeout=120, env={**os.environ, **env})
 
 
-def sql(dsn, query, params=None):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(query, params)
-
-
 def slot_exists(dsn, slot) -> bool:
     with psycopg.connect(dsn, autocommit=True) as c:
         return c.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() is not None
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from airflow_pgcdc.merge.session import spark_session
-
-    s = spark_session("local[2]", delta=_DELTA_SPARK_MISSING is None)  # both engines
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def store(s3, s3_bucket, monkeypatch):
-    for k, v in s3.aws_env().items():
-        monkeypatch.setenv(k, v)
-    return s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
 
 
 def make_partitioned(db, via_root: bool) -> None:

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from datetime import datetime
 
-import psycopg
 import pytest
 from deltalake import DeltaTable
+from lake_helpers import sql
 
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.maintain import maintain_slot
@@ -28,29 +28,7 @@ from airflow_pgcdc.store import s3 as s3store
 TABLES = ("t", "u", "q")
 _NO_JARS = unavailable_reason()
 
-
-def sql(dsn, query, params=None):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        cur = c.execute(query, params)
-        return cur.fetchall() if cur.description else None
-
-
-@pytest.fixture(scope="module")
-def spark_local():
-    """One Spark session for the module (one SparkContext per process): with Delta's
-    Spark engine when its jars are there, so both engines can merge."""
-    from airflow_pgcdc.merge.session import spark_session
-
-    s = spark_session("local[2]", delta=_NO_JARS is None)
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def store(s3, s3_bucket, monkeypatch):
-    for k, v in s3.aws_env().items():
-        monkeypatch.setenv(k, v)
-    return s3.client(), f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
+pytestmark = pytest.mark.delta_spark  # both engines: Delta in the shared session
 
 
 def setup_pipeline(db, client, src, slot):
@@ -189,18 +167,18 @@ def check_pipeline(db, client, src, lake, slot, spark, s3, engine, rounds):
     return t_before, t_after
 
 
-def test_status_tables_deltars(fresh_db, slot_name, store, s3, spark_local):
+def test_status_tables_deltars(fresh_db, slot_name, store, s3, spark):
     client, src, lake = store
-    before, after = check_pipeline(fresh_db, client, src, lake, slot_name(), spark_local, s3, "delta-rs", rounds=6)
+    before, after = check_pipeline(fresh_db, client, src, lake, slot_name(), spark, s3, "delta-rs", rounds=6)
     print(f"\npublic.t: files {before['files']} -> {after['files']}, versions {before['versions_kept']} kept")
 
 
 @pytest.mark.skipif(_NO_JARS is not None, reason=_NO_JARS or "")
-def test_status_tables_delta_spark(pg18, request, slot_name, store, s3, spark_local):
+def test_status_tables_delta_spark(pg18, request, slot_name, store, s3, spark):
     client, src, lake = store
     db = pg18.create_database("st_delta_spark")
     try:
-        before, after = check_pipeline(db, client, src, lake, slot_name(), spark_local, s3, "delta-spark", rounds=4)
+        before, after = check_pipeline(db, client, src, lake, slot_name(), spark, s3, "delta-spark", rounds=4)
         print(f"\npublic.t (delta-spark): files {before['files']} -> {after['files']}")
     finally:
         pg18.drop_database("st_delta_spark")
