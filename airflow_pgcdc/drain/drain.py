@@ -417,17 +417,21 @@ class _Window:
         # (an int subclass) is tracked by the cyclic GC, whose full collections it would slow
         self._commit_lsn = int(txn.commit_lsn)
 
+    def _switch_to(self, rel: po.Relation) -> bool:
+        """Make ``rel``'s relation version and buffer the current ones; False when the
+        table is refused (a column name clash: that table alone, never the slot's drain)."""
+        try:
+            rv = self._version(rel)
+        except ColumnNameClash as exc:
+            self._refuse(rel, exc)
+            return False
+        self._last_rel, self._last_rv, self._last_buf = rel, rv, self.buffers[id(rv)]
+        return True
+
     def change(self, rel: po.Relation, msg: Any, nbytes: int) -> None:
-        if rel is self._last_rel:
-            rv, buf = self._last_rv, self._last_buf
-        else:
-            try:
-                rv = self._version(rel)
-            except ColumnNameClash as exc:  # that table alone: never the slot's drain
-                self._refuse(rel, exc)
-                return
-            buf = self.buffers[id(rv)]
-            self._last_rel, self._last_rv, self._last_buf = rel, rv, buf
+        if rel is not self._last_rel and not self._switch_to(rel):
+            return
+        rv, buf = self._last_rv, self._last_buf
         t = type(msg)
         if t is po.Insert:
             op, image, old = "I", msg.new, None
@@ -459,16 +463,9 @@ class _Window:
         its buffer, its values decoded with the rest of its chunk by the writer
         (:meth:`~airflow_pgcdc.changes.rows.RelationVersion.to_batch`). The rest as
         :meth:`change`."""
-        if rel is self._last_rel:
-            rv, buf = self._last_rv, self._last_buf
-        else:
-            try:
-                rv = self._version(rel)
-            except ColumnNameClash as exc:  # that table alone: never the slot's drain
-                self._refuse(rel, exc)
-                return
-            buf = self.buffers[id(rv)]
-            self._last_rel, self._last_rv, self._last_buf = rel, rv, buf
+        if rel is not self._last_rel and not self._switch_to(rel):
+            return
+        rv, buf = self._last_rv, self._last_buf
         before = buf.nbytes
         buf.add_raw_insert(message, self._commit_lsn, self.seq, self._txn.xid, self._ts, nbytes)  # type: ignore[union-attr]
         self.buffered += buf.nbytes - before
