@@ -95,20 +95,25 @@ def workload(pg: PostgresServer, sizes: dict[str, int], changes: int, batch: int
         n = max(len(v) for v in plan.values())
         for lo in range(0, n, batch):
             for table, ops in plan.items():
-                chunk, name = ops[lo:lo + batch], quote_ident(table)
-                for op in "UID":
-                    ids = [k for o, k in chunk if o == op]
-                    if not ids:
-                        continue
-                    if op == "U":
-                        c.execute(f"UPDATE {name} SET qty = qty + 1, label = md5(label) WHERE id = ANY(%s)", (ids,))
-                    elif op == "I":
-                        c.execute(f"INSERT INTO {name} SELECT i, 1, md5(i::text), 0, now(), true "
-                                  "FROM unnest(%s::bigint[]) i", (ids,))
-                    else:
-                        c.execute(f"DELETE FROM {name} WHERE id = ANY(%s)", (ids,))
+                apply_ops(c, quote_ident(table), ops[lo:lo + batch])
             c.commit()
     say(f"workload: {changes:,} statements' worth of changes per table in {time.perf_counter() - t0:.1f}s")
+
+
+def apply_ops(c, name: str, chunk) -> None:
+    """One batch of ``(op, id)`` on the quoted table ``name``: updates, inserts, deletes
+    (``U``/``I``/``D``), one statement each; the caller commits. Shared by bench/soak.py."""
+    for op in "UID":
+        ids = [k for o, k in chunk if o == op]
+        if not ids:
+            continue
+        if op == "U":
+            c.execute(f"UPDATE {name} SET qty = qty + 1, label = md5(label) WHERE id = ANY(%s)", (ids,))
+        elif op == "I":
+            c.execute(f"INSERT INTO {name} SELECT i, 1, md5(i::text), 0, now(), true "
+                      "FROM unnest(%s::bigint[]) i", (ids,))
+        else:
+            c.execute(f"DELETE FROM {name} WHERE id = ANY(%s)", (ids,))
 
 
 def copy_prefix(client, bucket: str, src: str, dst: str) -> int:

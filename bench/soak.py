@@ -48,7 +48,10 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from merge_cost import apply_ops  # noqa: E402  (bench/merge_cost.py)
 
 from airflow_pgcdc.drain.drain import drain_window  # noqa: E402
 from airflow_pgcdc.maintain import maintain_slot  # noqa: E402
@@ -117,18 +120,7 @@ class Pipeline:
         with psycopg.connect(self.dsn) as c:
             c.execute("SET synchronous_commit = off")
             for lo in range(0, len(ops), batch):
-                chunk = ops[lo:lo + batch]
-                for op in "UID":
-                    ids = [k for o, k in chunk if o == op]
-                    if not ids:
-                        continue
-                    if op == "U":
-                        c.execute(f"UPDATE {name} SET qty = qty + 1, label = md5(label) WHERE id = ANY(%s)", (ids,))
-                    elif op == "I":
-                        c.execute(f"INSERT INTO {name} SELECT i, 1, md5(i::text), 0, now(), true "
-                                  "FROM unnest(%s::bigint[]) i", (ids,))
-                    else:
-                        c.execute(f"DELETE FROM {name} WHERE id = ANY(%s)", (ids,))
+                apply_ops(c, name, ops[lo:lo + batch])
                 c.commit()
 
     def digest_pg(self) -> tuple:
