@@ -17,7 +17,8 @@ Layers (imports point down only; ``docs/design.md`` has the full map):
 - ``errors`` — the exception hierarchy, imported by every layer;
 - ``protocol/`` — sans-IO parsing and building of the replication protocols;
 - ``pg/`` — connections, catalog, slots (psycopg's ``pq`` level);
-- ``changes/`` — decoded messages to Arrow change rows, the type map, column names;
+- ``typemap/`` — the PostgreSQL → Arrow type map the snapshot and the drain share;
+- ``changes/`` — decoded messages to Arrow change rows, column names;
 - ``store/`` — the S3 contract (layout, manifests, Parquet parts);
 - ``snapshot/``, ``drain/``, ``merge/``, ``maintain/``, ``verify/``, ``ops/`` — the jobs;
 - ``cli/`` — the ``pgcdc`` command; ``hooks/``, ``operators/``, ``sensors/``,

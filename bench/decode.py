@@ -107,8 +107,8 @@ def capture_from_server(flavour: str, rows: int, per_txn: int, proto: int) -> li
     import psycopg
 
     from airflow_pgcdc.pg.replication import ReplicationConnection
-    from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
-    from airflow_pgcdc.protocol.replication import PrimaryKeepalive
+    from airflow_pgcdc.protocol.frames import PrimaryKeepalive
+    from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
     from airflow_pgcdc.testing.postgres import PostgresServer
 
     with PostgresServer(flavour) as server:

@@ -109,11 +109,20 @@ def child(spec: dict) -> int:
     from airflow_pgcdc.store.s3 import make_s3_client
 
     client = make_s3_client()
+    profiles = _profile_threads() if spec.get("profile") else None
     ru0 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
     t0 = time.perf_counter()
     r = drain_window(spec["dsn"], spec["url"], slot=spec["slot"], publications=spec["publication"],
                      until_lsn=spec["until"], s3_client=client, **spec.get("kw", {}))
     dt = time.perf_counter() - t0
+    if profiles is not None:  # every thread's profile, merged (profiling slows the drain: not timed)
+        import pstats
+
+        profiles[0].disable()
+        stats = pstats.Stats(profiles[0])
+        for p in profiles[1:]:
+            stats.add(p)
+        stats.dump_stats(spec["profile"])
     ru1 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
     cpu = sum((b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime) for a, b in zip(ru0, ru1, strict=True))
     timings = {}
@@ -127,10 +136,35 @@ def child(spec: dict) -> int:
     return 0
 
 
-def run_ours(server, s3, url: str, slot: str, publication: str, target: LSN, tree: str | None = None) -> dict:
+def _profile_threads() -> list:
+    """``--profile``: cProfile this thread and every thread started from now on."""
+    import cProfile
+    import threading
+
+    profiles = [cProfile.Profile()]
+    run = threading.Thread.run
+
+    def profiled(self) -> None:
+        p = cProfile.Profile()
+        profiles.append(p)
+        p.enable()
+        try:
+            run(self)
+        finally:
+            p.disable()
+
+    threading.Thread.run = profiled
+    profiles[0].enable()
+    return profiles
+
+
+def run_ours(server, s3, url: str, slot: str, publication: str, target: LSN, tree: str | None = None,
+             profile: str | None = None) -> dict:
     from airflow_pgcdc.testing.memory import wait_with_peak
 
     spec = {"dsn": server.dsn, "url": url, "slot": slot, "publication": publication, "until": str(target)}
+    if profile:
+        spec["profile"] = profile
     env = {**os.environ, **s3.aws_env()}
     if tree:
         env["PGCDC_BENCH_TREE"] = tree
@@ -177,7 +211,8 @@ def current_lsn(server) -> LSN:
         return LSN.parse(c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
 
 
-def bench(server, s3, url: str, name: str, fill, rounds: int, baseline: str | None = None) -> dict:
+def bench(server, s3, url: str, name: str, fill, rounds: int, baseline: str | None = None,
+          profile: str | None = None) -> dict:
     """Alternated rounds of ours and pg_recvlogical (and, with ``baseline``, the drain of
     that source tree: same WAL, same rounds, the order rotating)."""
     publication = PUBLICATION[name]
@@ -198,7 +233,8 @@ def bench(server, s3, url: str, name: str, fill, rounds: int, baseline: str | No
                 runs[who].append(run_recvlogical(server, slot, publication, target))
                 print(f"[{name}] round {i + 1} theirs {runs[who][-1]:.2f}s", flush=True)
                 continue
-            r = run_ours(server, s3, url, slot, publication, target, baseline if who == "base" else None)
+            r = run_ours(server, s3, url, slot, publication, target, baseline if who == "base" else None,
+                         f"{profile}/{name}-{who}-{i}.prof" if profile else None)
             runs[who].append(r)
             print(f"[{name}] round {i + 1} {who:6s} {r['seconds']:.2f}s (receive {r['receive_s']}s, finish "
                   f"{r['finish_s']}s) cpu {r['cpu']:.2f}s peak {r['peak_mb']:.0f} MB rows {r['rows']:,}",
@@ -350,6 +386,9 @@ def main() -> int:
     ap.add_argument("--baseline", metavar="DIR",
                     help="another source tree (e.g. `git archive` of a commit): its drain runs in the same "
                          "alternated rounds; printed: its figures and ours/its CPU and wall per round")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="write a cProfile of each drain run (all its threads) to DIR/<workload>-<who>-<round>.prof "
+                         "(profiled runs are slower: use their times only to compare functions)")
     ap.add_argument("--workload", default="all", help="all, none, or a comma-separated subset of " + ", ".join(WORKLOADS))
     args = ap.parse_args()
     chosen = WORKLOADS if args.workload == "all" else () if args.workload == "none" else tuple(args.workload.split(","))
@@ -372,7 +411,7 @@ def main() -> int:
         next_id = 1
         if "inserts" in chosen:
             results["inserts"] = bench(server, s3, url, "inserts",
-                                       lambda c: fill_inserts(c, args.rows, args.txns), args.rounds, args.baseline)
+                                       lambda c: fill_inserts(c, args.rows, args.txns), args.rounds, args.baseline, args.profile)
             next_id = args.rows + 1
         if "updates" in chosen:
             if next_id <= args.updates:  # rows to update, written before the slots exist
@@ -380,16 +419,16 @@ def main() -> int:
                     fill_inserts(c, args.updates, 1, first=next_id)
                 next_id += args.updates
             results["updates"] = bench(server, s3, url, "updates", lambda c: fill_updates(c, args.updates),
-                                       args.rounds, args.baseline)
+                                       args.rounds, args.baseline, args.profile)
         if "wide" in chosen:
-            results["wide"] = bench(server, s3, url, "wide", lambda c: fill_wide(c, args.wide_rows), args.rounds, args.baseline)
+            results["wide"] = bench(server, s3, url, "wide", lambda c: fill_wide(c, args.wide_rows), args.rounds, args.baseline, args.profile)
         if "tables" in chosen:
             results["tables"] = bench(server, s3, url, "tables",
-                                      lambda c: fill_tables(c, args.tables, args.table_rows), args.rounds, args.baseline)
+                                      lambda c: fill_tables(c, args.tables, args.table_rows), args.rounds, args.baseline, args.profile)
         if "streamed" in chosen:
             first = next_id
             results["streamed"] = bench(server, s3, url, "streamed",
-                                        lambda c: fill_inserts(c, args.big, 1, first=first), args.rounds, args.baseline)
+                                        lambda c: fill_inserts(c, args.big, 1, first=first), args.rounds, args.baseline, args.profile)
         fresh = bench_freshness(server, s3, url, args.rate, args.seconds, args.max_seconds) if args.freshness else None
     print("workload   rows        ours rows/s  pg_recvlogical rows/s  ratio (>=0.9)  CPU s/Mrow  peak RSS MB"
           + ("  | baseline: ratio  CPU s/Mrow  peak MB  CPU ours/base  wall ours/base" if args.baseline else ""))

@@ -5,7 +5,8 @@ Two tables of one schema on PostgreSQL, ``small`` (``--rows``) and ``big`` (``--
 ``--factor``), snapshotted by the real pipeline and bootstrapped into Delta (``pgcdc merge
 --max-windows 0``, not timed). Then one workload touches both tables with the same
 absolute numbers of changes (``--changes`` change rows per table, in transactions that
-touch both): 70 % updates of recent keys (the newest 2 % of each table's keys), 10 %
+touch both): 70 % updates of recent keys (the newest 2 % of the small table's keys, the same
+number in each table, so both get the same number of distinct changed rows), 10 %
 updates scattered over the whole table, 15 % inserts of new keys, 5 % deletes scattered
 over the whole table. One window is drained. Then, per engine (``--engine``), a copy of the
 bootstrapped tables gets one ``pgcdc merge`` of that window, both tables in one job.
@@ -21,7 +22,7 @@ and bytes written. Target (the issue's): <= 1.5x for a 10x larger table. Both De
 are checked against PostgreSQL (row count and a digest) after each merge.
 
     .venv/bin/python bench/merge_cost.py [--rows 200000] [--factor 10] [--changes 20000]
-                                         [--engine delta-rs|delta-spark|both]
+                                         [--engine delta-rs|delta-spark|delta-spark-dv|both|all]
                                          [--target-file-mb MB] [--mix 0.70,0.10,0.15,0.05]
 """
 
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import numpy as np
 import psycopg
@@ -54,6 +56,13 @@ from airflow_pgcdc.testing.s3 import S3Server  # noqa: E402
 
 SLOT, PUB, BUCKET = "bench_cost", "bench_cost_pub", "bench"
 TABLES = ("small", "big")
+WARMUP, WARMUP_ROWS = "warmup", 2000
+ORDER = ["--tables", f"public.{WARMUP}", "public.big", "public.small"]
+"""The job merges the tables in this order: a small table first takes the job's one-time
+costs (the JVM's warm-up, Delta's first log replay: 50-80 s on a loaded machine), which
+the first table merged paid otherwise (before, the big table, making it look 2.5x
+dearer); then the big table before the small one, so what warm-up is left favours the
+small table, not the claim."""
 DIGEST = "count(*), sum(id), sum(CAST(qty AS BIGINT)), sum(length(label))"
 
 
@@ -72,14 +81,14 @@ def build(pg: PostgresServer, sizes: dict[str, int]) -> None:
 
 
 def workload(pg: PostgresServer, sizes: dict[str, int], changes: int, batch: int = 500,
-             mix: tuple[float, ...] = (0.70, 0.10, 0.15, 0.05)) -> None:
+             mix: tuple[float, ...] = (0.70, 0.10, 0.15, 0.05), recent: int | None = None) -> None:
     """``changes`` change rows per table, the same mix on each (see the module docstring;
     ``mix``: the fractions of recent updates, scattered updates, inserts, scattered deletes)."""
     rng = np.random.default_rng(7)
     plan = {}
     for name, rows in sizes.items():
         n_hot, n_wide, n_ins, n_del = (int(changes * f) for f in mix)
-        recent = max(1, rows // 50)
+        recent = recent or max(1, min(sizes.values()) // 50)  # the same recent keys' count in every table
         dels = rng.choice(np.arange(1, rows - recent), size=n_del, replace=False)
         wide = rng.integers(1, rows - recent, size=n_wide)
         wide = wide[~np.isin(wide, dels)]
@@ -127,6 +136,25 @@ def copy_prefix(client, bucket: str, src: str, dst: str) -> int:
     return n
 
 
+def engine_args(engine: str) -> list[str]:
+    """``pgcdc merge`` arguments of a benchmarked engine (``delta-spark-dv``: with deletion vectors)."""
+    if engine == "delta-rs":
+        return ["--engine", "delta-rs"]
+    return ["--engine", "delta-spark", "--reader", "s3a", *(["--deletion-vectors"] if engine.endswith("-dv") else [])]
+
+
+def objects(client, url: str) -> dict[str, int]:
+    """Every object of the Delta table at ``url`` but its log (key -> size)."""
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    prefix = unquote(prefix).rstrip("/") + "/"
+    out = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", ()):
+            if "/_delta_log/" not in o["Key"] and not o["Key"].endswith("/"):
+                out[o["Key"]] = o["Size"]
+    return out
+
+
 def digest_pg(pg: PostgresServer, name: str) -> tuple:
     with psycopg.connect(pg.socket_dsn) as c:
         return tuple(str(v) for v in c.execute(f"SELECT {DIGEST} FROM {quote_ident(name)}").fetchone())
@@ -156,17 +184,20 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000, help="rows of the small table")
     ap.add_argument("--factor", type=int, default=10, help="the big table has factor x rows")
     ap.add_argument("--changes", type=int, default=20_000, help="change rows per table")
-    ap.add_argument("--engine", choices=("delta-rs", "delta-spark", "both"), default="both")
+    ap.add_argument("--engine", choices=("delta-rs", "delta-spark", "delta-spark-dv", "both", "all"), default="both",
+                    help="both: delta-rs and delta-spark; delta-spark-dv: delta-spark with --deletion-vectors; "
+                    "all: the three")
     ap.add_argument("--server", choices=("pg18", "pg15"), default="pg18")
     ap.add_argument("--target-file-mb", type=float, help="the bootstrap's data file size (pgcdc merge's default)")
     ap.add_argument("--mix", default="0.70,0.10,0.15,0.05", metavar="HOT,WIDE,INS,DEL",
                     help="fractions of recent updates, scattered updates, inserts, scattered deletes")
     args = ap.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    engines = ["delta-rs", "delta-spark"] if args.engine == "both" else [args.engine]
-    if "delta-spark" in engines and unavailable_reason():
+    engines = {"both": ["delta-rs", "delta-spark"], "all": ["delta-rs", "delta-spark", "delta-spark-dv"]}.get(
+        args.engine, [args.engine])
+    if unavailable_reason():
         print(f"delta-spark left out: {unavailable_reason()}", flush=True)
-        engines.remove("delta-spark")
+        engines = [e for e in engines if e == "delta-rs"]
     print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} CPUs", flush=True)
     pg = PostgresServer(args.server, settings={"max_wal_size": "4GB", "wal_sender_timeout": "0"})
     s3 = S3Server(volume_size_limit_mb=1024)
@@ -187,20 +218,21 @@ def run(args, engines: list[str], pg: PostgresServer, s3: S3Server) -> int:
     env = {**os.environ}
     sizes = {"small": args.rows, "big": args.rows * args.factor}
     src = f"s3://{BUCKET}/cdc"
-    build(pg, sizes)
+    build(pg, {WARMUP: WARMUP_ROWS, **sizes})
     snap = snapshot_to_s3(pg.dsn, src, slot=SLOT, publication=PUB, workers=2, s3_client=client)
     say(f"snapshot: {sum(t.rows for t in snap.tables):,} rows")
     work = tempfile.mkdtemp(prefix="bench-merge-cost-")
     bases = {}
     for engine in engines:  # each engine bootstraps its own tables: the file layout is its own
         base = f"s3://{BUCKET}/base-{engine}"
-        boot = run_job(["--from", src, "--slot", SLOT, "--delta", base, "--max-windows", "0", "--engine", engine,
-                        *(["--target-file-mb", str(args.target_file_mb)] if args.target_file_mb else []),
-                        *(["--reader", "s3a"] if engine == "delta-spark" else [])], env,
+        boot = run_job(["--from", src, "--slot", SLOT, "--delta", base, "--max-windows", "0", *engine_args(engine),
+                        *(["--target-file-mb", str(args.target_file_mb)] if args.target_file_mb else [])], env,
                        os.path.join(work, f"boot-{engine}"))
         bases[engine] = base
         say(f"bootstrap with {engine} (not timed): {boot['wall']:.1f}s")
-    workload(pg, sizes, args.changes, mix=tuple(float(f) for f in args.mix.split(",")))
+    mix = tuple(float(f) for f in args.mix.split(","))
+    workload(pg, {WARMUP: WARMUP_ROWS}, max(20, args.changes // 100), mix=mix, recent=WARMUP_ROWS // 50)
+    workload(pg, sizes, args.changes, mix=mix)
     target = current_lsn(pg)
     w = drain_window(pg.dsn, src, slot=SLOT, publications=PUB, until_lsn=target, s3_client=client)
     say(f"drained window {w.window_seq}: {w.rows:,} change rows {w.tables}")
@@ -212,15 +244,21 @@ def run(args, engines: list[str], pg: PostgresServer, s3: S3Server) -> int:
         lake = f"s3://{BUCKET}/lake-{engine}"
         copy_prefix(client, BUCKET, key_prefix(bases[engine]), key_prefix(lake))
         before = {t: files(delta_table_url(lake, "public", t), storage) for t in TABLES}
-        job = run_job(["--from", src, "--slot", SLOT, "--delta", lake, "--engine", engine,
-                       *(["--reader", "s3a"] if engine == "delta-spark" else [])], env,
+        stored = {t: objects(client, delta_table_url(lake, "public", t)) for t in TABLES}
+        job = run_job(["--from", src, "--slot", SLOT, "--delta", lake, *engine_args(engine), *ORDER], env,
                       os.path.join(work, f"merge-{engine}"))
         say(f"merge with {engine}: job {job['wall']:.1f}s (Spark start-up included)")
         for res in job["result"]["tables"]:
             name = res["table"].split(".", 1)[1]
+            if name == WARMUP:
+                say(f"{engine}: warm-up table merged in {res['seconds']:.1f}s (not compared)")
+                continue
             url = delta_table_url(lake, "public", name)
             after = files(url, storage)
             added = {p: s for p, s in after.items() if p not in before[name]}
+            # bytes written: every new object of the table but its log (data files, and
+            # the deletion vectors' files, which are no add action of their own)
+            new_objects = {k: v for k, v in objects(client, url).items() if k not in stored[name]}
             removed = [p for p in before[name] if p not in after]
             m = res.get("metrics") or {}
             got = digest_delta(url, storage)
@@ -228,21 +266,24 @@ def run(args, engines: list[str], pg: PostgresServer, s3: S3Server) -> int:
                 "engine": engine, "table": name, "rows": sizes[name], "files_before": len(before[name]),
                 "bytes_before": sum(before[name].values()), "seconds": res["seconds"],
                 "scanned": m.get("num_target_files_scanned"), "removed": len(removed), "added": len(added),
-                "bytes_written": sum(added.values()), "change_rows": res["change_rows"],
+                "bytes_written": sum(new_objects.values()), "change_rows": res["change_rows"],
+                "dv_files": sum(1 for k in new_objects if "deletion_vector_" in k),
                 "equal": got == expect[name],
             })
             if got != expect[name]:
                 print(f"WARNING: {engine} {name}: Delta {got} != PostgreSQL {expect[name]}", flush=True)
     print()
     print(f"{'engine':<12}{'table':<7}{'rows':>11}{'files':>7}{'MB':>8}{'changes':>9}{'merge s':>9}"
-          f"{'scanned':>9}{'rewritten':>10}{'added':>7}{'MB written':>11}  equal")
+          f"{'scanned':>9}{'rewritten':>10}{'added':>7}{'DVs':>5}{'MB written':>11}  equal")
     for r in rows_out:
         print(f"{r['engine']:<12}{r['table']:<7}{r['rows']:>11,}{r['files_before']:>7}{r['bytes_before'] / 1e6:>8.1f}"
               f"{r['change_rows']:>9,}{r['seconds']:>9.1f}{'-' if r['scanned'] is None else r['scanned']:>9}"
-              f"{r['removed']:>10}{r['added']:>7}{r['bytes_written'] / 1e6:>11.1f}  {r['equal']}")
+              f"{r['removed']:>10}{r['added']:>7}{r['dv_files']:>5}{r['bytes_written'] / 1e6:>11.1f}  {r['equal']}")
     print()
     for engine in engines:
         by = {r["table"]: r for r in rows_out if r["engine"] == engine}
+        if engine.endswith("-dv"):
+            engine += " (deletion vectors)"
         s, b = by["small"], by["big"]
         print(f"{engine}: big/small ({args.factor}x the rows): merge seconds {b['seconds'] / s['seconds']:.2f}x "
               f"({b['seconds']:.1f} vs {s['seconds']:.1f}), bytes written "

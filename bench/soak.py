@@ -31,7 +31,7 @@ Targets (the issue's): with maintenance, storage within 2x the table's size and 
 seconds flat over 100 cycles.
 
     SPARK_LOCAL_IP=127.0.0.1 .venv/bin/python bench/soak.py [--cycles 100] [--rows 200000]
-        [--changes 2000] [--engine deltars|delta-spark] [--every 5] [--retention-hours 0]
+        [--changes 2000] [--engine deltars|delta-spark|delta-spark-dv] [--every 5] [--retention-hours 0]
         [--target-file-mb 1] [--mix 0.75,0.05,0.15,0.05] [--out DIR] [--server pg18|pg15]
 """
 
@@ -147,8 +147,9 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=100)
     ap.add_argument("--rows", type=int, default=200_000, help="rows of the table at the start")
     ap.add_argument("--changes", type=int, default=2_000, help="change rows per cycle")
-    ap.add_argument("--engine", choices=("deltars", "delta-spark"), default="deltars",
-                    help="the merge's engine (delta-spark: Delta's Spark engine, local[2], s3a reader)")
+    ap.add_argument("--engine", choices=("deltars", "delta-spark", "delta-spark-dv"), default="deltars",
+                    help="the merge's engine (delta-spark: Delta's Spark engine, local[2], s3a reader; "
+                    "delta-spark-dv: the same with --deletion-vectors)")
     ap.add_argument("--every", "-k", type=int, default=5, help="maintain after every k cycles")
     ap.add_argument("--retention-hours", type=float, default=0.0, help="pgcdc maintain --retention-hours")
     ap.add_argument("--target-file-mb", type=float, default=1.0,
@@ -159,7 +160,7 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="folder of the CSV and the PNG (default: a new temporary one)")
     args = ap.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    if args.engine == "delta-spark" and unavailable_reason():
+    if args.engine.startswith("delta-spark") and unavailable_reason():
         print(f"delta-spark is not available: {unavailable_reason()}", flush=True)
         return 2
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-soak-"))
@@ -184,17 +185,19 @@ def run(args, pg: PostgresServer, s3: S3Server, out: Path) -> int:
     s3.create_bucket(BUCKET)
     storage = s3store.delta_storage_options(s3store.S3Settings.from_env())
     mix = tuple(float(f) for f in args.mix.split(","))
-    engine = "delta-spark" if args.engine == "delta-spark" else "delta-rs"
+    engine = "delta-spark" if args.engine.startswith("delta-spark") else "delta-rs"
     merge_kw = {"engine": engine, "target_file_mb": args.target_file_mb}
     if engine == "delta-spark":
         merge_kw["reader"] = "s3a"
+    if args.engine == "delta-spark-dv":
+        merge_kw["deletion_vectors"] = True
     spark = spark_session("local[2]", delta=engine == "delta-spark")
     pipes = {}
     for name in RUNS:
         p = Pipeline(name, pg, args.rows, seed=7)
         snapshot_to_s3(p.dsn, p.src, slot=p.slot, publication=PUB, s3_client=client)
         t0 = time.perf_counter()
-        merge_slot(spark, source=p.src, slot=p.slot, delta=p.lake, **merge_kw)  # the bootstrap
+        merge_slot(spark, store=p.src, slot=p.slot, delta=p.lake, **merge_kw)  # the bootstrap
         f = table_figures(p.url, storage_options=storage, client=client)
         say(f"{name}: {args.rows:,} rows snapshotted and bootstrapped ({time.perf_counter() - t0:.1f}s): "
             f"{f['files']} files, {f['bytes'] / 1e6:.1f} MB")
@@ -211,7 +214,7 @@ def run(args, pg: PostgresServer, s3: S3Server, out: Path) -> int:
                 w = drain_window(p.dsn, p.src, slot=p.slot, publications=PUB, s3_client=client)
                 drain_s = time.perf_counter() - t0
                 t0 = time.perf_counter()
-                res = merge_slot(spark, source=p.src, slot=p.slot, delta=p.lake, **merge_kw)
+                res = merge_slot(spark, store=p.src, slot=p.slot, delta=p.lake, **merge_kw)
                 merge_s = time.perf_counter() - t0
                 bad = [t for t in res.to_dict()["tables"] if t.get("action") == "failed"]
                 if bad:
@@ -219,7 +222,7 @@ def run(args, pg: PostgresServer, s3: S3Server, out: Path) -> int:
                 maintain_s = None
                 if name == "maintain" and cycle % args.every == 0:
                     t0 = time.perf_counter()
-                    maintain_slot(source=p.src, slot=p.slot, delta=p.lake, retention_hours=args.retention_hours,
+                    maintain_slot(store=p.src, slot=p.slot, delta=p.lake, retention_hours=args.retention_hours,
                                   target_size=target_bytes(args.target_file_mb))
                     maintain_s = time.perf_counter() - t0
                 f = table_figures(p.url, storage_options=storage, client=client)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from airflow_pgcdc.pg.logical import LogicalStream  # noqa: E402
 from airflow_pgcdc.pg.replication import ReplicationConnection  # noqa: E402
 from airflow_pgcdc.protocol.lsn import LSN  # noqa: E402
-from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions  # noqa: E402
+from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions  # noqa: E402
 from airflow_pgcdc.testing.postgres import PostgresServer  # noqa: E402
 
 PROTO = 1  # the same pgoutput options for both consumers

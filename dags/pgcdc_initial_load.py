@@ -41,7 +41,7 @@ with DAG(
         import psycopg
 
         from airflow_pgcdc.hooks.pgcdc import PgcdcHook
-        from airflow_pgcdc.pg.slots import ensure_publication as ensure
+        from airflow_pgcdc.pg.publications import ensure_publication as ensure
 
         dsn = PgcdcHook(POSTGRES_CONN_ID).get_dsn()
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -43,6 +43,13 @@ from airflow_pgcdc.testing.s3 import S3Server
 # at the end of every run with Spark tests. Its INFO lines say nothing a test needs.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
+# Every in-process Spark session of the test run shares one driver JVM, started by whichever
+# test needs Spark first. With Spark's default heap (1 GB) the full suite ran it out of
+# memory (java.lang.OutOfMemoryError: Java heap space, 17 minutes in; every later Spark test
+# then failed on a dead gateway): Delta caches every table's log per JVM. A merge job is its
+# own process, so only the test run accumulates this. 4 GB is a ceiling, not an allocation.
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--driver-memory 4g pyspark-shell")
+
 _SERVER_FIXTURES = {"pg15", "pg18", "pg_server", "s3", "s3_bucket", "fresh_db", "spark_cluster"}
 _started: dict[str, Any] = {}  # name -> server (anything with a log_file), for logs and cleanup
 

@@ -41,25 +41,18 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_pgcdc.changes import arrays
-from airflow_pgcdc.changes.codecs import (
-    BadValue,
-    ByteaCodec,
-    Codec,
-    DecimalCodec,
-    TextCodec,
-    _OneBad,
-    numeric_binary_to_text,
-    utf8_from_binary,
-)
-from airflow_pgcdc.changes.typemap import (
+from airflow_pgcdc.protocol.pgtypes import format_type
+from airflow_pgcdc.protocol.quoting import quote_ident
+from airflow_pgcdc.typemap import (
     PgColumn,
     ValueConversionError,
     arrow_field,
     codec_for,
     wrap_bad,
 )
-from airflow_pgcdc.protocol.pgtypes import format_type
-from airflow_pgcdc.protocol.quoting import quote_ident
+from airflow_pgcdc.typemap.codec import BadValue, Codec, _OneBad
+from airflow_pgcdc.typemap.numeric import DecimalCodec, numeric_binary_to_text
+from airflow_pgcdc.typemap.text import ByteaCodec, TextCodec, utf8_from_binary
 
 __all__ = [
     "BINARY_COPY_OPTIONS",

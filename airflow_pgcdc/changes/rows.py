@@ -8,7 +8,7 @@ part files (see :mod:`airflow_pgcdc.store.window`).
 The columns of a change row (a public contract, see ``DESIGN.md``):
 
 * the table's columns, in order, typed by the shared type map
-  (:mod:`airflow_pgcdc.changes.typemap`): for ``I`` and ``U`` the new row; for ``D``
+  (:mod:`airflow_pgcdc.typemap`): for ``I`` and ``U`` the new row; for ``D``
   the old row as the server sent it (the replica identity key with the other
   columns NULL, or the full old row under ``REPLICA IDENTITY FULL``);
 * ``_pgcdc_old_<column>`` for every column flagged as part of the replica identity
@@ -55,9 +55,9 @@ from airflow_pgcdc.changes.columns import (
 )
 from airflow_pgcdc.changes.columns import UNCHANGED_TOAST as UNCHANGED_TOAST_COLUMN
 from airflow_pgcdc.changes.tuples import TupleDecoder
-from airflow_pgcdc.changes.typemap import TypeMapError, ValueConversionError
 from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST, PgoutputDecoder
 from airflow_pgcdc.protocol.pgtypes import PgColumn, format_type
+from airflow_pgcdc.typemap import TypeMapError, ValueConversionError
 
 __all__ = [
     "META_FIELDS",
@@ -65,6 +65,7 @@ __all__ = [
     "ChangeBuffer",
     "ChangeChunk",
     "RelationVersion",
+    "definition_key",
     "old_column_name",
 ]
 
@@ -102,6 +103,13 @@ def old_column_name(column: str) -> str:
 
 class ColumnNameClash(TypeMapError):
     """A table column whose name collides with a ``_pgcdc_`` metadata column."""
+
+
+def definition_key(schema: str, table: str, replica_identity: str, columns, key_flags) -> tuple:
+    """A relation's definition as :meth:`RelationVersion.same_definition` compares it
+    (names, types, typmods, array dimensions, key flags, replica identity)."""
+    return (schema, table, replica_identity, tuple(key_flags),
+            tuple((c.name, c.type.oid, c.typmod, c.ndims) for c in columns))
 
 
 @dataclass(frozen=True, eq=False)
@@ -204,21 +212,19 @@ class RelationVersion:
             w.write_batch(batch)
         return base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")
 
+    @property
+    def definition(self) -> tuple:
+        """What makes two versions the same definition (:func:`definition_key`)."""
+        return definition_key(self.schema, self.table, self.replica_identity, self.columns, self.key_flags)
+
     def same_definition(self, other: RelationVersion) -> bool:
-        return (
-            self.schema == other.schema
-            and self.table == other.table
-            and self.replica_identity == other.replica_identity
-            and self.key_flags == other.key_flags
-            and [(c.name, c.type.oid, c.typmod, c.ndims) for c in self.columns]
-            == [(c.name, c.type.oid, c.typmod, c.ndims) for c in other.columns]
-        )
+        return self.definition == other.definition
 
     def to_batch(self, chunk: ChangeChunk) -> pa.RecordBatch:
-        """Convert a taken chunk to a record batch of :attr:`schema_arrow`. Inserts added
-        as received (:meth:`ChangeBuffer.add_raw_insert`) are decoded here: a chunk of
-        them only by :meth:`TupleDecoder.decode_raw_inserts`, else (or when that declines)
-        one by one."""
+        """Convert a taken chunk to a record batch of :attr:`schema_arrow`. Inserts and
+        new-row-only updates added as received (:meth:`ChangeBuffer.add_raw`) are decoded
+        here: a chunk of them only by :meth:`TupleDecoder.decode_raw_inserts`, else (or
+        when that declines) one by one."""
         n = len(chunk.ops)
         decoded = None
         images = chunk.images
@@ -350,8 +356,15 @@ class ChangeBuffer:
         """Add an insert as the pgoutput Insert message received (outside a stream block):
         decoded when the chunk is converted (:meth:`RelationVersion.to_batch`); ``nbytes``
         its size as :meth:`add` counts it (default: the message's length)."""
+        self.add_raw(message, "I", commit_lsn, seq, xid, commit_ts_us, nbytes)
+
+    def add_raw(self, message: bytes, op: str, commit_lsn: int, seq: int, xid: int, commit_ts_us: int | None,
+                nbytes: int | None = None) -> None:
+        """Add a change as the pgoutput message received: an Insert (``op`` ``I``) or an
+        Update that carries only its new row (``U``, OID, ``N``; ``op`` ``U``), outside a
+        stream block; as :meth:`add_raw_insert` otherwise."""
         c = self._chunk
-        c.ops.append("I")
+        c.ops.append(op)
         c.images.append(message)
         c.olds.append(None)
         c.commit_lsns.append(commit_lsn)

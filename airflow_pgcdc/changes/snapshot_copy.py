@@ -6,7 +6,7 @@ COPY format's backslash escapes have no C++ decoder in pyarrow, and the binary f
 has variable-length rows that cannot be split without a per-row loop.
 
 How: :func:`copy_sql` builds the statement (the SELECT list is the columns themselves:
-with :data:`~airflow_pgcdc.changes.typemap.SESSION_SETTINGS` every type's text output
+with :data:`~airflow_pgcdc.typemap.SESSION_SETTINGS` every type's text output
 is already what the parsers expect, and casting in SQL would only cost server time).
 :class:`SnapshotDecoder` takes the COPY data in chunks of any size, cuts them on row
 boundaries (a newline outside quotes: quote parity), and parses each block with
@@ -28,15 +28,15 @@ from collections.abc import Iterable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from airflow_pgcdc.changes.codecs import BadValue, Codec
-from airflow_pgcdc.changes.typemap import (
+from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
+from airflow_pgcdc.typemap import (
     PgColumn,
     ValueConversionError,
     arrow_field,
     codec_for,
     wrap_bad,
 )
-from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
+from airflow_pgcdc.typemap.codec import BadValue, Codec
 
 __all__ = ["COPY_OPTIONS", "SnapshotDecoder", "copy_select_list", "copy_sql"]
 

@@ -24,15 +24,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_pgcdc.changes import arrays
-from airflow_pgcdc.changes.codecs import BadValue, Codec
-from airflow_pgcdc.changes.typemap import (
+from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST, TupleData
+from airflow_pgcdc.typemap import (
     PgColumn,
     ValueConversionError,
     arrow_field,
     codec_for,
     wrap_bad,
 )
-from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST, TupleData
+from airflow_pgcdc.typemap.codec import BadValue, Codec
 
 __all__ = ["DecodedTuples", "TupleDecoder"]
 
@@ -118,7 +118,8 @@ class TupleDecoder:
 
     def decode_raw_inserts(self, messages: Sequence[bytes], *, row_offset: int = 0) -> DecodedTuples | None:
         """Decode a batch of pgoutput Insert messages as received (``I``, relation OID,
-        ``N``, TupleData; outside a stream block, UTF-8 text) without a Python object per
+        ``N``, TupleData; outside a stream block, UTF-8 text; or Updates carrying only
+        their new row, ``U``, OID, ``N``, TupleData: the same layout) without a Python object per
         value: the messages are joined into one buffer and cut column by column with numpy
         (each column's kind bytes and lengths for every row at once), each column's text
         becomes one Arrow string array over the gathered bytes, and the codecs convert it
@@ -137,7 +138,7 @@ class TupleDecoder:
         total = len(buf)
         if int(lengths.min()) < 8:
             return None
-        head_ok = (buf[starts] == 73) & (buf[starts + 5] == 78)  # 'I' ... 'N'
+        head_ok = ((buf[starts] == 73) | (buf[starts] == 85)) & (buf[starts + 5] == 78)  # 'I' or 'U' ... 'N'
         counts = (buf[starts + 6].astype(np.int64) << 8) | buf[starts + 7]
         if not head_ok.all() or not (counts == ncols).all():
             return None

@@ -15,8 +15,11 @@ def register(subparsers) -> None:
         description=(
             "Lake upkeep for the pipeline of --slot. Per Delta table (each on its own: a failure is "
             "reported and the others go on): compaction of small files (delta-rs optimize; "
-            "--zorder: Z-order on the table's key columns), VACUUM of the files no version within "
-            "the retention needs, a log checkpoint and expired log cleanup; app transactions are "
+            "--zorder: Z-order on the table's key columns; a table whose deletion vectors delete 10% "
+            "or more of its rows is rewritten whole, live rows only, sorted by its key), VACUUM of the "
+            "files no version within "
+            "the retention needs, a log checkpoint and expired log cleanup (log entries older than the "
+            "retention, and than 24 h, before a checkpoint); app transactions are "
             "kept. Then the change store: the parts of windows older than the retention that every "
             "table holding them has merged are removed (their manifests stay; never the latest "
             "window, never an unmerged one; recorded in {slot}/maintain/expired.json), and "
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise argparse.ArgumentTypeError("--retention-hours must be 0 or more")
     try:
         result = maintain_slot(
-            source=args.store, slot=args.slot, delta=args.delta, tables=args.tables,
+            store=args.store, slot=args.slot, delta=args.delta, tables=args.tables,
             retention_hours=args.retention_hours, zorder=args.zorder,
             target_size=target_bytes(args.target_file_mb) if args.target_file_mb else DEFAULT_TARGET_SIZE, dry_run=args.dry_run, windows=args.windows,
         )

@@ -23,7 +23,7 @@ from airflow_pgcdc.protocol.pglogical import (
     binary_compat_params_for_server,
     pglogical_start_options,
 )
-from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
+from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 
 log = logging.getLogger(__name__)
 

@@ -235,7 +235,7 @@ def run_slot_list(args: argparse.Namespace) -> int:
 def run_publication_ensure(args: argparse.Namespace) -> int:
     import psycopg
 
-    from airflow_pgcdc.pg.slots import ensure_publication, set_replica_identity_full
+    from airflow_pgcdc.pg.publications import ensure_publication, set_replica_identity_full
 
     parser = args._parser
     columns = {

@@ -27,9 +27,9 @@ from airflow_pgcdc.maintain.store import (
     remove_staging,
     write_record,
 )
-from airflow_pgcdc.merge.plan import app_id, delta_table_url
+from airflow_pgcdc.merge.plan import CHANGELOG_SUFFIX, SCD2_SUFFIX, app_id, delta_table_url
 from airflow_pgcdc.store import s3 as s3store
-from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.layout import Layout, store_argument
 from airflow_pgcdc.store.manifest import committed_snapshot
 from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
 
@@ -49,8 +49,8 @@ log = logging.getLogger("airflow_pgcdc.maintain")
 
 DEFAULT_RETENTION_HOURS = 168
 TABLE_ATTEMPTS = 3  # a table's upkeep refused by a concurrent commit is started over this often
-HISTORY_SUFFIXES = ("__changelog", "__scd2")  # merge/job.py's CHANGELOG_SUFFIX, SCD2_SUFFIX
-RESYNC_APP_SUFFIX = ":resync"  # merge/job.py's
+HISTORY_SUFFIXES = (CHANGELOG_SUFFIX, SCD2_SUFFIX)
+RESYNC_APP_SUFFIX = ":resync"  # merge/windows.py's (not imported: that module loads Spark's helpers)
 
 
 @dataclass
@@ -111,7 +111,7 @@ def _record(client, layout: Layout, slot: str, url: str, res: DeltaTableResult, 
 
 def maintain_slot(
     *,
-    source: str,
+    store: str | None = None,
     slot: str,
     delta: str,
     tables: Sequence[str] | None = None,
@@ -121,12 +121,14 @@ def maintain_slot(
     dry_run: bool = False,
     windows: bool = True,
     settings: s3store.S3Settings | None = None,
+    source: str | None = None,
 ) -> MaintainResult:
     """Maintain every Delta table of ``slot`` under ``delta`` (or only ``tables``,
-    ``schema.table``), then the change store under ``source``. ``retention_hours``: how long
+    ``schema.table``), then the change store under ``store`` (``source``, its 0.1 name, warns). ``retention_hours``: how long
     removed Delta files, expired windows and staging debris are kept (default 168; any value,
     0 included, is accepted, with a warning below the default). Raises
     :class:`TablesFailed` when some tables failed (the others were maintained)."""
+    store = store_argument("maintain_slot", store, "source", source)
     from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
@@ -144,7 +146,7 @@ def maintain_slot(
     settings = settings or s3store.S3Settings.from_env()
     client = s3store.make_s3_client(settings)
     storage = s3store.delta_storage_options(settings)
-    layout = Layout.parse(source)
+    layout = Layout.parse(store)
     snapshot = committed_snapshot(client, layout, slot)
     resyncs = committed_resyncs(client, layout, slot)
     names: dict[tuple[str, str], None] = {}
@@ -159,7 +161,7 @@ def maintain_slot(
             names[(str(t["schema"]), str(t["table"]))] = None
     except Exception:  # noqa: BLE001 - a cache; missing means the snapshot's and resyncs' tables
         pass
-    result = MaintainResult(slot=slot, source=source, delta=delta, retention_hours=retention_hours, dry_run=dry_run)
+    result = MaintainResult(slot=slot, source=store, delta=delta, retention_hours=retention_hours, dry_run=dry_run)
     wanted = list(names)
     if tables:
         known = {f"{s}.{t}": (s, t) for s, t in names}
@@ -193,11 +195,12 @@ def maintain_slot(
                 continue
             started = datetime.now(UTC)
             try:
-                keys = _key_of(snapshot, resyncs, schema, table) if (zorder and url == base) else ()
+                keys = _key_of(snapshot, resyncs, schema, table) if url == base else ()
                 for attempt in range(TABLE_ATTEMPTS):
                     try:
                         res = maintain_table(url, name=label, apps=apps, storage_options=storage, client=client,
-                                             retention_hours=retention_hours, zorder=keys or None,
+                                             retention_hours=retention_hours,
+                                             zorder=(keys or None) if zorder else None, keys=keys,
                                              target_size=target_size, dry_run=dry_run)
                         break
                     except CommitFailedError as exc:  # a merge committed meanwhile: start over from it

@@ -2,7 +2,15 @@
 
 In order: compaction of small files (``optimize.compact()``, or ``optimize.z_order(keys)``),
 VACUUM of the files no version within the retention needs, a log checkpoint and the
-cleanup of expired log files. Each step reports what it removed and how many bytes.
+cleanup of the log entries of versions older than the retention (:func:`expire_log`). Each step reports what it removed and how many bytes.
+
+Tables with deletion vectors (``pgcdc merge --engine delta-spark --deletion-vectors``):
+a merge marks replaced rows deleted instead of rewriting their files, so the data files
+keep dead rows; bin-packing leaves files above the target size alone, dead rows and all.
+When the vectors delete :data:`PURGE_RATIO` or more of the rows in the table's data files,
+the compaction becomes a purge: every file is rewritten (``optimize.z_order`` on the merge
+key, which delta-rs 1.6 reads through the vectors), live rows only, in key-sorted files of
+the target size; the vectors then refer to removed files and VACUUM takes them.
 
 App transactions: a compaction commit carries no ``txn`` action, and Delta's log replay
 keeps the latest ``txn`` of every app id across it (and across a checkpoint), so
@@ -25,6 +33,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
 
@@ -40,6 +49,11 @@ merge's bootstrap target (``pgcdc merge --target-file-mb``, 32 MB), so a compact
 fold the key-sorted files the bootstrap wrote (and the merge prunes by) into bigger ones."""
 
 COMMIT_RETRIES = 3
+
+PURGE_RATIO = 0.10
+"""Rows deleted by deletion vectors, as a share of the rows in the data files, from which
+a compaction rewrites the whole table (see the module docstring): the dead rows cost at
+most about this share of the table's bytes between two maintenance runs."""
 
 
 class AppTransactionLost(PgcdcError):
@@ -98,6 +112,20 @@ def _data_files(dt) -> tuple[int, int]:
     return adds.num_rows, int(sum(adds.column("size_bytes").to_pylist())) if adds.num_rows else 0
 
 
+def deleted_rows(dt) -> tuple[int, int]:
+    """``(rows in the data files, rows of them the deletion vectors delete)`` of the Delta
+    table ``dt`` (0 deleted without the feature: nothing is counted then)."""
+    adds = dt.get_add_actions(flatten=True)
+    physical = int(sum(v or 0 for v in adds.column("num_records").to_pylist())) if adds.num_rows else 0
+    if "deletionVectors" not in (dt.protocol().reader_features or ()) or not physical:
+        return physical, 0
+    import pyarrow as pa
+    from deltalake import QueryBuilder
+
+    live = pa.table(QueryBuilder().register("t", dt).execute("SELECT count(*) AS n FROM t").read_all())
+    return physical, max(0, physical - int(live.column("n")[0].as_py()))
+
+
 def maintain_table(
     url: str,
     *,
@@ -109,9 +137,12 @@ def maintain_table(
     zorder: Sequence[str] | None = None,
     target_size: int | None = DEFAULT_TARGET_SIZE,
     dry_run: bool = False,
+    keys: Sequence[str] = (),
+    purge_ratio: float = PURGE_RATIO,
 ) -> DeltaTableResult:
     """Compact, vacuum and checkpoint the Delta table at ``url``; ``apps``: the app ids
-    whose transaction versions must survive. Raises on failure (the caller reports it)."""
+    whose transaction versions must survive. ``keys``: the merge key, the purge's sort
+    order (see the module docstring). Raises on failure (the caller reports it)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError
 
@@ -129,14 +160,20 @@ def maintain_table(
             if v is not None and (now is None or now < v):
                 raise AppTransactionLost(f"{name}: after {where}, app transaction {a} is at {now}, it was at {v}")
 
-    # -- compaction
+    # -- compaction (a purge when deletion vectors hide enough dead rows)
+    physical, dead = deleted_rows(dt)
+    purge = bool(dead) and dead >= purge_ratio * physical
+    order = list(zorder or ()) or (list(keys) if purge else [])
+    if purge and not order:  # no key known (a history table, a keyless table): its first column
+        order = [dt.schema().to_arrow().field(0).name]
     if dry_run:
-        res.compaction = {"skipped": "dry run", "small_files": res.files_before}
+        res.compaction = {"skipped": "dry run", "small_files": res.files_before,
+                          "deleted_rows": dead, "purge": purge}
     else:
         for attempt in range(COMMIT_RETRIES + 1):
             try:
                 opt = dt.optimize
-                metrics = (opt.z_order(list(zorder), target_size=target_size) if zorder
+                metrics = (opt.z_order(order, target_size=target_size) if order
                            else opt.compact(target_size=target_size))
                 break
             except CommitFailedError as exc:  # a merge committed first: compact its result
@@ -146,8 +183,10 @@ def maintain_table(
                             str(exc).splitlines()[0][:200])
                 dt.update_incremental()
         res.compaction = {
-            "mode": "z_order" if zorder else "compact",
-            "z_order_columns": list(zorder or ()),
+            "mode": "purge" if purge else "z_order" if zorder else "compact",
+            "z_order_columns": order,
+            "rows_in_files": physical,
+            "deleted_rows_purged": dead if purge else 0,
             "files_removed": int(metrics.get("numFilesRemoved", 0)),
             "files_added": int(metrics.get("numFilesAdded", 0)),
             "bytes_removed": _total_size(metrics.get("filesRemoved")),
@@ -176,7 +215,8 @@ def maintain_table(
         dt.update_incremental()
         dt.create_checkpoint()
         log_before = {k: v for k, v in _sizes(client, url).items() if k.startswith("_delta_log/")}
-        dt.cleanup_metadata()
+        dt.cleanup_metadata()  # the table's own log retention (30 days unless set)
+        expire_log(client, url, retention_hours)  # and ours: --retention-hours
         log_after = {k for k in _sizes(client, url) if k.startswith("_delta_log/")}
         gone = [k for k in log_before if k not in log_after]
         res.log = {"checkpoint_version": dt.version(), "log_files_removed": len(gone),
@@ -193,6 +233,52 @@ def maintain_table(
 
 _COMMIT_RE = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.\d+)?(?:\.[0-9a-f-]+)?\.(?:parquet|json)$")
+
+
+LOG_FLOOR_HOURS = 24
+""":func:`expire_log` never removes a log entry younger than this, whatever the retention: a
+writer that read the table at an older version and commits later puts its commit at the
+next version after the one it read, and would overwrite a removed entry's name (the
+conditional put finds no file) instead of noticing the commits it missed. No merge runs
+that long."""
+
+_LOG_ENTRY_RE = re.compile(r"^(\d{20})\.(?:json|crc|checkpoint(?:\.\d+\.\d+)?(?:\.[0-9a-f-]+)?\.(?:parquet|json))$")
+
+
+def expire_log(client, url: str, retention_hours: float, *, now: datetime | None = None) -> list[str]:
+    """Remove the log entries (commits, their ``.crc``, checkpoints) of the versions before
+    the newest checkpoint written ``retention_hours`` ago or earlier (at least
+    :data:`LOG_FLOOR_HOURS`); returns their keys.
+
+    Every version from that checkpoint on stays readable (the checkpoint holds the state,
+    app transactions included, and the commits after it follow), so time travel works for
+    every version within the retention, as after VACUUM. delta-rs' own cleanup keeps the
+    table's ``delta.logRetentionDuration`` (30 days unless set) whatever ``--retention-hours``
+    says, and a table merged every five minutes writes about 8,600 commits in 30 days: their
+    log outweighed a small table's data (``bench/soak.py``). S3 tables only (a local
+    table keeps delta-rs' cleanup)."""
+    if not url.startswith("s3://"):
+        return []
+    loc = s3store.S3Location.parse(url)
+    base = unquote(loc.prefix.rstrip("/")) + "/_delta_log/"
+    cutoff = (now or datetime.now(UTC)) - timedelta(hours=max(retention_hours, LOG_FLOOR_HOURS))
+    entries = []
+    for o in s3store.list_objects(client, loc.bucket, base):
+        name = o["Key"][len(base):]
+        found = _LOG_ENTRY_RE.match(name)
+        if found:
+            entries.append((int(found.group(1)), name, o))
+    settled = [v for v, name, o in entries if _CHECKPOINT_RE.match(name) and o["LastModified"] <= cutoff]
+    if not settled:
+        return []
+    floor = max(settled)
+    doomed = [base + name for v, name, _o in entries if v < floor]
+    for i in range(0, len(doomed), 1000):
+        client.delete_objects(Bucket=loc.bucket, Delete={"Objects": [{"Key": k} for k in doomed[i:i + 1000]],
+                                                         "Quiet": True})
+    if doomed:
+        log.info("%s: removed %d log entries before the checkpoint of version %d", url, len(doomed), floor)
+    return doomed
 
 
 def _objects(client, url: str) -> dict[str, int]:

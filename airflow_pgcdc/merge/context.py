@@ -57,6 +57,8 @@ class JobContext:
     history: str | None = None
     reader: str = "python"
     target_file_mb: float = pruning.DEFAULT_TARGET_FILE_MB
+    # delta-spark: tables get deletion vectors (--deletion-vectors)
+    deletion_vectors: bool = False
     # the slot's committed resyncs (store/resyncs.py), oldest first
     resyncs: list = field(default_factory=list)
     # windows whose parts pgcdc maintain removed ({slot}/maintain/expired.json)

@@ -147,7 +147,7 @@ def from_delta_array(
     arr: pa.Array | pa.ChunkedArray, field_from_typemap: pa.Field | pa.DataType
 ) -> pa.Array | pa.ChunkedArray:
     """A Delta column's values in the type map's type (``field_from_typemap``'s, e.g.
-    :func:`airflow_pgcdc.changes.typemap.arrow_field`): int64 µs back to
+    :func:`airflow_pgcdc.typemap.arrow_field`): int64 µs back to
     ``time64[us]`` (``24:00:00`` included: no range check), ``list<int64>`` to
     ``list<time64[us]>``, large/view/dictionary variants to the plain types. Values are never
     changed; any other type difference raises :class:`DeltaTypeMismatch`."""

@@ -60,6 +60,19 @@ def unreadable_features(table) -> list[str]:
     return out
 
 
+def current_rows(table) -> pa.RecordBatchReader:
+    """The table's live rows as record batches: a plain dataset scan, or, for a table with
+    deletion vectors (and no other feature :func:`unreadable_features` names), delta-rs'
+    SQL engine, which applies them (deleted rows left out; checked against Delta's Spark
+    engine in ``test_deletion_vectors.py``)."""
+    features = unreadable_features(table)
+    if features == ["deletion vectors"]:
+        from deltalake import QueryBuilder
+
+        return pa.RecordBatchReader.from_stream(QueryBuilder().register("t", table).execute("SELECT * FROM t"))
+    return plain_dataset(table).scanner(batch_size=BATCH_ROWS).to_reader()
+
+
 def plain_dataset(table):
     """``table.to_pyarrow_dataset()``, refused (:class:`UnreadableFeatures`) for a table
     that dataset would read wrong."""
@@ -277,16 +290,17 @@ def add_filled_columns(table, fields: list[pa.Field], values: dict[str, Any], *,
 
     current = pa.schema(table.schema().to_arrow())
     target = pa.schema(list(current) + [f.with_nullable(True) for f in fields])
-    dataset = plain_dataset(table)
+    source = current_rows(table)
 
     def batches():
-        for batch in dataset.to_batches():
+        for batch in source:
             extra = [
                 pa.repeat(values[f.name].cast(f.type), batch.num_rows) if f.name in values
                 else pa.nulls(batch.num_rows, f.type)
                 for f in fields
             ]
-            yield pa.RecordBatch.from_arrays([batch.column(n) for n in current.names] + extra, schema=target)
+            mine = [batch.column(f.name).cast(f.type) for f in current]  # SQL reads may widen types
+            yield pa.RecordBatch.from_arrays(mine + extra, schema=target)
 
     write_deltalake(
         table, pa.RecordBatchReader.from_batches(target, batches()), mode="overwrite", schema_mode="merge",

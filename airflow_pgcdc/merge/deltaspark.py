@@ -30,7 +30,17 @@ from typing import Any
 
 from airflow_pgcdc.merge.clauses import MergeSpec, Scd2Spec, quote_ident
 
-__all__ = ["append", "bootstrap", "last_commit", "merge", "merge_scd2", "needs_column_mapping", "s3a", "table_ref"]
+__all__ = [
+    "DELETION_VECTORS", "append", "bootstrap", "enable_deletion_vectors", "has_deletion_vectors", "last_commit",
+    "merge", "merge_scd2", "needs_column_mapping", "s3a", "table_ref",
+]
+
+DELETION_VECTORS = "delta.enableDeletionVectors"
+"""The table property that makes Delta's Spark engine mark a changed or deleted row in a
+deletion vector (a small bitmap file beside the data file) instead of rewriting the data
+file it sits in: a MERGE then writes the changed rows and one small file per touched data
+file, not the touched files whole. The table gains the ``deletionVectors`` reader and
+writer feature (protocol 3/7): every reader must support it (docs/store-format.md)."""
 
 _MAPPED_ONLY = re.compile(r"[ ,;{}()\n\t=]")
 """Characters Delta accepts in a column name only when the table maps columns by name."""
@@ -38,6 +48,11 @@ _MAPPED_ONLY = re.compile(r"[ ,;{}()\n\t=]")
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_OPTIMIZE_WRITE = "spark.databricks.delta.optimizeWrite.enabled"
+"""Delta's optimized writes, on for the MERGE statements only: the rows a merge writes are
+binned into few files (one for a small window) instead of one per shuffle partition (8
+here), so the table gathers fewer small files between two ``pgcdc maintain`` runs. Not for
+the bootstrap, whose range-partitioned, key-sorted files it would reshuffle."""
 
 
 def s3a(url: str) -> str:
@@ -76,13 +91,13 @@ class _Txn:
 
     def __init__(self, spark, app: str | None, version: int | None, metadata: Mapping[str, str]) -> None:
         self.conf = spark.conf
-        self.values = {_USER_METADATA: json.dumps(dict(metadata), sort_keys=True)}
+        self.values = {_USER_METADATA: json.dumps(dict(metadata), sort_keys=True), _OPTIMIZE_WRITE: "true"}
         if app is not None:
             self.values[_TXN_APP] = app
             self.values[_TXN_VERSION] = str(version)
 
     def __enter__(self) -> _Txn:
-        self.saved = {k: self.conf.get(k, None) for k in (_TXN_APP, _TXN_VERSION, _USER_METADATA)}
+        self.saved = {k: self.conf.get(k, None) for k in (_TXN_APP, _TXN_VERSION, _USER_METADATA, _OPTIMIZE_WRITE)}
         for k in self.saved:
             if k in self.values:
                 self.conf.set(k, self.values[k])
@@ -211,6 +226,17 @@ def append(spark, df, *, path: str, app: str, version: int, metadata: dict[str, 
     if after["version"] == before:
         return {"concurrent_commit": True, "num_source_rows": 0}
     return {**_metrics(after["metrics"]), "delta_version": after["version"]}
+
+
+def has_deletion_vectors(dt) -> bool:
+    """Whether the Delta table (a delta-rs ``DeltaTable``) has deletion vectors turned on."""
+    return str(dt.metadata().configuration.get(DELETION_VECTORS, "")).lower() == "true"
+
+
+def enable_deletion_vectors(spark, path: str) -> None:
+    """Turn deletion vectors on for the existing Delta table at ``path`` (one commit that
+    sets the property and upgrades the protocol; repeating it changes nothing)."""
+    spark.sql(f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')").collect()
 
 
 def needs_column_mapping(schema) -> bool:

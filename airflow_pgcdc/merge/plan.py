@@ -20,24 +20,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store.layout import encode_table_segment
 from airflow_pgcdc.store.window import KEY_MOVES_FIELD
 
+if TYPE_CHECKING:
+    from airflow_pgcdc.merge.context import JobContext
+
 __all__ = [
+    "CHANGELOG_SUFFIX",
     "KeyNotCovered",
     "MergeError",
     "NoMergeKey",
+    "SCD2_SUFFIX",
     "TablePlan",
     "VersionInput",
     "WindowGap",
     "WindowOrderError",
     "app_id",
+    "changelog_url",
     "delta_table_url",
     "plan_table",
+    "scd2_url",
     "select_windows",
+    "target_url",
 ]
 
 
@@ -255,3 +264,29 @@ def _check_key_covered(name: str, seq: int, rv: dict, key_columns: Sequence[str]
             "could not be matched",
             hint=f"ALTER TABLE {name} REPLICA IDENTITY FULL, or make the key the replica identity",
         )
+
+
+def target_url(ctx: JobContext, schema: str, table: str, history: str | None = None) -> tuple[str, str]:
+    """``(url, app id)`` of a table's Delta table, or of its ``history`` table
+    (``changelog`` or ``scd2``, whose app id ends in ``:changelog``/``:scd2``)."""
+    app = app_id(ctx.slot, schema, table)
+    if history is None:
+        return delta_table_url(ctx.delta, schema, table), app
+    url = (changelog_url if history == "changelog" else scd2_url)(ctx.delta, schema, table)
+    return url, f"{app}:{history}"
+
+
+CHANGELOG_SUFFIX = "__changelog"
+
+
+def changelog_url(delta: str, schema: str, table: str) -> str:
+    """``{delta}/{schema}.{table}__changelog``: the append-only history of a table."""
+    return delta_table_url(delta, schema, table) + CHANGELOG_SUFFIX
+
+
+SCD2_SUFFIX = "__scd2"
+
+
+def scd2_url(delta: str, schema: str, table: str) -> str:
+    """``{delta}/{schema}.{table}__scd2``: the SCD type 2 history of a table."""
+    return delta_table_url(delta, schema, table) + SCD2_SUFFIX

@@ -46,6 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-file-mb", type=float, metavar="MB",
                    help="data file size when a table is bootstrapped or replaced by a resync, rows sorted "
                    "by the key so a merge rewrites only the files of the keys it touches (default 32)")
+    p.add_argument("--deletion-vectors", action="store_true",
+                   help="delta-spark only: Delta tables get deletion vectors (delta.enableDeletionVectors), "
+                   "so a MERGE marks changed rows deleted instead of rewriting every file they are in; "
+                   "readers must support the deletionVectors feature (see docs/store-format.md)")
     p.add_argument("--history", choices=("changelog", "scd2"),
                    help="also keep a history table: changelog = every change row appended to "
                    "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")
@@ -62,9 +66,10 @@ def run(args: argparse.Namespace, spark=None) -> dict:
         if master and not master.startswith("local"):
             ship_package(spark)
     result = merge_slot(
-        spark, source=args.store, slot=args.slot, delta=args.delta, tables=args.tables,
+        spark, store=args.store, slot=args.slot, delta=args.delta, tables=args.tables,
         keys=parse_keys(args.key), max_windows=args.max_windows, engine=args.engine,
         history=args.history, reader=args.reader, target_file_mb=getattr(args, "target_file_mb", None),
+        deletion_vectors=bool(getattr(args, "deletion_vectors", False)),
     )
     return result.to_dict()
 

@@ -69,7 +69,7 @@ class PgcdcMaintainOperator(BaseOperator):
         retention = None if self.retention_hours in (None, "") else float(self.retention_hours)
         try:
             result = maintain_slot(
-                source=self.store, slot=self.slot, delta=self.delta, tables=tables,
+                store=self.store, slot=self.slot, delta=self.delta, tables=tables,
                 retention_hours=retention, zorder=self.zorder in (True, "True", "true", "1"), dry_run=self.dry_run, settings=settings,
             ).to_dict()
         except TablesFailed as e:

@@ -123,6 +123,7 @@ def merge_application_args(
     engine: str | None = None,
     reader: str | None = None,
     target_file_mb: float | None = None,
+    deletion_vectors: bool = False,
 ) -> list[str]:
     """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`)."""
     args = ["--store", store, "--slot", slot, "--delta", delta]
@@ -142,6 +143,10 @@ def merge_application_args(
         if not float(target_file_mb) > 0:
             raise ValueError(f"target_file_mb must be positive, got {target_file_mb!r}")
         args += ["--target-file-mb", f"{float(target_file_mb):g}"]
+    if deletion_vectors:
+        if engine != "delta-spark":
+            raise ValueError(f"deletion_vectors needs engine='delta-spark' (the {engine or 'delta-rs'} engine writes none)")
+        args.append("--deletion-vectors")
     return args
 
 
@@ -286,6 +291,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     :param reader: ``python`` (default) or ``s3a`` (templated; Spark's Parquet reader, needs hadoop-aws)
     :param target_file_mb: data file size when a table is bootstrapped or replaced by a
         resync, rows sorted by the key (``--target-file-mb``; default the job's, 32 MB)
+    :param deletion_vectors: with ``engine="delta-spark"``: the Delta tables get deletion
+        vectors, so a merge of scattered updates writes the changed rows, not every file
+        they touch (``--deletion-vectors``; readers must support the feature)
     :param aws_conn_id: Airflow ``aws`` connection for S3 (login = access key id,
         password = secret key, extras ``endpoint_url``, ``region_name``); ``None``: the
         worker's environment (boto3's conventions) is inherited by spark-submit
@@ -328,6 +336,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         engine: str | None = None,
         reader: str | None = None,
         target_file_mb: float | None = None,
+        deletion_vectors: bool = False,
         aws_conn_id: str | None = None,
         conn_id: str = "spark_default",
         py_files_dir: str | None = None,
@@ -363,11 +372,14 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.engine = engine
         self.reader = reader
         self.target_file_mb = target_file_mb
+        self.deletion_vectors = bool(deletion_vectors)
         self.aws_conn_id = aws_conn_id
         self.py_files_dir = py_files_dir
         self.on_failed_tables = on_failed_tables
         # bad keys or file size fail at parse time
-        merge_application_args(store=store, slot=slot, delta=delta, keys=self.keys, target_file_mb=target_file_mb)
+        merge_application_args(store=store, slot=slot, delta=delta, keys=self.keys, target_file_mb=target_file_mb,
+                               engine=None if engine in (None, "", "None") or "{{" in str(engine) else engine,
+                               deletion_vectors=self.deletion_vectors and not (engine and "{{" in str(engine)))
 
     # ------------------------------------------------------------------ building
 
@@ -448,7 +460,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             history=None if self.history in (None, "", "None") else self.history,
             engine=None if self.engine in (None, "", "None") else self.engine,
             reader=None if self.reader in (None, "", "None") else self.reader,
-            target_file_mb=self.target_file_mb,
+            target_file_mb=self.target_file_mb, deletion_vectors=self.deletion_vectors,
         )
         user_jars = self.jars
         self.jars = self._merge_jars()

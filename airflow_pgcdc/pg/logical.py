@@ -11,11 +11,11 @@ from collections.abc import Iterator, Sequence
 
 from airflow_pgcdc.pg.errors import ReplicationTimeout
 from airflow_pgcdc.pg.replication import ReplicationConnection, StreamEnded
+from airflow_pgcdc.protocol.frames import PrimaryKeepalive, XLogData
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pglogical import PglogicalDecoder
 from airflow_pgcdc.protocol.pgoutput import PgoutputDecoder
-from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
-from airflow_pgcdc.protocol.replication import PrimaryKeepalive, XLogData
+from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 
 
 class LogicalStream:

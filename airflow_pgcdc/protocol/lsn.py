@@ -65,5 +65,22 @@ class LSN(int):
         return (LSN, (int(self),))
 
 
+_new_lsn = int.__new__
+
+
+def wire_lsn(value: int) -> LSN:
+    """An LSN from a 64-bit unsigned wire field (a ``struct`` ``"Q"`` read), which is always
+    in range: built without the checks of ``LSN(value)``, for the decoders' hot paths (the
+    replication frames and pglogical; pgoutput's inlined loops call ``int.__new__`` directly)."""
+    return _new_lsn(LSN, value)
+
+
+
+def lsn_text(value: int | str) -> str:
+    """The canonical ``X/Y`` text of an LSN given as an int or as text (``"16/b374d848"``
+    gives ``"16/B374D848"``); :class:`InvalidLSN` for anything else (the manifests store
+    LSNs this way)."""
+    return str(LSN(value) if isinstance(value, int) else LSN.parse(value))
+
 INVALID_LSN = LSN(0)
 """PostgreSQL's InvalidXLogRecPtr (``0/0``): "no position"."""

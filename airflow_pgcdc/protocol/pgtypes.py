@@ -1,6 +1,6 @@
 """PostgreSQL type descriptors: what a column's type is, independent of any I/O.
 
-Shared by ``pg.catalog`` (which builds them from the catalogs) and ``changes.typemap``
+Shared by ``pg.catalog`` (which builds them from the catalogs) and ``typemap``
 (which maps them to Arrow): both layers sit on ``protocol``, so the descriptor lives
 here, stdlib only.
 

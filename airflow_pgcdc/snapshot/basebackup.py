@@ -29,6 +29,12 @@ deleted (and pending uploads under its prefix aborted), the replication connecti
 closed (the server ends the backup), and a :class:`BaseBackupError` names the step that
 failed. A destination that already holds objects is refused before anything starts
 (:class:`BackupExists`), so cleanup never touches another backup.
+
+Why one module of about 650 lines: it is one job, :func:`base_backup_to_s3` and the run it
+drives (archives to multipart uploads, the manifest, progress, cleanup on failure), with
+its typed errors and its result; the stream's frames are :mod:`airflow_pgcdc.protocol.frames`,
+the uploads :mod:`airflow_pgcdc.store.multipart`, the manifest
+:mod:`airflow_pgcdc.store.manifest`.
 """
 
 from __future__ import annotations
@@ -45,16 +51,13 @@ from airflow_pgcdc.errors import HintedError, InvalidFieldValue, PgcdcError, Une
 from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.pg.replication import BackupResult, ReplicationConnection
 from airflow_pgcdc.protocol import commands
-from airflow_pgcdc.protocol.commands import (
-    Checkpoint,
-    Compression,
-    Manifest,
-    ManifestChecksums,
+from airflow_pgcdc.protocol.commands import Checkpoint, Compression, Manifest, ManifestChecksums
+from airflow_pgcdc.protocol.frames import ArchiveData, ManifestStart, NewArchive, Progress
+from airflow_pgcdc.protocol.results import (
     TablespaceInfo,
     parse_base_backup_position,
     parse_base_backup_tablespace,
 )
-from airflow_pgcdc.protocol.replication import ArchiveData, ManifestStart, NewArchive, Progress
 from airflow_pgcdc.store.layout import (
     ARCHIVE_SUFFIXES,
     Layout,
@@ -63,9 +66,9 @@ from airflow_pgcdc.store.layout import (
     validate_run_id,
 )
 from airflow_pgcdc.store.manifest import ArchiveEntry, BaseBackupInfo, write_manifest
+from airflow_pgcdc.store.multipart import MultipartWriter
 from airflow_pgcdc.store.s3 import (
     DEFAULT_PART_SIZE,
-    MultipartWriter,
     S3Location,
     StoreError,
     abort_uploads_under,

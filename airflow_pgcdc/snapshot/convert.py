@@ -14,11 +14,11 @@ from airflow_pgcdc.changes.copy_binary import (
     binary_select_list,
 )
 from airflow_pgcdc.changes.snapshot_copy import COPY_OPTIONS, SnapshotDecoder, copy_select_list
-from airflow_pgcdc.changes.typemap import session_setup_sql
 from airflow_pgcdc.pg.catalog import load_type_info
 from airflow_pgcdc.pg.tables import TableInfo
 from airflow_pgcdc.protocol.pgtypes import PgColumn
 from airflow_pgcdc.store.parquet import TableEncodings
+from airflow_pgcdc.typemap import session_setup_sql
 
 SESSION_SETUP = session_setup_sql()
 """SET statements every COPY session runs: the text output the decoders expect."""

@@ -29,6 +29,13 @@ Any other slot of that name (a live pipeline's, one another store follows, one w
 confirmed position past its start) is never dropped: :class:`SlotTaken` names it and
 what holds it. The run holds the slot lock (:mod:`airflow_pgcdc.pg.slotlock`) that
 drains take too, so no drain of ours runs on the slot meanwhile.
+
+Why one module of about 650 lines: it is the coordinator of one job, :func:`snapshot_to_s3`
+(about 200 lines) with the steps only it calls (the slot lock, the refusal of a slot that
+is not provably our leftover, the sweep of other runs' files, the manifest entries) and
+the two ways it runs parts (in this process, in worker processes). The part copy is
+:mod:`~airflow_pgcdc.snapshot.parts` and the worker processes are
+:mod:`~airflow_pgcdc.snapshot.workers`, already apart.
 """
 
 from __future__ import annotations

@@ -265,6 +265,17 @@ class _Progress:
 
 
 def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when its coordinator dies (``PR_SET_PDEATHSIG``);
+    a no-op elsewhere or where ``prctl`` is missing.
+
+    Not merged with :func:`airflow_pgcdc.testing.processes._die_with_parent`, which does
+    the same ``prctl`` for another situation: that one is a ``preexec_fn`` built in the
+    parent (libc loaded there, before a fork from a threaded test process) for a server
+    started with ``subprocess`` as another user, with a chosen signal and a check that the
+    parent is still there; this one runs in the worker itself, right after ``os.fork``
+    or at the start of a fresh interpreter, where its coordinator's liveness is checked
+    by the socket instead (``_serve`` ends on EOF). One function serving both would need
+    both modes, and the snapshot job must not import the test bed (``testing/``)."""
     if sys.platform != "linux":
         return
     import ctypes

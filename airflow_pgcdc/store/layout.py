@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -53,6 +54,7 @@ __all__ = [
     "LayoutError",
     "MANIFEST_NAME",
     "archive_name",
+    "store_argument",
     "decode_name",
     "decode_table_segment",
     "encode_name",
@@ -406,3 +408,18 @@ def _checked(key: str, bucket: str) -> str:
         return validate_key(key, bucket=bucket)
     except InvalidS3Url as e:
         raise LayoutError(e.reason, bucket=bucket, key=e.key) from None
+
+
+def store_argument(call: str, store: str | None, old_name: str, old: str | None) -> str:
+    """The change store URL a library call was given: ``store``, or its 0.1 name ``old_name``
+    (accepted for one release with a :class:`DeprecationWarning`); both, or neither, is a
+    :class:`TypeError` naming ``call``."""
+    if old is not None:
+        if store is not None:
+            raise TypeError(f"{call}() got both 'store' and its old name {old_name!r}: give 'store' only")
+        warnings.warn(f"{call}({old_name}=...) is now {call}(store=...); {old_name!r} goes in the next release",
+                      DeprecationWarning, stacklevel=3)
+        return old
+    if store is None:
+        raise TypeError(f"{call}() missing the store (s3://bucket/prefix): give 'store'")
+    return store

@@ -13,6 +13,12 @@ to format 1 without breaking older readers; anything incompatible bumps ``format
 LSNs are PostgreSQL's text form (``16/B374D848``); ``system_id`` is a string of digits (a
 64-bit number would lose precision in JSON readers that use doubles); times are ISO 8601
 with a UTC offset. Part ``path``s are relative to the folder holding the manifest.
+
+Why one module of about 820 lines: the two kinds share one reader (``_Doc``: typed field
+access with JSON paths in errors, ``_load``: the format and kind checks, the LSN, time and
+system id checks) and one S3 I/O (:func:`write_manifest` takes either); a module per kind
+would have both import that reader's private helpers. (The window manifest,
+``store/window.py``, has its own reader: its errors and messages differ.)
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
-from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN
+from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN, lsn_text
 from airflow_pgcdc.store.layout import LayoutError, validate_archive_name
 from airflow_pgcdc.store.s3 import StoreError
 
@@ -184,7 +190,7 @@ def _check_time(value: datetime) -> datetime:
 
 def _canonical_lsn(value: Any, what: str) -> str:
     try:
-        return str(LSN(value) if isinstance(value, int) else LSN.parse(value))
+        return lsn_text(value)
     except (InvalidLSN, TypeError) as e:
         raise ManifestError(f"{what}: {e}") from None
 

@@ -1,7 +1,7 @@
 """Parquet part files streamed to S3 with bounded memory.
 
 :class:`ParquetPartWriter` writes Arrow record batches as one Parquet file into a binary
-sink (a :class:`~airflow_pgcdc.store.s3.MultipartWriter`, or any writable file object).
+sink (a :class:`~airflow_pgcdc.store.multipart.MultipartWriter`, or any writable file object).
 Small batches are gathered into row groups of at most ``row_group_rows`` rows and about
 ``row_group_bytes`` bytes of Arrow data, so the file has sensible row groups whatever
 the batch size, and memory holds at most one row group plus the sink's upload buffers.
@@ -14,6 +14,10 @@ one compressed row group).
 Memory bound of a sequence writing to S3: one row group of Arrow data
 (``row_group_bytes``) + Parquet's encoding buffers for that row group (at most its
 compressed size) + ``upload_part_size * (max_in_flight + 1)``.
+
+Why about 640 lines in one module: the per-column encoding choice (dictionary, delta,
+plain, sampled on a part's first row group) is the part writer's own decision, made once
+per part and shared by a sequence's later parts; it has no other user.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_pgcdc.store.layout import part_name
-from airflow_pgcdc.store.s3 import DEFAULT_PART_SIZE, MiB, MultipartWriter, StoreError
+from airflow_pgcdc.store.multipart import MultipartWriter
+from airflow_pgcdc.store.s3 import DEFAULT_PART_SIZE, MiB, StoreError
 
 __all__ = [
     "DEFAULT_ROW_GROUP_BYTES",
@@ -222,10 +227,20 @@ def choose_delta_columns(sample: pa.Table, skip: Iterable[str] = ()) -> dict[str
     return chosen
 
 
+ENCODING_MIN_ROWS = 2 * _DELTA_BLOCK
+"""A first row group of fewer rows keeps Parquet's default encodings (see :func:`choose_encodings`)."""
+
+
 def choose_encodings(sample: pa.Table) -> dict[str, Any]:
     """The writer options (``use_dictionary``, ``column_encoding``) for files whose first
     row group is ``sample``: :func:`choose_dictionary_columns`, then
-    :func:`choose_delta_columns` among the rest."""
+    :func:`choose_delta_columns` among the rest. A sample of fewer than
+    :data:`ENCODING_MIN_ROWS` rows (a small part: a window touching many tables writes
+    hundreds of them) keeps Parquet's defaults without counting anything: no column
+    would be delta-encoded anyway, and on so few rows the choice changes a few bytes
+    while counting costs a dozen pyarrow calls per part."""
+    if sample.num_rows < ENCODING_MIN_ROWS:
+        return {"use_dictionary": True}
     dictionary = choose_dictionary_columns(sample)
     if dictionary is True:
         return {"use_dictionary": True}

@@ -64,16 +64,25 @@ including those prepared in earlier windows (``window_seq`` says whose folder ho
 data): a reader of the latest window alone knows everything that is held. Its
 ``path`` is relative to that window's folder. Paths of parts are relative to this
 window's folder. Readers must ignore unknown fields (kept in ``extra``).
+
+Why one module of about 850 lines: the manifest's model and the writer that produces it
+are one contract. The writer's commit rules (parts first, the manifest last with
+If-None-Match, debris swept only by the attempt that commits) and the manifest's fields
+are defined together above, and every field the writer fills is checked by the same
+module's reader; splitting them would put the rules in one file and their only
+enforcement in another.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +91,7 @@ import pyarrow as pa
 from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.changes.columns import COMMIT_LSN, SEQ, XID
 from airflow_pgcdc.changes.rows import ChangeChunk, RelationVersion
-from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN
+from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN, lsn_text
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import (
     MANIFEST_NAME,
@@ -91,8 +100,9 @@ from airflow_pgcdc.store.layout import (
     validate_attempt,
     window_folder,
 )
+from airflow_pgcdc.store.multipart import MultipartWriter
 from airflow_pgcdc.store.parquet import DEFAULT_TARGET_PART_BYTES, PartSequence
-from airflow_pgcdc.store.s3 import MultipartWriter, StoreError
+from airflow_pgcdc.store.s3 import StoreError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -130,13 +140,19 @@ class WindowManifestError(StoreError, ValueError):
 
 def _lsn(value: Any, what: str, key: str | None) -> str:
     try:
-        return str(LSN(value) if isinstance(value, int) else LSN.parse(value))
+        return lsn_text(value)
     except (InvalidLSN, TypeError, AttributeError) as e:
         raise WindowManifestError(f"{what}: {e}", key=key) from None
 
 
 DEFAULT_MEMORY_BUDGET = 256 << 20
 """Bytes of Arrow data the open parts of one window may hold before the largest are finished."""
+
+DEFAULT_UPLOAD_THREADS = 8
+"""Threads completing finished parts' uploads concurrently (see :class:`_Completions`)."""
+
+COMPLETION_BYTES = 32 << 20
+"""Bytes of finished parts' not-yet-uploaded data the completions may hold at once."""
 
 KEY_MOVES_FIELD = "key_moves_unchanged_toast"
 """A table entry's count of key-changing updates with unsent TOAST values (see above)."""
@@ -408,12 +424,111 @@ def prepared_key(layout: Layout, slot: str, window_seq: int, xid: int, gid: str,
 # --------------------------------------------------------------------------- writing
 
 
-class _FaultSink:
-    """Forwards to a MultipartWriter; calls ``on_close`` before completing the upload."""
+class _Completions:
+    """Completes finished parts' uploads (the last PutObject, or the last part and
+    CompleteMultipartUpload) on a bounded thread pool, so a window closing hundreds of
+    small parts does not wait for each request in turn (botocore releases the GIL while
+    it waits on the network).
 
-    def __init__(self, inner: MultipartWriter, on_close: Callable[[], None] | None) -> None:
+    A part handed over here is Parquet-complete (footer written, size known); only its
+    upload is outstanding. At most ``max_pending`` completions are queued or running,
+    holding at most about ``max_bytes`` of not-yet-uploaded bytes (a part larger than
+    that waits until nothing else is pending): :meth:`submit` blocks the window writer's
+    thread, never the replication thread. :meth:`wait` waits for every completion and
+    raises the first failure: the window then fails (no manifest, no acknowledgement).
+    """
+
+    def __init__(self, threads: int, max_pending: int, max_bytes: int) -> None:
+        self.threads = threads
+        self.max_pending = max(1, max_pending)
+        self.max_bytes = max_bytes
+        self._pool: ThreadPoolExecutor | None = None
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._pending_bytes = 0
+        self._futures: list[tuple[Future, _FaultSink]] = []
+        self._error: BaseException | None = None
+
+    def submit(self, sink: _FaultSink) -> None:
+        if self.threads <= 0:
+            sink.complete()
+            return
+        size = min(sink.tell(), self.max_bytes)
+        with self._cond:
+            while self._error is None and self._pending and (
+                self._pending >= self.max_pending or self._pending_bytes + size > self.max_bytes
+            ):
+                self._cond.wait()
+            if self._error is not None:
+                sink.abort()
+                raise self._error
+            self._pending += 1
+            self._pending_bytes += size
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="pgcdc-part-upload")
+        try:
+            self._futures.append((self._pool.submit(self._complete, sink, size), sink))
+        except BaseException:
+            with self._cond:
+                self._pending -= 1
+                self._pending_bytes -= size
+            sink.abort()
+            raise
+
+    def _complete(self, sink: _FaultSink, size: int) -> None:
+        try:
+            sink.complete()
+        except BaseException as e:  # noqa: BLE001 - raised by submit() / wait()
+            with self._cond:
+                self._error = self._error or e
+            raise
+        finally:
+            with self._cond:
+                self._pending -= 1
+                self._pending_bytes -= size
+                self._cond.notify_all()
+
+    def wait(self) -> None:
+        """Wait for every completion submitted; raise the first failure."""
+        for fut, _ in self._futures:
+            try:
+                fut.result()
+            except BaseException:  # noqa: BLE001 - the first one recorded is raised below
+                pass
+        self._futures = []
+        self._shutdown()
+        if self._error is not None:
+            raise self._error
+
+    def abort(self) -> None:
+        """Cancel the completions not started (their uploads are aborted); wait for the
+        running ones (objects they complete are debris no manifest lists)."""
+        with self._cond:
+            self._error = self._error or StoreError("the window writer was aborted")
+            self._cond.notify_all()
+        for fut, sink in self._futures:
+            if fut.cancel():
+                with contextlib.suppress(Exception):
+                    sink.abort()
+        self._futures = []
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+class _FaultSink:
+    """Forwards to a MultipartWriter. Its :meth:`close` (called by the Parquet writer once
+    the footer is written) hands the upload's completion to ``completions``; the
+    completion calls ``on_close`` (the drain's fault hook) before completing the upload."""
+
+    def __init__(self, inner: MultipartWriter, on_close: Callable[[], None] | None,
+                 completions: _Completions | None = None) -> None:
         self._inner = inner
         self._on_close = on_close
+        self._completions = completions
         self.key = inner.key
 
     def write(self, data):
@@ -427,8 +542,17 @@ class _FaultSink:
         return self._inner.bytes_written
 
     def close(self):
-        if self._on_close is not None:
-            self._on_close()
+        if self._completions is None:
+            return self.complete()
+        return self._completions.submit(self)
+
+    def complete(self):
+        try:
+            if self._on_close is not None:
+                self._on_close()
+        except BaseException:
+            self._inner.abort()
+            raise
         return self._inner.close()
 
     def abort(self):
@@ -452,6 +576,10 @@ class WindowWriter:
     every part (same ``wait`` loop) and returns the manifest fragments; the caller
     then commits with :meth:`commit`. An error in the writer thread is raised by the
     next call. ``on_part_close`` is the drain's fault-injection hook (tests only).
+    A finished part's upload is completed by one of ``upload_threads`` threads
+    (:class:`_Completions`; 0: in the writer thread), so a window of many small parts
+    does not wait for each request in turn; :meth:`finish` returns only once every part
+    is durably written, and raises if any is not (the window then fails).
     """
 
     def __init__(
@@ -467,8 +595,10 @@ class WindowWriter:
         on_part_close: Callable[[], None] | None = None,
         attempt: str | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        upload_threads: int = DEFAULT_UPLOAD_THREADS,
     ) -> None:
         window_folder(window_seq)  # validates
+        self._completions = _Completions(upload_threads, 2 * upload_threads, COMPLETION_BYTES)
         self.attempt = validate_attempt(attempt) if attempt is not None else None
         self.memory_budget = memory_budget
         self._open_total = 0  # sum of open_bytes over the open parts
@@ -631,7 +761,7 @@ class WindowWriter:
         inner = MultipartWriter(
             self.client, self.layout.bucket, key, content_type="application/vnd.apache.parquet"
         )
-        return _FaultSink(inner, self.on_part_close)
+        return _FaultSink(inner, self.on_part_close, self._completions)
 
     def _out(self, version: RelationVersion) -> _VersionOut:
         out = self._versions.get(id(version))
@@ -693,6 +823,7 @@ class WindowWriter:
             messages_parts = [p.to_dict(self.base) for p in self._messages.close()]
             total += sum(p["bytes"] for p in messages_parts)
         total += sum(p["bytes"] for p in self._prepared)
+        self._completions.wait()  # every part durably written, or the window fails here
         return {
             "tables": list(tables.values()),
             "messages_parts": messages_parts,
@@ -701,6 +832,7 @@ class WindowWriter:
         }
 
     def _abort_all(self) -> None:
+        self._completions.abort()
         for out in self._order:
             try:
                 out.parts.abort()

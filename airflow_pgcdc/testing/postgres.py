@@ -2,7 +2,12 @@
 the test bed and the sandbox: :class:`PostgresServer` (initdb, start, stop, roles with
 SCRAM verifiers computed client side, TLS on builds with OpenSSL, cold copies and
 promotion for timeline tests). Passwords are generated at random and never logged nor
-shown in ``repr``."""
+shown in ``repr``.
+
+Why one module of about 650 lines: it is one class, one server's life cycle (initdb,
+configuration, start, readiness, stop, roles with SCRAM verifiers, cold copies and
+promotion), whose private steps call each other; the binaries' lookup and the libpq
+string helpers above it are the only other code."""
 
 from __future__ import annotations
 

@@ -182,7 +182,10 @@ _libc: Any = None
 
 
 def _die_with_parent(sig: int):
-    """A preexec_fn: the child gets ``sig`` when the process that started it dies."""
+    """A preexec_fn: the child gets ``sig`` when the process that started it dies.
+
+    The snapshot workers have their own (:func:`airflow_pgcdc.snapshot.workers._die_with_parent`,
+    which runs in the forked worker itself, always SIGKILL); see there why the two stay apart."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)  # loaded in the parent, not after fork

@@ -18,7 +18,7 @@ with the k-th on the other). Values are compared exactly: fixed-width types (int
 decimals, dates, times, timestamps, bool) by their raw Arrow values, which both sides
 hold in the same type (equal raw values ⟺ equal PostgreSQL text; every NaN counts as
 PostgreSQL's one NaN), every other type through PostgreSQL's own text output of the
-mapped value (:func:`~airflow_pgcdc.changes.typemap.array_to_pg_text`): ``1.50`` is not
+mapped value (:func:`~airflow_pgcdc.typemap.array_to_pg_text`): ``1.50`` is not
 ``1.5`` in an unconstrained numeric, ``infinity`` is not the largest timestamp, NULL is
 not ``''``, ``{1,NULL}`` is not ``{1}``. Per row only a 16-byte BLAKE2b digest of the
 values and the rendered key are kept (memory: both tables in Arrow plus about 60 bytes

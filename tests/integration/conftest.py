@@ -9,6 +9,7 @@ defines it and so overrides these."""
 from __future__ import annotations
 
 import pytest
+from lake_helpers import release_delta_caches
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +22,7 @@ def spark(request):
     delta = request.node.get_closest_marker("delta_spark") is not None and unavailable_reason() is None
     s = spark_session("local[2]", delta=delta)
     yield s
+    release_delta_caches(s)
     s.stop()
 
 

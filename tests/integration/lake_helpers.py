@@ -73,3 +73,13 @@ def read_windows(client, src, slot):
 
     layout = Layout.parse(src)
     return [read_window(client, layout, slot, seq) for seq in window_folders(client, layout, slot)]
+
+
+def release_delta_caches(session) -> None:
+    """Drop the driver JVM's cache of Delta logs (``DeltaLog.clearCache``): the JVM outlives
+    this module's session, and the cache of every table every module touched grew it out of
+    memory. Without Delta's jars loaded there is nothing to drop."""
+    try:
+        session._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    except Exception:  # noqa: BLE001 - no Delta in this JVM (its class is missing): nothing cached
+        pass

@@ -34,7 +34,7 @@ from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.protocol import pgoutput as po
 from airflow_pgcdc.protocol.lsn import LSN
-from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
+from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 
 SMALL_WORK_MEM = "-c logical_decoding_work_mem=64kB"
 """The smallest ``logical_decoding_work_mem``: a transaction of more than ~64 kB of

@@ -65,7 +65,7 @@ def test_maintenance_dag_compacts_expires_and_tables_stay_equal(db, slot_name, s
     for i in range(rounds):
         change(db, i)
         drain_window(db, src, slot=slot, publications="pub", s3_client=client)
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
     assert_equal(db, lake)
     opts = s3store.delta_storage_options()
     url = {t: delta_table_url(lake, "public", t) for t in TABLES}
@@ -111,7 +111,7 @@ def test_maintenance_dag_compacts_expires_and_tables_stay_equal(db, slot_name, s
     # the pipeline goes on: a drain and a merge after the maintenance, still equal
     change(db, rounds)
     drain_window(db, src, slot=slot, publications="pub", s3_client=client)
-    res = merge_slot(spark, source=src, slot=slot, delta=lake).to_dict()
+    res = merge_slot(spark, store=src, slot=slot, delta=lake).to_dict()
     merged = {r["table"]: r for r in res["tables"]}
     assert merged["public.t"]["action"] == "merged" and merged["public.t"]["first_window"] == rounds, merged
     assert_equal(db, lake)

@@ -24,7 +24,9 @@ import pytest
 from test_drain import all_rows, assert_tiled, confirmed, create_slot, sql, windows
 from test_drain_crash import Writer
 
-import airflow_pgcdc.drain.drain as drain_mod
+import airflow_pgcdc.drain.plan as plan_mod
+import airflow_pgcdc.drain.run as run_mod
+import airflow_pgcdc.drain.window as window_mod
 from airflow_pgcdc.drain.drain import (
     DrainBusy,
     PipelineTablesUnpublished,
@@ -96,7 +98,7 @@ class PausedPlan:
     def __init__(self, monkeypatch):
         self.planned, self.go = threading.Event(), threading.Event()
         planned, go = self.planned, self.go
-        real = drain_mod.ReplicationConnection
+        real = plan_mod.ReplicationConnection
 
         class Paused(real):
             @classmethod
@@ -106,7 +108,7 @@ class PausedPlan:
                     assert go.wait(60), "the test never let the paused drain go on"
                 return real.connect(*a, **kw)
 
-        monkeypatch.setattr(drain_mod, "ReplicationConnection", Paused)
+        monkeypatch.setattr(plan_mod, "ReplicationConnection", Paused)
 
 
 def _overlap(dsn, url, slot, client, monkeypatch, *, honour_lock: bool):
@@ -128,7 +130,7 @@ def _overlap(dsn, url, slot, client, monkeypatch, *, honour_lock: bool):
     b.start()
     assert paused.planned.wait(60), "drain B read the store"
     if not honour_lock:  # drain A does not respect the lock (another version, another tool)
-        monkeypatch.setattr(drain_mod, "wait_lock_slot", lambda *a, **kw: True, raising=False)
+        monkeypatch.setattr(plan_mod, "wait_lock_slot", lambda *a, **kw: True, raising=False)
     try:
         outcome["a"] = drain(dsn, url, slot, client, busy_wait=1)
     except Exception as e:  # noqa: BLE001
@@ -137,7 +139,7 @@ def _overlap(dsn, url, slot, client, monkeypatch, *, honour_lock: bool):
     paused.go.set()
     b.join(120)
     assert not b.is_alive()
-    monkeypatch.setattr(drain_mod, "wait_lock_slot", wait_lock_slot)
+    monkeypatch.setattr(plan_mod, "wait_lock_slot", wait_lock_slot)
     sql(dsn, "INSERT INTO seq SELECT g, 'c' FROM generate_series(31, 40) g")
     catch_up(dsn, url, slot, client)
     assert_never_replaced(seen, manifests(client, url, slot))
@@ -279,14 +281,14 @@ def test_publication_altered_during_the_window_commits_nothing(fresh_db, slot_na
     sql(fresh_db, "INSERT INTO t1 VALUES (1); INSERT INTO t2 VALUES (1)")
     drain(fresh_db, url, slot, client)
     sql(fresh_db, "INSERT INTO t1 VALUES (2); INSERT INTO t2 VALUES (2)")
-    real = drain_mod._fault
+    real = run_mod._fault
 
     def fault(point):
         if point == "after-parts":
             sql(fresh_db, "ALTER PUBLICATION pub DROP TABLE t2")
         real(point)
 
-    monkeypatch.setattr(drain_mod, "_fault", fault)
+    monkeypatch.setattr(run_mod, "_fault", fault)
     before = confirmed(fresh_db, slot)
     with pytest.raises(PipelineTablesUnpublished):
         drain(fresh_db, url, slot, client)
@@ -604,14 +606,14 @@ def test_long_replay_of_a_streamed_transaction_keeps_the_connection(fresh_db, sl
     sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE seq")
     create_slot(fresh_db, slot)
     sql(fresh_db, "INSERT INTO seq SELECT g, repeat('s', 100) FROM generate_series(1, 20000) g")
-    real = drain_mod._Window.change
+    real = window_mod.WindowSink.change
 
     def slow(self, rel, msg, nbytes):
         if self.rows % 100 == 0:
             time.sleep(0.02)
         return real(self, rel, msg, nbytes)
 
-    monkeypatch.setattr(drain_mod._Window, "change", slow)
+    monkeypatch.setattr(window_mod.WindowSink, "change", slow)
     r = drain(fresh_db, url, slot, client, connect_options="-c wal_sender_timeout=2s -c logical_decoding_work_mem=64kB")
     assert r.rows == 20000 and r.transactions == 1
     m = read_window(client, Layout.parse(url), slot, r.window_seq)
@@ -637,14 +639,14 @@ def test_long_replay_of_a_held_prepared_transaction_keeps_the_connection(fresh_d
     w0 = drain(fresh_db, url, slot, client)
     assert w0.rows == 0 and read_window(client, Layout.parse(url), slot, w0.window_seq).pending_prepared
     sql(fresh_db, "COMMIT PREPARED 'held'")
-    real = drain_mod._Window.change
+    real = window_mod.WindowSink.change
 
     def slow(self, rel, msg, nbytes):
         if self.rows % 100 == 0:
             time.sleep(0.02)
         return real(self, rel, msg, nbytes)
 
-    monkeypatch.setattr(drain_mod._Window, "change", slow)
+    monkeypatch.setattr(window_mod.WindowSink, "change", slow)
     r = drain(fresh_db, url, slot, client, connect_options="-c wal_sender_timeout=2s")
     assert r.window_seq == w0.window_seq + 1 and r.rows == 20000 and r.transactions == 1
     m = read_window(client, Layout.parse(url), slot, r.window_seq)

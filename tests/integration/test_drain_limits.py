@@ -21,7 +21,8 @@ import psycopg
 import pytest
 from test_drain import all_rows, assert_tiled, confirmed, create_slot, drain, sql, windows
 
-import airflow_pgcdc.drain.drain as drain_mod
+import airflow_pgcdc.drain.plan as plan_mod
+import airflow_pgcdc.drain.run as run_mod
 from airflow_pgcdc import cli
 from airflow_pgcdc.drain.drain import HEARTBEAT_PREFIX, DrainTimeout
 from airflow_pgcdc.protocol import pgoutput as po
@@ -138,7 +139,7 @@ def watch_decoder(monkeypatch, on_message):
     """Wrap the decoder of every stream the drain opens; ``on_message(msg, options)``. The
     messages the drain takes undecoded (``TransactionAssembler.take_raw``: a plain
     transaction's inserts, the changes inside a stream block) are seen too, decoded here."""
-    real = drain_mod.LogicalStream.pgoutput
+    real = plan_mod.LogicalStream.pgoutput
     current = {}
 
     def pgoutput(conn, slot, options, start_lsn=0):
@@ -147,7 +148,7 @@ def watch_decoder(monkeypatch, on_message):
         current["options"] = options
         return stream
 
-    real_take = drain_mod.TransactionAssembler.take_raw
+    real_take = run_mod.TransactionAssembler.take_raw
 
     def take_raw(self, raw):
         in_block = self.in_stream_block
@@ -159,8 +160,8 @@ def watch_decoder(monkeypatch, on_message):
             on_message(decoder.decode(raw), current["options"])
         return taken
 
-    monkeypatch.setattr(drain_mod.LogicalStream, "pgoutput", staticmethod(pgoutput))
-    monkeypatch.setattr(drain_mod.TransactionAssembler, "take_raw", take_raw)
+    monkeypatch.setattr(plan_mod.LogicalStream, "pgoutput", staticmethod(pgoutput))
+    monkeypatch.setattr(run_mod.TransactionAssembler, "take_raw", take_raw)
 
 
 # --------------------------------------------------------------------------- max_bytes
@@ -357,13 +358,13 @@ def test_cli_limit_flags(fresh_db, slot_name, store, capsys):
 def heartbeats(monkeypatch):
     """Counts the drain's heartbeat messages (they are still emitted)."""
     calls = []
-    real = drain_mod._emit_heartbeat
+    real = run_mod._emit_heartbeat
 
     def spy(conn):
         calls.append(time.monotonic())
         return real(conn)
 
-    monkeypatch.setattr(drain_mod, "_emit_heartbeat", spy)
+    monkeypatch.setattr(run_mod, "_emit_heartbeat", spy)
     return calls
 
 

@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 from test_drain import SMALL_WORK_MEM, all_rows, confirmed, create_slot, drain, sql, windows
 
-from airflow_pgcdc.changes.typemap import DATE_POS_INFINITY, TIMESTAMP_NEG_INFINITY
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.window import read_window_rows
+from airflow_pgcdc.typemap import DATE_POS_INFINITY, TIMESTAMP_NEG_INFINITY
 
 
 @pytest.fixture

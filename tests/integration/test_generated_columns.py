@@ -74,7 +74,7 @@ def test_generated_columns_follow_the_publication(mode, fresh_db, slot_name, sto
     sql(db, "UPDATE g SET v = 'changed' WHERE id = 2")
     sql(db, "DELETE FROM g WHERE id = 3")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     rows = delta_rows(lake, "public", "g")
     if published:  # rows the stream never touched have their value from the snapshot
         assert {i: rows[i]["twice"] for i in (1, 2, 5, 20, 21)} == {1: 200, 2: 4, 5: 10, 20: 40, 21: 42}
@@ -88,7 +88,7 @@ def test_generated_columns_follow_the_publication(mode, fresh_db, slot_name, sto
     drain(db, src, slot, client)
     if published_later:
         with pytest.raises(TablesFailed) as failed:
-            merge_slot(spark, source=src, slot=slot, delta=lake)
+            merge_slot(spark, store=src, slot=slot, delta=lake)
         by = {t.table: t for t in failed.value.result.tables}
         assert by["public.late"].action == "failed" and "TableRewritten" in by["public.late"].error, by
         assert "'g2'" in by["public.late"].error and "--tables public.late" in by["public.late"].hint
@@ -98,10 +98,10 @@ def test_generated_columns_follow_the_publication(mode, fresh_db, slot_name, sto
         assert [c.name for c in resync.manifest.table("public", "late").columns] == ["id", "a", "g2"]
         sql(db, "UPDATE late SET a = 0 WHERE id = 20")
         drain(db, src, slot, client)
-        out = merge_slot(spark, source=src, slot=slot, delta=lake)
+        out = merge_slot(spark, store=src, slot=slot, delta=lake)
         assert {t.table: t.action for t in out.tables}["public.late"] == "resynced+merged"
     else:
-        out = merge_slot(spark, source=src, slot=slot, delta=lake)
+        out = merge_slot(spark, store=src, slot=slot, delta=lake)
         assert {t.table: t.action for t in out.tables}["public.late"] == "merged"
     rows = delta_rows(lake, "public", "late")
     if published_later:
@@ -137,7 +137,7 @@ def test_a_publication_that_starts_streaming_a_generated_column(fresh_db, slot_n
     sql(db, "ALTER PUBLICATION pub SET (publish_generated_columns = stored)")
     sql(db, "UPDATE g SET a = 100 WHERE id = 1")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     rows = delta_rows(lake, "public", "g")
     assert (rows[1]["twice"], rows[5]["twice"]) == (200, None)
     result = verify_table(db, lake, "public", "g")
@@ -145,6 +145,6 @@ def test_a_publication_that_starts_streaming_a_generated_column(fresh_db, slot_n
     resync_tables(db, src, slot=slot, publication="pub", tables=["g"], s3_client=client, worker_processes=False)
     sql(db, "UPDATE g SET a = 0 WHERE id = 2")
     drain(db, src, slot, client)
-    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert {t.table: t.action for t in out.tables}["public.g"] == "resynced+merged"
     assert_verify_equal(db, lake, "g", "twice", True)

@@ -70,7 +70,7 @@ def test_keyless_full_table_updates_and_deletes_as_a_multiset(engine, fresh_db, 
     app = app_id(slot, "public", "k")
 
     def merge():
-        return merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine[0], reader=engine[1])
+        return merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine[0], reader=engine[1])
 
     # window 0: inserts of duplicates, updates and deletes of one of several equal rows
     sql(db, f"INSERT INTO k VALUES {ROW_A}, {ROW_NULL}, "

@@ -82,7 +82,7 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
     for i in range(merges):
         change(db, i)
         drain(db, src, slot, client)
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
     opts = s3store.delta_storage_options()
     url = {t: delta_table_url(lake, "public", t) for t in TABLES}
     apps = {t: app_id(slot, "public", t) for t in TABLES}
@@ -118,7 +118,7 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
     assert old.to_pyarrow_table().num_rows == DeltaTable(url["t"], storage_options=opts).to_pyarrow_table().num_rows
 
     # a dry run reports what retention 0 would remove and removes nothing
-    dry = maintain_slot(source=src, slot=slot, delta=lake, retention_hours=0, dry_run=True).to_dict()
+    dry = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, dry_run=True).to_dict()
     assert dry["windows"]["expired"] == [[0, merges - 1]] and dry["windows"]["bytes"] > 0, dry["windows"]
     assert {r["table"]: r for r in dry["tables"]}["public.t"]["vacuum"]["dry_run"] is True
     assert dry["bytes_removed"] >= dry["windows"]["bytes"]
@@ -159,7 +159,7 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
         DeltaTable(url["t"], storage_options=opts, version=versions_before["t"] - 5).to_pyarrow_table()
 
     # a replayed merge of the merged windows is still a no-op; the next merge takes the 2 pending
-    res = merge_slot(spark, source=src, slot=slot, delta=lake).to_dict()
+    res = merge_slot(spark, store=src, slot=slot, delta=lake).to_dict()
     t_res = next(r for r in res["tables"] if r["table"] == "public.t")
     assert t_res["action"] == "merged" and t_res.get("first_window") == merges, t_res
     assert DeltaTable(url["t"], storage_options=opts).transaction_version(apps["t"]) == last
@@ -168,10 +168,10 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
     sql(db, "INSERT INTO q VALUES (100, 'late')")
     change(db, 99)
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     assert_equal(db, lake)
     v = {t: DeltaTable(url[t], storage_options=opts).version() for t in TABLES}
-    res = merge_slot(spark, source=src, slot=slot, delta=lake).to_dict()  # replay: nothing to do
+    res = merge_slot(spark, store=src, slot=slot, delta=lake).to_dict()  # replay: nothing to do
     assert {t: DeltaTable(url[t], storage_options=opts).version() for t in TABLES} == v, res
     # maintain again: the windows expired before are skipped, the merged ones now expire
     from airflow_pgcdc.operators.maintain import PgcdcMaintainOperator
@@ -200,7 +200,7 @@ def test_maintain_while_merge_and_drain_run(db18, slot_name, store, spark):
     for i in range(4):
         change(db, i)
         drain(db, src, slot, client)
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
     stop = threading.Event()
     errors: list[BaseException] = []
     stats = {"merges": 0, "merge_refused": 0, "drains": 0, "maintains": 0, "maintain_failed": 0}
@@ -225,7 +225,7 @@ def test_maintain_while_merge_and_drain_run(db18, slot_name, store, spark):
             n += 1
             try:  # every other run keeps the removed files (the merge then races the compaction at its
                 # commit), the others vacuum them at once (a merge reading them fails, commits nothing)
-                out = maintain_slot(source=src, slot=slot, delta=lake, retention_hours=0 if n % 2 else 168).to_dict()
+                out = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0 if n % 2 else 168).to_dict()
                 removed[0] += out["bytes_removed"]
                 stats["maintains"] += 1
             except Exception as e:  # noqa: BLE001 - a table failing here is reported, counted
@@ -240,7 +240,7 @@ def test_maintain_while_merge_and_drain_run(db18, slot_name, store, spark):
     try:
         while time.monotonic() < deadline and not errors:
             try:
-                merge_slot(spark, source=src, slot=slot, delta=lake)
+                merge_slot(spark, store=src, slot=slot, delta=lake)
                 stats["merges"] += 1
             except TablesFailed as e:  # lost a race with maintain: nothing committed, rerun
                 stats["merge_refused"] += 1
@@ -257,7 +257,7 @@ def test_maintain_while_merge_and_drain_run(db18, slot_name, store, spark):
     drain(db, src, slot, client)  # the quiet end: drain and merge what is left
     for _ in range(3):
         try:
-            merge_slot(spark, source=src, slot=slot, delta=lake)
+            merge_slot(spark, store=src, slot=slot, delta=lake)
             break
         except TablesFailed:
             continue

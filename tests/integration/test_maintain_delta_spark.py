@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from deltalake import DeltaTable
+from lake_helpers import release_delta_caches
 
 from airflow_pgcdc.merge.jars import unavailable_reason
 
@@ -20,6 +21,7 @@ def spark_with_delta():
 
     s = spark_session("local[2]", delta=True)
     yield s
+    release_delta_caches(s)
     s.stop()
 
 
@@ -40,7 +42,7 @@ def test_maintain_then_delta_spark_merges_on(pg18, request, slot_name, s3, s3_bu
         tm.setup_pipeline(db, client, src, slot)
 
         def merge():
-            return merge_slot(spark_with_delta, source=src, slot=slot, delta=lake, engine="delta-spark",
+            return merge_slot(spark_with_delta, store=src, slot=slot, delta=lake, engine="delta-spark",
                               reader="s3a").to_dict()
 
         rounds = 6
@@ -56,7 +58,7 @@ def test_maintain_then_delta_spark_merges_on(pg18, request, slot_name, s3, s3_bu
         assert txn == rounds - 1
         tm.change(db, rounds)
         tm.drain(db, src, slot, client)  # the latest window, not merged
-        out = maintain_slot(source=src, slot=slot, delta=lake, retention_hours=0).to_dict()
+        out = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0).to_dict()
         after = DeltaTable(url, storage_options=opts)
         print(f"\ndelta-spark table: files {files_before} -> {len(after.file_uris())}, removed {out['bytes_removed']} bytes, "
               f"windows expired {out['windows']['expired']}")

@@ -44,10 +44,10 @@ def test_merge_needing_expired_windows_fails_that_table(fresh_db, slot_name, sto
     for i in range(3):  # windows 0, 1, 2: t changes in each, u in 0 and 2, q never
         change(db, i)
         drain(db, src, slot, client)
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
     change(db, 3)
     drain(db, src, slot, client)  # window 3: the latest, unmerged, kept
-    out = maintain_slot(source=src, slot=slot, delta=lake, retention_hours=0).to_dict()
+    out = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0).to_dict()
     assert out["windows"]["expired"] == [[0, 2]], out["windows"]
     assert read_expired(client, lay, slot) == {0, 1, 2}
     w = {seq: read_window(client, lay, slot, seq) for seq in range(4)}
@@ -56,7 +56,7 @@ def test_merge_needing_expired_windows_fails_that_table(fresh_db, slot_name, sto
     # 1) a rebuild into a new Delta root (the backfill DAG's rebuild mode): t and u need the
     #    expired windows: each fails, naming them; q (no change in them) is bootstrapped
     lake2 = lake + "2"
-    by = failed(spark, source=src, slot=slot, delta=lake2)
+    by = failed(spark, store=src, slot=slot, delta=lake2)
     t, u = by["public.t"], by["public.u"]
     assert t.action == "failed" and t.error == (
         f"WindowsExpired: table public.t needs the changes of window(s) 0-2 ({w[0].start_lsn}..{w[2].end_lsn}), "
@@ -75,13 +75,13 @@ def test_merge_needing_expired_windows_fails_that_table(fresh_db, slot_name, sto
     assert_equal(db, lake2, ["q"])
 
     # 2) the live root goes on: window 3 merges (its parts are there)
-    res = {r.table: r for r in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
+    res = {r.table: r for r in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert res["public.t"].action == "merged" and res["public.t"].first_window == 3, res["public.t"]
     assert_equal(db, lake)
 
     # 3) a history table added after the expiry lags behind it: t and u fail (history first),
     #    with the history's own hint; q has no change to append
-    by = failed(spark, source=src, slot=slot, delta=lake, history="changelog")
+    by = failed(spark, store=src, slot=slot, delta=lake, history="changelog")
     assert by["public.t"].error.startswith(
         "WindowsExpired: changelog table of public.t needs the changes of window(s) 0-2 ("), by["public.t"].error
     assert "pgcdc resync does not rebuild history tables" in by["public.t"].hint
@@ -91,7 +91,7 @@ def test_merge_needing_expired_windows_fails_that_table(fresh_db, slot_name, sto
     s3store.delete_prefix(client, lay.bucket, delta_table_url(lake, "public", "u").split("/", 3)[3] + "/")
     change(db, 4)
     drain(db, src, slot, client)
-    by = failed(spark, source=src, slot=slot, delta=lake)
+    by = failed(spark, store=src, slot=slot, delta=lake)
     assert [r for r in by if by[r].action == "failed"] == ["public.u"], by
     assert "table public.u needs the changes of window(s) 0, 2 (" in by["public.u"].error
     assert by["public.t"].action == "merged"
@@ -103,6 +103,6 @@ def test_merge_needing_expired_windows_fails_that_table(fresh_db, slot_name, sto
     change(db, 6)  # t and u change
     drain(db, src, slot, client)
     for root in (lake, lake2):
-        res = {r.table: r for r in merge_slot(spark, source=src, slot=slot, delta=root).tables}
+        res = {r.table: r for r in merge_slot(spark, store=src, slot=slot, delta=root).tables}
         assert res["public.u"].action == "resynced+merged", (root, res["public.u"])
         assert_equal(db, root)

@@ -25,7 +25,7 @@ def test_snapshot_windows_merge_equal_postgres(fresh_db, slot_name, store, spark
     client, src, lake = store
 
     def merge():
-        return merge_slot(spark, source=src, slot=slot, delta=lake).to_dict()
+        return merge_slot(spark, store=src, slot=slot, delta=lake).to_dict()
 
     slot = slot_name()
     end_to_end(fresh_db, client, src, lake, slot, merge)
@@ -85,9 +85,10 @@ def end_to_end(db, client, src, lake, slot, merge, *, history=None):
     seqs = []
     while True:
         w = drain(db, src, slot, client, max_rows=4)
+        if w.window_seq is not None:  # an empty window (the server's WAL moved on) is committed and merged too
+            seqs.append(w.window_seq)
         if w.transactions == 0:
             break
-        seqs.append(w.window_seq)
     assert len(seqs) >= 3
     r2 = merge()
     by = {t["table"]: t for t in r2["tables"]}
@@ -127,7 +128,7 @@ def test_refuses_to_skip_a_window(fresh_db, slot_name, store, spark):
     layout = Layout.parse(src)
     s3store.delete_prefix(client, layout.bucket, layout.window_manifest(slot, 1))  # window 1 lost
     with pytest.raises(WindowGap, match="window 1 is not committed but window 2 is"):
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
 
 
 @pytest.fixture
@@ -168,7 +169,7 @@ def test_killed_merge_then_rerun_merges_exactly_once(fault, db18, slot_name, sto
         assert len(delta_rows(url, "id")) == 50
     else:
         assert dt.version() == 1 and dt.transaction_version(app) == 0, "killed after the commit"
-    rerun = merge_slot(spark, source=src, slot=slot, delta=lake)
+    rerun = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert rerun.tables[0].action == ("merged" if fault == "merge-after-stage" else "up-to-date")
     dt.update_incremental()
     assert dt.version() == 1 and dt.transaction_version(app) == 0, "exactly one merge commit"
@@ -176,7 +177,7 @@ def test_killed_merge_then_rerun_merges_exactly_once(fault, db18, slot_name, sto
 
 
 def test_changelog_history_appends_every_change_once(db18, slot_name, store, spark):
-    from airflow_pgcdc.merge.job import changelog_url
+    from airflow_pgcdc.merge.plan import changelog_url
 
     client, src, lake = store
     db = db18
@@ -193,7 +194,7 @@ def test_changelog_history_appends_every_change_once(db18, slot_name, store, spa
 
     before = committed_windows(client, src, slot, lake)
     assert before["merged_through"] is None and before["windows_not_merged"] == 2
-    r = merge_slot(spark, source=src, slot=slot, delta=lake, history="changelog")
+    r = merge_slot(spark, store=src, slot=slot, delta=lake, history="changelog")
     assert r.tables[0].history["rows"] == 4
     after = committed_windows(client, src, slot, lake)  # what `pgcdc status --delta` shows
     assert after["merged_through"] == 1 and after["windows_not_merged"] == 0
@@ -205,7 +206,7 @@ def test_changelog_history_appends_every_change_once(db18, slot_name, store, spa
     assert all(x["_pgcdc_xid"] and x["_pgcdc_commit_ts"] for x in got)
     assert_equal(db, lake, "public.t", "id")
     # a replay appends nothing
-    again = merge_slot(spark, source=src, slot=slot, delta=lake, history="changelog")
+    again = merge_slot(spark, store=src, slot=slot, delta=lake, history="changelog")
     assert again.tables[0].action == "up-to-date"
     log_rows.update_incremental()
     assert log_rows.to_pyarrow_table().num_rows == 4
@@ -233,13 +234,13 @@ def test_two_phase_and_replica_identity_full(fresh_db, slot_name, store, spark):
         c.execute("UPDATE f SET id = 10, n = 11 WHERE id = 1")  # key change under FULL: big carried
         c.execute("UPDATE f SET n = 22 WHERE id = 2")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     assert_equal(db, lake, "public.t", "id")  # only 'plain': prepared changes are held
     assert_equal(db, lake, "public.f", "id")
     sql(db, "COMMIT PREPARED 'g1'")
     sql(db, "ROLLBACK PREPARED 'g2'")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     assert_equal(db, lake, "public.t", "id")
     assert [r["id"] for r in delta_rows(delta_table_url(lake, "public", "t"), "id")] == [1, 3]
 
@@ -271,7 +272,7 @@ def test_types_survive_the_merge_exactly(fresh_db, slot_name, store, spark):
     sql(db, "UPDATE t SET d = '-infinity', iv = '-1 year', tm = '23:59:59.999999', nn = '-Infinity' WHERE id = 2")
     sql(db, "DELETE FROM t WHERE id = 13")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     result = verify_table(db, lake, "public", "t")
     report = result.to_dict()
     assert result.equal, report
@@ -283,7 +284,7 @@ def test_types_survive_the_merge_exactly(fresh_db, slot_name, store, spark):
 
 
 def test_scd2_history_keeps_every_version_with_its_lsn_validity(db18, slot_name, store, spark):
-    from airflow_pgcdc.merge.job import scd2_url
+    from airflow_pgcdc.merge.plan import scd2_url
 
     client, src, lake = store
     db = db18
@@ -299,7 +300,7 @@ def test_scd2_history_keeps_every_version_with_its_lsn_validity(db18, slot_name,
     drain(db, src, slot, client)
     sql(db, "UPDATE t SET v = 'a3' WHERE id = 1")
     drain(db, src, slot, client)
-    r = merge_slot(spark, source=src, slot=slot, delta=lake, history="scd2")
+    r = merge_slot(spark, store=src, slot=slot, delta=lake, history="scd2")
     assert r.tables[0].history["bootstrap_rows"] == 2
     assert_equal(db, lake, "public.t", "id")
     h = DeltaTable(scd2_url(lake, "public", "t"), storage_options=s3store.delta_storage_options())
@@ -320,7 +321,7 @@ def test_scd2_history_keeps_every_version_with_its_lsn_validity(db18, slot_name,
     assert [(x["__op"], x["v"], x["__is_current"]) for x in by_key[3]] == [("I", "c", False), ("U", "c2", True)]
     current = sorted((x["id"], x["v"]) for x in rows if x["__is_current"])
     assert current == sorted(sql(db, "SELECT id, v FROM t")), "the current versions are the table"
-    again = merge_slot(spark, source=src, slot=slot, delta=lake, history="scd2")
+    again = merge_slot(spark, store=src, slot=slot, delta=lake, history="scd2")
     assert again.tables[0].history["versions"] == 0
     h.update_incremental()
     assert h.to_pyarrow_table().num_rows == len(rows), "a replay adds no version"
@@ -340,7 +341,7 @@ def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark)
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
     snapshot_to_s3(db, src, slot=slot, publication="pub", workers=1, s3_client=client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)  # bootstrap: rows 1..12 in Delta
+    merge_slot(spark, store=src, slot=slot, delta=lake)  # bootstrap: rows 1..12 in Delta
     sql(db, "UPDATE t SET id = 101 WHERE id = 1")  # a plain move
     sql(db, "UPDATE t SET id = 102 WHERE id = 2")
     sql(db, "UPDATE t SET v = 'moved then updated' WHERE id = 102")  # big unchanged again
@@ -356,7 +357,7 @@ def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark)
     sql(db, "DELETE FROM t WHERE id = 9")
     w = drain(db, src, slot, client)
     assert w.lost_toast["public.t"]["updates"] == 6  # 1, 2, 3, 4, 5 and 105 (7 sent big)
-    r = merge_slot(spark, source=src, slot=slot, delta=lake)
+    r = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert r.tables[0].action == "merged"
     url = delta_table_url(lake, "public", "t")
     got = {x["id"]: x for x in delta_rows(url, "id")}
@@ -373,7 +374,7 @@ def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark)
 
 
 def test_scd2_keeps_the_versions_before_a_truncate_in_the_batch(fresh_db, slot_name, store, spark):
-    from airflow_pgcdc.merge.job import scd2_url
+    from airflow_pgcdc.merge.plan import scd2_url
 
     client, src, lake = store
     db = fresh_db
@@ -390,7 +391,7 @@ def test_scd2_keeps_the_versions_before_a_truncate_in_the_batch(fresh_db, slot_n
     sql(db, "INSERT INTO t VALUES (1, 'new1'), (4, 'd')")
     w = drain(db, src, slot, client)
     assert w.transactions == 6
-    merge_slot(spark, source=src, slot=slot, delta=lake, history="scd2")
+    merge_slot(spark, store=src, slot=slot, delta=lake, history="scd2")
     assert_equal(db, lake, "public.t", "id")
     manifest = read_window(client, Layout.parse(src), slot, w.window_seq)
     t_lsn = int(LSN.parse(manifest.truncates[0]["commit_lsn"]))
@@ -415,7 +416,7 @@ def test_a_job_reads_only_the_window_manifests_it_needs(db18, slot_name, store, 
     """After a merge, the tables index spares reading old manifests: the next job reads the
     new windows and those from the lowest last-merged window on. Without the index (or
     with a stale one) it reads them all, with the same result."""
-    from airflow_pgcdc.merge import job
+    from airflow_pgcdc.merge import windows
 
     client, src, lake = store
     db = db18
@@ -438,21 +439,21 @@ def test_a_job_reads_only_the_window_manifests_it_needs(db18, slot_name, store, 
     drain(db, src, slot, client)  # window 1: the only one holding t2
     sql(db, "UPDATE t1 SET v = 'w2' WHERE id = 2")
     drain(db, src, slot, client)  # window 2
-    first = merge_slot(spark, source=src, slot=slot, delta=lake)
+    first = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert {t.table: t.action for t in first.tables} == {
         "public.t1": "bootstrapped+merged", "public.t0": "bootstrapped", "public.t2": "resynced+merged"}
     for i in range(3):
         sql(db, "UPDATE t1 SET v = %s WHERE id = 3", (f"w{3 + i}",))
         drain(db, src, slot, client)  # windows 3, 4, 5: t1 only
     read: list[int] = []
-    real = job._read_windows
+    real = windows._read_windows
 
     def spy(client_, layout_, slot_, seqs):
         read.extend(seqs)
         return real(client_, layout_, slot_, seqs)
 
-    monkeypatch.setattr(job, "_read_windows", spy)
-    r = merge_slot(spark, source=src, slot=slot, delta=lake)
+    monkeypatch.setattr(windows, "_read_windows", spy)
+    r = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert {t.table: t.action for t in r.tables} == {
         "public.t1": "merged", "public.t0": "no-changes", "public.t2": "no-changes"}
     # the index covers windows 0..2 and says no table needs one of them (t1 and t2 merged up
@@ -467,7 +468,7 @@ def test_a_job_reads_only_the_window_manifests_it_needs(db18, slot_name, store, 
     sql(db, "INSERT INTO t2 VALUES (2, 'w6')")
     drain(db, src, slot, client)  # window 6
     read.clear()
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     assert sorted(read) == list(range(7))
     assert_equal(db, lake, "public.t1", "id")
     assert_equal(db, lake, "public.t2", "id")
@@ -478,16 +479,16 @@ def test_a_job_reads_only_the_window_manifests_it_needs(db18, slot_name, store, 
     s3store.put_bytes(client, layout.bucket, layout.merge_tables_index(slot),
                       json.dumps({**doc, "end_lsn": "0/1", "tables": []}))
     read.clear()
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     assert sorted(read) == list(range(7))
     # a table behind the index (max_windows) is not anchored: its windows are read again
     for i in range(2):
         sql(db, "UPDATE t1 SET v = %s WHERE id = 5", (f"w{7 + i}",))
         drain(db, src, slot, client)  # windows 7, 8
-    r = merge_slot(spark, source=src, slot=slot, delta=lake, max_windows=1)
+    r = merge_slot(spark, store=src, slot=slot, delta=lake, max_windows=1)
     assert [(t.table, t.last_window) for t in r.tables if t.action == "merged"] == [("public.t1", 7)]
     read.clear()
-    r = merge_slot(spark, source=src, slot=slot, delta=lake)
+    r = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert sorted(read) == [7, 8], "the index covers 0..8; t1 merged up to 7"
     assert [(t.table, t.last_window) for t in r.tables if t.action == "merged"] == [("public.t1", 8)]
     assert_equal(db, lake, "public.t1", "id")

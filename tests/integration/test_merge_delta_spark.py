@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from lake_helpers import release_delta_caches
 
 from airflow_pgcdc.merge.jars import unavailable_reason
 
@@ -26,6 +27,7 @@ def spark_with_delta():
 
     s = spark_session("local[2]", delta=True)
     yield s
+    release_delta_caches(s)
     s.stop()
 
 
@@ -50,7 +52,7 @@ def test_delta_spark_sink_merges_like_delta_rs(reader, fresh_db, slot_name, s3, 
     snapshot_to_s3(fresh_db, src, slot=slot, publication="pub")
     sql(fresh_db, "UPDATE t SET v = 'y' WHERE id < 5; DELETE FROM t WHERE id > 15; UPDATE t SET id = 99 WHERE id = 10")
     drain_window(fresh_db, src, slot=slot, publications="pub")
-    merge_slot(spark_with_delta, source=src, slot=slot, delta=lake, engine="delta-spark", reader=reader)
+    merge_slot(spark_with_delta, store=src, slot=slot, delta=lake, engine="delta-spark", reader=reader)
     dt = DeltaTable(delta_table_url(lake, "public", "t"), storage_options=s3store.delta_storage_options())
     assert dt.transaction_version(app_id(slot, "public", "t")) == 0
     got = sorted((r["id"], r["v"]) for r in dt.to_pyarrow_table().to_pylist())
@@ -126,7 +128,7 @@ def test_delta_rs_and_delta_spark_take_turns_on_one_table(db18, slot_name, store
         sql(db, "DELETE FROM t WHERE id = %s", (50 + n,))
         sql(db, "INSERT INTO t VALUES (%s, 'new', '2024-01-01', '2024-01-01 10:00')", (1000 + n,))
         drain(db, src, slot, client)
-        out = merge_slot(spark_with_delta, source=src, slot=slot, delta=lake, engine=engine).tables[0]
+        out = merge_slot(spark_with_delta, store=src, slot=slot, delta=lake, engine=engine).tables[0]
         assert out.action in ("bootstrapped+merged", "merged") and (out.first_window, out.last_window) == (n, n)
         report = verify_table(db, lake, "public", "t")
         assert report.equal, report.to_dict()

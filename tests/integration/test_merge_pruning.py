@@ -47,7 +47,7 @@ def test_merge_rewrites_only_the_files_of_the_key_range_it_touches(engine, fresh
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
-    boot = merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine, max_windows=0,
+    boot = merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine, max_windows=0,
                       target_file_mb=0.1).tables[0]
     assert boot.action == "bootstrapped", boot
     url = delta_table_url(lake, "public", "t")
@@ -61,7 +61,7 @@ def test_merge_rewrites_only_the_files_of_the_key_range_it_touches(engine, fresh
     sql(db, "UPDATE t SET v = 'changed' WHERE id BETWEEN 100 AND 140")
     sql(db, "DELETE FROM t WHERE id = 120")
     drain(db, src, slot, client)
-    out = merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables[0]
+    out = merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine).tables[0]
     assert out.action == "merged", out
     after = files(url)
     removed = [p for p in before if p not in after]
@@ -73,7 +73,7 @@ def test_merge_rewrites_only_the_files_of_the_key_range_it_touches(engine, fresh
     # scattered keys: each touched file rewritten, the others kept
     sql(db, "UPDATE t SET v = 'again' WHERE id IN (5, 19990)")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine)
+    merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine)
     kept = files(url)
     assert len([p for p in after if p not in kept]) == 2, (after, kept)
     assert verify_table(db, lake, "public", "t").equal

@@ -47,7 +47,7 @@ def test_odd_column_names_on_delta_spark(reader, fresh_db, slot_name, store, spa
     sql(db, """DELETE FROM "my.schema"."Odd Table" WHERE "k.id" = 3""")
     sql(db, "UPDATE plain SET v = 'c' WHERE id = 2")
     drain(db, src, slot, client)
-    out = merge_slot(spark, source=src, slot=slot, delta=lake, engine="delta-spark", reader=reader)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-spark", reader=reader)
     assert {t.action for t in out.tables} == {"bootstrapped+merged"}, out.to_dict()
     odd_url = delta_table_url(lake, "my.schema", "Odd Table")
     rows = spark.read.format("delta").load(s3a(odd_url)).collect()
@@ -72,7 +72,7 @@ def test_odd_column_names_on_delta_spark(reader, fresh_db, slot_name, store, spa
     # later changes still merge into the mapped table
     sql(db, """UPDATE "my.schema"."Odd Table" SET "sp ace" = 99 WHERE "k.id" = 20""")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake, engine="delta-spark", reader=reader)
+    merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-spark", reader=reader)
     assert verify_table(db, lake, "my.schema", "Odd Table").equal
     # pgcdc status' figures find the table's objects where the engines put them
     from airflow_pgcdc.maintain.delta import table_figures

@@ -145,7 +145,7 @@ def test_attach_and_detach_via_root_are_shown_by_status_and_repaired_by_a_resync
     w = drain(db, src, slot, client)
     assert w.rows == 3  # what PostgreSQL streams: neither the 5 attached rows nor the 10 detached
     with pytest.raises(TablesFailed, match="PartitionsChanged"):  # the merge refuses the root (below)
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
     before = verify_table(db, lake, "public", "m")
     assert not before.equal  # bootstrapped from the copy, nothing merged after it
     counts = (before.comparison.postgres_rows, before.comparison.delta_rows)
@@ -164,7 +164,7 @@ def test_attach_and_detach_via_root_are_shown_by_status_and_repaired_by_a_resync
     resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
     sql(db, "UPDATE m SET v = 'later' WHERE id = 100")
     drain(db, src, slot, client)
-    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert out["public.m"].action == "resynced+merged", out["public.m"]
     assert_equal(db, lake, "m")
     proc = pgcdc("status", "--dsn", db, "--slot", slot, "--from", src, "--json", env=env)
@@ -188,7 +188,7 @@ def test_attach_per_leaf_is_refused_until_resynced(fresh_db, slot_name, store, s
     w = drain(db, src, slot, client)
     assert ("public", "m_asia") in read_window(client, Layout.parse(src), slot, w.window_seq).pipeline_tables
     with pytest.raises(TablesFailed) as e:
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
     by = {t.table: t for t in e.value.result.tables}
     assert by["public.m_asia"].action == "failed" and "NeedsSnapshot" in by["public.m_asia"].error
     assert "pgcdc resync" in by["public.m_asia"].hint
@@ -206,7 +206,7 @@ def test_attach_per_leaf_is_refused_until_resynced(fresh_db, slot_name, store, s
                   worker_processes=False)
     sql(db, "UPDATE m SET v = 'later' WHERE id = 100")
     drain(db, src, slot, client)
-    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert out["public.m_asia"].action == "resynced+merged", out["public.m_asia"]
     for leaf in ("m_eu", "m_us", "m_asia"):
         assert_equal(db, lake, leaf)
@@ -232,7 +232,7 @@ def test_detach_per_leaf_is_refused_by_the_drain(fresh_db, slot_name, store, spa
     with pytest.raises(PipelineTablesUnpublished, match="m_us"):
         drain(db, src, slot, client)
     drain(db, src, slot, client, forget_tables=["public.m_us"])
-    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert out["public.m_us"].left_pipeline
     for leaf in ("m_eu", "m_us"):
         assert_equal(db, lake, leaf)
@@ -300,7 +300,7 @@ def make_pipeline_with_other(db, client, src, slot) -> None:
 
 def refused_root(spark, src, slot, lake, engine) -> dict:
     with pytest.raises(TablesFailed) as e:
-        merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine)
+        merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine)
     by = {t.table: t for t in e.value.result.tables}
     m = by["public.m"]
     assert m.action == "failed" and m.error.startswith("PartitionsChanged: table public.m "), m
@@ -323,7 +323,7 @@ def test_attach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     make_pipeline_with_other(db, client, src, slot)
     sql(db, "INSERT INTO m VALUES (200, 'eu', 'w0')")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine)
+    merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine)
     assert_equal(db, lake, "m")
 
     sql(db, "CREATE TABLE m_asia (id int, region text, v text, PRIMARY KEY (id, region))")
@@ -348,7 +348,7 @@ def test_attach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
     sql(db, "UPDATE m SET v = 'later' WHERE id IN (100, 2)")
     drain(db, src, slot, client)
-    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables}
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine).tables}
     assert out["public.m"].action == "resynced+merged", out["public.m"]
     assert_equal(db, lake, "m")
     assert_equal(db, lake, "other")
@@ -357,12 +357,12 @@ def test_attach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     sql(db, "CREATE TABLE m_oc PARTITION OF m FOR VALUES IN ('oc')")
     sql(db, "INSERT INTO m VALUES (500, 'oc', 'o')")
     drain(db, src, slot, client)
-    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables}
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine).tables}
     assert out["public.m"].action == "merged", out["public.m"]
     sql(db, "ALTER TABLE m_oc RENAME TO m_oceania")
     sql(db, "INSERT INTO m VALUES (501, 'oc', 'o')")
     drain(db, src, slot, client)
-    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables}
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine).tables}
     assert out["public.m"].action == "merged", out["public.m"]
     assert_equal(db, lake, "m")
 
@@ -380,7 +380,7 @@ def test_detach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     sql(db, "CREATE TABLE m_sa PARTITION OF m FOR VALUES IN ('sa')")  # no change: its rows stream
     sql(db, "INSERT INTO m VALUES (300, 'sa', 's'), (301, 'sa', 's')")
     drain(db, src, slot, client)
-    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables}
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine).tables}
     assert out["public.m"].action == "bootstrapped+merged", out["public.m"]
     assert_equal(db, lake, "m")
 
@@ -396,7 +396,7 @@ def test_detach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
     sql(db, "INSERT INTO m VALUES (201, 'eu', 'after resync')")
     drain(db, src, slot, client)
-    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine).tables}
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine).tables}
     assert out["public.m"].action == "resynced+merged", out["public.m"]
     assert_equal(db, lake, "m")
 
@@ -405,7 +405,7 @@ def test_detach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     sql(db, "CREATE TABLE m_af PARTITION OF m FOR VALUES IN ('af')")
     sql(db, "INSERT INTO m VALUES (400, 'af', 'a')")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine)
+    merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine)
     assert_equal(db, lake, "m")
     sql(db, "DROP TABLE m_af")
     sql(db, "UPDATE other SET v = 'w9' WHERE id = 3")
@@ -414,6 +414,6 @@ def test_detach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     assert 'detached or dropped "public"."m_af"' in by["public.m"].error, by["public.m"].error
     resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake, engine=engine)
+    merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine)
     assert_equal(db, lake, "m")
     assert_equal(db, lake, "other")

@@ -35,6 +35,7 @@ import pytest
 
 from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import ReplicationConnection
+from airflow_pgcdc.protocol.frames import XLogData
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pglogical import (
     Begin,
@@ -51,7 +52,6 @@ from airflow_pgcdc.protocol.pglogical import (
     encode_message,
     pglogical_start_options,
 )
-from airflow_pgcdc.protocol.replication import XLogData
 
 READ_TIMEOUT = 20.0  # seconds; every stream read is bounded by it
 PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)

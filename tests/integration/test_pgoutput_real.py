@@ -1019,7 +1019,7 @@ def test_read_until_reads_a_prepared_transaction_to_its_prepare(bench: Bench):
     """Begin Prepare has an end LSN too, but does not end the transaction (read_until
     once stopped there when the PREPARE record was the last one written)."""
     from airflow_pgcdc.pg.logical import LogicalStream
-    from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
+    from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 
     bench.run("CREATE TABLE t (id int PRIMARY KEY)")
     bench.setup(two_phase=True)

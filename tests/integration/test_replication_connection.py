@@ -28,9 +28,7 @@ from airflow_pgcdc.pg.replication import (
     BackupResult,
     ReplicationConnection,
 )
-from airflow_pgcdc.protocol.lsn import LSN
-from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
-from airflow_pgcdc.protocol.replication import (
+from airflow_pgcdc.protocol.frames import (
     ArchiveData,
     ManifestStart,
     NewArchive,
@@ -38,6 +36,8 @@ from airflow_pgcdc.protocol.replication import (
     Progress,
     XLogData,
 )
+from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 
 
 def sql(dsn: str, query: str, params=None):

@@ -45,7 +45,7 @@ def test_rewriting_ddl_fails_that_table_until_a_resync(fresh_db, slot_name, stor
     sql(db, f"CREATE PUBLICATION pub FOR TABLE {', '.join(TABLES)}")
     slot = slot_name()
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
 
     # volatile defaults: the table is rewritten, every existing row gets its own value
     sql(db, "ALTER TABLE vol ADD COLUMN r float8 DEFAULT random(), ADD COLUMN c timestamptz DEFAULT clock_timestamp()")
@@ -62,7 +62,7 @@ def test_rewriting_ddl_fails_that_table_until_a_resync(fresh_db, slot_name, stor
     drain(db, src, slot, client)
 
     with pytest.raises(TablesFailed) as failed:
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
     by = {t.table: t for t in failed.value.result.tables}
     assert by["public.vol"].action == "failed", by["public.vol"]
     assert "TableRewritten" in by["public.vol"].error and "'r'" in by["public.vol"].error
@@ -76,7 +76,7 @@ def test_rewriting_ddl_fails_that_table_until_a_resync(fresh_db, slot_name, stor
     assert _flagged(client, src, slot, "late") == [] and _flagged(client, src, slot, "ok") == []
     # the refusal holds until the table is taken again: a second merge refuses it too
     with pytest.raises(TablesFailed) as again:
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
     assert sorted(t.table for t in again.value.result.failed) == ["public.typ", "public.vol"]
 
     # st: changes before its DDL, the DDL, the resync and changes after it, all in one window
@@ -91,7 +91,7 @@ def test_rewriting_ddl_fails_that_table_until_a_resync(fresh_db, slot_name, stor
     sql(db, "DELETE FROM vol WHERE id = 13; INSERT INTO typ (id, a, v) VALUES (100, 'x', 'new')")
     drain(db, src, slot, client)
     assert _flagged(client, src, slot, "st") == ["r"]  # recorded, but before the resync's point
-    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake)
     actions = {t.table: t.action for t in out.tables}
     assert actions == {"public.vol": "resynced+merged", "public.typ": "resynced+merged", "public.st": "resynced+merged",
                        "public.late": "merged", "public.ok": "merged"}, actions
@@ -102,7 +102,7 @@ def test_rewriting_ddl_fails_that_table_until_a_resync(fresh_db, slot_name, stor
     sql(db, "ALTER TABLE vol ADD COLUMN k int DEFAULT 7")
     sql(db, "UPDATE vol SET v = 'later' WHERE id = 20")
     drain(db, src, slot, client)
-    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert {t.table: t.action for t in out.tables}["public.vol"] == "merged"
     assert verify_table(db, lake, "public", "vol").equal
 
@@ -127,7 +127,7 @@ def test_vacuum_full_is_fine_a_materialized_default_and_a_generated_column_are_n
     sql(db, "CREATE PUBLICATION pub FOR TABLE vf, cf, gen")
     slot = slot_name()
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     sql(db, "VACUUM FULL vf")
     sql(db, "UPDATE vf SET v = 'u' WHERE id <= 3; INSERT INTO vf (id, v) VALUES (100, 'new')")
     sql(db, "ALTER TABLE cf ADD COLUMN n int DEFAULT 5")
@@ -140,7 +140,7 @@ def test_vacuum_full_is_fine_a_materialized_default_and_a_generated_column_are_n
     assert _flagged(client, src, slot, "cf") == ["n"]
     assert _flagged(client, src, slot, "gen") == []
     with pytest.raises(TablesFailed) as failed:
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
     by = {t.table: t for t in failed.value.result.tables}
     assert by["public.vf"].action == "merged", by["public.vf"]
     assert verify_table(db, lake, "public", "vf").equal
@@ -150,7 +150,7 @@ def test_vacuum_full_is_fine_a_materialized_default_and_a_generated_column_are_n
     resync_tables(db, src, slot=slot, publication="pub", tables=["cf"], s3_client=client, worker_processes=False)
     sql(db, "UPDATE cf SET v = 'after' WHERE id > 25; UPDATE gen SET a = 0 WHERE id > 25")
     drain(db, src, slot, client)
-    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert {t.table: t.action for t in out.tables} == {
         "public.vf": "no-changes", "public.cf": "resynced+merged", "public.gen": "merged"}
     for t in ("vf", "cf", "gen"):

@@ -46,7 +46,7 @@ def test_inheritance_parent_is_its_own_rows(only, fresh_db, slot_name, store, sp
     sql(db, "INSERT INTO c VALUES (6, 'c6', 60)")
     sql(db, "UPDATE c SET v = 'c3b' WHERE id = 3")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     assert delta_ids(lake, "public", "p") == [1, 2, 5]
     assert verify_table(db, lake, "public", "p").equal
     if only:
@@ -78,7 +78,7 @@ def test_partitioned_table_both_ways(via_root, fresh_db, slot_name, store, spark
     sql(db, "UPDATE m SET region = 'us' WHERE id = 3")  # moves to another partition
     sql(db, "DELETE FROM m WHERE id = 2")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     for name in names:
         result = verify_table(db, lake, "public", name)
         assert result.equal, (name, result.comparison)
@@ -99,7 +99,7 @@ def test_generated_columns_agree_between_snapshot_and_stream(fresh_db, slot_name
     sql(db, "INSERT INTO g (id, a) VALUES (3, 3)")
     sql(db, "UPDATE g SET a = 10 WHERE id = 1")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     result = verify_table(db, lake, "public", "g")
     assert result.equal, result.comparison
 
@@ -137,7 +137,7 @@ def test_pgbench_database_with_a_keyless_table(fresh_db, slot_name, store, spark
     bench("-t", "200", "-c", "2", "-n")
     sql(db, "INSERT INTO notes VALUES ('second')")
     drain(db, src, slot, client)
-    first = merge_slot(spark, source=src, slot=slot, delta=lake)
+    first = merge_slot(spark, store=src, slot=slot, delta=lake)
     keyless = {"pgbench_history": ["tid", "bid", "aid", "delta", "mtime"], "notes": ["body"]}  # verify needs one
     for name in ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history", "notes"):
         assert verify_table(db, lake, "public", name, key=keyless.get(name)).equal, name
@@ -148,12 +148,12 @@ def test_pgbench_database_with_a_keyless_table(fresh_db, slot_name, store, spark
     sql(db, "UPDATE notes SET body = 'edited' WHERE body = 'first'")
     bench("-t", "50", "-c", "1", "-n")
     drain(db, src, slot, client)
-    second = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
+    second = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert second["public.notes"].action == "merged" and second["public.pgbench_accounts"].action == "merged"
     for name in ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history", "notes"):
         assert verify_table(db, lake, "public", name).equal, name  # keyless: as a multiset
     # a replay appends nothing twice
-    assert {t.action for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables} <= {"up-to-date",
+    assert {t.action for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables} <= {"up-to-date",
                                                                                              "no-changes"}
     assert verify_table(db, lake, "public", "pgbench_history").equal
 
@@ -176,7 +176,7 @@ def test_odd_column_names_through_drain_merge_and_verify(fresh_db, slot_name, st
     sql(db, """UPDATE "my.schema"."Odd Table" SET "k.id" = 20 WHERE "k.id" = 2""")
     sql(db, """DELETE FROM "my.schema"."Odd Table" WHERE "k.id" = 3""")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     result = verify_table(db, lake, "my.schema", "Odd Table")
     assert result.equal, result.comparison
 
@@ -194,7 +194,7 @@ def test_key_swap_in_one_statement_under_a_deferrable_key(fresh_db, slot_name, s
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
     sql(db, "UPDATE t SET id = 3 - id WHERE id IN (1, 2)")  # the swap, one statement
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     assert_equal(db, lake, "public.t", "id")
     # a three-way rotation and a move in and out of one key inside one transaction
     with psycopg.connect(db, autocommit=True) as c:
@@ -206,7 +206,7 @@ def test_key_swap_in_one_statement_under_a_deferrable_key(fresh_db, slot_name, s
         c.execute("INSERT INTO t VALUES (7, 'seven', 70)")
         c.execute("COMMIT")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     assert_equal(db, lake, "public.t", "id")
 
 
@@ -277,14 +277,14 @@ def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, 
         sql(db, "UPDATE b SET v = 'changed after joining' WHERE id <= 5")
         drain(db, src, slot, client)
         with pytest.raises(TablesFailed) as failed:
-            merge_slot(spark, source=src, slot=slot, delta=lake)
+            merge_slot(spark, store=src, slot=slot, delta=lake)
         by = {t.table: t for t in failed.value.result.tables}
         assert by["public.a"].action == "bootstrapped" or by["public.a"].action.startswith("bootstrapped")
         assert by["public.b"].action == "failed" and NeedsSnapshot.__name__ in by["public.b"].error
         assert "pgcdc resync" in by["public.b"].hint and "--tables public.b" in by["public.b"].hint
     else:
         drain(db, src, slot, client)
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
         DeltaTable(b_url, storage_options=storage).delete("id <= 150")  # the incident
     a_version = DeltaTable(delta_table_url(lake, "public", "a"), storage_options=storage).version()
 
@@ -357,7 +357,7 @@ def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, 
     straddling = [m for m in read_windows(client, src, slot) if m.start < point < m.end]
     assert straddling and any(t["table"] == "l" for t in straddling[0].tables), \
         "a window holds changes from both sides of the copy's consistent point"
-    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake)
     by = {t.table: t for t in out.tables}
     assert by["public.b"].action == "resynced+merged", by["public.b"]
     assert by["public.l"].action == "resynced+merged", by["public.l"]
@@ -368,13 +368,13 @@ def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, 
     assert DeltaTable(delta_table_url(lake, "public", "a"), storage_options=storage).version() == a_version
     dt = DeltaTable(b_url, storage_options=storage)
     version = dt.version()
-    again = merge_slot(spark, source=src, slot=slot, delta=lake)
+    again = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert {t.table: t.action for t in again.tables}["public.b"] == "up-to-date"
     dt.update_incremental()
     assert dt.version() == version, "a replay commits nothing"
     sql(db, "UPDATE b SET v = 'after' WHERE id % 10 = 0; DELETE FROM b WHERE id = 7")
     drain(db, src, slot, client)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     assert_equal(db, lake, "public.b", "id")
 
 
@@ -399,7 +399,7 @@ def test_a_merge_killed_while_replacing_from_a_resync_keeps_the_old_table(fresh_
     sql(db, "CREATE PUBLICATION pub FOR TABLE b")
     slot = slot_name()
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     url = delta_table_url(lake, "public", "b")
     dt = DeltaTable(url, storage_options=s3store.delta_storage_options())
     dt.delete("id <= 150")  # the incident
@@ -415,7 +415,7 @@ def test_a_merge_killed_while_replacing_from_a_resync_keeps_the_old_table(fresh_
     assert proc.returncode == -9, proc.stderr[-2000:]
     dt.update_incremental()
     assert dt.version() == damaged and len(dt.to_pyarrow_table()) == 150, "the old table, as it was"
-    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert [t.action for t in out.tables] == ["resynced+merged"]
     assert_equal(db, lake, "public.b", "id")
     assert verify_table(db, lake, "public", "b").equal
@@ -433,7 +433,7 @@ def test_add_column_with_a_default_reads_it_in_delta_too(fresh_db, slot_name, st
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
     sql(db, "ALTER TABLE t ADD COLUMN n int DEFAULT 42, ADD COLUMN s text DEFAULT 'it''s', "
             "ADD COLUMN ts timestamptz DEFAULT now(), ADD COLUMN iv interval DEFAULT '1 day 02:00', "
             "ADD COLUMN tm time DEFAULT '12:34:56.789', ADD COLUMN d numeric(10,2) DEFAULT 3.14, "
@@ -442,7 +442,7 @@ def test_add_column_with_a_default_reads_it_in_delta_too(fresh_db, slot_name, st
     sql(db, "UPDATE t SET v = 'changed' WHERE id = 1")
     sql(db, "INSERT INTO t (id, v, n, s) VALUES (100, 'new', NULL, NULL)")
     drain(db, src, slot, client)
-    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert sorted(out.tables[0].added_columns) == ["bx", "d", "iv", "n", "nodef", "q", "s", "tm", "ts"]
     assert verify_table(db, lake, "public", "t").equal  # every column, every type
     from deltalake import DeltaTable
@@ -481,7 +481,7 @@ def test_columns_named_like_our_metadata(fresh_db, slot_name, store, spark):
     refused = {t["table"]: t.get("refused") for t in read_windows(client, src, slot)[0].tables}
     assert refused["ok"] is None and refused["odd"]["changes"] == 3
     with pytest.raises(TablesFailed) as failed:
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
     by = {t.table: t for t in failed.value.result.tables}
     assert by["public.ok"].action == "bootstrapped+merged"
     assert by["public.odd"].action == "failed" and ReservedColumnName.__name__ in by["public.odd"].error
@@ -492,7 +492,7 @@ def test_columns_named_like_our_metadata(fresh_db, slot_name, store, spark):
     resync_tables(db, src, slot=slot, publication="pub", tables=["odd"], s3_client=client, worker_processes=False)
     sql(db, "UPDATE odd SET v = 'after' WHERE id > 15")
     drain(db, src, slot, client)
-    out = merge_slot(spark, source=src, slot=slot, delta=lake)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert {t.table: t.action for t in out.tables}["public.odd"] == "resynced+merged"
     assert verify_table(db, lake, "public", "odd").equal
 
@@ -511,7 +511,7 @@ def test_columns_differing_only_in_case_fail_that_table_alone(fresh_db, slot_nam
     slot = slot_name()
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
     with pytest.raises(TablesFailed) as failed:
-        merge_slot(spark, source=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake)
     by = {t.table: t for t in failed.value.result.tables}
     assert by["public.fine"].action == "bootstrapped"
     assert by["public.c"].action == "failed" and IncompatibleSchemaChange.__name__ in by["public.c"].error
@@ -536,12 +536,12 @@ def test_a_dropped_table_keeps_its_delta_table_and_is_marked(fresh_db, slot_name
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
     sql(db, "UPDATE b SET v = 'last' WHERE id = 1")
     drain(db, src, slot, client)
-    first = merge_slot(spark, source=src, slot=slot, delta=lake)
+    first = merge_slot(spark, store=src, slot=slot, delta=lake)
     assert not any(t.left_pipeline for t in first.tables)
     sql(db, "DROP TABLE b")
     sql(db, "UPDATE a SET v = 'after' WHERE id = 1")
     drain(db, src, slot, client)
-    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert out["public.b"].left_pipeline and out["public.b"].action in ("up-to-date", "no-changes")
     assert out["public.a"].action == "merged" and not out["public.a"].left_pipeline
     rows = DeltaTable(delta_table_url(lake, "public", "b"), storage_options=s3store.delta_storage_options())

@@ -15,7 +15,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from airflow_pgcdc.ops.status import committed_windows, slot_status
-from airflow_pgcdc.pg import slots
+from airflow_pgcdc.pg import publications, slots
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.tables import TableNotFound
 from airflow_pgcdc.protocol.lsn import LSN
@@ -322,7 +322,7 @@ def test_ensure_publication_idempotent_with_hostile_names(fresh_db):
     hostile_name = f"{HOSTILE_SCHEMA}.{HOSTILE_TABLE}"
 
     with psycopg.connect(fresh_db, autocommit=True) as conn:
-        r1 = slots.ensure_publication(
+        r1 = publications.ensure_publication(
             conn, HOSTILE_PUB, [hostile, "public.plain"],
             column_lists={hostile: ["id", HOSTILE_COL]},
             row_filters={"public.plain": "v > 10"},
@@ -337,13 +337,13 @@ def test_ensure_publication_idempotent_with_hostile_names(fresh_db):
         assert rows[("public", "plain")][1] == "(v > 10)"
 
         # again: nothing to do, nothing changed
-        r2 = slots.ensure_publication(
+        r2 = publications.ensure_publication(
             conn, HOSTILE_PUB, [hostile, "public.plain"], row_filters={"public.plain": "(v > 10)"}
         )
         assert not r2.created and r2.added == () and r2.present == (hostile_name, "public.plain")
         assert r2.notes == ()
         # a different row filter is reported, never applied (no narrowing, no drop)
-        r3 = slots.ensure_publication(conn, HOSTILE_PUB, ["plain", "later"],
+        r3 = publications.ensure_publication(conn, HOSTILE_PUB, ["plain", "later"],
                                       row_filters={"plain": "v > 99"})
         assert r3.added == ("public.later",) and r3.present == ("public.plain",)
         assert len(r3.notes) == 1 and "left as it is" in r3.notes[0]
@@ -355,23 +355,23 @@ def test_ensure_publication_idempotent_with_hostile_names(fresh_db):
         assert n == 3
 
         with pytest.raises(slots.PublicationConflict, match="FOR ALL\\s+TABLES"):
-            slots.ensure_publication(conn, HOSTILE_PUB, all_tables=True)
+            publications.ensure_publication(conn, HOSTILE_PUB, all_tables=True)
         with pytest.raises(TableNotFound):
-            slots.ensure_publication(conn, HOSTILE_PUB, ["public.nope"])
+            publications.ensure_publication(conn, HOSTILE_PUB, ["public.nope"])
         with pytest.raises(ValueError):
-            slots.ensure_publication(conn, "x", ["plain"], all_tables=True)
+            publications.ensure_publication(conn, "x", ["plain"], all_tables=True)
 
         # FOR ALL TABLES, idempotent; an empty publication
-        assert slots.ensure_publication(conn, "everything", all_tables=True).created
-        again = slots.ensure_publication(conn, "everything", ["plain"])
+        assert publications.ensure_publication(conn, "everything", all_tables=True).created
+        again = publications.ensure_publication(conn, "everything", ["plain"])
         assert not again.created and again.all_tables and again.present == ("public.plain",)
-        assert slots.ensure_publication(conn, "empty").created
-        assert slots.ensure_publication(conn, "empty", ["plain"]).added == ("public.plain",)
+        assert publications.ensure_publication(conn, "empty").created
+        assert publications.ensure_publication(conn, "empty", ["plain"]).added == ("public.plain",)
 
         # REPLICA IDENTITY FULL: hostile names, partitions, idempotent
-        changed = slots.set_replica_identity_full(conn, [hostile, "part"])
+        changed = publications.set_replica_identity_full(conn, [hostile, "part"])
         assert changed == [hostile_name, "public.part", "public.part_1"]
-        assert slots.set_replica_identity_full(conn, [hostile, "part"]) == []
+        assert publications.set_replica_identity_full(conn, [hostile, "part"]) == []
         idents = conn.execute(
             "SELECT relreplident::text FROM pg_class WHERE relname = ANY(%s)",
             ([HOSTILE_TABLE, "part", "part_1"],)).fetchall()

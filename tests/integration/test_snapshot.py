@@ -19,7 +19,7 @@ import pytest
 from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.protocol.lsn import LSN
-from airflow_pgcdc.protocol.pgoutput_options import PgoutputOptions
+from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 from airflow_pgcdc.snapshot.export import (
     SnapshotBusy,
     SnapshotError,

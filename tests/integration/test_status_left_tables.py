@@ -38,7 +38,7 @@ def test_status_lists_dropped_and_forgotten_tables(fresh_db, slot_name, s3, s3_b
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
     sql(db, "UPDATE a SET v = 'a0'; UPDATE b SET v = 'b0'; UPDATE \"C t\" SET v = 'c0'")
     drain_window(db, src, slot=slot, publications=["pub"], s3_client=client)  # window 0
-    merge_slot(spark, source=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
 
     sql(db, "DROP TABLE b")
     sql(db, 'ALTER PUBLICATION pub DROP TABLE "C t"')
@@ -47,7 +47,7 @@ def test_status_lists_dropped_and_forgotten_tables(fresh_db, slot_name, s3, s3_b
                  forget_tables=['public."C t"'])  # window 1
     sql(db, "UPDATE a SET v = 'a2'")
     drain_window(db, src, slot=slot, publications=["pub"], s3_client=client)  # window 2
-    out = {t.table: t for t in merge_slot(spark, source=src, slot=slot, delta=lake).tables}
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert out["public.b"].left_pipeline and out["public.C t"].left_pipeline and not out["public.a"].left_pipeline
 
     proc = pgcdc("status", "--dsn", db, "--slot", slot, "--from", src, "--delta", lake, "--json", env=env)

@@ -58,7 +58,7 @@ def run_rounds(db, client, src, slot, lake, spark, rounds, engine):
         change(db, i)
         drain_window(db, src, slot=slot, publications="pub", s3_client=client)
         kw = {"engine": "delta-spark", "reader": "s3a"} if engine == "delta-spark" else {}
-        merge_slot(spark, source=src, slot=slot, delta=lake, **kw)
+        merge_slot(spark, store=src, slot=slot, delta=lake, **kw)
 
 
 def delta_rs_view(url):
@@ -124,7 +124,7 @@ def check_pipeline(db, client, src, lake, slot, spark, s3, engine, rounds):
     assert f"{t_before['files']} data files" in line and "never maintained" in line, line
 
     # maintain, retention 0: the compaction folds the merges' files; status shows it
-    result = maintain_slot(source=src, slot=slot, delta=lake, retention_hours=0).to_dict()
+    result = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0).to_dict()
     done = {r["table"]: r for r in result["tables"]}
     tables = by_table(slot_status(db, slot, store_url=src, delta_url=lake))
     assert_matches_delta_rs(tables, lake)
@@ -158,7 +158,7 @@ def check_pipeline(db, client, src, lake, slot, spark, s3, engine, rounds):
     change(db, 102)  # inserts only into t: one file more
     drain_window(db, src, slot=slot, publications="pub", s3_client=client)
     kw = {"engine": "delta-spark", "reader": "s3a"} if engine == "delta-spark" else {}
-    merge_slot(spark, source=src, slot=slot, delta=lake, **kw)
+    merge_slot(spark, store=src, slot=slot, delta=lake, **kw)
     tables = by_table(slot_status(db, slot, store_url=src, delta_url=lake))
     assert_matches_delta_rs(tables, lake)
     assert tables["public.t"]["version"] == t_after["version"] + 1

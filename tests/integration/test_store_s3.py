@@ -26,13 +26,13 @@ from airflow_pgcdc.store.manifest import (
     read_snapshot_manifest,
     write_manifest,
 )
+from airflow_pgcdc.store.multipart import MultipartWriter
 from airflow_pgcdc.store.parquet import PartSequence
 from airflow_pgcdc.store.s3 import (
     AccessDenied,
     AlreadyExists,
     CorruptObject,
     MiB,
-    MultipartWriter,
     ObjectNotFound,
     S3RequestError,
     S3Settings,

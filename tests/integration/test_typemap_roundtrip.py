@@ -38,7 +38,9 @@ from airflow_pgcdc.changes.copy_binary import (
 )
 from airflow_pgcdc.changes.snapshot_copy import SnapshotDecoder, copy_sql
 from airflow_pgcdc.changes.tuples import TupleDecoder
-from airflow_pgcdc.changes.typemap import (
+from airflow_pgcdc.pg.catalog import load_table_columns, load_type_info
+from airflow_pgcdc.protocol.pgtypes import BUILTIN_TYPES, PgColumn
+from airflow_pgcdc.typemap import (
     UnrepresentableValue,
     ValueConversionError,
     array_to_pg_text,
@@ -47,8 +49,6 @@ from airflow_pgcdc.changes.typemap import (
     session_setup_sql,
     to_pg_text,
 )
-from airflow_pgcdc.pg.catalog import load_table_columns, load_type_info
-from airflow_pgcdc.protocol.pgtypes import BUILTIN_TYPES, PgColumn
 
 SETUP = [
     "CREATE EXTENSION IF NOT EXISTS hstore",
@@ -333,8 +333,8 @@ def test_real_pgoutput_stream_decodes(fresh_db, slot_name) -> None:
     message → ``columns_from_relation`` (+ catalog types) → ``TupleDecoder``."""
     from pgoutput_capture import bench as make_bench
 
-    from airflow_pgcdc.changes.typemap import columns_from_relation
     from airflow_pgcdc.protocol import pgoutput as po
+    from airflow_pgcdc.typemap import columns_from_relation
 
     with make_bench(fresh_db, slot_name()) as b:
         b.setup()

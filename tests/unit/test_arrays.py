@@ -179,10 +179,10 @@ def test_null_structs_keep_non_nullable_fields_valid() -> None:
     interval) must still write to Parquet: INTERVAL_TYPE's fields are non-nullable."""
     import pyarrow.parquet as pq
 
-    from airflow_pgcdc.changes.codecs import INTERVAL_TYPE
     from airflow_pgcdc.changes.rows import ChangeBuffer, RelationVersion
     from airflow_pgcdc.changes.tuples import TupleDecoder
     from airflow_pgcdc.protocol.pgtypes import BUILTIN_BY_NAME, PgColumn
+    from airflow_pgcdc.typemap.codec import INTERVAL_TYPE
 
     nested = pa.struct([pa.field("a", pa.string(), nullable=False), pa.field("b", INTERVAL_TYPE, nullable=False),
                         pa.field("c", pa.list_(pa.int32()), nullable=False), pa.field("d", pa.bool_())])

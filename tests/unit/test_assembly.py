@@ -279,10 +279,10 @@ def test_window_manifest_round_trip_and_validation():
 def test_spool_records_cut_across_read_chunks(tmp_path, monkeypatch):
     """Records are read back in chunks: records larger than a chunk, headers split across
     chunks, aborted subtransactions dropped, a truncated file refused."""
-    from airflow_pgcdc.changes import assembly
+    from airflow_pgcdc.changes import spool as spools
 
-    monkeypatch.setattr(assembly, "SPOOL_READ_CHUNK", 7)
-    spool = assembly.Spool(str(tmp_path), 42, 2)
+    monkeypatch.setattr(spools, "SPOOL_READ_CHUNK", 7)
+    spool = spools.Spool(str(tmp_path), 42, 2)
     written = []
     for i in range(50):
         raw = bytes([i % 251]) * (i * 3 % 40)
@@ -296,7 +296,7 @@ def test_spool_records_cut_across_read_chunks(tmp_path, monkeypatch):
     spool.close()
     with open(spool.path, "r+b") as f:
         f.truncate(f.seek(0, 2) - 3)
-    again = assembly.Spool(str(tmp_path), 42, 2, path=spool.path)
+    again = spools.Spool(str(tmp_path), 42, 2, path=spool.path)
     with pytest.raises(AssemblyError, match="truncated"):
         list(again.records())
 
@@ -352,6 +352,16 @@ class RawRecorder(Recorder):
         self.events.append(("insert", rel.relation_name, self._dec.decode(message).new))
 
 
+class RawUpdateRecorder(RawRecorder):
+    """... and updates that carry only their new row, as the drain's window does."""
+
+    def update_raw(self, rel, message, nbytes):
+        m = self._dec.decode(message)
+        assert m.key is None and m.old is None  # only those are handed over undecoded
+        self.raw_updates = getattr(self, "raw_updates", 0) + 1
+        self.events.append(("update", rel.relation_name, m.new))
+
+
 class TakeRawFeeder(Feeder):
     """As the drain feeds: every message is offered to take_raw before being decoded."""
 
@@ -369,7 +379,8 @@ def test_inserts_taken_as_received_give_the_same_events(tmp_path):
 
     def scenario(feed):
         feed(po.Begin(LSN(0x100), TS, 7), rel(), ins(1), po.Update(None, 100, None, None, ("1", "u")),
-             ins(2), po.Delete(None, 100, ("1", None), None), po.Commit(0, LSN(0x100), LSN(0x130), TS))
+             ins(2), po.Update(None, 100, ("2", None), None, ("3", "k")),
+             po.Delete(None, 100, ("1", None), None), po.Commit(0, LSN(0x100), LSN(0x130), TS))
         feed(po.StreamStart(50, True), rel(xid=50), ins(3, xid=50), ins(4, xid=51), po.StreamStop())
         feed(po.StreamStart(50, False), rel(xid=50, cols=("id", "v", "w")), po.Insert(50, 100, ("5", "x", "y")),
              po.StreamStop(), po.StreamAbort(50, 51))
@@ -379,14 +390,15 @@ def test_inserts_taken_as_received_give_the_same_events(tmp_path):
         feed(po.CommitPrepared(0, LSN(0x600), LSN(0x610), TS, 70, "g1"))
 
     runs = []
-    for recorder, feeder in ((Recorder, Feeder), (RawRecorder, TakeRawFeeder)):
-        d = tmp_path / feeder.__name__
+    for recorder, feeder in ((Recorder, Feeder), (RawRecorder, TakeRawFeeder), (RawUpdateRecorder, TakeRawFeeder)):
+        d = tmp_path / recorder.__name__
         d.mkdir()
         rec = recorder()
         asm = TransactionAssembler(rec, proto_version=V, spool_dir=str(d), skip_origins={"elsewhere"})
         scenario(feeder(asm))
         runs.append((rec.events, asm.skipped_transactions, asm.streamed_committed))
-    assert runs[0] == runs[1]
+    assert rec.raw_updates == 1  # the new-row-only update; the keyed one was decoded
+    assert runs[0] == runs[1] == runs[2]
     events = runs[1][0]
     assert ("insert", "t", ("3", "v3")) in events and ("insert", "t", ("4", "v4")) not in events
     assert ("insert", "t", ("7", "v7")) in events and ("insert", "t", ("6", "v6")) not in events

@@ -18,7 +18,7 @@ from airflow_pgcdc.errors import (
     UnexpectedMessage,
 )
 from airflow_pgcdc.protocol import commands as c
-from airflow_pgcdc.protocol import replication
+from airflow_pgcdc.protocol import frames, results
 from airflow_pgcdc.protocol.commands import CommandError
 from airflow_pgcdc.protocol.lsn import LSN
 
@@ -666,8 +666,8 @@ def _as_bytes(row):
 @pytest.mark.parametrize("convert", [list, tuple, _as_bytes], ids=["list", "tuple", "bytes"])
 def test_identify_system(convert):
     row = convert(["7412345678901234567", "1", "0/1A2B3C4", "app"])
-    r = c.parse_identify_system(row)
-    assert r == c.IdentifySystem("7412345678901234567", 1, LSN.parse("0/1A2B3C4"), "app")
+    r = results.parse_identify_system(row)
+    assert r == results.IdentifySystem("7412345678901234567", 1, LSN.parse("0/1A2B3C4"), "app")
     assert isinstance(r.xlogpos, LSN)
     assert r.to_dict() == {
         "systemid": "7412345678901234567",
@@ -676,9 +676,9 @@ def test_identify_system(convert):
         "dbname": "app",
     }
     json.dumps(r.to_dict())
-    assert c.IdentifySystem.from_row(row) == r
-    assert replication.IdentifySystem is c.IdentifySystem  # re-exported for the pg layer
-    physical = c.parse_identify_system(convert(["1", "3", "16/B374D848", None]))
+    assert results.IdentifySystem.from_row(row) == r
+    assert frames.IdentifySystem is results.IdentifySystem  # re-exported for the pg layer
+    physical = results.parse_identify_system(convert(["1", "3", "16/B374D848", None]))
     assert physical.dbname is None and physical.timeline == 3
 
 
@@ -705,39 +705,39 @@ def test_identify_system(convert):
 )
 def test_identify_system_bad_rows(row, cls, match):
     with pytest.raises(cls, match=match) as ei:
-        c.parse_identify_system(row)
+        results.parse_identify_system(row)
     assert ei.value.protocol == "replication"
     assert "IDENTIFY_SYSTEM" in ei.value.message_type
 
 
 def test_replication_slot_created():
-    logical = c.parse_replication_slot_created(
+    logical = results.parse_replication_slot_created(
         [b"cdc", b"0/15D6C08", b"00000003-00000002-1", b"pgoutput"]
     )
-    assert logical == c.ReplicationSlotCreated(
+    assert logical == results.ReplicationSlotCreated(
         "cdc", LSN.parse("0/15D6C08"), "00000003-00000002-1", "pgoutput"
     )
-    physical = c.ReplicationSlotCreated.from_row(("phys", "0/0", None, None))
+    physical = results.ReplicationSlotCreated.from_row(("phys", "0/0", None, None))
     assert physical.snapshot_name is None and physical.output_plugin is None
     assert logical.to_dict()["consistent_point"] == "0/15D6C08"
     with pytest.raises(InvalidFieldValue, match="consistent_point"):
-        c.parse_replication_slot_created(["cdc", "nope", None, None])
+        results.parse_replication_slot_created(["cdc", "nope", None, None])
     with pytest.raises(InvalidFieldValue, match="slot_name is empty"):
-        c.parse_replication_slot_created(["", "0/0", None, None])
+        results.parse_replication_slot_created(["", "0/0", None, None])
     with pytest.raises(UnexpectedMessage):
-        c.parse_replication_slot_created(["cdc", "0/0"])
+        results.parse_replication_slot_created(["cdc", "0/0"])
 
 
 def test_read_replication_slot():
-    r = c.parse_read_replication_slot(["physical", "0/3000028", "1"])
-    assert r == c.ReadReplicationSlot("physical", LSN.parse("0/3000028"), 1) and r.exists
-    missing = c.ReadReplicationSlot.from_row([None, None, None])
+    r = results.parse_read_replication_slot(["physical", "0/3000028", "1"])
+    assert r == results.ReadReplicationSlot("physical", LSN.parse("0/3000028"), 1) and r.exists
+    missing = results.ReadReplicationSlot.from_row([None, None, None])
     assert not missing.exists and missing.restart_lsn is None and missing.restart_tli is None
     assert missing.to_dict() == {"slot_type": None, "restart_lsn": None, "restart_tli": None}
     with pytest.raises(InvalidFieldValue, match="slot_type"):
-        c.parse_read_replication_slot(["snapshot", None, None])
+        results.parse_read_replication_slot(["snapshot", None, None])
     with pytest.raises(InvalidFieldValue, match="restart_tli"):
-        c.parse_read_replication_slot(["physical", "0/1", "-1"])
+        results.parse_read_replication_slot(["physical", "0/1", "-1"])
 
 
 def test_timeline_history():
@@ -747,59 +747,59 @@ def test_timeline_history():
         b"# comment\n"
         b'2\t0/50000A0\tat restore point "p"\n'
     )
-    r = c.parse_timeline_history([b"00000003.history", content])
+    r = results.parse_timeline_history([b"00000003.history", content])
     assert r.filename == "00000003.history" and r.content == content
     assert r.entries() == [
-        c.TimelineHistoryEntry(1, LSN.parse("0/3000158"), "no recovery target specified"),
-        c.TimelineHistoryEntry(2, LSN.parse("0/50000A0"), 'at restore point "p"'),
+        results.TimelineHistoryEntry(1, LSN.parse("0/3000158"), "no recovery target specified"),
+        results.TimelineHistoryEntry(2, LSN.parse("0/50000A0"), 'at restore point "p"'),
     ]
-    assert c.TimelineHistory.from_row(["x.history", "1\t0/1\tr\n"]).content == b"1\t0/1\tr\n"
+    assert results.TimelineHistory.from_row(["x.history", "1\t0/1\tr\n"]).content == b"1\t0/1\tr\n"
     json.dumps(r.to_dict())
-    bad = c.parse_timeline_history(["00000002.history", b"one\ttwo\n"])
+    bad = results.parse_timeline_history(["00000002.history", b"one\ttwo\n"])
     with pytest.raises(InvalidFieldValue, match="line 1"):
         bad.entries()
     with pytest.raises(InvalidFieldValue, match="content is NULL"):
-        c.parse_timeline_history(["x", None])
+        results.parse_timeline_history(["x", None])
 
 
 def test_timeline_switch_and_show():
-    assert c.parse_timeline_switch(["3", "0/5000000"]) == c.TimelineSwitch(
+    assert results.parse_timeline_switch(["3", "0/5000000"]) == results.TimelineSwitch(
         3, LSN.parse("0/5000000")
     )
-    assert c.TimelineSwitch.from_row([b"4", b"1/0"]).switchpoint == LSN.parse("1/0")
-    assert c.parse_show([b"16MB"]) == "16MB"
+    assert results.TimelineSwitch.from_row([b"4", b"1/0"]).switchpoint == LSN.parse("1/0")
+    assert results.parse_show([b"16MB"]) == "16MB"
     with pytest.raises(InvalidFieldValue):
-        c.parse_show([None])
+        results.parse_show([None])
     with pytest.raises(InvalidFieldValue, match="next_tli"):
-        c.parse_timeline_switch(["0", "0/0"])
+        results.parse_timeline_switch(["0", "0/0"])
 
 
 def test_base_backup_result_sets():
-    start = c.parse_base_backup_position([b"0/2000028", b"1"])
-    assert start == c.BaseBackupPosition(LSN.parse("0/2000028"), 1)
+    start = results.parse_base_backup_position([b"0/2000028", b"1"])
+    assert start == results.BaseBackupPosition(LSN.parse("0/2000028"), 1)
     assert start.to_dict() == {"lsn": "0/2000028", "timeline": 1}
-    assert c.BaseBackupPosition.from_row(("0/2000100", "1")).lsn == LSN.parse("0/2000100")
-    spaces = c.parse_base_backup_tablespaces(
+    assert results.BaseBackupPosition.from_row(("0/2000100", "1")).lsn == LSN.parse("0/2000100")
+    spaces = results.parse_base_backup_tablespaces(
         [[None, None, b"30734"], [b"16385", b"/srv/tbs", None]]
     )
     assert spaces == [
-        c.TablespaceInfo(None, None, 30734),
-        c.TablespaceInfo(16385, "/srv/tbs", None),
+        results.TablespaceInfo(None, None, 30734),
+        results.TablespaceInfo(16385, "/srv/tbs", None),
     ]
     assert spaces[0].is_base_directory and not spaces[1].is_base_directory
-    assert c.TablespaceInfo.from_row([None, None, None]).size_kb is None
+    assert results.TablespaceInfo.from_row([None, None, None]).size_kb is None
     with pytest.raises(InvalidFieldValue, match="spcoid"):
-        c.parse_base_backup_tablespace(["0", "/x", None])
+        results.parse_base_backup_tablespace(["0", "/x", None])
     with pytest.raises(InvalidFieldValue, match="size"):
-        c.parse_base_backup_tablespace([None, None, "-5"])
+        results.parse_base_backup_tablespace([None, None, "-5"])
     with pytest.raises(InvalidFieldValue, match="tli"):
-        c.parse_base_backup_position(["0/0", None])
+        results.parse_base_backup_position(["0/0", None])
     with pytest.raises(UnexpectedMessage):
-        c.parse_base_backup_position(["0/0", "1", "extra"])
+        results.parse_base_backup_position(["0/0", "1", "extra"])
 
 
 def test_result_values_are_immutable():
-    r = c.parse_base_backup_position(["0/0", "1"])
+    r = results.parse_base_backup_position(["0/0", "1"])
     with pytest.raises(AttributeError):
         r.timeline = 2  # type: ignore[misc]
     assert not hasattr(r, "__dict__")
@@ -808,8 +808,8 @@ def test_result_values_are_immutable():
 def test_every_public_name_exists():
     for name in c.__all__:
         assert hasattr(c, name), name
-    for name in replication.__all__:
-        assert hasattr(replication, name), name
+    for name in frames.__all__:
+        assert hasattr(frames, name), name
 
 
 def test_combinations_cover_all_units():

@@ -17,8 +17,8 @@ from airflow_pgcdc.changes.copy_binary import (
     native_binary,
     text_expression,
 )
-from airflow_pgcdc.changes.typemap import UnrepresentableValue, ValueConversionError
 from airflow_pgcdc.protocol.pgtypes import BUILTIN_BY_NAME, PgColumn
+from airflow_pgcdc.typemap import UnrepresentableValue, ValueConversionError
 
 HEADER = SIGNATURE + struct.pack(">ii", 0, 0)
 TRAILER = struct.pack(">h", -1)

@@ -12,7 +12,6 @@ import pkgutil
 import pytest
 
 import airflow_pgcdc
-from airflow_pgcdc.changes.typemap import ValueConversionError
 from airflow_pgcdc.drain.guards import PipelineTablesUnpublished
 from airflow_pgcdc.errors import HintedError, PgcdcError, TruncatedMessage
 from airflow_pgcdc.merge.job import TablesFailed, WindowsExpired
@@ -22,6 +21,7 @@ from airflow_pgcdc.snapshot.basebackup import BaseBackupServerError
 from airflow_pgcdc.snapshot.export import SlotTaken, SnapshotBusy
 from airflow_pgcdc.store.s3 import StoreError
 from airflow_pgcdc.testing.processes import SandboxError
+from airflow_pgcdc.typemap import ValueConversionError
 
 SAMPLES = [
     SlotInUse("busy", slot="s", hint="wait", active_pid=5),

@@ -100,7 +100,7 @@ def test_redact_hides_password_and_replication_conninfo():
 
 
 # -- pgoutput start options ---------------------------------------------------------------
-from airflow_pgcdc.protocol.pgoutput_options import (  # noqa: E402
+from airflow_pgcdc.protocol.pgoutput.options import (  # noqa: E402
     PgoutputOptions,
     UnsupportedOption,
     max_proto_version,
@@ -169,3 +169,21 @@ def test_one_redactor_for_dsns_uris_environments_and_messages():
     assert redact_mapping(env) == {"PGCDC_DSN": "host=h password=***", "AWS_SECRET_ACCESS_KEY": "***",
                                    "AWS_ACCESS_KEY_ID": "id", "NOTE": "the key is ***"}
     assert redact_text("failed with k3y and host=h password=pw", ["k3y"]) == "failed with *** and host=h password=***"
+
+
+def test_lsn_text_is_the_canonical_text_of_an_int_or_a_text():
+    from airflow_pgcdc.protocol.lsn import lsn_text
+
+    assert lsn_text(0x16B374D848) == "16/B374D848"
+    assert lsn_text("16/b374d848") == "16/B374D848"
+    assert lsn_text(" 0/0 ") == "0/0"
+    for bad in ("16B374D848", 1.5, None, -1, 1 << 64):
+        with pytest.raises(InvalidLSN):
+            lsn_text(bad)
+
+
+def test_wire_lsn_is_an_lsn_without_the_checks():
+    from airflow_pgcdc.protocol.lsn import wire_lsn
+
+    v = wire_lsn(0x16B374D848)
+    assert type(v) is LSN and v == LSN("16/B374D848") and str(v) == "16/B374D848"

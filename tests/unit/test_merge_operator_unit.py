@@ -279,3 +279,22 @@ def test_target_file_mb_reaches_the_job(fake_spark):
     assert "--target-file-mb" not in merge_application_args(store="s", slot="s", delta="d")
     with pytest.raises(ValueError, match="target_file_mb must be positive"):
         PgcdcSparkMergeOperator(task_id="m2", store="s", slot="s", delta="d", target_file_mb=0)
+
+
+def test_deletion_vectors_reach_the_job_with_delta_spark_only(fake_spark):
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
+                                 engine="delta-spark", deletion_vectors=True)
+    op.execute({"outlet_events": _Events()})
+    args = (fake_spark / "args.txt").read_text().splitlines()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parsed = parser.parse_args(args[args.index(op.application) + 1:])
+    assert parsed.deletion_vectors is True and parsed.engine == "delta-spark"
+    assert "--deletion-vectors" not in merge_application_args(store="s", slot="s", delta="d", engine="delta-spark")
+    with pytest.raises(ValueError, match="deletion_vectors needs engine='delta-spark'"):
+        PgcdcSparkMergeOperator(task_id="m2", store="s", slot="s", delta="d", deletion_vectors=True)
+    with pytest.raises(ValueError, match="the delta-rs engine writes none"):
+        merge_application_args(store="s", slot="s", delta="d", engine="delta-rs", deletion_vectors=True)
+    # a templated engine is checked when the task runs, not when the DAG is parsed
+    PgcdcSparkMergeOperator(task_id="m3", store="s", slot="s", delta="d", engine="{{ params.engine }}",
+                            deletion_vectors=True)

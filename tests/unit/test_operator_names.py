@@ -81,3 +81,24 @@ def test_cli_takes_the_store_as_store_and_under_its_old_flag(command, old, rest)
         args = parser.parse_args([command, flag, "s3://b/cdc", *rest])
         assert args.store == "s3://b/cdc", (command, flag)
     assert "--store" in parser._subparsers._group_actions[0].choices[command].format_help()
+
+
+def test_library_calls_take_store_and_warn_on_source():
+    """merge_slot/maintain_slot: ``store`` (``source``, the 0.1 name, warns; both or neither: TypeError)."""
+    from airflow_pgcdc.store.layout import store_argument
+
+    assert store_argument("merge_slot", "s3://b/cdc", "source", None) == "s3://b/cdc"
+    with pytest.warns(DeprecationWarning, match=r"merge_slot\(source=...\) is now merge_slot\(store=...\)"):
+        assert store_argument("merge_slot", None, "source", "s3://b/old") == "s3://b/old"
+    with pytest.raises(TypeError, match="both 'store' and its old name 'source'"):
+        store_argument("maintain_slot", "s3://b/a", "source", "s3://b/b")
+    with pytest.raises(TypeError, match=r"maintain_slot\(\) missing the store"):
+        store_argument("maintain_slot", None, "source", None)
+    import inspect
+
+    from airflow_pgcdc.maintain import maintain_slot
+    from airflow_pgcdc.merge.job import merge_slot
+
+    for fn in (merge_slot, maintain_slot):
+        params = inspect.signature(fn).parameters
+        assert "store" in params and params["source"].default is None, fn.__name__

@@ -160,3 +160,13 @@ def test_choosing_encodings_does_not_import_pandas():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False False"
+
+
+def test_a_small_first_row_group_keeps_parquets_defaults_without_counting(monkeypatch):
+    counted = []
+    monkeypatch.setattr(pqstore, "choose_dictionary_columns", lambda sample: counted.append(1) or [])
+    small = table(pqstore.ENCODING_MIN_ROWS - 1)
+    assert pqstore.choose_encodings(small) == {"use_dictionary": True}
+    assert counted == []
+    pqstore.choose_encodings(table(pqstore.ENCODING_MIN_ROWS))
+    assert counted == [1]

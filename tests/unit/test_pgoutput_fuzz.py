@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_pgcdc.errors import ProtocolError
-from airflow_pgcdc.protocol import pgoutput as pgo
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput import (
     UNCHANGED_TOAST,
@@ -41,6 +40,7 @@ from airflow_pgcdc.protocol.pgoutput import (
     encode_message,
     encode_tuple,
 )
+from airflow_pgcdc.protocol.pgoutput import wire as pgo
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from airflow_pgcdc.changes.rows import ChangeBuffer, RelationVersion
 from airflow_pgcdc.changes.tuples import TupleDecoder
-from airflow_pgcdc.changes.typemap import ValueConversionError
 from airflow_pgcdc.protocol import pgoutput as po
 from airflow_pgcdc.protocol.pgtypes import PgColumn, builtin_type
+from airflow_pgcdc.typemap import ValueConversionError
 
 # int8, text, numeric, timestamptz, bool, float8, date, jsonb, varchar
 OIDS = (20, 25, 1700, 1184, 16, 701, 1082, 3802, 1043)
@@ -44,6 +44,24 @@ def test_raw_inserts_equal_decoded_rows(rows):
     want = dec.decode(list(rows))
     assert got.batch.equals(want.batch)
     assert got.unchanged_toast.equals(want.unchanged_toast)
+
+
+
+def test_values_around_the_string_views_inline_size():
+    """Values of 0 to 20 bytes (a string view holds up to 12 itself, longer ones point into
+    the buffer), multi-byte UTF-8 across the 12-byte edge, NULLs, the longest value last
+    in the buffer: equal to the decoded rows."""
+    cols = [COLUMNS[0], PgColumn("a", builtin_type(25), -1), PgColumn("b", builtin_type(25), -1)]
+    rows = []
+    for k in range(21):
+        rows.append((str(k), "x" * k, None if k % 4 == 0 else "é" * (k // 2) + "z" * (k % 2)))
+    rows.append(("99", "é" * 6, "ü" * 7))  # 12 and 14 bytes
+    rows.append(("100", None, "€" * 40))
+    dec = TupleDecoder(cols, table="public.t")
+    got = dec.decode_raw_inserts([message(r) for r in rows])
+    assert got is not None
+    assert got.batch.equals(dec.decode(rows).batch)
+    assert got.batch.column(1).to_pylist()[:21] == ["x" * k for k in range(21)]
 
 
 def test_declined_messages_are_decoded_one_by_one():
@@ -95,3 +113,49 @@ def test_empty_strings_and_all_nulls():
     got = dec.decode_raw_inserts([message(r) for r in rows])
     assert got is not None and got.batch.equals(dec.decode(rows).batch)
     assert got.batch.column(2).null_count == 2
+
+
+def update_message(values, oid=16384) -> bytes:
+    return po.Update(None, oid, None, None, tuple(values)).encode(1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("IU"), ROW), min_size=1, max_size=30))
+def test_raw_updates_with_their_new_row_only_decode_like_inserts(changes):
+    """An Update carrying only its new row (``U``, OID, ``N``) has an Insert's layout: a
+    chunk of them, mixed with inserts, decodes in one batch to the decoded rows."""
+    dec = TupleDecoder(COLUMNS, table="public.t")
+    msgs = [message(r) if op == "I" else update_message(r) for op, r in changes]
+    got = dec.decode_raw_inserts(msgs)
+    assert got is not None
+    assert got.batch.equals(dec.decode([r for _, r in changes]).batch)
+
+
+def test_to_batch_of_raw_updates_equals_the_decoded_path():
+    """ChangeBuffer.add_raw('U') then to_batch gives the batch of the decoded updates
+    (old columns NULL, as for an update without an old key); an update with an unchanged
+    TOAST value or an old key is declined by the batch path and decoded one by one."""
+    cols = tuple(COLUMNS[:3])
+    rv = RelationVersion(16384, "public", "t", "d", cols, (True, False, False))
+    rows = [("1", "é", "1.5"), ("2", None, None), ("3", "c", "-2.250")]
+    raw_buf, dec_buf = ChangeBuffer(rv), ChangeBuffer(rv)
+    for i, r in enumerate(rows):
+        op = "IUU"[i]
+        m = message(r) if op == "I" else update_message(r)
+        raw_buf.add_raw(m, op, 100, i, 7, 5)
+        dec_buf.add(op, r, None, 100, i, 7, 5, len(m))
+    assert raw_buf.nbytes == dec_buf.nbytes
+    got = rv.to_batch(raw_buf.take())
+    assert got.equals(rv.to_batch(dec_buf.take()))
+    assert got.column("_pgcdc_op").to_pylist() == ["I", "U", "U"]
+    # an unchanged TOAST value: the chunk is declined by decode_raw_inserts, decoded one by one
+    toast = ("4", po.UNCHANGED_TOAST, "7")
+    assert rv.decoder.decode_raw_inserts([update_message(toast)]) is None
+    raw_buf.add_raw(update_message(toast), "U", 100, 3, 7, 5)
+    dec_buf.add("U", toast, None, 100, 3, 7, 5)
+    got = rv.to_batch(raw_buf.take())
+    assert got.equals(rv.to_batch(dec_buf.take()))
+    assert got.column("_pgcdc_unchanged_toast").to_pylist() == [["c1"]]
+    # an update with its old key is never the batch path's
+    keyed = po.Update(None, 16384, ("1", None, None), None, ("9", "a", "1")).encode(1)
+    assert rv.decoder.decode_raw_inserts([keyed]) is None

@@ -8,9 +8,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from airflow_pgcdc.errors import ProtocolError, TrailingBytes, TruncatedMessage
-from airflow_pgcdc.protocol import commands as c
-from airflow_pgcdc.protocol.lsn import LSN
-from airflow_pgcdc.protocol.replication import (
+from airflow_pgcdc.protocol import results
+from airflow_pgcdc.protocol.frames import (
     MAX_PG_US,
     MIN_PG_US,
     ArchiveData,
@@ -25,6 +24,7 @@ from airflow_pgcdc.protocol.replication import (
     parse_client_copy_data,
     parse_copy_data,
 )
+from airflow_pgcdc.protocol.lsn import LSN
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -165,14 +165,14 @@ def test_bit_flips_in_server_frames(frame, flip, bit):
 # -- result rows --------------------------------------------------------------------------
 
 ROW_PARSERS = [
-    c.parse_identify_system,
-    c.parse_show,
-    c.parse_replication_slot_created,
-    c.parse_read_replication_slot,
-    c.parse_timeline_history,
-    c.parse_timeline_switch,
-    c.parse_base_backup_position,
-    c.parse_base_backup_tablespace,
+    results.parse_identify_system,
+    results.parse_show,
+    results.parse_replication_slot_created,
+    results.parse_read_replication_slot,
+    results.parse_timeline_history,
+    results.parse_timeline_switch,
+    results.parse_base_backup_position,
+    results.parse_base_backup_tablespace,
 ]
 
 cells = st.one_of(
@@ -199,7 +199,7 @@ def test_random_rows_raise_only_protocol_errors(parse, row):
 @FUZZ
 @given(content=st.binary(max_size=200))
 def test_random_timeline_history_content(content):
-    history = c.parse_timeline_history(["00000002.history", content])
+    history = results.parse_timeline_history(["00000002.history", content])
     try:
         entries = history.entries()
     except ProtocolError:

@@ -27,12 +27,12 @@ from airflow_pgcdc.store.manifest import (
     TableEntry,
     UnsupportedManifestFormat,
 )
+from airflow_pgcdc.store.multipart import MultipartWriter
 from airflow_pgcdc.store.parquet import ParquetPartWriter, ParquetWriteError, PartSequence
 from airflow_pgcdc.store.s3 import (
     AccessDenied,
     AlreadyExists,
     InvalidS3Url,
-    MultipartWriter,
     ObjectNotFound,
     S3Location,
     S3RequestError,

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_pgcdc.changes import codecs
 from airflow_pgcdc.changes.snapshot_copy import (
     SnapshotDecoder,
     _last_row_end,
@@ -21,25 +20,6 @@ from airflow_pgcdc.changes.snapshot_copy import (
     copy_sql,
 )
 from airflow_pgcdc.changes.tuples import TupleDecoder
-from airflow_pgcdc.changes.typemap import (
-    DATE_NEG_INFINITY,
-    DATE_POS_INFINITY,
-    INTERVAL_TYPE,
-    SESSION_OPTIONS,
-    TIMESTAMP_NEG_INFINITY,
-    TIMESTAMP_POS_INFINITY,
-    UnrepresentableValue,
-    ValueConversionError,
-    array_to_pg_text,
-    arrow_field,
-    arrow_schema,
-    arrow_type,
-    binary_supported,
-    convert_binary,
-    convert_text,
-    session_setup_sql,
-    to_pg_text,
-)
 from airflow_pgcdc.errors import PgcdcError
 from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST
 from airflow_pgcdc.protocol.pgtypes import (
@@ -53,6 +33,29 @@ from airflow_pgcdc.protocol.pgtypes import (
     numeric_precision_scale,
 )
 from airflow_pgcdc.protocol.quoting import QuotingError
+from airflow_pgcdc.typemap import (
+    DATE_NEG_INFINITY,
+    DATE_POS_INFINITY,
+    INTERVAL_TYPE,
+    SESSION_OPTIONS,
+    TIMESTAMP_NEG_INFINITY,
+    TIMESTAMP_POS_INFINITY,
+    UnrepresentableValue,
+    ValueConversionError,
+    array_to_pg_text,
+    arrow_field,
+    arrow_schema,
+    arrow_type,
+    binary_supported,
+    codec,
+    convert_binary,
+    convert_text,
+    numeric,
+    pgarray,
+    session_setup_sql,
+    times,
+    to_pg_text,
+)
 
 B = BUILTIN_BY_NAME
 
@@ -317,7 +320,7 @@ def test_random_timestamps_and_dates_round_trip() -> None:
 
 
 def test_float_formatting_matches_postgres_rules() -> None:
-    f = codecs.format_float
+    f = numeric.format_float
     assert f(1e15) == "1e+15"
     assert f(123456789012345.0) == "123456789012345"
     assert f(1e-5) == "1e-05"
@@ -335,7 +338,7 @@ def test_float_formatting_matches_postgres_rules() -> None:
 
 
 def test_interval_formatting() -> None:
-    f = codecs.format_interval
+    f = times.format_interval
     assert f(0, 0, 0) == "00:00:00"
     assert f(14, 3, 14_706_789_000) == "1 year 2 mons 3 days 04:05:06.789"
     assert f(-14, 3, -14_706_000_000) == "-1 years -2 mons +3 days -04:05:06"
@@ -348,7 +351,7 @@ def test_interval_formatting() -> None:
 
 
 def test_parse_array_text() -> None:
-    p = codecs.parse_array_text
+    p = pgarray.parse_array_text
     assert p("{}") == ([], None, [])
     assert p("{1,NULL,3}") == ([3], None, ["1", None, "3"])
     assert p('{"",NULL,"NULL","a\\"b","c\\\\d"}') == ([5], None, ["", None, "NULL", 'a"b', "c\\d"])
@@ -357,7 +360,7 @@ def test_parse_array_text() -> None:
     assert p("[1:2]={1,2}") == ([2], None, ["1", "2"])
     assert p("{(1,1),(0,0);(2,2),(1,1)}", ";") == ([2], None, ["(1,1),(0,0)", "(2,2),(1,1)"])
     for bad in ("", "1", "{1,2", "{{1,2},{3}}", "{{1},2}", "{1,{2}}", "{1}x", '{"a}', "{1,,2}", "[0:1]{1}"):
-        with pytest.raises(codecs._OneBad):
+        with pytest.raises(codec._OneBad):
             p(bad)
 
 
@@ -443,7 +446,7 @@ def _numeric_bin(ndigits_weight_sign_dscale, digits=()) -> bytes:
 
 
 def test_numeric_binary_to_text() -> None:
-    t = codecs.numeric_binary_to_text
+    t = numeric.numeric_binary_to_text
     assert t(_numeric_bin((0, 0, 0xC000, 0))) == "NaN"
     assert t(_numeric_bin((0, 0, 0xD000, 0))) == "Infinity"
     assert t(_numeric_bin((0, 0, 0xF000, 0))) == "-Infinity"
@@ -452,7 +455,7 @@ def test_numeric_binary_to_text() -> None:
     assert t(_numeric_bin((1, 1, 0, 0), (12,))) == "120000"
     assert t(_numeric_bin((1, -2, 0, 8), (12,))) == "0.00000012"
     assert t(_numeric_bin((3, 1, 0, 4), (1, 2345, 6789))) == "12345.6789"
-    with pytest.raises(codecs._OneBad):
+    with pytest.raises(codec._OneBad):
         t(b"\x00\x01")
 
 
@@ -721,7 +724,7 @@ _texts = st.one_of(st.text(alphabet=list('ab ,{}"\\\nNUL;é☃\t'), max_size=8),
 @given(st.lists(st.lists(st.one_of(st.none(), _texts), max_size=5), max_size=5))
 def test_text_arrays_round_trip(rows) -> None:
     c = col("_text")
-    texts = ["{" + ",".join("NULL" if e is None else codecs.quote_array_element(e) for e in r) + "}" for r in rows]
+    texts = ["{" + ",".join("NULL" if e is None else pgarray.quote_array_element(e) for e in r) + "}" for r in rows]
     arr = convert_text(texts, c)
     assert arr.to_pylist() == rows
     assert array_to_pg_text(arr, c) == texts
@@ -734,7 +737,7 @@ def test_text_arrays_round_trip(rows) -> None:
     st.integers(-(2**63) + 1, 2**63 - 2),
 )
 def test_intervals_round_trip(months, days, us) -> None:
-    text = codecs.format_interval(months, days, us)
+    text = times.format_interval(months, days, us)
     assert convert_text([text], col("interval")).to_pylist() == [
         {"months": months, "days": days, "microseconds": us}
     ]
@@ -782,8 +785,8 @@ def test_every_builtin_handles_empty_and_null(oid) -> None:
 
 
 def test_columns_from_relation() -> None:
-    from airflow_pgcdc.changes.typemap import columns_from_relation
     from airflow_pgcdc.protocol.pgoutput import Relation, RelationColumn, Type
+    from airflow_pgcdc.typemap import columns_from_relation
 
     mood = PgTypeInfo(16500, "mood", "public", "e", "E", labels=("a",))
     rel = Relation(

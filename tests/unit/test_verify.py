@@ -8,7 +8,6 @@ import json
 import pyarrow as pa
 import pytest
 
-from airflow_pgcdc.changes.typemap import arrow_schema, convert_text
 from airflow_pgcdc.cli.verify import render_report, split_key
 from airflow_pgcdc.merge.delta_types import (
     DeltaTypeMismatch,
@@ -19,6 +18,7 @@ from airflow_pgcdc.merge.delta_types import (
 )
 from airflow_pgcdc.protocol.pgtypes import BUILTIN_BY_NAME as B
 from airflow_pgcdc.protocol.pgtypes import PgColumn
+from airflow_pgcdc.typemap import arrow_schema, convert_text
 from airflow_pgcdc.verify import (
     Comparer,
     DeltaTableNotFound,

@@ -18,9 +18,7 @@ from airflow_pgcdc.errors import (
     UnexpectedMessage,
     UnknownMessageType,
 )
-from airflow_pgcdc.protocol.lsn import LSN
-from airflow_pgcdc.protocol.pgtime import now_pg_us
-from airflow_pgcdc.protocol.replication import (
+from airflow_pgcdc.protocol.frames import (
     MAX_PG_US,
     MIN_PG_US,
     XLOG_DATA_HEADER_SIZE,
@@ -45,6 +43,8 @@ from airflow_pgcdc.protocol.replication import (
     parse_client_copy_data,
     parse_copy_data,
 )
+from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.pgtime import now_pg_us
 
 T0 = 800_000_000_123_456  # 2025-05-08T...: a realistic wire time
 

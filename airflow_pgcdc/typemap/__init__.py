@@ -1,5 +1,9 @@
 """The PostgreSQL → Arrow type map, shared by the snapshot and the change stream.
 
+The package: this module is the mapping and the public API; the codecs, one module per type
+family, are internal: :mod:`.codec` (the base, constants, shared helpers), :mod:`.text`,
+:mod:`.numeric`, :mod:`.times`, :mod:`.pgarray`.
+
 One rule decides the Arrow type of a column from its type, typmod and declared array
 dimensions (:func:`arrow_field`), so a table's snapshot parts and its change rows
 have the same schema. The table of mappings, with how NaN, ±infinity, ``24:00:00``,
@@ -33,19 +37,6 @@ from typing import Any
 import pyarrow as pa
 
 from airflow_pgcdc.changes import arrays
-from airflow_pgcdc.changes import codecs as _c
-from airflow_pgcdc.changes.codecs import (
-    DATE_NEG_INFINITY,
-    DATE_POS_INFINITY,
-    INTERVAL_NEG_INFINITY,
-    INTERVAL_POS_INFINITY,
-    INTERVAL_TYPE,
-    TIME_24H_US,
-    TIMESTAMP_NEG_INFINITY,
-    TIMESTAMP_POS_INFINITY,
-    BadValue,
-    Codec,
-)
 from airflow_pgcdc.errors import PgcdcError
 from airflow_pgcdc.protocol.pgoutput import Relation, Type
 from airflow_pgcdc.protocol.pgtypes import (
@@ -58,6 +49,34 @@ from airflow_pgcdc.protocol.pgtypes import (
     numeric_precision_scale,
 )
 from airflow_pgcdc.protocol.quoting import quote_literal
+from airflow_pgcdc.typemap.codec import (
+    DATE_NEG_INFINITY,
+    DATE_POS_INFINITY,
+    INTERVAL_NEG_INFINITY,
+    INTERVAL_POS_INFINITY,
+    INTERVAL_TYPE,
+    TIME_24H_US,
+    TIMESTAMP_NEG_INFINITY,
+    TIMESTAMP_POS_INFINITY,
+    BadValue,
+    Codec,
+)
+from airflow_pgcdc.typemap.numeric import (
+    BoolCodec,
+    DecimalCodec,
+    FloatCodec,
+    IntCodec,
+    NumericTextCodec,
+)
+from airflow_pgcdc.typemap.pgarray import ArrayCodec
+from airflow_pgcdc.typemap.text import ByteaCodec, TextCodec
+from airflow_pgcdc.typemap.times import (
+    DateCodec,
+    IntervalCodec,
+    TimeCodec,
+    TimestampCodec,
+    TimetzCodec,
+)
 
 __all__ = [
     "BUILTIN_TYPES",
@@ -193,7 +212,7 @@ def wrap_bad(
 # --------------------------------------------------------------------------- the map
 
 
-class AsTextCodec(_c.TextCodec):
+class AsTextCodec(TextCodec):
     """A column mapped ``as_text``: exact text; binary values go through the typed codec
     and back to text."""
 
@@ -203,7 +222,7 @@ class AsTextCodec(_c.TextCodec):
         self.binary_supported = inner.binary_supported
 
     def from_binary(self, values):
-        if isinstance(self.inner, _c.ArrayCodec):
+        if isinstance(self.inner, ArrayCodec):
             return arrays.strings(self.inner.binary_to_text(values))
         return arrays.strings(self.inner.to_text(self.inner.from_binary(values)))
 
@@ -214,53 +233,53 @@ def _codec(t: PgTypeInfo, typmod: int, ndims: int) -> Codec:
         t, typmod = t.base, (t.base_typmod if t.base_typmod != -1 else typmod)
     if t.element is not None:
         element = _codec(t.element, typmod, 0)
-        return _c.ArrayCodec(t, typmod, element, ndims, t.element.delimiter or ",")
+        return ArrayCodec(t, typmod, element, ndims, t.element.delimiter or ",")
     if t.kind == "e":
-        return _c.TextCodec(t, typmod, "utf8", encoding="enum")
+        return TextCodec(t, typmod, "utf8", encoding="enum")
     if t.kind != "b" or not t.is_builtin:
         # composites, ranges, multiranges, extension types (hstore, citext, ...): exact text
-        return _c.TextCodec(t, typmod, None)
+        return TextCodec(t, typmod, None)
     name = t.name
     if name == "bool":
-        return _c.BoolCodec(t, typmod)
+        return BoolCodec(t, typmod)
     if name == "int2":
-        return _c.IntCodec(t, typmod, pa.int16(), ">i2")
+        return IntCodec(t, typmod, pa.int16(), ">i2")
     if name == "int4":
-        return _c.IntCodec(t, typmod, pa.int32(), ">i4")
+        return IntCodec(t, typmod, pa.int32(), ">i4")
     if name == "int8":
-        return _c.IntCodec(t, typmod, pa.int64(), ">i8")
+        return IntCodec(t, typmod, pa.int64(), ">i8")
     if name in ("oid", "xid", "cid"):
-        return _c.IntCodec(t, typmod, pa.int64(), ">u4")
+        return IntCodec(t, typmod, pa.int64(), ">u4")
     if name in ("float4", "float8"):
-        return _c.FloatCodec(t, typmod, single=name == "float4")
+        return FloatCodec(t, typmod, single=name == "float4")
     if name == "numeric":
         ps = numeric_precision_scale(typmod)
-        if ps is not None and _c.DecimalCodec.fits(*ps):
-            return _c.DecimalCodec(t, typmod, *ps)
-        return _c.NumericTextCodec(t, typmod)
+        if ps is not None and DecimalCodec.fits(*ps):
+            return DecimalCodec(t, typmod, *ps)
+        return NumericTextCodec(t, typmod)
     if name in ("text", "varchar", "bpchar", "name", "json", "unknown"):
-        return _c.TextCodec(t, typmod, "utf8", encoding="json" if name == "json" else "text")
+        return TextCodec(t, typmod, "utf8", encoding="json" if name == "json" else "text")
     if name == "jsonb":
-        return _c.TextCodec(t, typmod, "jsonb", encoding="json")
+        return TextCodec(t, typmod, "jsonb", encoding="json")
     if name == "char":
-        return _c.TextCodec(t, typmod, "char")
+        return TextCodec(t, typmod, "char")
     if name == "uuid":
-        return _c.TextCodec(t, typmod, "uuid", encoding="uuid")
+        return TextCodec(t, typmod, "uuid", encoding="uuid")
     if name == "bytea":
-        return _c.ByteaCodec(t, typmod)
+        return ByteaCodec(t, typmod)
     if name == "date":
-        return _c.DateCodec(t, typmod)
+        return DateCodec(t, typmod)
     if name == "time":
-        return _c.TimeCodec(t, typmod)
+        return TimeCodec(t, typmod)
     if name == "timetz":
-        return _c.TimetzCodec(t, typmod)
+        return TimetzCodec(t, typmod)
     if name == "timestamp":
-        return _c.TimestampCodec(t, typmod, tz=False)
+        return TimestampCodec(t, typmod, tz=False)
     if name == "timestamptz":
-        return _c.TimestampCodec(t, typmod, tz=True)
+        return TimestampCodec(t, typmod, tz=True)
     if name == "interval":
-        return _c.IntervalCodec(t, typmod)
-    return _c.TextCodec(t, typmod, None)
+        return IntervalCodec(t, typmod)
+    return TextCodec(t, typmod, None)
 
 
 def codec_for(column: PgColumn) -> Codec:
@@ -298,7 +317,7 @@ def arrow_field(column: PgColumn, codec: Codec | None = None) -> pa.Field:
         md[b"pg_ndims"] = str(column.ndims).encode()
     md.update(codec.metadata())
     inner = codec
-    while isinstance(inner, _c.ArrayCodec):
+    while isinstance(inner, ArrayCodec):
         inner = inner.element
     if inner is not codec:
         md.update({k: v for k, v in inner.metadata().items() if k != b"pg_encoding"})

@@ -1,0 +1,253 @@
+"""What the merge job refuses before it touches a Delta table, each with a typed error
+and a hint (:mod:`.errors`): windows the drain refused for the table, partitions attached
+or detached under a root published via its root, windows ``pgcdc maintain`` expired, a
+table rewritten in PostgreSQL since its copy, reserved column names; and the windows a
+resync's copy already covers. Part of the merge job (:mod:`.job`)."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from airflow_pgcdc.changes.columns import COMMIT_LSN
+from airflow_pgcdc.changes.rows import (
+    REWRITTEN_FIELD,
+)
+from airflow_pgcdc.merge.clauses import MATCH_PREFIX, keep_column
+from airflow_pgcdc.merge.context import (
+    JobContext,
+)
+from airflow_pgcdc.merge.errors import (
+    PartitionsChanged,
+    ReservedColumnName,
+    TableRewritten,
+    WindowsExpired,
+)
+from airflow_pgcdc.merge.plan import (
+    TablePlan,
+)
+from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.quoting import quote_qualified
+from airflow_pgcdc.store.partitions import (
+    changes_since_copy,
+    copied_leaves,
+    window_partition_leaves,
+)
+from airflow_pgcdc.store.window import REFUSED_FIELD
+
+log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
+
+
+def check_refused(name: str, windows, since: int | None) -> None:
+    """The drain left the table's changes out of a window (a column named like the change
+    metadata): merging the rest would lose them. Changes before a resync's point are in
+    its copy."""
+    for m in windows:
+        for t in m.tables:
+            refused = t.get(REFUSED_FIELD)
+            if refused and f"{t['schema']}.{t['table']}" == name and (
+                since is None or int(LSN.parse(refused["last_commit_lsn"])) >= since
+            ):
+                raise ReservedColumnName(
+                    f"table {name}: the drain could not store {refused['changes']} change(s) of window "
+                    f"{m.window_seq} (from commit {refused['first_commit_lsn']}): {refused['error']}",
+                    hint=f"rename the column(s) in PostgreSQL, then take the table again: pgcdc resync "
+                         f"--tables {name} (the other tables are not affected)",
+                )
+
+
+def check_partitions(ctx: JobContext, schema: str, table: str, windows, entry, copied_at: int | None) -> None:
+    """A partitioned root published through it whose leaves changed since its copy
+    (``entry``, taken at ``copied_at``): refused from the first window that says so
+    (:mod:`airflow_pgcdc.store.partitions`). A window records the root's leaves as the
+    catalog showed them when it committed and what changed since the window before (the
+    drain judges a leaf attached when it first sees it, by its partition link's
+    transaction). A window is refused when a leaf of the copy is gone (by name), or when it
+    lists a change (an ATTACH after the copy, a partition created after the copy and then
+    detached or dropped, a leaf detached and attached again). The window in which the copy
+    was taken (it starts before ``copied_at``) is compared with the copy alone, attached
+    leaves included: what changed in it before the copy's point is in the copy. Windows
+    written before the field existed say nothing and pass."""
+    copied = copied_leaves(entry) if entry is not None else None
+    name = f"{schema}.{table}"
+    for m in windows:
+        rec = window_partition_leaves(m).get((schema, table))
+        if rec is None:
+            continue
+        attached: set = set()
+        detached: set = set()
+        spans_copy = copied_at is not None and int(m.start) < copied_at
+        if copied is not None:
+            a, d = changes_since_copy(rec.leaves, copied)
+            detached |= set(d)
+            if spans_copy:  # judged once, here; later a rename or ALTER ... OWNER would fake an ATTACH
+                attached |= set(a)
+        if rec.changed and not spans_copy:
+            attached |= set(rec.attached)
+            detached |= set(rec.detached)
+        if not attached and not detached:
+            continue
+        what = []
+        if attached:
+            what.append("attached " + ", ".join(quote_qualified(*n) for n in sorted(attached)))
+        if detached:
+            what.append("detached or dropped " + ", ".join(quote_qualified(*n) for n in sorted(detached)))
+        raise PartitionsChanged(
+            f"table {name} is published through its partitioned root and its partitions changed in window "
+            f"{m.window_seq} ({m.start_lsn}..{m.end_lsn}) or just before it was committed: {'; '.join(what)}. "
+            "PostgreSQL streams neither the rows an attached partition already held nor a delete for a "
+            "detached one's, so its Delta table would silently miss or keep them: nothing merged from that "
+            "window on",
+            hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
+                 f"{ctx.layout.root.prefix} --tables {shlex.quote(quote_qualified(schema, table))} (a copy of "
+                 "the root with its partitions now; the next merge replaces the Delta table from it and goes "
+                 "on; the other tables are not affected)",
+        )
+
+
+def expired_windows(ctx: JobContext) -> frozenset[int]:
+    """The windows ``pgcdc maintain`` removed the parts of (``expired.json``; none when
+    there is no such file)."""
+    from airflow_pgcdc.maintain.store import read_expired
+
+    return frozenset(read_expired(ctx.client, ctx.layout, ctx.slot))
+
+
+def _ranges_text(seqs: Sequence[int]) -> str:
+    out: list[list[int]] = []
+    for s in sorted(seqs):
+        if out and out[-1][1] == s - 1:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def check_expired(ctx: JobContext, schema: str, table: str, windows, since: int | None, url: str,
+                   merged: int | None, *, history: str | None = None) -> None:
+    """Raise :class:`WindowsExpired` when one of ``windows`` whose change parts the table
+    needs was expired by ``pgcdc maintain``: its parts are gone, and merging without them
+    would skip changes. A window holding only a truncate of the table needs no part (the
+    truncate is in the manifest). With ``since`` (a resync's point), a window whose every
+    transaction committed before it is not needed (in the copy)."""
+    if not ctx.expired:
+        return
+    needed = []
+    for m in windows:
+        if m.window_seq not in ctx.expired:
+            continue
+        if since is not None and m.last_commit_lsn and int(LSN.parse(m.last_commit_lsn)) < since:
+            continue
+        for t in m.tables:
+            if (t["schema"], t["table"]) == (schema, table) and any(
+                rv.get("parts") for rv in t.get("relation_versions", ())
+            ):
+                needed.append(m)
+                break
+    if not needed:
+        return
+    name = f"{schema}.{table}"
+    seqs = [m.window_seq for m in needed]
+    start, end = needed[0].start_lsn, needed[-1].end_lsn
+    what = f"{history} table of {name}" if history else f"table {name}"
+    state = (f"its Delta table {url} has merged through window {merged}" if merged is not None else
+             f"its Delta table {url} has merged no window yet (missing, or rebuilt from the copy)")
+    store = f"s3://{ctx.layout.bucket}/{ctx.layout.root.prefix}"
+    if history:
+        hint = (f"the {history} table cannot get those changes back (pgcdc resync does not rebuild history "
+                f"tables): keep windows longer where history tables may be added or rebuilt (pgcdc maintain "
+                f"--retention-hours N, or --no-windows); merge without --history {history} meanwhile")
+    else:
+        hint = (f"pgcdc resync --slot {ctx.slot} --publication <publication> --to {store} --tables "
+                f"{shlex.quote(name)} (a new copy: the next merge replaces the Delta table from it and needs "
+                "only the windows after it), or keep windows longer where rebuilds from the store must be "
+                "possible (pgcdc maintain --retention-hours N, or --no-windows)")
+    raise WindowsExpired(
+        f"{what} needs the changes of window(s) {_ranges_text(seqs)} ({start}..{end}), but pgcdc maintain "
+        f"removed their parts (listed in s3://{ctx.layout.bucket}/{ctx.layout.changes_prefix(ctx.slot)[:-len('changes/')]}"
+        f"maintain/expired.json): {state}. Nothing of this table was read or merged",
+        hint=hint, table=name, windows=seqs, start_lsn=start, end_lsn=end,
+    )
+
+
+def after_point(ctx: JobContext, plan: TablePlan, windows, since: int) -> TablePlan:
+    """After a resync: ``plan`` without the relation versions whose every change committed
+    before its consistent point (their rows are in the copy, and so is what DDL did to the
+    table then: an older column type, a rewritten column). A window that spans the point
+    is read per version from its parts' ``_pgcdc_commit_lsn`` statistics."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
+    by_seq = {m.window_seq: m for m in windows}
+
+    def newest(v) -> int | None:  # the version's last commit LSN, None when unknown
+        top = None
+        for key in v.parts:
+            meta = pq.read_metadata(f"{ctx.layout.bucket}/{key}", filesystem=ctx.fs)
+            idx = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == COMMIT_LSN), -1)
+            for i in range(meta.num_row_groups):
+                stats = meta.row_group(i).column(idx).statistics if idx >= 0 else None
+                if stats is None or not stats.has_min_max:
+                    return None
+                top = stats.max if top is None else max(top, stats.max)
+        return top
+
+    keep = []
+    for v in plan.versions:
+        m = by_seq[v.window_seq]
+        if m.first_commit_lsn and int(LSN.parse(m.first_commit_lsn)) >= since:
+            keep.append(v)
+        elif m.last_commit_lsn and int(LSN.parse(m.last_commit_lsn)) < since:
+            continue
+        elif v.parts and (top := newest(v)) is not None and top < since:
+            continue
+        else:
+            keep.append(v)
+    if len(keep) == len(plan.versions):
+        return plan
+    log.info("%s: %d relation version(s) committed before the resync's point left out (in the copy)",
+             plan.qualified_name, len(plan.versions) - len(keep))
+    return dataclasses.replace(plan, versions=tuple(keep))
+
+
+def check_rewritten(ctx: JobContext, name: str, windows, plan: TablePlan, dt) -> None:
+    """A relation version of the batch has a column the drain saw filled by a table
+    rewrite (``rewritten_columns``) and the Delta table has not got it yet: adding it
+    would leave its rows already there NULL, not the values PostgreSQL wrote. A column
+    the Delta table has (from a copy taken after the DDL: a resync) is fine."""
+    if dt is None:
+        return
+    have = set(pa.schema(dt.schema().to_arrow()).names)
+    kept = {(v.window_seq, v.version) for v in plan.versions}
+    for m in windows:
+        for t in m.tables:
+            if f"{t['schema']}.{t['table']}" != name:
+                continue
+            for rv in t["relation_versions"]:
+                cols = [c for c in rv.get(REWRITTEN_FIELD, ()) if c["name"] not in have]
+                if cols and (m.window_seq, int(rv["version"])) in kept:
+                    raise TableRewritten(
+                        f"table {name}: PostgreSQL rewrote the table to fill column(s) "
+                        + ", ".join(f"{c['name']!r} ({c.get('expression', '?')})" for c in cols)
+                        + f" in the rows already there (window {m.window_seq}), and logical decoding "
+                        "carries none of those values: the Delta table cannot follow",
+                        hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to "
+                             f"s3://{ctx.layout.bucket}/{ctx.layout.root.prefix} --tables {name} (a copy "
+                             "taken after the DDL; the next merge replaces the Delta table from it; the "
+                             "other tables are not affected)",
+                    )
+
+
+def check_internal_names(name: str, columns: list[str], keys, toast: list[str]) -> None:
+    """Names the compaction adds beside the table's columns must not be the table's own."""
+    internal = {keep_column(c) for c in toast} | {MATCH_PREFIX + k for k in keys}
+    clash = sorted(set(columns) & internal)
+    if clash:
+        raise ReservedColumnName(
+            f"table {name}: column(s) {clash} have the name of a column the merge adds while it "
+            "compacts the changes", hint="rename the column(s) in PostgreSQL, then pgcdc resync the table",
+        )

@@ -1,0 +1,264 @@
+"""Writing one table's Delta table, either engine: the bootstrap from the snapshot (rows
+sorted by the key), the replacement from a resync's copy, the MERGE of a batch of windows,
+and the appends of a table without a key. Part of the merge job (:mod:`.job`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ
+from airflow_pgcdc.merge import deltars, pruning
+from airflow_pgcdc.merge.checks import check_internal_names
+from airflow_pgcdc.merge.clauses import MATCH_PREFIX, build_merge_spec, keep_column
+from airflow_pgcdc.merge.compact import compact
+from airflow_pgcdc.merge.context import (
+    META,
+    JobContext,
+    read_changes,
+    read_parts,
+    spark_commit_once,
+    stage,
+    window_metadata,
+)
+from airflow_pgcdc.merge.plan import (
+    MergeError,
+    TablePlan,
+)
+from airflow_pgcdc.merge.schema import (
+    batch_fields,
+    change_inputs,
+    check_case,
+    delta_fields,
+    evolve,
+    missing_values,
+    part_schema,
+    spark_configuration,
+    table_configuration,
+    table_fields,
+    with_deletion_vectors,
+)
+from airflow_pgcdc.merge.windows import RESYNC_APP_SUFFIX
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.testing.faults import fault_point
+
+log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
+
+
+def snapshot_input(ctx: JobContext, snapshot, entry) -> tuple[list[str], list[pa.Field]]:
+    """A snapshot table's part keys and its columns as Delta stores them."""
+    base = ctx.layout.snapshot_prefix(ctx.slot, snapshot.snapshot_id)
+    parts = [base + p.path for p in entry.parts]
+    if not parts:
+        raise MergeError(f"table {entry.qualified_name}: the snapshot {snapshot.snapshot_id} lists no part")
+    check_case(entry.qualified_name, [c.name for c in entry.columns])
+    return parts, delta_fields(table_fields(part_schema(ctx, parts[0])))
+
+
+def _sorted_by_key(df, keys: Sequence[str]):
+    """``df`` sorted by the merge key (range partitions, each sorted): the staged files,
+    read in partition order, stream the rows in key order (see :mod:`.pruning`)."""
+    from airflow_pgcdc.merge.compact import col
+
+    return df.orderBy(*[col(k) for k in keys]) if keys else df
+
+
+def _staged_in_order(paths: list[str]) -> list[str]:
+    """The staged files in Spark partition order (``part-{partition:05d}-…``)."""
+    return sorted(paths, key=lambda p: p.rsplit("/", 1)[-1])
+
+
+def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: int,
+                    keys: Sequence[str] = ()) -> int:
+    """Replace (or create) the table's Delta table from a resync's copy, in one commit that
+    also records the windows the copy covers (app version ``covered``) and the resync
+    itself (``{app}:resync`` = its consistent point): readers see the old table or the new
+    one, never a half-built or empty one; a crash before the commit leaves the old table
+    and the rerun replaces it again. Written through delta-rs whatever the engine (the
+    driver streams the files that the executors staged)."""
+    name = entry.qualified_name
+    parts = [resync.prefix + p.path for p in entry.parts]
+    if not parts:
+        raise MergeError(f"table {name}: the resync {resync.url} lists no part")
+    check_case(name, [c.name for c in entry.columns])
+    fields = delta_fields(table_fields(part_schema(ctx, parts[0])))
+    schema = pa.schema(fields)
+    staging = ctx.staging(entry.schema, entry.table, "resync")
+    stage(ctx, _sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
+    paths, rows = deltars.read_staged(ctx.fs, staging)
+    paths = _staged_in_order(paths)
+    fault_point("merge-after-stage", log)
+    point = int(resync.consistent_point)
+    deltars.replace(
+        url, deltars.staged_reader(ctx.fs, paths, schema), storage_options=ctx.storage,
+        configuration=table_configuration(fields), target_file_size=pruning.target_bytes(ctx.target_file_mb),
+        transactions={app: covered, app + RESYNC_APP_SUFFIX: point},
+        metadata={"pgcdc.slot": ctx.slot, "pgcdc.resync": resync.url,
+                  "pgcdc.consistent_point": resync.manifest.consistent_point,
+                  "pgcdc.windows_covered": str(covered)},
+    )
+    log.info("%s: replaced %s from the resync at %s (%d rows; windows through %d are in the copy)",
+             name, url, resync.manifest.consistent_point, rows, covered)
+    return rows
+
+
+def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[str] = ()) -> int:
+    """Create the Delta table from the snapshot: rows sorted by ``keys`` (the merge key)
+    in files of about ``ctx.target_file_mb`` (see :mod:`.pruning`)."""
+    name = entry.qualified_name
+    parts, fields = snapshot_input(ctx, snapshot, entry)
+    schema = pa.schema(fields)
+    metadata = {
+        "pgcdc.slot": ctx.slot,
+        "pgcdc.snapshot_id": snapshot.snapshot_id,
+        "pgcdc.consistent_point": snapshot.consistent_point,
+    }
+    df = read_parts(ctx, parts, schema)
+    try:
+        if ctx.engine == "delta-spark":  # executors write the files, the driver commits
+            from airflow_pgcdc.merge import deltaspark
+            from airflow_pgcdc.merge.compact import col
+
+            files = pruning.file_count(sum(p.bytes for p in entry.parts), ctx.target_file_mb)
+            rows = deltaspark.bootstrap(ctx.spark, df, path=deltaspark.s3a(url), metadata=metadata,
+                                        configuration=spark_configuration(ctx, fields),
+                                        sort_by=[col(k) for k in keys], files=files)
+        else:
+            staging = ctx.staging(entry.schema, entry.table, "bootstrap")
+            stage(ctx, _sorted_by_key(df, keys), staging, schema)
+            paths, rows = deltars.read_staged(ctx.fs, staging)
+            deltars.bootstrap(
+                url, deltars.staged_reader(ctx.fs, _staged_in_order(paths), schema), storage_options=ctx.storage,
+                configuration=table_configuration(fields), metadata=metadata,
+                target_file_size=pruning.target_bytes(ctx.target_file_mb),
+            )
+    except deltars.TableExists:
+        log.info("%s: Delta table created meanwhile by another job; not bootstrapping again", name)
+        return 0
+    log.info("%s: bootstrapped %s from snapshot %s (%d rows)", name, url, snapshot.snapshot_id, rows)
+    return rows
+
+
+def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
+    name = plan.qualified_name
+    fields = batch_fields(ctx, plan)
+    dt, added = evolve(ctx, name, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
+    target = pa.schema(dt.schema().to_arrow())
+    keys = list(plan.key_columns)
+    columns, toast, read_schema = change_inputs(plan, fields, keys)
+    check_internal_names(name, columns, keys, toast)
+    df = read_changes(ctx, plan, read_schema)
+    # key-changing updates left TOAST values unsent: match such rows on their old key
+    rekey = plan.key_moves > 0 and bool(toast)
+    compacted = compact(
+        df, table_columns=columns, key_columns=keys, toast_columns=toast, truncate_at=plan.truncate_at,
+        rekey=rekey,
+    )
+    spec_args = dict(
+        target_columns=target.names, source_columns=columns, key_columns=keys,
+        keep_columns=toast, truncated=plan.truncate_at is not None, rekeyed=rekey,
+    )
+    if rekey:
+        log.info("%s: %d key-changing update(s) without their TOAST values: matching them on the old key",
+                 name, plan.key_moves)
+    # the target bound (see .pruning): one integer key, no truncate, not rekeyed
+    bound_key = None if (rekey or plan.truncate_at is not None) else pruning.prunable_key(
+        keys, {f.name: f.type for f in fields})
+    if ctx.engine == "delta-spark":
+        from airflow_pgcdc.merge import deltaspark
+
+        dt = with_deletion_vectors(ctx, name, url, dt)
+        spec = build_merge_spec(**spec_args, dialect="spark")
+        ranges: list = []
+        if bound_key is not None:  # the batch is computed once: its keys, then the MERGE
+            from pyspark import StorageLevel
+
+            from airflow_pgcdc.merge.compact import col
+
+            compacted = compacted.persist(StorageLevel.MEMORY_AND_DISK)
+            ranges = pruning.key_ranges(compacted.select(col(bound_key)).toArrow().column(0).to_pylist())
+            spec = pruning.bounded(spec, pruning.bounds_predicate(bound_key, ranges, "spark"))
+        try:
+            metrics = spark_commit_once(lambda: deltaspark.merge(
+                ctx.spark, compacted, spec,
+                path=deltaspark.s3a(url), app=app, version=plan.last_window,
+                metadata=window_metadata(ctx, plan),
+            ), dt, url, app, plan.last_window)
+        finally:
+            if bound_key is not None:
+                compacted.unpersist()
+        if bound_key is not None:
+            metrics["pgcdc_key_ranges"] = len(ranges)
+        fault_point("merge-after-commit", log)
+        return metrics, dt, added
+    by_name = {f.name: f for f in fields}
+    stage_schema = pa.schema(
+        fields
+        + [META[OP], META[COMMIT_LSN], META[SEQ]]
+        + [pa.field(keep_column(c), pa.bool_()) for c in toast]
+        + ([by_name[k].with_name(MATCH_PREFIX + k) for k in keys] if rekey else [])
+    )
+    staging = ctx.staging(plan.schema, plan.table, f"w{plan.last_window}")
+    stage(ctx, compacted, staging, stage_schema)
+    paths, _rows = deltars.read_staged(ctx.fs, staging)
+    fault_point("merge-after-stage", log)
+    spec = build_merge_spec(**spec_args, dialect="delta-rs")
+    ranges = []
+    if bound_key is not None:  # the staged batch's keys, read on the driver (one column)
+        ranges = pruning.key_ranges(deltars.staged_column(ctx.fs, paths, stage_schema, bound_key))
+        spec = pruning.bounded(spec, pruning.bounds_predicate(bound_key, ranges, "delta-rs"))
+    metrics = deltars.merge(
+        dt, deltars.staged_reader(ctx.fs, paths, stage_schema),
+        spec, app=app, version=plan.last_window,
+        metadata=window_metadata(ctx, plan),
+    )
+    if bound_key is not None and not metrics.get("concurrent_commit"):
+        metrics["pgcdc_key_ranges"] = len(ranges)
+    fault_point("merge-after-commit", log)
+    s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+    return metrics, dt, added
+
+
+def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
+    """A table without a key (logs, events, ``pgbench_history``): its inserts are appended
+    in commit order, in one commit with the app transaction (exactly once per window, a
+    replay is a no-op). A batch with an update, a delete or a truncate is applied as a
+    multiset by :mod:`.keyless` (``REPLICA IDENTITY FULL``; else :class:`KeylessChange`
+    for this table, the others go on)."""
+    from pyspark.sql import functions as F
+
+    from airflow_pgcdc.merge.compact import col as spark_col
+
+    name = plan.qualified_name
+    fields = batch_fields(ctx, plan)
+    dt, added = evolve(ctx, name, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
+    meta = [META[OP], META[COMMIT_LSN], META[SEQ]]
+    df = read_changes(ctx, plan, pa.schema(fields + meta))
+    if plan.truncate_at is not None or df.where(spark_col(OP) != F.lit("I")).limit(1).collect():
+        from airflow_pgcdc.merge.keyless import apply_keyless
+
+        return apply_keyless(ctx, plan, url, dt, app, fields), dt, added
+    rows = df.orderBy(COMMIT_LSN, SEQ).drop(OP, COMMIT_LSN, SEQ)
+    out = pa.schema(fields)
+    if ctx.engine == "delta-spark":
+        from airflow_pgcdc.merge import deltaspark
+
+        metrics = spark_commit_once(lambda: deltaspark.append(
+            ctx.spark, rows, path=deltaspark.s3a(url), app=app, version=plan.last_window,
+            metadata=window_metadata(ctx, plan),
+        ), dt, url, app, plan.last_window)
+        metrics.setdefault("num_source_rows", plan.rows)
+        return metrics, dt, added
+    staging = ctx.staging(plan.schema, plan.table, f"append-w{plan.last_window}")
+    stage(ctx, rows, staging, out)
+    paths, n = deltars.read_staged(ctx.fs, staging)
+    fault_point("merge-after-stage", log)
+    done = deltars.append(
+        dt, deltars.staged_reader(ctx.fs, paths, out), pa.schema(dt.schema().to_arrow()),
+        app=app, version=plan.last_window, metadata=window_metadata(ctx, plan),
+    )
+    fault_point("merge-after-commit", log)
+    s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+    return {"num_source_rows": n, **done}, dt, added

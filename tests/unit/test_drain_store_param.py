@@ -1,0 +1,71 @@
+"""drain_window's store parameter: ``store`` (positional or keyword), its 0.1 name ``to``
+for one release with a DeprecationWarning, both at once a TypeError."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from airflow_pgcdc.drain import drain as drain_mod
+
+
+class Reached(Exception):
+    pass
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """The store location drain_window resolved; it stops at the catalog connection."""
+    got = []
+    real = drain_mod.Layout
+
+    def layout(location):
+        got.append(location)
+        return real(location)
+
+    def connect(*a, **kw):
+        raise Reached
+
+    monkeypatch.setattr(drain_mod, "Layout", layout)
+    monkeypatch.setattr(drain_mod.psycopg, "connect", connect)
+    return got
+
+
+KW = {"slot": "s1", "publications": "pub", "s3_client": object()}
+
+
+@pytest.mark.parametrize("call", [
+    lambda: drain_mod.drain_window("dbname=x", "s3://bkt/lake", **KW),
+    lambda: drain_mod.drain_window("dbname=x", store="s3://bkt/lake", **KW),
+])
+def test_store_positional_or_keyword(seen, call):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no deprecation for the new name
+        with pytest.raises(Reached):
+            call()
+    assert [str(x) for x in seen] == ["s3://bkt/lake"]
+
+
+def test_to_still_works_with_a_deprecation_warning(seen):
+    with pytest.warns(DeprecationWarning, match="store="), pytest.raises(Reached):
+        drain_mod.drain_window("dbname=x", to="s3://bkt/lake", **KW)
+    assert [str(x) for x in seen] == ["s3://bkt/lake"]
+
+
+def test_store_and_to_together_is_a_type_error(seen):
+    with pytest.raises(TypeError, match="both 'store' and its old name 'to'"):
+        drain_mod.drain_window("dbname=x", "s3://bkt/lake", to="s3://bkt/other", **KW)
+    assert seen == []
+
+
+def test_no_store_is_a_type_error(seen):
+    with pytest.raises(TypeError, match="store"):
+        drain_mod.drain_window("dbname=x", **KW)
+
+
+def test_options_are_collected_once():
+    o = drain_mod.DrainOptions(publications=("pub",), skip_origins=("a",), max_rows=5)
+    assert o.max_rows == 5 and o.skip_origins == ("a",) and o.memory_budget == drain_mod.DEFAULT_MEMORY_BUDGET
+    with pytest.raises(AttributeError):
+        o.max_rows = 6  # frozen

@@ -1,0 +1,91 @@
+"""The window writer completes finished parts' uploads on a bounded pool: concurrently,
+every part durably written before finish() returns, and a failed part fails the window
+(finish raises, so no manifest is written and nothing is acknowledged)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from airflow_pgcdc.changes.rows import ChangeBuffer, RelationVersion
+from airflow_pgcdc.protocol.pgtypes import PgColumn, builtin_type
+from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.s3 import StoreError
+from airflow_pgcdc.store.window import WindowWriter
+
+
+class FakeS3:
+    """put_object only (every part here is small); ``barrier``: each put waits there,
+    so a writer that puts one part at a time breaks it; ``fail``: keys whose put fails."""
+
+    def __init__(self, barrier: threading.Barrier | None = None, fail: tuple[str, ...] = ()) -> None:
+        self.barrier = barrier
+        self.fail = fail
+        self.objects: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    def put_object(self, Bucket, Key, Body, **kw):  # noqa: N803 - boto3's names
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.barrier is not None:
+                self.barrier.wait()
+            if any(f in Key for f in self.fail):
+                raise StoreError("injected failure", key=Key)
+            with self.lock:
+                self.objects[Key] = bytes(Body)
+            return {"ETag": '"x"'}
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def _version(i: int) -> RelationVersion:
+    cols = (PgColumn("id", builtin_type(20)), PgColumn("v", builtin_type(25)))
+    return RelationVersion(16384 + i, "public", f"t{i}", "d", cols, (True, False))
+
+
+def _fill(writer: WindowWriter, tables: int, rows: int = 3) -> None:
+    for i in range(tables):
+        rv = _version(i)
+        buf = ChangeBuffer(rv)
+        for r in range(rows):
+            buf.add("I", (str(r), f"v{r}"), None, 100, i * rows + r, 7, None)
+        writer.submit_rows(rv, buf.take(), lambda: None)
+
+
+def test_parts_are_completed_concurrently_and_all_before_finish_returns() -> None:
+    # four puts must be in flight at once to pass the barrier: one at a time breaks it
+    client = FakeS3(barrier=threading.Barrier(4, timeout=30))
+    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd", upload_threads=4)
+    _fill(w, 8)
+    out = w.finish(lambda: None)
+    assert client.most_in_flight >= 4
+    keys = [w.base + p["path"] for t in out["tables"] for v in t["relation_versions"] for p in v["parts"]]
+    assert len(keys) == 8 and set(keys) == set(client.objects)
+    assert all(len(client.objects[k]) == p["bytes"]
+               for t in out["tables"] for v in t["relation_versions"] for p in v["parts"]
+               for k in [w.base + p["path"]])
+
+
+def test_in_flight_completions_are_bounded() -> None:
+    client = FakeS3()
+    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd", upload_threads=3)
+    _fill(w, 40)
+    w.finish(lambda: None)
+    assert 1 <= client.most_in_flight <= 3
+    assert len(client.objects) == 40
+
+
+@pytest.mark.parametrize("threads", [0, 4])
+def test_a_failed_part_fails_the_window(threads: int) -> None:
+    client = FakeS3(fail=("t5/",))
+    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd", upload_threads=threads)
+    _fill(w, 12)
+    with pytest.raises(StoreError, match="injected failure"):
+        w.finish(lambda: None)
+    assert not any(k.endswith("_manifest.json") for k in client.objects)
