@@ -20,8 +20,11 @@ their bytes (the table's size), its stored bytes (every object under the table: 
 files, files removed but not vacuumed, the log), the store's bytes (everything under
 ``{prefix}/{slot}/``: the snapshot, which ``pgcdc maintain`` never removes, the windows,
 state; the snapshot's and the windows' bytes also apart), storage = Delta stored + store,
-storage ÷ table size, and the same without the snapshot; read after the cycle (after the maintenance on a cycle that has
-one). Printed at the end: per pipeline, storage ÷ table size (last, and the maximum over
+storage ÷ table size, and the same without the snapshot; the Delta log's bytes and the
+deletion-vector files' bytes apart, and the ratio without the snapshot and the log (the log
+keeps every commit of the last 24 hours at least, ``maintain.delta.LOG_FLOOR_HOURS``, so
+in a soak shorter than a day it only grows); read after the cycle (after the maintenance
+on a cycle that has one). Printed at the end: per pipeline, storage ÷ table size (last, and the maximum over
 the second half, with and without the snapshot), live files (last), merge seconds (mean of the first and of the last
 decile of cycles, their ratio, and the least-squares slope in seconds per cycle), and
 whether the Delta table equals PostgreSQL (row count and a digest). Cycle 1 (the first
@@ -71,7 +74,7 @@ RUNS = ("maintain", "none")
 DIGEST = "count(*), sum(id), sum(CAST(qty AS BIGINT)), sum(length(label))"
 FIELDS = ("run", "cycle", "change_rows", "drain_s", "merge_s", "maintain_s", "files", "table_bytes",
           "delta_stored_bytes", "store_bytes", "snapshot_bytes", "changes_bytes", "storage_bytes", "storage_ratio",
-          "ratio_without_snapshot", "versions_kept")
+          "ratio_without_snapshot", "versions_kept", "log_bytes", "vector_bytes", "ratio_without_snapshot_and_log")
 T0 = time.perf_counter()
 
 
@@ -238,6 +241,9 @@ def run(args, pg: PostgresServer, s3: S3Server, out: Path) -> int:
                     "storage_ratio": round((f["stored_bytes"] + store) / max(1, f["bytes"]), 3),
                     "ratio_without_snapshot": round((f["stored_bytes"] + store - snap) / max(1, f["bytes"]), 3),
                     "versions_kept": f["versions_kept"],
+                    "log_bytes": f["log_bytes"], "vector_bytes": f["vector_bytes"],
+                    "ratio_without_snapshot_and_log": round(
+                        (f["stored_bytes"] + store - snap - f["log_bytes"]) / max(1, f["bytes"]), 3),
                 }
                 writer.writerow(row)
                 fh.flush()
@@ -289,7 +295,7 @@ def summary(rows: list[dict], args, equal: dict[str, bool]) -> None:
     print()
     print(f"{'run':<10}{'cycles':>7}{'storage/table last':>20}{'max 2nd half':>14}{'w/o snapshot':>14}{'files last':>11}"
           f"{'table MB':>10}{'merge s 1st dec':>17}{'last dec':>10}{'last/1st':>10}{'slope s/cycle':>15}"
-          f"{'drain s mean':>14}  equal")
+          f"{'drain s mean':>14}{'log MB':>8}{'vectors MB':>11}{'w/o snap+log':>13}  equal")
     for name in RUNS:
         rs = [r for r in rows if r["run"] == name]
         n = len(rs)
@@ -303,7 +309,9 @@ def summary(rows: list[dict], args, equal: dict[str, bool]) -> None:
         half_ns = max(r["ratio_without_snapshot"] for r in rs[n // 2:])
         print(f"{name:<10}{n:>7}{rs[-1]['storage_ratio']:>20.2f}{half:>14.2f}{half_ns:>14.2f}{rs[-1]['files']:>11}"
               f"{rs[-1]['table_bytes'] / 1e6:>10.1f}{first:>17.2f}{lastd:>10.2f}{lastd / first:>10.2f}"
-              f"{slope:>15.4f}{float(np.mean([r['drain_s'] for r in rs])):>14.2f}  {equal[name]}")
+              f"{slope:>15.4f}{float(np.mean([r['drain_s'] for r in rs])):>14.2f}{rs[-1]['log_bytes'] / 1e6:>8.1f}"
+              f"{rs[-1]['vector_bytes'] / 1e6:>11.2f}{max(r['ratio_without_snapshot_and_log'] for r in rs[n // 2:]):>13.2f}"
+              f"  {equal[name]}")
     print("target (with maintenance): storage/table <= 2.0, merge seconds flat (last/1st ~ 1, slope ~ 0)")
 
 

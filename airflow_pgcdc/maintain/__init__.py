@@ -70,7 +70,9 @@ class MaintainResult:
         return [t for t in self.tables if t.action == "failed"]
 
     def to_dict(self) -> dict[str, Any]:
-        removed = sum(int(t.vacuum.get("bytes", 0)) + int(t.log.get("bytes", 0)) for t in self.tables)
+        removed = sum(int(t.vacuum.get("bytes", 0)) + int(t.vacuum.get("deletion_vectors", {}).get("bytes", 0))
+                      + int(t.vacuum.get("orphans", {}).get("bytes", 0))
+                      + int(t.log.get("bytes", 0)) for t in self.tables)
         return {
             "slot": self.slot, "source": self.source, "delta": self.delta,
             "retention_hours": self.retention_hours, "dry_run": self.dry_run,

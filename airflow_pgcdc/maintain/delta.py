@@ -1,7 +1,9 @@
 """Upkeep of one Delta table (delta-rs only, no Spark, no Airflow).
 
 In order: compaction of small files (``optimize.compact()``, or ``optimize.z_order(keys)``),
-VACUUM of the files no version within the retention needs, a log checkpoint and the
+VACUUM of the files no version within the retention needs (and, for a table with
+deletion vectors, of the vector files and orphaned data files delta-rs' VACUUM leaves:
+:mod:`~airflow_pgcdc.maintain.unreferenced`), a log checkpoint and the
 cleanup of the log entries of versions older than the retention (:func:`expire_log`). Each step reports what it removed and how many bytes.
 
 Tables with deletion vectors (``pgcdc merge --engine delta-spark --deletion-vectors``):
@@ -38,6 +40,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.maintain.unreferenced import vacuum_unreferenced
 from airflow_pgcdc.merge.pruning import DEFAULT_TARGET_FILE_MB, target_bytes
 from airflow_pgcdc.store import s3 as s3store
 
@@ -207,6 +210,9 @@ def maintain_table(
     }
     log.info("%s: vacuum%s: %d file(s), %d bytes", name, " (dry run)" if dry_run else "",
              res.vacuum["files"], res.vacuum["bytes"])
+    if "deletionVectors" in (dt.protocol().reader_features or ()):  # files delta-rs' VACUUM leaves
+        gone = vacuum_unreferenced(client, url, retention_hours, dry_run=dry_run)
+        res.vacuum.update(gone if "skipped" not in gone else {"unreferenced_skipped": gone["skipped"]})
 
     # -- log checkpoint and expired log files
     if dry_run:
@@ -299,7 +305,7 @@ def table_figures(url: str, *, storage_options: dict[str, str], client, dt=None)
     listing of the table's folder): ``version`` (latest), ``files``/``bytes`` (live data files:
     the add actions of the latest version), ``versions_kept`` (commit files ``_delta_log``
     still holds; ``oldest_version`` the first of them), ``checkpoint_version`` (the newest
-    checkpoint, or None), ``log_bytes`` (``_delta_log``) and ``stored_bytes`` (every object
+    checkpoint, or None), ``log_bytes`` (``_delta_log``), ``vector_bytes`` (deletion-vector files) and ``stored_bytes`` (every object
     under the table: live files, files removed but not vacuumed yet, the log)."""
     from deltalake import DeltaTable
 
@@ -307,9 +313,10 @@ def table_figures(url: str, *, storage_options: dict[str, str], client, dt=None)
         dt = DeltaTable(url, storage_options=storage_options)
     files, size = _data_files(dt)
     objects = _objects(client, url)
-    commits, checkpoints, log_bytes = [], [], 0
+    commits, checkpoints, log_bytes, vector_bytes = [], [], 0, 0
     for key, n in objects.items():
         if not key.startswith("_delta_log/"):
+            vector_bytes += n if "deletion_vector_" in key.rsplit("/", 1)[-1] else 0
             continue
         log_bytes += n
         name = key[len("_delta_log/"):]
@@ -325,5 +332,6 @@ def table_figures(url: str, *, storage_options: dict[str, str], client, dt=None)
         "oldest_version": min(commits, default=None),
         "checkpoint_version": max(checkpoints, default=None),
         "log_bytes": log_bytes,
+        "vector_bytes": vector_bytes,
         "stored_bytes": sum(objects.values()),
     }
