@@ -281,8 +281,10 @@ def _read_log(client, bucket: str, base: str, url: str, cutoff_ms: int) -> tuple
     parts: dict[int, dict[int, str]] = {}
     declared: dict[int, int] = {}
     for name, _o in _log_entries(client, bucket, base):
+        if name.endswith("/"):  # a folder's marker object (Delta 4 makes _delta_log/_staged_commits/)
+            continue
         if name.startswith(("_sidecars/", "_staged_commits/", "_commits/")):
-            raise UnreadableLog(f"_delta_log/{name}: sidecar or catalog-managed commit files")
+            raise UnreadableLog(f"_delta_log/{name}: a sidecar or a catalog-managed table's commit")
         if m := _COMMIT_RE.match(name):
             commits[int(m.group(1))] = name
         elif m := _CLASSIC_CHECKPOINT_RE.match(name):
