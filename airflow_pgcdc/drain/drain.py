@@ -313,7 +313,7 @@ def _drain_on(conn, ident, sql, client, layout: Layout, slot: str, plan: Plan, o
     else:
         end_lsn = LSN.parse(sql.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
     server_version = sql.info.server_version
-    types = TypeResolver(sql)
+    types = TypeResolver(sql, o.publications)
 
     result = DrainResult(slot=slot, window_seq=None, start_lsn=str(start), end_lsn=str(end_lsn),
                          acknowledged_lost=lost_ack)

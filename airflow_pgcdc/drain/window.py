@@ -37,9 +37,42 @@ CHUNK_BYTES = 8 << 20
 MESSAGE_CHUNK = 1_000
 
 
+_ATTRIBUTE_COLUMNS = (
+    "a.attname::text, a.attndims, CASE WHEN a.atthasmissing THEN a.attmissingval::text END, "
+    "t.typdelim::text, "
+    "a.atthasdef AND NOT a.atthasmissing AND d.oid IS NOT NULL AND c.relfilenode > d.oid, "
+    "a.attgenerated::text, left(pg_catalog.pg_get_expr(d.adbin, d.adrelid), 200) "
+)
+_ATTRIBUTE_FROM = (
+    "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
+    "JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
+    "LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+)
+_INTERESTING = "(a.attndims > 0 OR a.atthasmissing OR a.atthasdef)"
+
+PREFETCH_MAX_RELATIONS = 1_000
+"""Past this many relations in the publications, :class:`TypeResolver` reads each
+relation's attributes when it is first met instead of all of them at once (the prefetch
+keeps every column's name and type until its relation is met: a few MB at this bound)."""
+
+
 class TypeResolver:
-    def __init__(self, sql: psycopg.Connection) -> None:
+    """Catalog lookups of one drain. A relation's attributes (array dimensions, ADD COLUMN
+    defaults, rewritten columns) are read when the drain first needs them; when
+    ``publications`` are given, that first need reads those of every relation the
+    publications cover at once (one query instead of one per relation: a window touching
+    500 tables made 500 round trips). A relation's prefetched attributes are used only if
+    its Relation message's columns (name, type, typmod) are all among them; otherwise, and
+    whenever a relation's Relation message changes shape after it was first met (DDL while
+    the drain runs), that relation's attributes are read again on their own, as before."""
+
+    def __init__(self, sql: psycopg.Connection, publications: tuple[str, ...] | list[str] = ()) -> None:
         self.sql = sql
+        self.publications = tuple(publications)
+        # relation OID -> (its columns {name: (type oid, typmod)}, its interesting attribute rows),
+        # read once for the whole publication (None: not read yet); an entry is used once
+        self._prefetched: dict[int, tuple[dict[str, tuple[int, int]], list[tuple]]] | None = None
+        self.queries = 0  # catalog round trips for attributes (the prefetch's two included)
         self.types: dict[int, PgTypeInfo] = {}
         self.names: dict[int, tuple[str, str]] = {}
         self.ndims: dict[int, dict[str, int]] = {}
@@ -101,25 +134,75 @@ class TypeResolver:
     def refresh(self, relation_oid: int, shape: tuple) -> None:
         """Read the relation's attributes again at its next use if its Relation message's
         ``shape`` is not the one they were read for (DDL since)."""
-        if self.shapes.get(relation_oid) != shape:
+        previous = self.shapes.get(relation_oid)
+        if previous != shape:
             self.shapes[relation_oid] = shape
+            if previous is not None and self._prefetched is not None:
+                self._prefetched.pop(relation_oid, None)  # a new shape: read this relation alone
             self.ndims.pop(relation_oid, None)
             self.missing.pop(relation_oid, None)
             self.rewritten_cols.pop(relation_oid, None)
 
     def _load_attributes(self, relation_oid: int) -> None:
-        rows = self.sql.execute(
-            "SELECT a.attname::text, a.attndims, CASE WHEN a.atthasmissing THEN a.attmissingval::text END, "
-            "t.typdelim::text, "
-            "a.atthasdef AND NOT a.atthasmissing AND d.oid IS NOT NULL AND c.relfilenode > d.oid, "
-            "a.attgenerated::text, left(pg_catalog.pg_get_expr(d.adbin, d.adrelid), 200) "
-            "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
-            "JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
-            "LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
-            "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped "
-            "AND (a.attndims > 0 OR a.atthasmissing OR a.atthasdef)",
-            (relation_oid,),
-        ).fetchall()
+        rows = self._take_prefetched(relation_oid)
+        if rows is None:
+            self.queries += 1
+            rows = self.sql.execute(
+                "SELECT " + _ATTRIBUTE_COLUMNS + _ATTRIBUTE_FROM
+                + "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND " + _INTERESTING,
+                (relation_oid,),
+            ).fetchall()
+        self._store_attributes(relation_oid, rows)
+
+    def _take_prefetched(self, relation_oid: int) -> list[tuple] | None:
+        """The relation's attribute rows from the one query over the publications' relations
+        (made now if not yet), if they describe the columns of its current Relation message;
+        else None (the caller reads the relation alone)."""
+        if not self.publications:
+            return None
+        if self._prefetched is None:
+            try:
+                self._prefetched = self._prefetch()
+            except psycopg.Error as exc:  # only a shortcut: each relation is then read alone
+                log.warning("could not read the attributes of the publications' relations at once (%s): "
+                            "reading each relation's when it is first met", exc)
+                self._prefetched = {}
+        entry = self._prefetched.pop(relation_oid, None)
+        shape = self.shapes.get(relation_oid)
+        if entry is None or shape is None:
+            return None
+        columns, rows = entry
+        for name, type_oid, typmod, *_ in shape[1]:
+            if columns.get(name) != (type_oid, typmod):
+                return None  # the catalog read is not this message's shape: read it again
+        return rows
+
+    def _prefetch(self) -> dict[int, tuple[dict[str, tuple[int, int]], list[tuple]]]:
+        self.queries += 1
+        relids = [r[0] for r in self.sql.execute(
+            "SELECT DISTINCT c.oid::bigint FROM pg_catalog.pg_publication_tables p "
+            "JOIN pg_catalog.pg_namespace n ON n.nspname = p.schemaname "
+            "JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename "
+            "WHERE p.pubname = ANY(%s)", (list(self.publications),),
+        ).fetchall()]
+        if not relids or len(relids) > PREFETCH_MAX_RELATIONS:
+            return {}
+        self.queries += 1
+        found: dict[int, tuple[dict[str, tuple[int, int]], list[tuple]]] = {}
+        for relid, typid, typmod, interesting, *row in self.sql.execute(
+            "SELECT a.attrelid::bigint, a.atttypid::bigint, a.atttypmod, " + _INTERESTING + ", "
+            + _ATTRIBUTE_COLUMNS + _ATTRIBUTE_FROM
+            + "WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped "
+            "ORDER BY a.attrelid, a.attnum",
+            (relids,),
+        ).fetchall():
+            columns, rows = found.setdefault(relid, ({}, []))
+            columns[row[0]] = (typid, typmod)
+            if interesting:
+                rows.append(tuple(row))
+        return found
+
+    def _store_attributes(self, relation_oid: int, rows: list[tuple]) -> None:
         self.ndims[relation_oid] = {row[0]: row[1] for row in rows if row[1] > 0}
         self.rewritten_cols[relation_oid] = {
             name: (f"GENERATED ALWAYS AS ({expr}) STORED" if generated == "s" else f"DEFAULT {expr}")
