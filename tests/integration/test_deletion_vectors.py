@@ -15,6 +15,10 @@ merge asks; the delta-rs engine with the option is refused before any work."""
 
 from __future__ import annotations
 
+import io
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from lake_helpers import drain, sql
 
@@ -119,17 +123,31 @@ def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
     dt.update_incremental()
     physical, dead = deleted_rows(dt)
     assert 0 < dead < PURGE_RATIO * physical, (physical, dead)
+    # a data file written and never committed (as by a merge killed before its commit)
+    orphan = f"{url.rstrip('/')}/part-00000-0badf11e-0000-4000-8000-000000000000-c000.snappy.parquet"
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"id": [1]}), buf)
+    client.put_object(Bucket=orphan.split("/")[2], Key=orphan.split("/", 3)[3], Body=buf.getvalue())
+    # (a retention of an hour first: every vector file and the orphan are younger, none is removed)
+    out = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=1, target_size=1, tables=["public.t"])
+    gone = out.tables[0].vacuum
+    assert gone["deletion_vectors"]["files"] == 0 and gone["orphans"]["files"] == 0, gone
+    vectors = {k for k in _objects(client, url) if "deletion_vector_" in k}
     out = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, target_size=1)
     res = next(r for r in out.tables if r.table == "public.t")
     assert res.compaction["mode"] == "compact", res.compaction
+    # the vectors of the files the delta-rs merge rewrote go, the live ones stay
+    dv = res.vacuum["deletion_vectors"]
+    left = {k for k in _objects(client, url) if "deletion_vector_" in k}
+    assert dv["files"] >= 1 and dv["kept"] >= 1 and len(left) == dv["kept"] == len(vectors) - dv["files"], dv
+    assert res.vacuum["orphans"]["files"] == 1 and orphan.split("/", 3)[3] not in _objects(client, url), res.vacuum
     assert verify_table(db, lake, "public", "t").equal
     assert _spark_rows(spark, url) == sorted(sql(db, "SELECT id, v, n FROM t"))
     dt.update_incremental()
     assert deleted_rows(dt)[1] == dead
 
     # maintain, a quarter of the rows dead: the purge rewrites the table, live rows only,
-    # sorted by the key, and VACUUM removes replaced files (not all: delta-rs' VACUUM never
-    # removes deletion-vector files, and a few data files were seen left: see design.md)
+    # sorted by the key, and VACUUM removes the replaced files and every vector file
     sql(db, "UPDATE t SET n = n + 1 WHERE id % 4 = 0")
     drain(db, src, slot, client)
     merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-spark", deletion_vectors=True)
@@ -141,14 +159,16 @@ def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
     assert res.compaction["mode"] == "purge" and res.compaction["deleted_rows_purged"] == dead, res.compaction
     dt.update_incremental()
     assert deleted_rows(dt) == (sql(db, "SELECT count(*) FROM t")[0][0], 0)
-    import pyarrow as pa
 
     adds = pa.table(dt.get_add_actions(flatten=True)).sort_by("min.id")
     lo, hi = adds.column("min.id").to_pylist(), adds.column("max.id").to_pylist()
     assert all(h < n for h, n in zip(hi, lo[1:], strict=False)), (lo, hi)  # disjoint key ranges
     on_s3 = {k.rsplit("/", 1)[-1] for k in _objects(client, url) if "/_delta_log/" not in k}
-    assert {u.rsplit("/", 1)[-1] for u in dt.file_uris()} <= on_s3
+    assert {u.rsplit("/", 1)[-1] for u in dt.file_uris()} == on_s3, "only the live files are left"
     assert res.vacuum["files"] > 0 and res.vacuum["bytes"] > 0, res.vacuum
+    # no file has a vector any more: every vector file goes
+    assert res.vacuum["deletion_vectors"]["files"] >= 1 and res.vacuum["deletion_vectors"]["kept"] == 0, res.vacuum
+    assert not [k for k in _objects(client, url) if "deletion_vector_" in k]
     assert verify_table(db, lake, "public", "t").equal
     spark.catalog.clearCache()
     assert _spark_rows(spark, url) == sorted(sql(db, "SELECT id, v, n FROM t"))
