@@ -226,7 +226,8 @@ def run(args, pg: PostgresServer, s3: S3Server, out: Path) -> int:
                 if name == "maintain" and cycle % args.every == 0:
                     t0 = time.perf_counter()
                     maintain_slot(store=p.src, slot=p.slot, delta=p.lake, retention_hours=args.retention_hours,
-                                  target_size=target_bytes(args.target_file_mb))
+                                  target_size=target_bytes(args.target_file_mb),
+                                  unreferenced_floor_hours=0)  # no other writer: see maintain/unreferenced.py
                     maintain_s = time.perf_counter() - t0
                 f = table_figures(p.url, storage_options=storage, client=client)
                 store = prefix_bytes(client, f"{p.src}/{p.slot}")

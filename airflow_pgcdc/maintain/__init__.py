@@ -27,6 +27,7 @@ from airflow_pgcdc.maintain.store import (
     remove_staging,
     write_record,
 )
+from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS
 from airflow_pgcdc.merge.plan import CHANGELOG_SUFFIX, SCD2_SUFFIX, app_id, delta_table_url
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument
@@ -124,11 +125,15 @@ def maintain_slot(
     windows: bool = True,
     settings: s3store.S3Settings | None = None,
     source: str | None = None,
+    unreferenced_floor_hours: float = UNREFERENCED_FLOOR_HOURS,
 ) -> MaintainResult:
     """Maintain every Delta table of ``slot`` under ``delta`` (or only ``tables``,
     ``schema.table``), then the change store under ``store`` (``source``, its 0.1 name, warns). ``retention_hours``: how long
     removed Delta files, expired windows and staging debris are kept (default 168; any value,
-    0 included, is accepted, with a warning below the default). Raises
+    0 included, is accepted, with a warning below the default). ``unreferenced_floor_hours``:
+    the age under which a file no log entry names is never removed, whatever the retention
+    (:data:`~airflow_pgcdc.maintain.unreferenced.UNREFERENCED_FLOOR_HOURS`; 0 only where no
+    other writer can be running, as in a benchmark). Raises
     :class:`TablesFailed` when some tables failed (the others were maintained)."""
     store = store_argument("maintain_slot", store, "source", source)
     from deltalake import DeltaTable
@@ -203,7 +208,8 @@ def maintain_slot(
                         res = maintain_table(url, name=label, apps=apps, storage_options=storage, client=client,
                                              retention_hours=retention_hours,
                                              zorder=(keys or None) if zorder else None, keys=keys,
-                                             target_size=target_size, dry_run=dry_run)
+                                             target_size=target_size, dry_run=dry_run,
+                                             unreferenced_floor_hours=unreferenced_floor_hours)
                         break
                     except CommitFailedError as exc:  # a merge committed meanwhile: start over from it
                         if attempt + 1 == TABLE_ATTEMPTS:

@@ -40,7 +40,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from airflow_pgcdc.errors import PgcdcError
-from airflow_pgcdc.maintain.unreferenced import vacuum_unreferenced
+from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS, vacuum_unreferenced
 from airflow_pgcdc.merge.pruning import DEFAULT_TARGET_FILE_MB, target_bytes
 from airflow_pgcdc.store import s3 as s3store
 
@@ -142,6 +142,7 @@ def maintain_table(
     dry_run: bool = False,
     keys: Sequence[str] = (),
     purge_ratio: float = PURGE_RATIO,
+    unreferenced_floor_hours: float = UNREFERENCED_FLOOR_HOURS,
 ) -> DeltaTableResult:
     """Compact, vacuum and checkpoint the Delta table at ``url``; ``apps``: the app ids
     whose transaction versions must survive. ``keys``: the merge key, the purge's sort
@@ -211,7 +212,8 @@ def maintain_table(
     log.info("%s: vacuum%s: %d file(s), %d bytes", name, " (dry run)" if dry_run else "",
              res.vacuum["files"], res.vacuum["bytes"])
     if "deletionVectors" in (dt.protocol().reader_features or ()):  # files delta-rs' VACUUM leaves
-        gone = vacuum_unreferenced(client, url, retention_hours, dry_run=dry_run)
+        gone = vacuum_unreferenced(client, url, retention_hours, floor_hours=unreferenced_floor_hours,
+                                   dry_run=dry_run)
         res.vacuum.update(gone if "skipped" not in gone else {"unreferenced_skipped": gone["skipped"]})
 
     # -- log checkpoint and expired log files

@@ -10,13 +10,15 @@ they pile up for ever. A vector is kept, by the rule VACUUM applies to data file
 the table's latest version uses it (an ``add`` action of the replayed log carries it),
 when a file that carried it was removed less than ``retention_hours`` ago (a ``remove``
 tombstone within the retention: time travel to a version before that still reads it), or
-when the object itself is younger than the retention (a merge running now may have
-written it and not committed yet).
+when the object itself is younger than the retention or than
+:data:`UNREFERENCED_FLOOR_HOURS` (a merge running now may have written it and not
+committed yet).
 
 **Orphaned data files.** A Parquet file under the table that no action of the log names
 (a merge killed between writing its files and its commit; a retried Spark task's output)
 is never in a ``remove`` either, and delta-rs' VACUUM (its default, lite, mode) removes
-only files a ``remove`` names. Such a file goes once it is older than the retention.
+only files a ``remove`` names. Such a file goes once it is older than the retention and
+than :data:`UNREFERENCED_FLOOR_HOURS`.
 
 What is read: the newest classic checkpoint (single or multi-part Parquet) and every
 commit (``NNN.json``) ``_delta_log`` still holds (after :func:`~.delta.expire_log`, the
@@ -54,6 +56,15 @@ _COMMIT_RE = re.compile(r"^(\d{20})\.json$")
 _CLASSIC_CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?\.parquet$")
 _OTHER_CHECKPOINT_RE = re.compile(r"^\d{20}\.checkpoint\.[0-9a-f-]{36}\.(?:parquet|json)$")
 READ_THREADS = 8
+
+UNREFERENCED_FLOOR_HOURS = 24.0
+"""A file no log entry names is never removed before it is this old, whatever the
+retention: a writer running now (a merge, a resync's bootstrap) writes its files first
+and names them in its commit at the end, so a young unreferenced file may be about to be
+committed, and removing it (or a new vector file) would break the table. The same bound
+as the log's (:data:`~airflow_pgcdc.maintain.delta.LOG_FLOOR_HOURS`): no writer runs that
+long. ``maintain_slot(unreferenced_floor_hours=0)`` where no other writer can run (the
+benchmarks, a test)."""
 
 
 class UnreadableLog(Exception):
@@ -232,18 +243,21 @@ def _log_entries(client, bucket: str, base: str) -> Iterator[tuple[str, dict[str
         yield o["Key"][len(base) + len("_delta_log/"):], o
 
 
-def vacuum_unreferenced(client, url: str, retention_hours: float, *, dry_run: bool = False,
-                        now: datetime | None = None) -> dict[str, Any]:
+def vacuum_unreferenced(client, url: str, retention_hours: float, *, floor_hours: float = UNREFERENCED_FLOOR_HOURS,
+                        dry_run: bool = False, now: datetime | None = None) -> dict[str, Any]:
     """Remove the deletion-vector files of the S3 table at ``url`` that no version within
     ``retention_hours`` needs, and the data files no log entry names (see
-    :func:`unreferenced_files`), both only when older than the retention. Returns
+    :func:`unreferenced_files`), both only when older than the retention and than
+    ``floor_hours`` (:data:`UNREFERENCED_FLOOR_HOURS`). Returns
     ``{"deletion_vectors": {"files", "bytes", "kept"}, "orphans": {"files", "bytes"}, "dry_run"}``,
     or ``{"skipped": why}`` when it removed nothing because it could not be sure."""
     if not url.startswith("s3://"):
         return {"skipped": "not an S3 table"}
     loc = s3store.S3Location.parse(url)
     base = unquote(loc.prefix.rstrip("/")) + "/"  # where delta-rs put the objects (see delta._sizes)
-    cutoff = (now or datetime.now(UTC)) - timedelta(hours=retention_hours)
+    now = now or datetime.now(UTC)
+    cutoff = now - timedelta(hours=retention_hours)  # tombstones: time travel
+    written_before = now - timedelta(hours=max(retention_hours, floor_hours))  # files: a writer still running
     objects = {o["Key"][len(base):]: o for o in s3store.list_objects(client, loc.bucket, base)}
     vectors = {rel: o for rel, o in objects.items() if not rel.startswith("_") and _VECTOR_FILE_RE.search(rel)}
     try:
@@ -254,7 +268,7 @@ def vacuum_unreferenced(client, url: str, retention_hours: float, *, dry_run: bo
     except (UnreadableLog, s3store.StoreError) as exc:
         log.warning("%s: unreferenced files kept, the log was not read to the end: %s", url, exc)
         return {"skipped": str(exc)}
-    old = {rel for rel, o in objects.items() if o["LastModified"] <= cutoff}
+    old = {rel for rel, o in objects.items() if o["LastModified"] <= written_before}
     doomed_vectors = sorted(rel for rel in vectors if rel not in needed and rel in old)
     orphans = sorted(unreferenced_files(old, actions, url))
     doomed = doomed_vectors + orphans

@@ -128,12 +128,14 @@ def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
     buf = io.BytesIO()
     pq.write_table(pa.table({"id": [1]}), buf)
     client.put_object(Bucket=orphan.split("/")[2], Key=orphan.split("/", 3)[3], Body=buf.getvalue())
-    # (a retention of an hour first: every vector file and the orphan are younger, none is removed)
-    out = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=1, target_size=1, tables=["public.t"])
+    # (at retention 0 but the default floor first: every vector file and the orphan are
+    # younger than 24 h, and a merge running now may be about to commit them: none is removed)
+    out = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, target_size=1, tables=["public.t"])
     gone = out.tables[0].vacuum
     assert gone["deletion_vectors"]["files"] == 0 and gone["orphans"]["files"] == 0, gone
     vectors = {k for k in _objects(client, url) if "deletion_vector_" in k}
-    out = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, target_size=1)
+    out = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, target_size=1,
+                        unreferenced_floor_hours=0)  # no other writer runs in this test
     res = next(r for r in out.tables if r.table == "public.t")
     assert res.compaction["mode"] == "compact", res.compaction
     # the vectors of the files the delta-rs merge rewrote go, the live ones stay
@@ -154,7 +156,8 @@ def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
     dt.update_incremental()
     physical, dead = deleted_rows(dt)
     assert dead >= PURGE_RATIO * physical, (physical, dead)
-    out = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, tables=["public.t"])
+    out = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, tables=["public.t"],
+                        unreferenced_floor_hours=0)
     (res,) = out.tables
     assert res.compaction["mode"] == "purge" and res.compaction["deleted_rows_purged"] == dead, res.compaction
     dt.update_incremental()
