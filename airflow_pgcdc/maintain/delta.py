@@ -40,7 +40,11 @@ from typing import Any
 from urllib.parse import unquote
 
 from airflow_pgcdc.errors import PgcdcError
-from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS, vacuum_unreferenced
+from airflow_pgcdc.maintain.unreferenced import (
+    COMMIT_RE,
+    UNREFERENCED_FLOOR_HOURS,
+    vacuum_unreferenced,
+)
 from airflow_pgcdc.merge.pruning import DEFAULT_TARGET_FILE_MB, target_bytes
 from airflow_pgcdc.store import s3 as s3store
 
@@ -239,7 +243,6 @@ def maintain_table(
     return res
 
 
-_COMMIT_RE = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.\d+)?(?:\.[0-9a-f-]+)?\.(?:parquet|json)$")
 
 
@@ -322,7 +325,7 @@ def table_figures(url: str, *, storage_options: dict[str, str], client, dt=None)
             continue
         log_bytes += n
         name = key[len("_delta_log/"):]
-        if m := _COMMIT_RE.match(name):
+        if m := COMMIT_RE.match(name):
             commits.append(int(m.group(1)))
         elif m := _CHECKPOINT_RE.match(name):
             checkpoints.append(int(m.group(1)))

@@ -52,7 +52,8 @@ log = logging.getLogger("airflow_pgcdc.maintain")
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
 _VECTOR_FILE_RE = re.compile(r"(?:^|/)deletion_vector_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.bin$")
-_COMMIT_RE = re.compile(r"^(\d{20})\.json$")
+COMMIT_RE = re.compile(r"^(\d{20})\.json$")
+"""A commit's name in ``_delta_log`` (its version in group 1)."""
 _CLASSIC_CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?\.parquet$")
 _OTHER_CHECKPOINT_RE = re.compile(r"^\d{20}\.checkpoint\.[0-9a-f-]{36}\.(?:parquet|json)$")
 READ_THREADS = 8
@@ -107,11 +108,10 @@ def vector_file(descriptor: dict[str, Any] | None, table_url: str) -> str | None
             raise UnreadableLog(f"deletion vector descriptor {where!r}: {exc}") from None
         return f"{prefix}/{name}" if prefix else name
     if kind == "p":
-        root = table_url.rstrip("/") + "/"
-        for spelling in (root, root.replace("s3://", "s3a://", 1)):
-            if where.startswith(spelling):
-                return unquote(where[len(spelling):])
-        raise UnreadableLog(f"deletion vector at {where!r}: outside the table {table_url}")
+        key = data_file(where, table_url) if "://" in where else None
+        if key is None:
+            raise UnreadableLog(f"deletion vector at {where!r}: outside the table {table_url}")
+        return key
     raise UnreadableLog(f"deletion vector descriptor of unknown storage type {kind!r}")
 
 
@@ -299,7 +299,7 @@ def _read_log(client, bucket: str, base: str, url: str, cutoff_ms: int) -> tuple
             continue
         if name.startswith(("_sidecars/", "_staged_commits/", "_commits/")):
             raise UnreadableLog(f"_delta_log/{name}: a sidecar or a catalog-managed table's commit")
-        if m := _COMMIT_RE.match(name):
+        if m := COMMIT_RE.match(name):
             commits[int(m.group(1))] = name
         elif m := _CLASSIC_CHECKPOINT_RE.match(name):
             v = int(m.group(1))
