@@ -18,7 +18,8 @@ Recorded per cycle and pipeline (CSV ``--out``/soak-<engine>.csv, plot soak-<eng
 drain seconds, merge seconds, maintain seconds, the Delta table's live data files and
 their bytes (the table's size), its stored bytes (every object under the table: live
 files, files removed but not vacuumed, the log), the store's bytes (everything under
-``{prefix}/{slot}/``: the snapshot, which ``pgcdc maintain`` never removes, the windows,
+``{prefix}/{slot}/``: the snapshot, whose parts ``pgcdc maintain`` removes once the Delta
+table holds it and it is older than the retention (its manifest stays), the windows,
 state; the snapshot's and the windows' bytes also apart), storage = Delta stored + store,
 storage ÷ table size, and the same without the snapshot; the Delta log's bytes and the
 deletion-vector files' bytes apart, and the ratio without the snapshot and the log (the log

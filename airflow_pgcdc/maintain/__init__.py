@@ -3,7 +3,9 @@
 :func:`maintain_slot` runs, per Delta table of the slot (each on its own: a failure is
 reported and the others go on), :func:`~airflow_pgcdc.maintain.delta.maintain_table`
 (compaction, VACUUM, checkpoint, log cleanup), then expires the change windows every
-table merged and removes old merge staging debris (:mod:`airflow_pgcdc.maintain.store`).
+table merged and removes old merge staging debris (:mod:`airflow_pgcdc.maintain.store`)
+and the table copies (snapshot, resyncs) whose Delta tables hold them
+(:mod:`airflow_pgcdc.maintain.copies`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_pgcdc.errors import HintedError, PgcdcError
+from airflow_pgcdc.maintain.copies import expire_copies
 from airflow_pgcdc.maintain.delta import DEFAULT_TARGET_SIZE, DeltaTableResult, maintain_table
 from airflow_pgcdc.maintain.store import (
     cutoff_for,
@@ -29,6 +32,7 @@ from airflow_pgcdc.maintain.store import (
 )
 from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS
 from airflow_pgcdc.merge.plan import CHANGELOG_SUFFIX, SCD2_SUFFIX, app_id, delta_table_url
+from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument
 from airflow_pgcdc.store.manifest import committed_snapshot
@@ -63,6 +67,7 @@ class MaintainResult:
     dry_run: bool
     tables: list[DeltaTableResult] = field(default_factory=list)
     windows: dict[str, Any] = field(default_factory=dict)
+    copies: dict[str, Any] = field(default_factory=dict)
     staging: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -78,8 +83,9 @@ class MaintainResult:
             "slot": self.slot, "source": self.source, "delta": self.delta,
             "retention_hours": self.retention_hours, "dry_run": self.dry_run,
             "tables": [t.to_dict() for t in self.tables],
-            "windows": self.windows, "staging": self.staging,
-            "bytes_removed": removed + int(self.windows.get("bytes", 0)) + int(self.staging.get("bytes", 0)),
+            "windows": self.windows, "copies": self.copies, "staging": self.staging,
+            "bytes_removed": removed + sum(int(part.get("bytes", 0)) for part in (self.windows, self.copies,
+                                                                                 self.staging)),
             "failed": [t.table for t in self.failed],
             "seconds": self.seconds,
         }
@@ -99,6 +105,33 @@ def _key_of(snapshot, resyncs, schema: str, table: str) -> tuple[str, ...]:
         return tuple(found[1].key_columns)
     entry = next((t for t in (snapshot.tables if snapshot else ()) if t.schema == schema and t.table == table), None)
     return tuple(entry.key_columns) if entry is not None else ()
+
+
+def _copies(layout: Layout, slot: str, snapshot, resyncs) -> list[tuple[Layout, str, Any]]:
+    """The table copies in the store: the slot's snapshot and each resync's."""
+    out = [(layout, slot, snapshot)] if snapshot is not None else []
+    return out + [(r.layout, r.resync_slot, r.manifest) for r in resyncs]
+
+
+def _copy_done(delta: str, slot: str, snapshot, storage):
+    """``done(manifest, schema, table)`` for :func:`~.copies.expire_copies`: the slot's
+    snapshot is done with once the table's Delta table exists; a resync's, once the Delta
+    table applied it or a later one. Read when asked (after the compaction and the merges
+    that ran meanwhile)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    def done(manifest, schema: str, table: str) -> bool:
+        try:
+            dt = DeltaTable(delta_table_url(delta, schema, table), storage_options=storage)
+        except TableNotFoundError:
+            return False
+        if snapshot is not None and manifest.snapshot_id == snapshot.snapshot_id and manifest.slot == snapshot.slot:
+            return True
+        applied = dt.transaction_version(app_id(slot, schema, table) + RESYNC_APP_SUFFIX)
+        return applied is not None and applied >= int(LSN.parse(manifest.consistent_point))
+
+    return done
 
 
 def _record(client, layout: Layout, slot: str, url: str, res: DeltaTableResult, started: datetime, **options) -> None:
@@ -259,6 +292,9 @@ def maintain_slot(
                 break
         result.windows = expire_windows(client, layout, slot, merged=merged, cutoff=cutoff, blocked=blocked,
                                         dry_run=dry_run)
+        result.copies = expire_copies(client, layout, slot, _copies(layout, slot, snapshot, resyncs),
+                                      done=_copy_done(delta, slot, snapshot, storage), cutoff=cutoff,
+                                      dry_run=dry_run)
         result.staging = remove_staging(client, layout, slot, cutoff=cutoff, dry_run=dry_run)
     result.seconds = round(time.monotonic() - t0, 3)
     if result.failed:

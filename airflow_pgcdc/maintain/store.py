@@ -55,21 +55,40 @@ def _ranges(seqs: Iterable[int]) -> list[list[int]]:
     return out
 
 
-def read_expired(client, layout: Layout, slot: str) -> set[int]:
-    """The windows whose parts were removed (``expired.json``), or an empty set."""
+def _expired_doc(client, layout: Layout, slot: str) -> dict[str, Any]:
     try:
         doc = s3store.get_json(client, layout.bucket, expired_key(layout, slot))
     except s3store.ObjectNotFound:
-        return set()
+        return {"format": EXPIRED_FORMAT, "slot": slot}
     if doc.get("format") != EXPIRED_FORMAT:
         raise s3store.StoreError(f"expired.json format {doc.get('format')!r} is not supported",
                                  bucket=layout.bucket, key=expired_key(layout, slot))
+    return doc
+
+
+def read_expired(client, layout: Layout, slot: str) -> set[int]:
+    """The windows whose parts were removed (``expired.json``), or an empty set."""
+    doc = _expired_doc(client, layout, slot)
     return {s for a, b in doc.get("windows", ()) for s in range(int(a), int(b) + 1)}
 
 
-def _write_expired(client, layout: Layout, slot: str, seqs: set[int]) -> None:
-    doc = {"format": EXPIRED_FORMAT, "slot": slot, "windows": _ranges(seqs),
-           "updated_at": datetime.now(UTC).isoformat(timespec="seconds")}
+def read_expired_copies(client, layout: Layout, slot: str) -> dict[str, set[str]]:
+    """The tables whose parts were removed from each copy (``expired.json``'s ``copies``:
+    ``{snapshot manifest key: {schema.table}}``; see :mod:`.copies`)."""
+    doc = _expired_doc(client, layout, slot)
+    return {str(k): {str(n) for n in v} for k, v in (doc.get("copies") or {}).items()}
+
+
+def update_expired(client, layout: Layout, slot: str, *, windows: set[int] | None = None,
+                   copies: dict[str, list[str]] | None = None) -> None:
+    """Rewrite ``expired.json`` with ``windows`` and/or ``copies`` (what is not given is kept
+    as read)."""
+    doc = _expired_doc(client, layout, slot)
+    if windows is not None:
+        doc["windows"] = _ranges(windows)
+    if copies is not None:
+        doc["copies"] = copies
+    doc.update(slot=slot, updated_at=datetime.now(UTC).isoformat(timespec="seconds"))
     s3store.put_bytes(client, layout.bucket, expired_key(layout, slot), json.dumps(doc, indent=1),
                       content_type="application/json")
 
@@ -157,7 +176,7 @@ def expire_windows(
     if dry_run or not victims:
         return out
     if newly:  # the record first: a crash after it leaves windows listed whose parts may remain
-        _write_expired(client, layout, slot, done | newly)
+        update_expired(client, layout, slot, windows=done | newly)
     s3store.delete_keys(client, layout.bucket, (o["Key"] for o in victims), what=base)
     log.info("slot %s: expired %d window(s) %s, %d debris folder(s): %d object(s), %d bytes", slot,
              len(newly), out["expired"], len(out["debris_windows"]), out["objects"], out["bytes"])

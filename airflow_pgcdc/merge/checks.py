@@ -21,6 +21,7 @@ from airflow_pgcdc.merge.context import (
     JobContext,
 )
 from airflow_pgcdc.merge.errors import (
+    CopyExpired,
     PartitionsChanged,
     ReservedColumnName,
     TableRewritten,
@@ -114,6 +115,36 @@ def expired_windows(ctx: JobContext) -> frozenset[int]:
     from airflow_pgcdc.maintain.store import read_expired
 
     return frozenset(read_expired(ctx.client, ctx.layout, ctx.slot))
+
+
+def expired_copies(ctx: JobContext) -> dict[str, set[str]]:
+    """The tables whose parts ``pgcdc maintain`` removed from each copy (``expired.json``'s
+    ``copies``; see :mod:`airflow_pgcdc.maintain.copies`)."""
+    from airflow_pgcdc.maintain.store import read_expired_copies
+
+    return read_expired_copies(ctx.client, ctx.layout, ctx.slot)
+
+
+def check_copy(ctx: JobContext, layout, copy_slot: str, manifest, schema: str, table: str, url: str) -> None:
+    """Raise :class:`CopyExpired` when ``pgcdc maintain`` removed the parts of
+    ``schema.table`` from the copy ``manifest`` (under ``layout``/``copy_slot``: the slot's
+    snapshot or a resync's): it is about to be read to create or replace ``url``."""
+    key = layout.snapshot_manifest(copy_slot, manifest.snapshot_id)
+    name = f"{schema}.{table}"
+    if name not in ctx.expired_copies.get(key, ()):
+        return
+    store = f"s3://{ctx.layout.bucket}/{ctx.layout.root.prefix}"
+    raise CopyExpired(
+        f"{url} must be created from the copy of table {name} in s3://{layout.bucket}/{key} (taken at "
+        f"{manifest.consistent_point}), but pgcdc maintain removed its parts once the table's Delta table held "
+        f"them and the copy was older than the retention (listed in s3://{ctx.layout.bucket}/"
+        f"{ctx.layout.changes_prefix(ctx.slot)[:-len('changes/')]}maintain/expired.json): the Delta table was "
+        "dropped since, or a history table is added after the fact. Nothing of this table was read or merged",
+        hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to {store} --tables "
+             f"{shlex.quote(name)} (a new copy: the next merge creates the Delta table from it); a __scd2 history "
+             "table starts from the pipeline's snapshot and cannot be added once its copy expired",
+        table=name, copy=layout.url(key),
+    )
 
 
 def _ranges_text(seqs: Sequence[int]) -> str:

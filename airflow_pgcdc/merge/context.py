@@ -63,6 +63,8 @@ class JobContext:
     resyncs: list = field(default_factory=list)
     # windows whose parts pgcdc maintain removed ({slot}/maintain/expired.json)
     expired: frozenset[int] = frozenset()
+    # the tables whose parts pgcdc maintain removed from each copy: {manifest key: {schema.table}}
+    expired_copies: dict[str, set[str]] = field(default_factory=dict)
     # "schema.table" -> window N: no window up to N holds the table after its last merged
     # one (the tables index says so), so its merge starts after N (see _load_windows)
     anchors: dict[str, int] = field(default_factory=dict)

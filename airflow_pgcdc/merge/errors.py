@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from airflow_pgcdc.merge.job import MergeResult
 
 __all__ = [
+    "CopyExpired",
     "IncompatibleSchemaChange",
     "KeylessChange",
     "NeedsSnapshot",
@@ -50,6 +51,18 @@ class WindowsExpired(MergeError):
         self.windows = tuple(windows)
         self.start_lsn = start_lsn
         self.end_lsn = end_lsn
+
+class CopyExpired(MergeError):
+    """A table's Delta table must be created (or replaced) from a copy in the store (the
+    slot's snapshot or a resync's) whose parts of that table ``pgcdc maintain`` removed
+    (listed in ``{slot}/maintain/expired.json``): its Delta table had held the copy and was
+    dropped since, or a ``__scd2`` history table is added after the fact. Nothing of it is
+    read; ``pgcdc resync`` gives the table a new copy. ``copy``: the copy's manifest URL."""
+
+    def __init__(self, message: str, *, hint: str | None = None, table: str = "", copy: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.table = table
+        self.copy = copy
 
 class PartitionsChanged(MergeError):
     """A partitioned table published through its root had partitions attached (holding

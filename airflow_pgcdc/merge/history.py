@@ -126,7 +126,7 @@ def scd2_history(ctx: JobContext, schema: str, table: str, snapshot, entry, mani
         check_expired(ctx, schema, table, select_windows(
             manifests, after=ctx.after(name, None), consistent_point=snapshot.consistent_point,
             limit=max_windows), None, url, None, history="scd2")
-        parts, fields = snapshot_input(ctx, snapshot, entry)
+        parts, fields = snapshot_input(ctx, snapshot, entry, url)
         schema_h = pa.schema(fields + _scd2_fields())
         df = read_parts(ctx, parts, pa.schema(fields)).select(
             "*",

@@ -50,6 +50,7 @@ from airflow_pgcdc.merge.checks import (
     check_partitions,
     check_refused,
     check_rewritten,
+    expired_copies,
     expired_windows,
 )
 from airflow_pgcdc.merge.context import (
@@ -220,6 +221,7 @@ def merge_slot(
     snapshot = committed_snapshot(client, layout, slot)
     ctx.resyncs = committed_resyncs(client, layout, slot)
     ctx.expired = expired_windows(ctx)
+    ctx.expired_copies = expired_copies(ctx)
     manifests, wanted = load_windows(ctx, snapshot, tables)
     result = MergeResult(slot=slot, source=store, delta=delta)  # 'source': the result's key, kept
     try:

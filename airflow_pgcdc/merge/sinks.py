@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ
 from airflow_pgcdc.merge import deltars, pruning
-from airflow_pgcdc.merge.checks import check_internal_names
+from airflow_pgcdc.merge.checks import check_copy, check_internal_names
 from airflow_pgcdc.merge.clauses import MATCH_PREFIX, build_merge_spec, keep_column
 from airflow_pgcdc.merge.compact import compact
 from airflow_pgcdc.merge.context import (
@@ -47,8 +47,10 @@ from airflow_pgcdc.testing.faults import fault_point
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
 
 
-def snapshot_input(ctx: JobContext, snapshot, entry) -> tuple[list[str], list[pa.Field]]:
-    """A snapshot table's part keys and its columns as Delta stores them."""
+def snapshot_input(ctx: JobContext, snapshot, entry, url: str) -> tuple[list[str], list[pa.Field]]:
+    """A snapshot table's part keys and its columns as Delta stores them, to create ``url``
+    (:class:`CopyExpired` when ``pgcdc maintain`` removed them)."""
+    check_copy(ctx, ctx.layout, ctx.slot, snapshot, entry.schema, entry.table, url)
     base = ctx.layout.snapshot_prefix(ctx.slot, snapshot.snapshot_id)
     parts = [base + p.path for p in entry.parts]
     if not parts:
@@ -79,6 +81,7 @@ def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: 
     and the rerun replaces it again. Written through delta-rs whatever the engine (the
     driver streams the files that the executors staged)."""
     name = entry.qualified_name
+    check_copy(ctx, resync.layout, resync.resync_slot, resync.manifest, entry.schema, entry.table, url)
     parts = [resync.prefix + p.path for p in entry.parts]
     if not parts:
         raise MergeError(f"table {name}: the resync {resync.url} lists no part")
@@ -108,7 +111,7 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
     """Create the Delta table from the snapshot: rows sorted by ``keys`` (the merge key)
     in files of about ``ctx.target_file_mb`` (see :mod:`.pruning`)."""
     name = entry.qualified_name
-    parts, fields = snapshot_input(ctx, snapshot, entry)
+    parts, fields = snapshot_input(ctx, snapshot, entry, url)
     schema = pa.schema(fields)
     metadata = {
         "pgcdc.slot": ctx.slot,
