@@ -215,10 +215,12 @@ def maintain_table(
     }
     log.info("%s: vacuum%s: %d file(s), %d bytes", name, " (dry run)" if dry_run else "",
              res.vacuum["files"], res.vacuum["bytes"])
-    if "deletionVectors" in (dt.protocol().reader_features or ()):  # files delta-rs' VACUUM leaves
-        gone = vacuum_unreferenced(client, url, retention_hours, floor_hours=unreferenced_floor_hours,
-                                   dry_run=dry_run)
-        res.vacuum.update(gone if "skipped" not in gone else {"unreferenced_skipped": gone["skipped"]})
+    # the files delta-rs' VACUUM leaves: deletion vectors, data files no log entry names
+    dt.update_incremental()
+    live = dt.get_add_actions(flatten=True).column("path").to_pylist()
+    gone = vacuum_unreferenced(client, url, retention_hours, floor_hours=unreferenced_floor_hours,
+                               dry_run=dry_run, live=live)
+    res.vacuum.update(gone if "skipped" not in gone else {"unreferenced_skipped": gone["skipped"]})
 
     # -- log checkpoint and expired log files
     if dry_run:

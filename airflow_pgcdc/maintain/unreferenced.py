@@ -244,13 +244,21 @@ def _log_entries(client, bucket: str, base: str) -> Iterator[tuple[str, dict[str
 
 
 def vacuum_unreferenced(client, url: str, retention_hours: float, *, floor_hours: float = UNREFERENCED_FLOOR_HOURS,
-                        dry_run: bool = False, now: datetime | None = None) -> dict[str, Any]:
+                        dry_run: bool = False, now: datetime | None = None,
+                        live: Iterable[str] | None = None) -> dict[str, Any]:
     """Remove the deletion-vector files of the S3 table at ``url`` that no version within
     ``retention_hours`` needs, and the data files no log entry names (see
     :func:`unreferenced_files`), both only when older than the retention and than
     ``floor_hours`` (:data:`UNREFERENCED_FLOOR_HOURS`). Returns
     ``{"deletion_vectors": {"files", "bytes", "kept"}, "orphans": {"files", "bytes"}, "dry_run"}``,
-    or ``{"skipped": why}`` when it removed nothing because it could not be sure."""
+    or ``{"skipped": why}`` when it removed nothing because it could not be sure.
+
+    ``live``: the paths of the latest version's data files (``add`` actions), when the caller
+    has them: if no deletion-vector file is under the table and every data file old enough
+    to go is among them, there is nothing to find and the log is not read (``"log_read":
+    False``). The log is read, one GET per commit it keeps, only when a candidate exists:
+    a file removed within the retention (time travel) and an orphan look the same from the
+    listing."""
     if not url.startswith("s3://"):
         return {"skipped": "not an S3 table"}
     loc = s3store.S3Location.parse(url)
@@ -260,6 +268,12 @@ def vacuum_unreferenced(client, url: str, retention_hours: float, *, floor_hours
     written_before = now - timedelta(hours=max(retention_hours, floor_hours))  # files: a writer still running
     objects = {o["Key"][len(base):]: o for o in s3store.list_objects(client, loc.bucket, base)}
     vectors = {rel: o for rel, o in objects.items() if not rel.startswith("_") and _VECTOR_FILE_RE.search(rel)}
+    old = {rel for rel, o in objects.items() if o["LastModified"] <= written_before}
+    if live is not None and not vectors:
+        current = {data_file(p, url) for p in live}
+        if not unreferenced_files(old, (), url) - current:  # every old data file is live: nothing to find
+            return {"deletion_vectors": {"files": 0, "bytes": 0, "kept": 0}, "orphans": {"files": 0, "bytes": 0},
+                    "log_read": False, "dry_run": dry_run}
     try:
         needed, actions, live = _read_log(client, loc.bucket, base, url, int(cutoff.timestamp() * 1000))
         missing = sorted(str(key) for key in (data_file(path, url) for path in live) if key not in objects)
@@ -268,7 +282,6 @@ def vacuum_unreferenced(client, url: str, retention_hours: float, *, floor_hours
     except (UnreadableLog, s3store.StoreError) as exc:
         log.warning("%s: unreferenced files kept, the log was not read to the end: %s", url, exc)
         return {"skipped": str(exc)}
-    old = {rel for rel, o in objects.items() if o["LastModified"] <= written_before}
     doomed_vectors = sorted(rel for rel in vectors if rel not in needed and rel in old)
     orphans = sorted(unreferenced_files(old, actions, url))
     doomed = doomed_vectors + orphans
@@ -280,7 +293,7 @@ def vacuum_unreferenced(client, url: str, retention_hours: float, *, floor_hours
 
     out = {"deletion_vectors": {"files": len(doomed_vectors), "bytes": size(doomed_vectors),
                                 "kept": len(vectors) - len(doomed_vectors)},
-           "orphans": {"files": len(orphans), "bytes": size(orphans)}, "dry_run": dry_run}
+           "orphans": {"files": len(orphans), "bytes": size(orphans)}, "log_read": True, "dry_run": dry_run}
     log.info("%s: %sdeletion vectors: %d of %d file(s) removed, %d bytes; orphaned data files: %d, %d bytes", url,
              "(dry run) " if dry_run else "", len(doomed_vectors), len(vectors), size(doomed_vectors), len(orphans),
              size(orphans))

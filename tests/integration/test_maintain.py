@@ -3,6 +3,7 @@ the merged change windows, on the real PostgreSQL and S3 servers with delta-rs."
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -10,6 +11,8 @@ import sys
 import threading
 import time
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from lake_helpers import drain, sql
@@ -108,7 +111,10 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
     assert by["public.t"]["files_after"] <= 2 < by["public.t"]["files_before"], by["public.t"]
     assert by["public.t"]["compaction"]["files_removed"] >= merges // 2
     assert by["public.t"]["vacuum"]["files"] == 0
+    # no data file is older than the 24 h floor: nothing can be unreferenced, the log is not read
+    assert by["public.t"]["vacuum"]["log_read"] is False and by["public.t"]["vacuum"]["orphans"]["files"] == 0
     assert out["windows"]["expired"] == [] and out["windows"]["objects"] == 0
+    assert out["copies"]["expired"] == {} and list(out["copies"]["kept"]) == ["younger than the retention"]
     for t in TABLES:
         dt = DeltaTable(url[t], storage_options=opts)
         assert dt.transaction_version(apps[t]) == txn_before[t], t
@@ -126,7 +132,17 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
     assert len(layout_objects(client, src, slot, 0)) > 1
     assert not s3store.exists(client, Layout.parse(src).bucket, expired_key(Layout.parse(src), slot))
 
-    # 2) retention 0: the compacted-away files are vacuumed, merged windows expired
+    # a data file written and never committed (as by a merge killed before its commit):
+    # delta-rs' VACUUM never removes it (no remove action names it)
+    orphan = f"{url['t'].rstrip('/')}/part-00000-0badf11e-0000-4000-8000-000000000000-c000.snappy.parquet"
+    o_bucket, o_key = orphan.split("/")[2], orphan.split("/", 3)[3]
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"id": [1]}), buf)
+    client.put_object(Bucket=o_bucket, Key=o_key, Body=buf.getvalue())
+
+    # 2) retention 0: the compacted-away files are vacuumed, merged windows expired, the
+    #    snapshot's parts removed (every table's Delta table holds it); the orphan is younger
+    #    than the 24 h floor (a merge running now could be about to commit it): kept
     before_bytes = sum(o["Size"] for o in s3store.list_objects(client, *_split(src + "/" + slot + "/changes/")))
     proc = run_cli(s3, "--from", src, "--slot", slot, "--delta", lake, "--retention-hours", "0", "--zorder")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -134,7 +150,10 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
     by = {r["table"]: r for r in out["tables"]}
     assert by["public.t"]["vacuum"]["files"] >= merges // 2 and by["public.t"]["vacuum"]["bytes"] > 0, by["public.t"]
     assert by["public.t"]["compaction"]["mode"] == "z_order"
+    assert by["public.t"]["vacuum"]["orphans"]["files"] == 0 and s3store.exists(client, o_bucket, o_key)
     assert out["windows"]["expired"] == [[0, merges - 1]], out["windows"]
+    assert {k: sorted(v) for k, v in out["copies"]["expired"].items()} == {
+        k: ["public.q", "public.t", "public.u"] for k in out["copies"]["expired"]} != {}, out["copies"]
     assert out["windows"]["bytes"] > 0 and out["bytes_removed"] > out["windows"]["bytes"]
     after_bytes = sum(o["Size"] for o in s3store.list_objects(client, *_split(src + "/" + slot + "/changes/")))
     assert before_bytes - after_bytes == out["windows"]["bytes"]
@@ -179,6 +198,12 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
     out2 = PgcdcMaintainOperator(task_id="maintain", store=src, slot=slot, delta=lake,
                                  retention_hours="0").execute({})
     assert out2["windows"]["expired"] == [[merges, last]], out2["windows"]
+    assert_equal(db, lake)
+    # with the floor at 0 (no other writer runs here) the orphan goes; the log was read for it
+    out3 = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, unreferenced_floor_hours=0).to_dict()
+    vac = {r["table"]: r for r in out3["tables"]}["public.t"]["vacuum"]
+    assert vac["orphans"] == {"files": 1, "bytes": len(buf.getvalue())} and vac["log_read"] is True, vac
+    assert not s3store.exists(client, o_bucket, o_key)
     assert_equal(db, lake)
 
 
