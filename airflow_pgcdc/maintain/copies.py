@@ -11,9 +11,10 @@ are **expired** when the copy finished before the retention's cutoff and
 * a resync's copy: the table's Delta table has applied that resync or a later one (its
   ``{app}:resync`` app transaction is at or after the copy's consistent point).
 
-A table whose Delta table does not exist (not merged yet, merged with ``--tables`` leaving
-it out, or dropped) keeps its parts, and so does every table while nothing can be read
-of the Delta root (the caller passes ``blocked``).
+A table whose Delta table does not exist under the Delta root ``pgcdc maintain`` is given
+(not merged yet, merged with ``--tables`` leaving it out, or dropped) keeps its parts; a
+Delta table that cannot be read (S3 down, a broken log) stops this step with that error
+before anything of it is removed.
 
 Expiring removes the table's part objects; the copy's ``_manifest.json`` stays (the merge
 reads the tables, columns and keys the pipeline knows from it, and the resyncs' order),
@@ -46,7 +47,6 @@ def expire_copies(
     *,
     done: Callable[[Any, str, str], bool],
     cutoff: datetime,
-    blocked: str | None = None,
     dry_run: bool = False,
 ) -> dict[str, Any]:
     """Remove the parts of the tables of ``copies`` that expired (see the module doc).
@@ -69,8 +69,6 @@ def expire_copies(
             why = None
             if manifest.finished_at >= cutoff:
                 why = "younger than the retention"
-            elif blocked:
-                why = blocked
             elif not done(manifest, t.schema, t.table):
                 why = "its Delta table does not hold this copy yet (not created, or the resync not applied)"
             if why:
