@@ -66,17 +66,23 @@ def _expired_doc(client, layout: Layout, slot: str) -> dict[str, Any]:
     return doc
 
 
+def read_expired_all(client, layout: Layout, slot: str) -> tuple[set[int], dict[str, set[str]]]:
+    """``expired.json`` read once: the windows whose parts were removed, and the tables
+    whose parts were removed from each copy (``{snapshot manifest key: {schema.table}}``;
+    see :mod:`.copies`); both empty when there is no such file."""
+    doc = _expired_doc(client, layout, slot)
+    windows = {s for a, b in doc.get("windows", ()) for s in range(int(a), int(b) + 1)}
+    return windows, {str(k): {str(n) for n in v} for k, v in (doc.get("copies") or {}).items()}
+
+
 def read_expired(client, layout: Layout, slot: str) -> set[int]:
     """The windows whose parts were removed (``expired.json``), or an empty set."""
-    doc = _expired_doc(client, layout, slot)
-    return {s for a, b in doc.get("windows", ()) for s in range(int(a), int(b) + 1)}
+    return read_expired_all(client, layout, slot)[0]
 
 
 def read_expired_copies(client, layout: Layout, slot: str) -> dict[str, set[str]]:
-    """The tables whose parts were removed from each copy (``expired.json``'s ``copies``:
-    ``{snapshot manifest key: {schema.table}}``; see :mod:`.copies`)."""
-    doc = _expired_doc(client, layout, slot)
-    return {str(k): {str(n) for n in v} for k, v in (doc.get("copies") or {}).items()}
+    """The tables whose parts were removed from each copy (``expired.json``'s ``copies``)."""
+    return read_expired_all(client, layout, slot)[1]
 
 
 def update_expired(client, layout: Layout, slot: str, *, windows: set[int] | None = None,

@@ -109,20 +109,14 @@ def check_partitions(ctx: JobContext, schema: str, table: str, windows, entry, c
         )
 
 
-def expired_windows(ctx: JobContext) -> frozenset[int]:
-    """The windows ``pgcdc maintain`` removed the parts of (``expired.json``; none when
-    there is no such file)."""
-    from airflow_pgcdc.maintain.store import read_expired
+def expired_state(ctx: JobContext) -> tuple[frozenset[int], dict[str, set[str]]]:
+    """What ``pgcdc maintain`` removed (``expired.json``, one read; nothing when there is
+    no such file): the windows whose parts are gone, and the tables whose parts are gone
+    from each copy (see :mod:`airflow_pgcdc.maintain.copies`)."""
+    from airflow_pgcdc.maintain.store import read_expired_all
 
-    return frozenset(read_expired(ctx.client, ctx.layout, ctx.slot))
-
-
-def expired_copies(ctx: JobContext) -> dict[str, set[str]]:
-    """The tables whose parts ``pgcdc maintain`` removed from each copy (``expired.json``'s
-    ``copies``; see :mod:`airflow_pgcdc.maintain.copies`)."""
-    from airflow_pgcdc.maintain.store import read_expired_copies
-
-    return read_expired_copies(ctx.client, ctx.layout, ctx.slot)
+    windows, copies = read_expired_all(ctx.client, ctx.layout, ctx.slot)
+    return frozenset(windows), copies
 
 
 def check_copy(ctx: JobContext, layout, copy_slot: str, manifest, schema: str, table: str, url: str) -> None:

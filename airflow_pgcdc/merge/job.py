@@ -50,8 +50,7 @@ from airflow_pgcdc.merge.checks import (
     check_partitions,
     check_refused,
     check_rewritten,
-    expired_copies,
-    expired_windows,
+    expired_state,
 )
 from airflow_pgcdc.merge.context import (
     JobContext,
@@ -220,8 +219,7 @@ def merge_slot(
     remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
     ctx.resyncs = committed_resyncs(client, layout, slot)
-    ctx.expired = expired_windows(ctx)
-    ctx.expired_copies = expired_copies(ctx)
+    ctx.expired, ctx.expired_copies = expired_state(ctx)
     manifests, wanted = load_windows(ctx, snapshot, tables)
     result = MergeResult(slot=slot, source=store, delta=delta)  # 'source': the result's key, kept
     try:
