@@ -7,7 +7,13 @@ PY_BOOT ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PKGS := postgresql-15 postgresql-15-pglogical postgresql-15-wal2json
+APT_PKGS := postgresql-15 postgresql-15-pglogical postgresql-15-wal2json gcc libc6-dev
+# the native TupleData splitter (setup.py) compiles against the headers of the venv's Python:
+# Debian's own python3 has them in python3-dev (pyenv's and python.org's builds carry them)
+PY_HEADERS := $(shell $(PY_BOOT) -c "import os, sysconfig; print(int(os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))))" 2>/dev/null)
+ifeq ($(PY_HEADERS),0)
+APT_PKGS += python3-dev
+endif
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 JARS := jvm/jars
 MVN ?= mvn
@@ -26,12 +32,14 @@ apt:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(STAMP): requirements/lock.txt pyproject.toml
+$(STAMP): requirements/lock.txt pyproject.toml setup.py airflow_pgcdc/changes/_textcols.c
 	@[ -x $(PY) ] || $(PY_BOOT) -m venv $(VENV)
 	@[ -x $(VENV)/bin/uv ] || $(VENV)/bin/pip install -q --disable-pip-version-check uv==0.13.9
 	@echo "installing pinned Python dependencies into $(VENV)"
 	@$(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode -r requirements/lock.txt
 	@$(VENV)/bin/uv pip install -q --python $(PY) --no-deps -e .
+	@$(PY) -c "import airflow_pgcdc.changes._textcols" 2>/dev/null || \
+	  echo "warning: the native TupleData splitter was not built (no C compiler?): the drain uses its numpy path"
 	@touch $(STAMP)
 	@$(MAKE) -s bytecode
 

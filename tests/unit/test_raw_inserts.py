@@ -1,13 +1,16 @@
 """Inserts kept as received and decoded in batches (TupleDecoder.decode_raw_inserts, the
 drain's path for plain inserts) give exactly the batches of the decoded rows; anything
-that path does not handle is declined (None) and decoded one by one."""
+that path does not handle is declined (None) and decoded one by one. Every test runs on
+both cutters of that path: the native splitter (airflow_pgcdc/changes/_textcols.c) and
+the numpy one used where it is not built."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from airflow_pgcdc.changes import tuples
 from airflow_pgcdc.changes.rows import ChangeBuffer, RelationVersion
 from airflow_pgcdc.changes.tuples import TupleDecoder
 from airflow_pgcdc.protocol import pgoutput as po
@@ -29,6 +32,20 @@ VALUE = {
     1043: st.text(alphabet=st.characters(codec="utf-8"), max_size=200),
 }
 ROW = st.tuples(*[st.one_of(st.none(), VALUE[oid]) for oid in OIDS])
+
+
+NATIVE = tuples._textcols
+
+
+@pytest.fixture(autouse=True, params=["native", "numpy"])
+def cutter(request, monkeypatch):
+    """Run the test with the native splitter, then with the numpy path."""
+    if request.param == "numpy":
+        monkeypatch.setattr(tuples, "_textcols", None)
+    elif NATIVE is None:
+        pytest.fail("the native splitter airflow_pgcdc.changes._textcols is not built: `make setup` builds "
+                    "it (setup.py, needs a C compiler); without it the drain runs the slower numpy path")
+    return request.param
 
 
 def message(values, oid=16384) -> bytes:
@@ -159,3 +176,63 @@ def test_to_batch_of_raw_updates_equals_the_decoded_path():
     # an update with its old key is never the batch path's
     keyed = po.Update(None, 16384, ("1", None, None), None, ("9", "a", "1")).encode(1)
     assert rv.decoder.decode_raw_inserts([keyed]) is None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(ROW, min_size=1, max_size=12), st.data())
+def test_both_cutters_agree_on_damaged_messages(cutter, rows, data):
+    """A message with one byte changed, cut short or grown: the native splitter and the
+    numpy path both decline it (None) or both give the same batch, never an exception of
+    their own (a bad value is the codec's ValueConversionError, the same on both)."""
+    if cutter == "numpy":
+        return  # the comparison runs once, from the native parametrization
+    dec = TupleDecoder(COLUMNS, table="public.t")
+    msgs = [message(r) for r in rows]
+    i = data.draw(st.integers(0, len(msgs) - 1))
+    m = bytearray(msgs[i])
+    how = data.draw(st.sampled_from(["byte", "cut", "grow"]))
+    if how == "byte":
+        m[data.draw(st.integers(0, len(m) - 1))] = data.draw(st.integers(0, 255))
+    elif how == "cut":
+        del m[data.draw(st.integers(0, len(m) - 1)):]
+    else:
+        m += bytes(data.draw(st.binary(min_size=1, max_size=6)))
+    msgs[i] = bytes(m)
+    results = []
+    for impl in (NATIVE, None):
+        tuples._textcols = impl
+        try:
+            got = dec.decode_raw_inserts(list(msgs))
+            results.append(("batch", None if got is None else got.batch))
+        except ValueConversionError as e:
+            results.append(("error", str(e)))
+        finally:
+            tuples._textcols = NATIVE
+    (k1, v1), (k2, v2) = results
+    assert k1 == k2
+    if k1 == "error" or v1 is None or v2 is None:
+        assert v1 == v2 if k1 == "error" else (v1 is None and v2 is None)
+    else:
+        assert v1.equals(v2)
+
+
+def test_native_splitter_buffers():
+    """The splitter's own contract: per column, int32 offsets, the values end to end, a
+    least-significant-bit-first validity bitmap only when a value is NULL."""
+    if NATIVE is None:
+        pytest.skip("the native splitter is not built (the cutter fixture fails for it)")
+    msgs = [message(("1", "ab", None)), message(("22", "", "x")), message((None, "cde", None))]
+    cols = NATIVE.split(msgs, 3)
+    import array
+
+    def ints(b):
+        return list(array.array("i", b))
+
+    (o0, d0, v0, n0), (o1, d1, v1, n1), (o2, d2, v2, n2) = cols
+    assert (ints(o0), d0, v0, n0) == ([0, 1, 3, 3], b"122", bytes([0b011]), 1)
+    assert (ints(o1), d1, v1, n1) == ([0, 2, 2, 5], b"abcde", None, 0)
+    assert (ints(o2), d2, v2, n2) == ([0, 0, 1, 1], b"x", bytes([0b010]), 2)
+    assert NATIVE.split(msgs, 2) is None  # the column count is the relation's
+    assert NATIVE.split([], 3) == [(bytes(4), b"", None, 0)] * 3
+    with pytest.raises(TypeError):
+        NATIVE.split([memoryview(msgs[0])], 3)
