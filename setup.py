@@ -1,7 +1,8 @@
-"""The package's one native part (metadata is in pyproject.toml): the pgoutput TupleData
-splitter of the drain's writer (airflow_pgcdc/changes/_textcols.c). It is optional: without
-a C compiler the install goes on and the pure-Python path of the same function is used
-(airflow_pgcdc.changes.tuples says which one runs)."""
+"""The package's native parts (metadata is in pyproject.toml), both on the drain's hot
+path: the pgoutput TupleData splitter of the window writer (airflow_pgcdc/changes/_textcols.c)
+and the CopyData runs taken straight from libpq by the receive loop
+(airflow_pgcdc/pg/_copyrun.c). Both are optional: without a C compiler the install goes on
+and the pure-Python path of the same work is used (the same results, slower)."""
 
 from setuptools import Extension, setup
 
@@ -12,6 +13,12 @@ setup(
             ["airflow_pgcdc/changes/_textcols.c"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "airflow_pgcdc.pg._copyrun",
+            ["airflow_pgcdc/pg/_copyrun.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

@@ -217,6 +217,22 @@ class TransactionAssembler:
         take(entry[0], raw, len(raw))
         return True
 
+    def raw_run_oid(self, raw: bytes) -> bytes | None:
+        """After :meth:`take_raw` took ``raw`` (an Insert, or an Update with its new row
+        only, of a plain transaction): its relation OID (4 bytes, as in the message) when
+        the like messages that follow it may be handed to the sink in bulk, without this
+        class seeing them (the drain's native receive path: ``sink.run_target`` /
+        ``sink.took_run``), else None (a skipped transaction, a refused table, a sink
+        without runs)."""
+        if (self._stream_xid is not None or self._plain is None or self._prep is not None or self._plain_skip
+                or self._insert_raw is None or self._update_raw is None):
+            return None
+        entry = self.relations.get(_OID(raw, 1)[0])
+        takes = getattr(self.sink, "takes_runs_of", None)
+        if entry is None or takes is None or not takes(entry[0]):
+            return None
+        return raw[1:5]
+
     def spool_streamed_change(self, raw: bytes) -> bool:
         """Spool an Insert, Update or Delete received inside a stream block without
         decoding it (it is decoded when the transaction is replayed at its Stream Commit,

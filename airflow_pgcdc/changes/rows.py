@@ -39,7 +39,7 @@ import base64
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 import pyarrow as pa
@@ -376,6 +376,29 @@ class ChangeBuffer:
         c.nbytes += size
         self.nbytes += size
         self.rows += 1
+
+    def raw_run_lists(self) -> tuple[list, list]:
+        """The open chunk's lists of messages and ops, for a run of raw changes appended
+        to them by the receive loop's native path (:meth:`add_raw_run` completes them)."""
+        c = self._chunk
+        return c.images, c.ops
+
+    def add_raw_run(self, k: int, nbytes: int, commit_lsn: int, seq: int, xid: int,
+                    commit_ts_us: int | None) -> None:
+        """Complete ``k`` changes whose messages and ops were just appended to
+        :meth:`raw_run_lists` (``nbytes``: their messages' bytes), numbered from ``seq``:
+        what ``k`` calls of :meth:`add_raw` would have done."""
+        c = self._chunk
+        c.olds.extend(repeat(None, k))
+        c.commit_lsns.extend(repeat(commit_lsn, k))
+        c.seqs.extend(range(seq, seq + k))
+        c.xids.extend(repeat(xid, k))
+        c.commit_ts_us.extend(repeat(commit_ts_us, k))
+        c.raw += k
+        size = nbytes + 48 * k
+        c.nbytes += size
+        self.nbytes += size
+        self.rows += k
 
     def __len__(self) -> int:
         return len(self._chunk.ops)

@@ -159,8 +159,28 @@ class WindowRun:
         feed = asm.feed
         take_raw = asm.take_raw
         in_block = False  # inside a stream block (a streamed transaction's changes are spooled)
+        # the native receive path (pg.copyrun): once a plain transaction's insert (or new-row
+        # update) was taken as received, the like messages of its table that follow are taken
+        # in bulk, straight from libpq, into the table's open chunk
+        read_run = conn.read_run if conn.can_read_runs() else None
+        run_target, took_run, raw_run_oid = window.run_target, window.took_run, asm.raw_run_oid
+        overhead = window.RAW_OVERHEAD
+        run_oid = None
         while True:
-            frame = read(0.2)
+            if run_oid is None:
+                frame = read(0.2)
+            else:
+                k, nbytes, frame = read_run(run_oid, *run_target(), overhead, 0.2)
+                if k:
+                    took_run(k, nbytes)
+                    received += nbytes
+                    if (n + k) >> 12 != n >> 12:  # as below: a status update every 4,096 frames
+                        pump()
+                    n += k
+                    if frame is None:
+                        continue
+                if frame is not None:
+                    run_oid = None  # something else came: the run is over
             if type(frame) is XLogData:
                 data = frame.data
                 n += 1
@@ -170,6 +190,8 @@ class WindowRun:
                     received += len(data)
                     if n & 4095 == 0:
                         pump()
+                    if read_run is not None and not in_block:
+                        run_oid = raw_run_oid(data)
                     continue
                 msg = decode(data)
                 t = type(msg)

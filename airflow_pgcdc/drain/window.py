@@ -34,6 +34,12 @@ log = logging.getLogger("airflow_pgcdc.drain.drain")  # the drain's logger, one 
 HEARTBEAT_PREFIX = "pgcdc.heartbeat"
 CHUNK_ROWS = 16_384
 CHUNK_BYTES = 8 << 20
+IDLE_ROWS = 16_384
+"""A table's buffered rows go to the writer once the window has taken this many rows of
+other tables since its last change (checked when the window switches tables), and the
+writer encodes them at once (:meth:`WindowWriter.submit_rows`'s ``settle``): a window
+touching hundreds of tables one after another encodes each while the next ones arrive,
+instead of all of them after the last one (the finish)."""
 MESSAGE_CHUNK = 1_000
 
 
@@ -259,6 +265,8 @@ class WindowSink:
         self._last_rel: po.Relation | None = None  # cache of the last change's relation
         self._last_rv: RelationVersion | None = None
         self._last_buf: ChangeBuffer | None = None
+        self._left_at: dict[int, int] = {}  # id(RelationVersion) -> self.rows when the window left it
+        self._idle_checked = 0  # self.rows at the last look for idle tables
         # tables whose rows cannot be written (a column named like our metadata): their
         # changes are left out and the manifest says so; the merge refuses those tables
         self.refused: dict[tuple[str, str], dict[str, Any]] = {}
@@ -325,8 +333,25 @@ class WindowSink:
         except ColumnNameClash as exc:
             self._refuse(rel, exc)
             return False
+        if self._last_rv is not None:
+            self._left_at[id(self._last_rv)] = self.rows
         self._last_rel, self._last_rv, self._last_buf = rel, rv, self.buffers[id(rv)]
+        if self.rows - self._idle_checked >= IDLE_ROWS:
+            self._idle_checked = self.rows
+            self._hand_over_idle()
         return True
+
+    def _hand_over_idle(self) -> None:
+        """Give the writer the buffered rows of the tables left :data:`IDLE_ROWS` rows
+        ago or more, to be encoded now (see :data:`IDLE_ROWS`)."""
+        before = self.rows - IDLE_ROWS
+        current = self._last_buf
+        for versions in self.versions.values():
+            for rv in versions:
+                buf = self.buffers[id(rv)]
+                if buf is not current and len(buf) and self._left_at.get(id(rv), 0) <= before:
+                    self.buffered -= buf.nbytes
+                    self.writer.submit_rows(rv, buf.take(), self.pump, settle=True)
 
     def change(self, rel: po.Relation, msg: Any, nbytes: int) -> None:
         if rel is not self._last_rel and not self._switch_to(rel):
@@ -381,6 +406,38 @@ class WindowSink:
             self._flush_largest()
 
     update_raw = insert_raw
+
+    RAW_OVERHEAD = 48  # what ChangeBuffer counts per change beyond its message's bytes
+
+    def takes_runs_of(self, rel: po.Relation) -> bool:
+        """True when ``rel``'s changes go to the current buffer (its last change was
+        taken, not refused): a run of its raw changes may then be appended in bulk."""
+        return rel is self._last_rel
+
+    def run_target(self) -> tuple[list, list, int, int]:
+        """Where a run of the current relation's raw changes goes: ``(messages, ops,
+        rows_left, bytes_left)`` of its open chunk (:meth:`took_run` completes them)."""
+        buf = self._last_buf
+        images, ops = buf.raw_run_lists()
+        return images, ops, CHUNK_ROWS - len(buf), CHUNK_BYTES - buf.nbytes
+
+    def took_run(self, k: int, nbytes: int) -> None:
+        """``k`` raw changes (``nbytes`` of messages) were appended to :meth:`run_target`:
+        what ``k`` calls of :meth:`insert_raw` would have done."""
+        buf = self._last_buf
+        before = buf.nbytes
+        buf.add_raw_run(k, nbytes, self._commit_lsn, self.seq, self._txn.xid, self._ts)  # type: ignore[union-attr]
+        self.buffered += buf.nbytes - before
+        self.seq += k
+        rows = self.rows
+        self.rows = rows + k
+        if (rows + k) >> 10 != rows >> 10:  # as insert_raw: a status update every 1,024 rows
+            self.pump()
+        if buf.nbytes >= CHUNK_BYTES or len(buf) >= CHUNK_ROWS:
+            self.buffered -= buf.nbytes
+            self.writer.submit_rows(self._last_rv, buf.take(), self.pump)
+        elif self.buffered > self.buffer_budget:
+            self._flush_largest()
     """An Update carrying only its new row, as received (``U``, OID, ``N``: no old key or
     row, so nothing :meth:`change` does for updates applies): kept like an insert."""
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from psycopg import pq
 
 from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.pg import copyrun
 from airflow_pgcdc.pg.conninfo import redact, replication_conninfo
 from airflow_pgcdc.pg.errors import (
     ConnectionFailed,
@@ -141,6 +142,8 @@ class _ReplicationProtocol:
         self.apply_lsn = LSN(0)
         self._last_status = 0.0
         self._frames: deque = deque()
+        self._run_ended = False  # read_run saw the copy end (the next read raises StreamEnded)
+        self._copyrun_fns = copyrun.libpq_functions() if getattr(pgconn, "pgconn_ptr", None) else None
         self._final_results: list[Result] = []
         self._command: str | None = None
         self._backup_results = 0
@@ -321,6 +324,7 @@ class _ReplicationProtocol:
                 "open a new replication connection per stream"
             )
         self._physical = physical
+        self._run_ended = False
         self.received_lsn = LSN(start_lsn)
         self.flush_lsn = max(self.flush_lsn, LSN(start_lsn))
         self.apply_lsn = self.flush_lsn
@@ -395,14 +399,26 @@ class _ReplicationProtocol:
                 yield from self._gen_end_of_copy()
                 return False
             if nbytes == -2:
-                res = pgconn.get_result()
-                self.state = _State.IDLE
-                if res is not None and res.status == _ES.FATAL_ERROR:
-                    raise _server_error(res, self.encoding, self._command)
-                raise self._lost(RuntimeError("error reading COPY data"))
+                self._copy_failed()
             # nbytes == 0: nothing buffered
             if frames:
                 return True
+            if not (yield from self._gen_wait_input(deadline, streaming)):
+                return True
+
+    def _copy_failed(self):
+        """After get_copy_data returned -2: raise the server's error, or ConnectionLost."""
+        res = self.pgconn.get_result()
+        self.state = _State.IDLE
+        if res is not None and res.status == _ES.FATAL_ERROR:
+            raise _server_error(res, self.encoding, self._command)
+        raise self._lost(RuntimeError("error reading COPY data"))
+
+    def _gen_wait_input(self, deadline: float | None, streaming: bool) -> PQGen[bool]:
+        """Wait until the socket has input (consumed into libpq's buffer: True) or
+        ``deadline`` passes (False); a status update is sent when one is due."""
+        pgconn = self.pgconn
+        while True:
             now = time.monotonic()
             if streaming and now - self._last_status >= self.status_interval:
                 yield from self._gen_send_status()
@@ -411,16 +427,19 @@ class _ReplicationProtocol:
             if deadline is not None:
                 left = deadline - now
                 if left <= 0:
-                    return True
+                    return False
                 wait = left if wait is None else min(wait, left)
             ready = yield pgconn.socket, WAIT_R, (max(0.0, wait) if wait is not None else None)
             if ready:
                 self._consume()
+                return True
 
     def _gen_read_message(self, timeout: float | None):
         """Next XLogData or PrimaryKeepalive frame; ``None`` on timeout; raises
         :class:`StreamEnded` at the end of the stream. Keepalives that request a reply
         are answered here, and still returned (the caller may want their ``wal_end``)."""
+        if self._run_ended and not self._frames:  # the copy ended under read_run
+            raise StreamEnded(self._final_results)
         if self.state != _State.COPY_BOTH and not self._frames:
             raise ReplicationStateError("no replication stream is running")
         if not self._frames:
@@ -644,6 +663,48 @@ class ReplicationConnection(_ReplicationProtocol):
             wait_sync(self._gen_send_status())
             return frame
         return wait_sync(self._gen_read_message(timeout))
+
+    def can_read_runs(self) -> bool:
+        """True when :meth:`read_run` takes runs natively (else it reads one frame)."""
+        return self._copyrun_fns is not None
+
+    def read_run(self, oid: bytes, images: list, ops: list, rows_left: int, bytes_left: int, overhead: int,
+                 timeout: float | None = None):
+        """Take the XLogData frames that carry an Insert, or an Update with its new row
+        only, of relation ``oid`` (4 bytes, network order), for as long as they come
+        (:mod:`airflow_pgcdc.pg.copyrun`): each one's pgoutput message is appended to
+        ``images`` and ``"I"`` or ``"U"`` to ``ops``, up to ``rows_left`` messages or
+        ``bytes_left`` bytes (each message's length plus ``overhead``). Returns
+        ``(count, nbytes, frame)``: ``frame`` is the next other frame, parsed as by
+        :meth:`read_message` (keepalives asking for a reply are answered), or ``None``
+        (the limit was reached, nothing more is buffered after a run, or ``timeout``
+        passed with nothing received). Without the native path, or while frames read the
+        ordinary way are buffered, it is ``(0, 0, read_message(timeout))``."""
+        fns = self._copyrun_fns
+        if fns is None or self._frames or self.state != _State.COPY_BOTH:
+            return 0, 0, self.read_message(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ptr = self.pgconn.pgconn_ptr
+        while True:
+            status, count, nbytes, payload, _start, end = copyrun.take(
+                ptr, fns, oid, images, ops, "I", "U", rows_left, bytes_left, overhead)
+            if count and end > self._received:
+                self._received = LSN(end)
+            if status == copyrun.OTHER_MESSAGE:
+                self._frames.append(payload)
+                return count, nbytes, self.read_message(0)
+            if status == copyrun.ENDED:
+                wait_sync(self._gen_end_of_copy())
+                if not count:
+                    raise StreamEnded(self._final_results)
+                self._run_ended = True  # the next read raises it, after the caller took the run
+                return count, nbytes, None
+            if status == copyrun.FAILED:
+                self._copy_failed()  # raises (a run taken meanwhile is lost with the window)
+            if status == copyrun.FULL or count:
+                return count, nbytes, None
+            if not wait_sync(self._gen_wait_input(deadline, True)):
+                return 0, 0, None
 
     def __iter__(self) -> Iterator:
         """Frames until the stream ends (keepalives included)."""

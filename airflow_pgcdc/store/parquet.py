@@ -555,6 +555,18 @@ class PartSequence:
         for batch in batches:
             self.write_batch(batch)
 
+    def flush_row_group(self, min_rows: int = 1) -> None:
+        """Encode the open part's buffered rows as a row group now, when there are at
+        least ``min_rows`` of them (else nothing happens)."""
+        current = self._current
+        if self._state != "open" or current is None or current.buffered_rows < max(min_rows, 1):
+            return
+        try:
+            current.flush_row_group()
+        except BaseException:
+            self.abort()
+            raise
+
     def close(self) -> list[PartInfo]:
         """Finish the open part (or write an empty part 0) and return all parts."""
         if self._state == "closed":

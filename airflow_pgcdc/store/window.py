@@ -148,6 +148,11 @@ def _lsn(value: Any, what: str, key: str | None) -> str:
 DEFAULT_MEMORY_BUDGET = 256 << 20
 """Bytes of Arrow data the open parts of one window may hold before the largest are finished."""
 
+SETTLE_MIN_ROWS = 256
+"""An idle table's open part is encoded early (:meth:`WindowWriter.submit_rows`'s
+``settle``) only when it holds at least this many unencoded rows: fewer would make a row
+group too small to be worth its metadata (they wait for the next row group, or the end)."""
+
 DEFAULT_UPLOAD_THREADS = 8
 """Threads completing finished parts' uploads concurrently (see :class:`_Completions`)."""
 
@@ -622,9 +627,13 @@ class WindowWriter:
 
     # -- API (replication thread)
 
-    def submit_rows(self, version: RelationVersion, chunk: ChangeChunk, wait: Callable[[], None]) -> None:
+    def submit_rows(self, version: RelationVersion, chunk: ChangeChunk, wait: Callable[[], None], *,
+                    settle: bool = False) -> None:
+        """Write ``chunk``'s rows to ``version``'s parts. ``settle``: the table is idle,
+        encode its open part's rows now (a row group, when it has at least
+        :data:`SETTLE_MIN_ROWS`) rather than at the next row group or the finish."""
         if len(chunk):
-            self._put(("rows", version, chunk), wait)
+            self._put(("rows", version, chunk, settle), wait)
 
     def submit_messages(self, rows: list[dict], wait: Callable[[], None]) -> None:
         if rows:
@@ -716,7 +725,7 @@ class WindowWriter:
                 item = self._q.get()
                 kind = item[0]
                 if kind == "rows":
-                    _, version, chunk = item
+                    _, version, chunk, settle = item
                     out = self._out(version)
                     batch = version.to_batch(chunk)
                     finished = len(out.parts.parts)
@@ -726,6 +735,8 @@ class WindowWriter:
                         out.open_bytes = 0
                     out.open_bytes += batch.nbytes
                     self._open_total += batch.nbytes
+                    if settle:
+                        out.parts.flush_row_group(SETTLE_MIN_ROWS)
                     if self._open_total > self.memory_budget:
                         self._roll_largest()
                 elif kind == "declare":

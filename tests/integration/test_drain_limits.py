@@ -138,7 +138,8 @@ class _Decoder:
 def watch_decoder(monkeypatch, on_message):
     """Wrap the decoder of every stream the drain opens; ``on_message(msg, options)``. The
     messages the drain takes undecoded (``TransactionAssembler.take_raw``: a plain
-    transaction's inserts, the changes inside a stream block) are seen too, decoded here."""
+    transaction's inserts, the changes inside a stream block; ``WindowSink.took_run``: the
+    runs of inserts the native receive path takes) are seen too, decoded here."""
     real = plan_mod.LogicalStream.pgoutput
     current = {}
 
@@ -160,8 +161,18 @@ def watch_decoder(monkeypatch, on_message):
             on_message(decoder.decode(raw), current["options"])
         return taken
 
+    real_took_run = run_mod.WindowSink.took_run
+
+    def took_run(self, k, nbytes):  # the native receive path's runs (pg.copyrun): seen too
+        images, _ = self._last_buf.raw_run_lists()
+        decoder = po.PgoutputDecoder(1)
+        for raw in images[-k:]:
+            on_message(decoder.decode(raw), current["options"])
+        return real_took_run(self, k, nbytes)
+
     monkeypatch.setattr(plan_mod.LogicalStream, "pgoutput", staticmethod(pgoutput))
     monkeypatch.setattr(run_mod.TransactionAssembler, "take_raw", take_raw)
+    monkeypatch.setattr(run_mod.WindowSink, "took_run", took_run)
 
 
 # --------------------------------------------------------------------------- max_bytes
