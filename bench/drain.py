@@ -362,6 +362,17 @@ def bench_freshness(server, s3, url: str, rate: int, seconds: int, max_seconds: 
     return r
 
 
+def pin(server, s3) -> None:
+    """``--pin``: servers on CPU 0 (the walsenders fork from the postmaster later and inherit
+    it), this process and so every consumer it starts on CPU 1."""
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("--pin needs 2 CPUs")
+    for pid in (server.pid, s3.pid):
+        subprocess.run(["taskset", "-a", "-p", "-c", "0", str(pid)], check=True, stdout=subprocess.DEVNULL)
+    os.sched_setaffinity(0, {1})
+    print("pinned: PostgreSQL and the S3 server on CPU 0, the drain and pg_recvlogical on CPU 1", flush=True)
+
+
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         return child(json.loads(sys.argv[2]))
@@ -389,6 +400,10 @@ def main() -> int:
     ap.add_argument("--profile", metavar="DIR",
                     help="write a cProfile of each drain run (all its threads) to DIR/<workload>-<who>-<round>.prof "
                          "(profiled runs are slower: use their times only to compare functions)")
+    ap.add_argument("--pin", action="store_true",
+                    help="the servers (PostgreSQL, its walsenders, the S3 server) on CPU 0, the consumers "
+                         "(the drain, pg_recvlogical) on CPU 1: each side on a core of its own, as when the "
+                         "drain runs on an Airflow worker and the database elsewhere (needs 2 CPUs)")
     ap.add_argument("--workload", default="all", help="all, none, or a comma-separated subset of " + ", ".join(WORKLOADS))
     args = ap.parse_args()
     chosen = WORKLOADS if args.workload == "all" else () if args.workload == "none" else tuple(args.workload.split(","))
@@ -404,6 +419,8 @@ def main() -> int:
     settings = {"max_wal_size": "8GB", "wal_sender_timeout": "0", "checkpoint_timeout": "30min"}
     results = {}
     with PostgresServer(args.server, settings=settings) as server, S3Server(volume_size_limit_mb=1024) as s3:
+        if args.pin:
+            pin(server, s3)
         bucket = s3.create_bucket("bench")
         url = f"s3://{bucket}/lake"
         with psycopg.connect(server.socket_dsn, autocommit=True) as c:
