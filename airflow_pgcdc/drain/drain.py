@@ -57,7 +57,11 @@ One call, :func:`drain_window`:
    updates that carry only their new row) nor the changes inside a stream block (:meth:`TransactionAssembler.take_raw
    <airflow_pgcdc.changes.assembly.TransactionAssembler.take_raw>`): inserts are kept as
    received and decoded a chunk at a time by the writer, stream-block changes are
-   spooled as received and decoded when replayed. Relation messages make relation versions (per table, per window, from 0);
+   spooled as received and decoded when replayed. Once one such insert was taken, the
+   like messages of its table that follow are taken in a run, natively, straight from
+   libpq (:meth:`ReplicationConnection.read_run
+   <airflow_pgcdc.pg.replication.ReplicationConnection.read_run>`), until any other
+   message, which is read as before. Relation messages make relation versions (per table, per window, from 0);
    types outside the built-in set are resolved from the catalogs (a SQL session), a
    Type message's name being the fallback.
 

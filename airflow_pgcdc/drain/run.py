@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_pgcdc.drain.drain")  # the drain's logger, one name for all its modules
 
 HEARTBEAT_RECORD_SLACK = 512  # bytes past a heartbeat's LSN that its own record may take
+GATHER_SECONDS = 0.002
+"""The replication connection's ``gather_seconds`` while the drain reads: after waiting for
+the socket, let the walsender's one-message sends gather for this long. Measured
+(bench/drain.py, 1,000,000 inserts, 2 rounds, idle 2-core machine): 0 s, 1.27x
+pg_recvlogical at 4.5 CPU-s per million rows; 0.1 ms, 1.41x at 3.5; 0.5 ms, 1.62x at 2.9;
+2 ms, 2.18x at 1.2."""
 
 
 def _fault(point: str) -> None:
@@ -162,6 +168,7 @@ class WindowRun:
         # the native receive path (pg.copyrun): once a plain transaction's insert (or new-row
         # update) was taken as received, the like messages of its table that follow are taken
         # in bulk, straight from libpq, into the table's open chunk
+        conn.gather_seconds = GATHER_SECONDS
         read_run = conn.read_run if conn.can_read_runs() else None
         run_target, took_run, raw_run_oid = window.run_target, window.took_run, asm.raw_run_oid
         overhead = window.RAW_OVERHEAD

@@ -127,6 +127,13 @@ class _ReplicationProtocol:
     """State and generators shared by the sync and async connections."""
 
     status_interval: float = 10.0
+    gather_seconds: float = 0.0
+    """A streaming read that found the socket empty (libpq's buffer too) and waited for it
+    waits this much longer before it takes what came (the blocking connection only). A walsender flushes every message
+    on its own: a reader that takes them as they come wakes for one or two at a time, and
+    those wake-ups (ours, and the server's sends into a drained socket) cost both sides
+    more than the messages. The drain sets 2 ms (``drain.run.GATHER_SECONDS``): the
+    latency it adds is that, once per wait."""
 
     def __init__(self, pgconn: pq.PGconn, dsn_redacted: str, *, status_interval: float = 10.0):
         self.pgconn = pgconn
@@ -385,6 +392,7 @@ class _ReplicationProtocol:
         frames = self._frames
         deadline = None if timeout is None else time.monotonic() + timeout
         streaming = self.state == _State.COPY_BOTH
+        consumed = False
         while True:
             try:
                 nbytes, data = pgconn.get_copy_data(1)
@@ -394,6 +402,7 @@ class _ReplicationProtocol:
                 frames.append(bytes(data))
                 if len(frames) >= _COPY_BATCH:
                     return True
+                consumed = False
                 continue
             if nbytes == -1:
                 yield from self._gen_end_of_copy()
@@ -403,8 +412,15 @@ class _ReplicationProtocol:
             # nbytes == 0: nothing buffered
             if frames:
                 return True
+            if not consumed:  # what the socket holds first (over TLS libpq reads a record a call)
+                self._consume()
+                consumed = True
+                continue
             if not (yield from self._gen_wait_input(deadline, streaming)):
                 return True
+            if streaming and self.gather_seconds:  # the socket was empty: see gather_seconds
+                time.sleep(self.gather_seconds)
+                self._consume()
 
     def _copy_failed(self):
         """After get_copy_data returned -2: raise the server's error, or ConnectionLost."""
@@ -681,7 +697,7 @@ class ReplicationConnection(_ReplicationProtocol):
         passed with nothing received). Without the native path, or while frames read the
         ordinary way are buffered, it is ``(0, 0, read_message(timeout))``."""
         fns = self._copyrun_fns
-        if fns is None or self._frames or self.state != _State.COPY_BOTH:
+        if fns is None or self._frames or self.state != _State.COPY_BOTH or rows_left <= 0 or bytes_left <= 0:
             return 0, 0, self.read_message(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         ptr = self.pgconn.pgconn_ptr
@@ -705,6 +721,8 @@ class ReplicationConnection(_ReplicationProtocol):
                 return count, nbytes, None
             if not wait_sync(self._gen_wait_input(deadline, True)):
                 return 0, 0, None
+            if self.gather_seconds:  # see gather_seconds
+                time.sleep(self.gather_seconds)
 
     def __iter__(self) -> Iterator:
         """Frames until the stream ends (keepalives included)."""

@@ -15,10 +15,11 @@ import airflow_pgcdc.drain.run as run_mod
 import airflow_pgcdc.drain.window as window_mod
 from airflow_pgcdc.pg import copyrun
 from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.store.window import WindowWriter
 
 # the walsender streams a transaction once its changes pass this: the big one below, not the others
 WORK_MEM = "-c logical_decoding_work_mem=2MB"
-TABLES = ("public.t", "public.u", "public.w")
+TABLES = ("public.t", "public.u", "public.w", "public.x")
 
 
 def test_the_native_path_is_built_and_finds_libpq():
@@ -59,6 +60,9 @@ def _workload(dsn) -> None:
     # a refused table (a column named like the metadata): its rows are left out, the others go on
     sql(dsn, "INSERT INTO w SELECT g, g FROM generate_series(1, 200) g")
     sql(dsn, "INSERT INTO t SELECT 40000 + g, 'after w', g FROM generate_series(1, 200) g")
+    # x left idle while 400 rows of t come: at the next switch its rows go to the writer early
+    sql(dsn, "INSERT INTO x SELECT g, 'idle' FROM generate_series(1, 300) g")
+    sql(dsn, "INSERT INTO t SELECT 90000 + g, 'x', g FROM generate_series(1, 400) g")
     # many one-row transactions (a run of one each)
     for k in range(30):
         sql(dsn, "INSERT INTO u VALUES (%s, 'one')", (5000 + k,))
@@ -75,7 +79,8 @@ def test_native_runs_give_the_rows_of_the_ordinary_path(fresh_db, slot_name, sto
     sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, v text, n int)")
     sql(fresh_db, "CREATE TABLE u (id int PRIMARY KEY, s text)")
     sql(fresh_db, 'CREATE TABLE w (id int PRIMARY KEY, "_pgcdc_op" int)')
-    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t, u, w")
+    sql(fresh_db, "CREATE TABLE x (id int PRIMARY KEY, s text)")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t, u, w, x")
     native, plain = slot_name("n_"), slot_name("p_")
     starts = {native: create_slot(fresh_db, native), plain: create_slot(fresh_db, plain)}  # no change between
     _workload(fresh_db)
@@ -83,7 +88,15 @@ def test_native_runs_give_the_rows_of_the_ordinary_path(fresh_db, slot_name, sto
     # small chunks: runs stop at the chunk's room and go on in the next chunk; idle tables
     # are handed over (and their rows encoded) while the others arrive
     monkeypatch.setattr(window_mod, "CHUNK_ROWS", chunk_rows)
-    monkeypatch.setattr(window_mod, "IDLE_ROWS", 300 if chunk_rows < 1000 else window_mod.IDLE_ROWS)
+    monkeypatch.setattr(window_mod, "IDLE_ROWS", 150 if chunk_rows < 1000 else window_mod.IDLE_ROWS)
+    settled = []
+    real_submit = WindowWriter.submit_rows
+
+    def submit_rows(self, version, chunk, wait, *, settle=False):
+        settled.append(settle)
+        return real_submit(self, version, chunk, wait, settle=settle)
+
+    monkeypatch.setattr(WindowWriter, "submit_rows", submit_rows)
     end = LSN.parse(sql(fresh_db, "SELECT pg_current_wal_insert_lsn()::text")[0][0])
     taken = _count_runs(monkeypatch)
     results = {}
@@ -98,12 +111,14 @@ def test_native_runs_give_the_rows_of_the_ordinary_path(fresh_db, slot_name, sto
     a, b = results[native], results[plain]
     assert (a.transactions, a.rows, a.tables) == (b.transactions, b.rows, b.tables)
     assert taken[0] >= 3000, "the long insert was taken in runs"
+    if chunk_rows < 1000:
+        assert any(settled), "idle tables were handed over early"
     for table in TABLES:
         got, want = all_rows(client, url, native, table), all_rows(client, url, plain, table)
         assert len(got) == len(want) and got == want, table
     t_rows = all_rows(client, url, native, "public.t")
     assert [x["_pgcdc_seq"] for x in t_rows] == sorted(x["_pgcdc_seq"] for x in t_rows)
-    assert sum(1 for x in t_rows if x["_pgcdc_op"] == "I" and x["id"] >= 50000) == 30000, "the streamed one"
+    assert sum(1 for x in t_rows if x["_pgcdc_op"] == "I" and 50000 < x["id"] <= 80000) == 30000, "the streamed one"
     m = windows(client, url, native)[0]
     assert m.streamed["committed"] == 1, "the big transaction was streamed (spooled, no runs)"
     assert [t for t in m.tables if t["table"] == "w"][0].get("refused"), "w is refused, alone"
