@@ -151,19 +151,32 @@ class TupleDecoder:
     def _from_split(self, split: list, n: int, row_offset: int) -> DecodedTuples | None:
         """The batch of :meth:`decode_raw_inserts` from the native splitter's column
         buffers (:mod:`airflow_pgcdc.changes._textcols`)."""
-        out = []
-        i = 0
-        try:
-            for i, (offsets, data, valid, nulls) in enumerate(split):
-                codec = self.codecs[i]
+
+        def columns():
+            for offsets, data, valid, nulls in split:
                 if nulls == n:
-                    out.append(arrays.nulls(n, codec.arrow_type))
+                    yield None, b""
                     continue
-                arr = pa.Array.from_buffers(
+                yield pa.Array.from_buffers(
                     pa.string(), n,
                     [None if valid is None else pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)],
                     nulls,
-                )
+                ), data
+
+        return self._text_batch(columns(), n, row_offset)
+
+    def _text_batch(self, columns, n: int, row_offset: int) -> DecodedTuples | None:
+        """``columns``: per column ``(Arrow string array, its data bytes)``, or ``(None, b"")``
+        when every value is NULL; converted by the codecs into the batch of
+        :meth:`decode_raw_inserts` (None when a value is not UTF-8)."""
+        out = []
+        i = 0
+        try:
+            for i, (arr, data) in enumerate(columns):
+                codec = self.codecs[i]
+                if arr is None:
+                    out.append(arrays.nulls(n, codec.arrow_type))
+                    continue
                 if data and not data.isascii():
                     arr.validate(full=True)  # not UTF-8: pa.lib.ArrowInvalid below
                 out.append(codec.from_text(arr))
@@ -218,12 +231,10 @@ class TupleDecoder:
             pos = nxt
         if not (pos == ends).all():
             return None
-        out = []
-        try:
-            for i, (vstart, ln, null) in enumerate(cols):
-                codec = self.codecs[i]
+        def columns():
+            for vstart, ln, null in cols:
                 if null.all():
-                    out.append(arrays.nulls(n, codec.arrow_type))
+                    yield None, b""
                     continue
                 valid = ~null
                 ln_valid = ln[valid]
@@ -237,17 +248,9 @@ class TupleDecoder:
                     data = buf[idx].tobytes()
                 else:
                     data = b""
-                arr = arrays._varlen(pa.string(), n, ln_valid, data, None if not null.any() else valid)
-                if size and not data.isascii():
-                    arr.validate(full=True)  # not UTF-8: pa.lib.ArrowInvalid below
-                out.append(codec.from_text(arr))
-        except pa.ArrowInvalid:
-            return None
-        except BadValue as e:
-            raise wrap_bad(e, self.columns[i], table=self.table, row_offset=row_offset) from None
-        batch = pa.RecordBatch.from_arrays(out, schema=self.schema)
-        masks: list[np.ndarray | None] = [None] * ncols
-        return DecodedTuples(batch, self._unchanged_names(n, masks), masks)
+                yield arrays._varlen(pa.string(), n, ln_valid, data, None if not null.any() else valid), data
+
+        return self._text_batch(columns(), n, row_offset)
 
     # ---- internals
 
