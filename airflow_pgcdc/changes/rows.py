@@ -305,6 +305,10 @@ def ts_us(ts: datetime | None) -> int | None:
     return (d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds
 
 
+ROW_OVERHEAD = 48
+"""Bytes a buffered change is counted beyond its values' (or message's) bytes."""
+
+
 class ChangeBuffer:
     """Collects change rows of one relation version until :meth:`take`."""
 
@@ -346,7 +350,7 @@ class ChangeBuffer:
         c.seqs.append(seq)
         c.xids.append(xid)
         c.commit_ts_us.append(commit_ts_us)
-        size = nbytes + 48
+        size = nbytes + ROW_OVERHEAD
         c.nbytes += size
         self.nbytes += size
         self.rows += 1
@@ -372,7 +376,7 @@ class ChangeBuffer:
         c.xids.append(xid)
         c.commit_ts_us.append(commit_ts_us)
         c.raw += 1
-        size = (len(message) if nbytes is None else nbytes) + 48
+        size = (len(message) if nbytes is None else nbytes) + ROW_OVERHEAD
         c.nbytes += size
         self.nbytes += size
         self.rows += 1
@@ -395,7 +399,7 @@ class ChangeBuffer:
         c.xids.extend(repeat(xid, k))
         c.commit_ts_us.extend(repeat(commit_ts_us, k))
         c.raw += k
-        size = nbytes + 48 * k
+        size = nbytes + ROW_OVERHEAD * k
         c.nbytes += size
         self.nbytes += size
         self.rows += k

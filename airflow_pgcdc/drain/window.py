@@ -15,6 +15,7 @@ import psycopg
 from airflow_pgcdc.changes.assembly import HeldPrepared, TxnInfo
 from airflow_pgcdc.changes.columns import COMMIT_LSN, SEQ, XID
 from airflow_pgcdc.changes.rows import (
+    ROW_OVERHEAD,
     ChangeBuffer,
     ColumnNameClash,
     RelationVersion,
@@ -406,8 +407,10 @@ class WindowSink:
             self._flush_largest()
 
     update_raw = insert_raw
+    """An Update carrying only its new row, as received (``U``, OID, ``N``: no old key or
+    row, so nothing :meth:`change` does for updates applies): kept like an insert."""
 
-    RAW_OVERHEAD = 48  # what ChangeBuffer counts per change beyond its message's bytes
+    RAW_OVERHEAD = ROW_OVERHEAD  # what ChangeBuffer counts per change beyond its message's bytes
 
     def takes_runs_of(self, rel: po.Relation) -> bool:
         """True when ``rel``'s changes go to the current buffer (its last change was
@@ -438,8 +441,6 @@ class WindowSink:
             self.writer.submit_rows(self._last_rv, buf.take(), self.pump)
         elif self.buffered > self.buffer_budget:
             self._flush_largest()
-    """An Update carrying only its new row, as received (``U``, OID, ``N``: no old key or
-    row, so nothing :meth:`change` does for updates applies): kept like an insert."""
 
     def _refuse(self, rel: po.Relation, exc: Exception) -> None:
         key = (rel.namespace or "pg_catalog", rel.relation_name)
