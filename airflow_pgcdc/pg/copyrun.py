@@ -75,7 +75,8 @@ def libpq_functions() -> tuple[int, int, int] | None:
     return fns  # type: ignore[return-value]
 
 
-def take(pgconn_ptr: int, fns: tuple[int, int, int], oid: bytes, images: list, ops: list, insert: str,
-         update: str, rows_left: int, bytes_left: int, overhead: int) -> tuple[int, int, int, bytes | None, int, int]:
-    """See ``airflow_pgcdc/pg/_copyrun.c``: ``(status, count, nbytes, payload, data_start, wal_end)``."""
-    return _copyrun.take(pgconn_ptr, fns, oid, images, ops, insert, update, rows_left, bytes_left, overhead)
+take = _copyrun.take if _copyrun is not None else None
+"""``take(pgconn_ptr, fns, oid, images, ops, insert, update, rows_left, bytes_left, overhead)
+-> (status, count, nbytes, payload, data_start, wal_end)``: the native call itself (see
+``airflow_pgcdc/pg/_copyrun.c``), no Python frame between it and the receive loop; None
+where the module is not built (then :func:`libpq_functions` is None too)."""
