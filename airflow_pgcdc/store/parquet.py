@@ -121,7 +121,7 @@ DICTIONARY_SAMPLE_ROWS = 131_072
 """How many leading rows of the first row group :func:`choose_dictionary_columns` counts."""
 
 
-def choose_dictionary_columns(sample: pa.Table) -> list[str] | bool:
+def choose_dictionary_columns(sample: pa.Table, sample_rows: int = DICTIONARY_SAMPLE_ROWS) -> list[str] | bool:
     """The columns worth Parquet dictionary encoding, judged on ``sample`` (a row group).
 
     Dictionary encoding pays for repeated values (status codes, dates, foreign keys) and
@@ -133,7 +133,8 @@ def choose_dictionary_columns(sample: pa.Table) -> list[str] | bool:
     A column whose distinct count (``pyarrow.compute.count_distinct``) over the first
     :data:`DICTIONARY_SAMPLE_ROWS` rows is at most :data:`DICTIONARY_MAX_DISTINCT_RATIO` of
     those rows keeps the dictionary; types the kernel cannot count (nested ones) keep it
-    too. Returns ``True`` for an empty sample (Parquet's default).
+    too. Returns ``True`` for an empty sample (Parquet's default). ``sample_rows``: how
+    many leading rows to count (default :data:`DICTIONARY_SAMPLE_ROWS`).
 
     Counting is bounded because it is not cheap (a hash table per column, superlinear in
     practice): on that table, 0.70 s for all 1M rows of a part, 0.04 s for 131,072. The
@@ -141,7 +142,7 @@ def choose_dictionary_columns(sample: pa.Table) -> list[str] | bool:
     distinct values in a 1M-row part, in key order) is judged unique; that cost 1% of
     file size there (27.4 vs 27.1 MB).
     """
-    sample = sample.slice(0, DICTIONARY_SAMPLE_ROWS)
+    sample = sample.slice(0, sample_rows)
     rows = sample.num_rows
     if rows == 0:
         return True
@@ -185,7 +186,8 @@ def _delta_packed_bytes(values: np.ndarray) -> int:
     return int(per_value * len(values) + 10 * len(blocks) * len(values) / whole)
 
 
-def choose_delta_columns(sample: pa.Table, skip: Iterable[str] = ()) -> dict[str, str]:
+def choose_delta_columns(sample: pa.Table, skip: Iterable[str] = (),
+                         sample_rows: int = DICTIONARY_SAMPLE_ROWS) -> dict[str, str]:
     """``{column: "DELTA_BINARY_PACKED"}`` for the integer-like columns (ints, dates,
     times, timestamps) of ``sample`` whose values move in small steps: keys and serials,
     event times, anything sorted or clustered.
@@ -197,9 +199,10 @@ def choose_delta_columns(sample: pa.Table, skip: Iterable[str] = ()) -> dict[str
     A column qualifies when its non-null sample values would take at most
     :data:`DELTA_MAX_SIZE_RATIO` of their plain bytes (estimated by
     :func:`_delta_packed_bytes`); values in random order never do. ``skip``: columns
-    that are dictionary-encoded (Parquet takes one or the other).
+    that are dictionary-encoded (Parquet takes one or the other). ``sample_rows``: as in
+    :func:`choose_dictionary_columns`.
     """
-    sample = sample.slice(0, DICTIONARY_SAMPLE_ROWS)
+    sample = sample.slice(0, sample_rows)
     skip = set(skip)
     chosen = {}
     for name, column in zip(sample.column_names, sample.columns, strict=True):
@@ -231,20 +234,21 @@ ENCODING_MIN_ROWS = 2 * _DELTA_BLOCK
 """A first row group of fewer rows keeps Parquet's default encodings (see :func:`choose_encodings`)."""
 
 
-def choose_encodings(sample: pa.Table) -> dict[str, Any]:
+def choose_encodings(sample: pa.Table, sample_rows: int = DICTIONARY_SAMPLE_ROWS) -> dict[str, Any]:
     """The writer options (``use_dictionary``, ``column_encoding``) for files whose first
     row group is ``sample``: :func:`choose_dictionary_columns`, then
     :func:`choose_delta_columns` among the rest. A sample of fewer than
     :data:`ENCODING_MIN_ROWS` rows (a small part: a window touching many tables writes
     hundreds of them) keeps Parquet's defaults without counting anything: no column
     would be delta-encoded anyway, and on so few rows the choice changes a few bytes
-    while counting costs a dozen pyarrow calls per part."""
+    while counting costs a dozen pyarrow calls per part. ``sample_rows``: how many of the
+    sample's leading rows are counted (see :func:`choose_dictionary_columns`)."""
     if sample.num_rows < ENCODING_MIN_ROWS:
         return {"use_dictionary": True}
-    dictionary = choose_dictionary_columns(sample)
+    dictionary = choose_dictionary_columns(sample, sample_rows)
     if dictionary is True:
         return {"use_dictionary": True}
-    delta = choose_delta_columns(sample, skip=dictionary)
+    delta = choose_delta_columns(sample, skip=dictionary, sample_rows=sample_rows)
     return {"use_dictionary": dictionary, "column_encoding": delta} if delta else {"use_dictionary": dictionary}
 
 
@@ -256,16 +260,18 @@ class TableEncodings:
     parts counts its distinct values about once instead of once per part. Parts that
     start together (one per worker) each choose, without waiting for each other: the
     choice is a few dozen short pyarrow calls, and a worker blocked on them behind a busy
-    GIL would stall its COPY. Thread-safe.
+    GIL would stall its COPY. Thread-safe. ``sample_rows``: how many leading rows of the
+    first row group are counted (:func:`choose_encodings`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sample_rows: int = DICTIONARY_SAMPLE_ROWS) -> None:
         self._choice: dict[str, Any] | None = None
+        self.sample_rows = sample_rows
 
     def choose(self, sample: pa.Table) -> dict[str, Any]:
         choice = self._choice
-        if choice is None:
-            choice = self._choice = choose_encodings(sample)  # a race only repeats the work
+        if choice is None:  # a race only repeats the work
+            choice = self._choice = choose_encodings(sample, sample_rows=self.sample_rows)
         return choice
 
 
@@ -463,6 +469,9 @@ class PartSequence:
     sid, schema, table, n)``); by default parts are :class:`MultipartWriter` uploads to
     ``client``/``bucket``. ``open_sink(key)`` replaces that (a local file, a test double).
 
+    The parts share one encoding choice (``encodings``, a :class:`TableEncodings`; by
+    default one of the sequence's own), made on the first part's first row group.
+
     :meth:`close` returns every :class:`PartInfo` in order. With ``write_empty`` (default)
     a sequence that received no rows still writes ``part 0`` with zero rows, so every table
     has at least one file carrying its schema. :meth:`abort` aborts the open part; parts
@@ -487,6 +496,7 @@ class PartSequence:
         write_empty: bool = True,
         compression: str = "zstd",
         compression_level: int | None = None,
+        encodings: TableEncodings | None = None,
         **parquet_options: Any,
     ) -> None:
         if open_sink is None and (client is None or bucket is None):
@@ -505,8 +515,11 @@ class PartSequence:
         self.upload_part_size = upload_part_size
         self.max_in_flight = max_in_flight
         self.write_empty = write_empty
+        # one encoding choice for all the parts (counted on the first part's first row group)
+        self.encodings = encodings if encodings is not None else TableEncodings()
         self._writer_options = dict(
-            compression=compression, compression_level=compression_level, **parquet_options
+            compression=compression, compression_level=compression_level, encodings=self.encodings,
+            **parquet_options,
         )
         self.parts: list[PartInfo] = []
         self._next = first_number

@@ -42,13 +42,14 @@ def test_empty_sample_keeps_parquets_default():
     assert choose_dictionary_columns(table(0)) is True
 
 
-def test_only_the_leading_rows_are_counted(monkeypatch):
-    monkeypatch.setattr(pqstore, "DICTIONARY_SAMPLE_ROWS", 100)
+def test_only_the_leading_rows_are_counted():
     # unique over the first 100 rows, then one value repeated: judged on the first 100
     t = pa.table({"c": pa.array(list(range(100)) + [0] * 10_000)})
-    assert choose_dictionary_columns(t) == []
-    monkeypatch.setattr(pqstore, "DICTIONARY_SAMPLE_ROWS", 20_000)
-    assert choose_dictionary_columns(t) == ["c"]
+    assert choose_dictionary_columns(t, 100) == []
+    assert choose_dictionary_columns(t, 20_000) == ["c"]
+    assert choose_dictionary_columns(t) == ["c"]  # DICTIONARY_SAMPLE_ROWS
+    assert pqstore.choose_encodings(t, sample_rows=100)["use_dictionary"] == []
+    assert pqstore.TableEncodings(100).choose(t)["use_dictionary"] == []
 
 
 def test_written_part_uses_the_choice():
@@ -123,7 +124,7 @@ def test_a_written_file_uses_the_chosen_encodings_and_reads_back_equal():
 def test_parts_of_one_table_share_the_first_choice(monkeypatch):
     calls = []
     real = pqstore.choose_encodings
-    monkeypatch.setattr(pqstore, "choose_encodings", lambda sample: calls.append(sample.num_rows) or real(sample))
+    monkeypatch.setattr(pqstore, "choose_encodings", lambda sample, **kw: calls.append(sample.num_rows) or real(sample, **kw))
     shared = pqstore.TableEncodings()
     t = stepped(5_000)
     for _ in range(3):
@@ -164,9 +165,9 @@ def test_choosing_encodings_does_not_import_pandas():
 
 def test_a_small_first_row_group_keeps_parquets_defaults_without_counting(monkeypatch):
     counted = []
-    monkeypatch.setattr(pqstore, "choose_dictionary_columns", lambda sample: counted.append(1) or [])
+    monkeypatch.setattr(pqstore, "choose_dictionary_columns", lambda sample, rows: counted.append(rows) or [])
     small = table(pqstore.ENCODING_MIN_ROWS - 1)
     assert pqstore.choose_encodings(small) == {"use_dictionary": True}
     assert counted == []
     pqstore.choose_encodings(table(pqstore.ENCODING_MIN_ROWS))
-    assert counted == [1]
+    assert counted == [pqstore.DICTIONARY_SAMPLE_ROWS]

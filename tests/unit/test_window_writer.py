@@ -89,3 +89,41 @@ def test_a_failed_part_fails_the_window(threads: int) -> None:
     with pytest.raises(StoreError, match="injected failure"):
         w.finish(lambda: None)
     assert not any(k.endswith("_manifest.json") for k in client.objects)
+
+
+def test_a_tables_parts_share_one_encoding_choice_on_a_bounded_sample(monkeypatch) -> None:
+    """Counting distinct values is the window writer's costliest per-part step on wide
+    rows: a relation version rolled into several parts chooses once, on at most
+    ENCODING_SAMPLE_ROWS rows, and every part is written with that choice."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from airflow_pgcdc.store import parquet as pqstore
+    from airflow_pgcdc.store import window as wstore
+
+    counted = []
+    real = pqstore.choose_dictionary_columns
+    monkeypatch.setattr(pqstore, "choose_dictionary_columns",
+                        lambda sample, rows: counted.append(min(rows, sample.num_rows)) or real(sample, rows))
+    client = FakeS3()
+    # parts roll as soon as a row group is written (target 1 byte; settle encodes each batch)
+    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd",
+                     target_part_bytes=1)
+    rv = _version(0)
+    seq = 0
+    for _ in range(3):
+        buf = ChangeBuffer(rv)
+        for r in range(20_000):
+            buf.add("I", (str(seq), f"value {seq % 10}"), None, 100, seq, 7, None)
+            seq += 1
+        w.submit_rows(rv, buf.take(), lambda: None, settle=True)
+    out = w.finish(lambda: None)
+    parts = out["tables"][0]["relation_versions"][0]["parts"]
+    assert len(parts) >= 2
+    assert counted == [wstore.ENCODING_SAMPLE_ROWS]  # once, for every part
+    for p in parts:
+        meta = pq.ParquetFile(io.BytesIO(client.objects[w.base + p["path"]])).metadata
+        cols = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings
+                for i in range(meta.num_columns)}
+        assert "RLE_DICTIONARY" in cols["v"] and "RLE_DICTIONARY" not in cols["id"], cols
