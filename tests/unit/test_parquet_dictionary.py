@@ -171,3 +171,53 @@ def test_a_small_first_row_group_keeps_parquets_defaults_without_counting(monkey
     assert counted == []
     pqstore.choose_encodings(table(pqstore.ENCODING_MIN_ROWS))
     assert counted == [pqstore.DICTIONARY_SAMPLE_ROWS]
+
+
+def _written(batches: list[pa.Table], settle_after_first: bool = False, **kw) -> bytes:
+    sink = io.BytesIO()
+    sink.close = lambda: None  # keep the bytes
+    writer = ParquetPartWriter(sink, batches[0].schema, name="p", **kw)
+    for i, b in enumerate(batches):
+        writer.write_table(b)
+        if settle_after_first and i == 0:
+            writer.flush_row_group()
+    writer.close()
+    data = sink.getvalue()
+    assert pq.read_table(io.BytesIO(data)).equals(pa.concat_tables(batches))
+    return data
+
+
+def _codecs(data: bytes) -> set[tuple[str, bool]]:
+    """(compression, dictionary used) of every column chunk of the file."""
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    return {(c.compression, c.has_dictionary_page)
+            for g in range(meta.num_row_groups) for c in map(meta.row_group(g).column, range(meta.num_columns))}
+
+
+def test_a_part_of_one_small_row_group_is_snappy_without_dictionary():
+    """zstd and dictionaries cost a fixed setup per column chunk: a window touching
+    hundreds of tables writes hundreds of parts of a few rows."""
+    small = table(pqstore.ENCODING_MIN_ROWS - 1)
+    assert _codecs(_written([small])) == {("SNAPPY", False)}
+    assert {c for c, _ in _codecs(_written([small], small_part_compression=None))} == {"ZSTD"}
+    # enough rows, or a row group written before the last: the usual choice
+    assert {c for c, _ in _codecs(_written([table(pqstore.ENCODING_MIN_ROWS)]))} == {"ZSTD"}
+    assert {c for c, _ in _codecs(_written([table(10), table(10)], settle_after_first=True))} == {"ZSTD"}
+
+
+def test_a_few_large_rows_are_not_small():
+    big = pa.table({"id": pa.array(range(10), pa.int64()),
+                    "doc": pa.array(["x" * (pqstore.SMALL_PART_BYTES // 10 + 1)] * 10)})
+    assert {c for c, _ in _codecs(_written([big]))} == {"ZSTD"}
+
+
+def test_a_small_part_does_not_make_the_tables_choice(monkeypatch):
+    """The shared choice is made on a part large enough to judge by, not on a few rows."""
+    calls = []
+    real = pqstore.choose_encodings
+    monkeypatch.setattr(pqstore, "choose_encodings", lambda sample, **kw: calls.append(sample.num_rows) or real(sample, **kw))
+    shared = pqstore.TableEncodings()
+    _written([table(5)], encodings=shared)
+    assert calls == []
+    _written([stepped(5_000)], encodings=shared)
+    assert calls == [5_000]
