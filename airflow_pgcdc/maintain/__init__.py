@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -113,23 +113,47 @@ def _copies(layout: Layout, slot: str, snapshot, resyncs) -> list[tuple[Layout, 
     return out + [(r.layout, r.resync_slot, r.manifest) for r in resyncs]
 
 
-def _copy_done(delta: str, slot: str, snapshot, storage):
-    """``done(manifest, schema, table)`` for :func:`~.copies.expire_copies`: the slot's
-    snapshot is done with once the table's Delta table exists; a resync's, once the Delta
-    table applied it or a later one. Read when asked (after the compaction and the merges
-    that ran meanwhile)."""
+def _applied_reader(delta: str, slot: str, storage) -> Callable[..., dict[str, int | None] | None]:
+    """``applied(schema, table, suffix="")``: the transaction versions the Delta table
+    ``schema.table`` (``suffix``: one of its history tables) holds for the slot's app ids
+    (``{app: version or None}``), or None when it does not exist. Each Delta table's log is
+    read once, when first asked: after the compaction, for the expiry of windows and copies.
+    A merge committing after that read only makes the answer older than the truth, and an
+    older answer keeps more (windows, copies) than needed, never less."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    read: dict[str, dict[str, int | None] | None] = {}
+
+    def applied(schema: str, table: str, suffix: str = "") -> dict[str, int | None] | None:
+        url = delta_table_url(delta, schema, table) + suffix
+        if url not in read:
+            app = app_id(slot, schema, table)
+            apps = [f"{app}:{suffix[2:]}"] if suffix else [app, app + RESYNC_APP_SUFFIX]
+            try:
+                dt = DeltaTable(url, storage_options=storage)
+            except TableNotFoundError:
+                read[url] = None
+            else:
+                read[url] = {a: dt.transaction_version(a) for a in apps}
+        return read[url]
+
+    return applied
+
+
+def _copy_done(slot: str, snapshot, applied):
+    """``done(manifest, schema, table)`` for :func:`~.copies.expire_copies`: the slot's
+    snapshot is done with once the table's Delta table exists; a resync's, once the Delta
+    table applied it or a later one (``applied``: :func:`_applied_reader`'s)."""
+
     def done(manifest, schema: str, table: str) -> bool:
-        try:
-            dt = DeltaTable(delta_table_url(delta, schema, table), storage_options=storage)
-        except TableNotFoundError:
+        versions = applied(schema, table)
+        if versions is None:
             return False
         if snapshot is not None and manifest.snapshot_id == snapshot.snapshot_id and manifest.slot == snapshot.slot:
             return True
-        applied = dt.transaction_version(app_id(slot, schema, table) + RESYNC_APP_SUFFIX)
-        return applied is not None and applied >= int(LSN.parse(manifest.consistent_point))
+        resync = versions[app_id(slot, schema, table) + RESYNC_APP_SUFFIX]
+        return resync is not None and resync >= int(LSN.parse(manifest.consistent_point))
 
     return done
 
@@ -211,16 +235,6 @@ def maintain_slot(
                              hint="give schema.table names from the slot's snapshot or resyncs")
         wanted = [known[n] for n in tables]
 
-    opened: dict[str, Any] = {}
-
-    def open_(url: str):
-        if url not in opened:
-            try:
-                opened[url] = DeltaTable(url, storage_options=storage)
-            except TableNotFoundError:
-                opened[url] = None
-        return opened[url]
-
     cutoff = cutoff_for(retention_hours)
     for schema, table in wanted:
         name = f"{schema}.{table}"
@@ -229,7 +243,9 @@ def maintain_slot(
         targets = [(base, name, [app, app + RESYNC_APP_SUFFIX])]
         targets += [(base + sfx, name + sfx, [f"{app}:{sfx[2:]}"]) for sfx in HISTORY_SUFFIXES]
         for url, label, apps in targets:
-            if open_(url) is None:
+            try:
+                dt = DeltaTable(url, storage_options=storage)  # maintain_table's first attempt reads it
+            except TableNotFoundError:
                 if url == base:
                     log.info("%s: no Delta table yet (nothing to maintain; its windows are kept)", name)
                 continue
@@ -238,7 +254,8 @@ def maintain_slot(
                 keys = _key_of(snapshot, resyncs, schema, table) if url == base else ()
                 for attempt in range(TABLE_ATTEMPTS):
                     try:
-                        res = maintain_table(url, name=label, apps=apps, storage_options=storage, client=client,
+                        res = maintain_table(url, dt=dt if attempt == 0 else None, name=label, apps=apps,
+                                             storage_options=storage, client=client,
                                              retention_hours=retention_hours,
                                              zorder=(keys or None) if zorder else None, keys=keys,
                                              target_size=target_size, dry_run=dry_run,
@@ -258,42 +275,33 @@ def maintain_slot(
                         zorder=bool(zorder), target_size=target_size)
 
     if windows:
-        fresh: dict[tuple[str, str], int | None] = {}
+        applied = _applied_reader(delta, slot, storage)  # read now, not before the compaction
 
         def merged(schema: str, table: str) -> int | None:
             """The last window every Delta table of ``schema.table`` merged (None: keep)."""
-            if (schema, table) not in fresh:
-                base = delta_table_url(delta, schema, table)
-                app = app_id(slot, schema, table)
-                versions = []
-                for url, a in [(base, app)] + [(base + s, f"{app}:{s[2:]}") for s in HISTORY_SUFFIXES]:
-                    try:
-                        dt = DeltaTable(url, storage_options=storage)  # read now, not before the compaction
-                    except TableNotFoundError:
-                        if url == base:
-                            versions.append(None)
-                        continue
-                    versions.append(dt.transaction_version(a))
-                fresh[(schema, table)] = None if None in versions else min(versions)
-            return fresh[(schema, table)]
+            app = app_id(slot, schema, table)
+            base = applied(schema, table)
+            versions = [None if base is None else base[app]]
+            for sfx in HISTORY_SUFFIXES:
+                history = applied(schema, table, sfx)
+                if history is not None:
+                    versions.append(history[f"{app}:{sfx[2:]}"])
+            return None if None in versions else min(versions)
 
         blocked = None
         for s, t in names:  # a resync not applied yet: its merge reads the windows after its copy
             found = latest_resync(resyncs, s, t)
             if found is None:
                 continue
-            try:
-                dt = DeltaTable(delta_table_url(delta, s, t), storage_options=storage)
-                applied = dt.transaction_version(app_id(slot, s, t) + RESYNC_APP_SUFFIX)
-            except TableNotFoundError:
-                applied = None
-            if applied is None or applied < int(found[0].consistent_point):
+            base = applied(s, t)
+            resync = None if base is None else base[app_id(slot, s, t) + RESYNC_APP_SUFFIX]
+            if resync is None or resync < int(found[0].consistent_point):
                 blocked = f"the resync of {s}.{t} is not merged yet"
                 break
         result.windows = expire_windows(client, layout, slot, merged=merged, cutoff=cutoff, blocked=blocked,
                                         dry_run=dry_run)
         result.copies = expire_copies(client, layout, slot, _copies(layout, slot, snapshot, resyncs),
-                                      done=_copy_done(delta, slot, snapshot, storage), cutoff=cutoff,
+                                      done=_copy_done(slot, snapshot, applied), cutoff=cutoff,
                                       dry_run=dry_run)
         result.staging = remove_staging(client, layout, slot, cutoff=cutoff, dry_run=dry_run)
     result.seconds = round(time.monotonic() - t0, 3)

@@ -147,16 +147,19 @@ def maintain_table(
     keys: Sequence[str] = (),
     purge_ratio: float = PURGE_RATIO,
     unreferenced_floor_hours: float = UNREFERENCED_FLOOR_HOURS,
+    dt=None,
 ) -> DeltaTableResult:
     """Compact, vacuum and checkpoint the Delta table at ``url``; ``apps``: the app ids
     whose transaction versions must survive. ``keys``: the merge key, the purge's sort
-    order (see the module docstring). Raises on failure (the caller reports it)."""
+    order (see the module docstring). ``dt``: the table, just opened by the caller (else
+    it is opened here). Raises on failure (the caller reports it)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError
 
     t0 = time.monotonic()
     res = DeltaTableResult(table=name, url=url)
-    dt = DeltaTable(url, storage_options=storage_options)
+    if dt is None:
+        dt = DeltaTable(url, storage_options=storage_options)
     res.version_before = dt.version()
     before = {a: dt.transaction_version(a) for a in apps}
     res.files_before, res.bytes_before = _data_files(dt)

@@ -45,7 +45,9 @@ def expired_key(layout: Layout, slot: str) -> str:
     return layout.changes_prefix(slot)[: -len("changes/")] + "maintain/expired.json"
 
 
-def _ranges(seqs: Iterable[int]) -> list[list[int]]:
+def seq_ranges(seqs: Iterable[int]) -> list[list[int]]:
+    """Window numbers as sorted inclusive ``[first, last]`` runs: ``[1, 2, 3, 7]`` →
+    ``[[1, 3], [7, 7]]`` (how ``expired.json`` stores them, and how errors name them)."""
     out: list[list[int]] = []
     for s in sorted(set(seqs)):
         if out and out[-1][1] == s - 1:
@@ -91,7 +93,7 @@ def update_expired(client, layout: Layout, slot: str, *, windows: set[int] | Non
     as read)."""
     doc = _expired_doc(client, layout, slot)
     if windows is not None:
-        doc["windows"] = _ranges(windows)
+        doc["windows"] = seq_ranges(windows)
     if copies is not None:
         doc["copies"] = copies
     doc.update(slot=slot, updated_at=datetime.now(UTC).isoformat(timespec="seconds"))
@@ -174,9 +176,9 @@ def expire_windows(
             continue
         newly.add(seq)
         victims.extend(rest)
-    out["expired"] = _ranges(newly)
-    out["kept"] = {why: _ranges(seqs) for why, seqs in out["kept"].items()}
-    out["debris_windows"] = _ranges(out["debris_windows"])
+    out["expired"] = seq_ranges(newly)
+    out["kept"] = {why: seq_ranges(seqs) for why, seqs in out["kept"].items()}
+    out["debris_windows"] = seq_ranges(out["debris_windows"])
     out["objects"] = len(victims)
     out["bytes"] = sum(int(o["Size"]) for o in victims)
     if dry_run or not victims:

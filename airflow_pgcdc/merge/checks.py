@@ -142,13 +142,9 @@ def check_copy(ctx: JobContext, layout, copy_slot: str, manifest, schema: str, t
 
 
 def _ranges_text(seqs: Sequence[int]) -> str:
-    out: list[list[int]] = []
-    for s in sorted(seqs):
-        if out and out[-1][1] == s - 1:
-            out[-1][1] = s
-        else:
-            out.append([s, s])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+    from airflow_pgcdc.maintain.store import seq_ranges
+
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in seq_ranges(seqs))
 
 
 def check_expired(ctx: JobContext, schema: str, table: str, windows, since: int | None, url: str,

@@ -76,7 +76,7 @@ def run_cli(s3, *args):
     return proc
 
 
-def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, store, spark, s3):
+def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, store, spark, s3, monkeypatch):
     client, src, lake = store
     db = db18
     slot = slot_name()
@@ -123,8 +123,15 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
     old = DeltaTable(url["t"], storage_options=opts, version=versions_before["t"])
     assert old.to_pyarrow_table().num_rows == DeltaTable(url["t"], storage_options=opts).to_pyarrow_table().num_rows
 
-    # a dry run reports what retention 0 would remove and removes nothing
-    dry = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, dry_run=True).to_dict()
+    # a dry run reports what retention 0 would remove and removes nothing; each Delta
+    # table's log is read twice: by its upkeep, then once for the windows' and copies' expiry
+    opened = []
+    real_init = DeltaTable.__init__
+    with monkeypatch.context() as m:
+        m.setattr(DeltaTable, "__init__", lambda self, uri, *a, **kw: opened.append(str(uri).rstrip("/"))
+                  or real_init(self, uri, *a, **kw))
+        dry = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, dry_run=True).to_dict()
+    assert {t: opened.count(url[t].rstrip("/")) for t in TABLES} == {t: 2 for t in TABLES}, opened
     assert dry["windows"]["expired"] == [[0, merges - 1]] and dry["windows"]["bytes"] > 0, dry["windows"]
     assert {r["table"]: r for r in dry["tables"]}["public.t"]["vacuum"]["dry_run"] is True
     assert dry["bytes_removed"] >= dry["windows"]["bytes"]
