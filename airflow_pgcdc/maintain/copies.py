@@ -34,7 +34,7 @@ from typing import Any
 
 from airflow_pgcdc.maintain.store import read_expired_copies, update_expired
 from airflow_pgcdc.store import s3 as s3store
-from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.layout import Layout, encode_table_segment
 
 log = logging.getLogger("airflow_pgcdc.maintain")
 
@@ -60,11 +60,11 @@ def expire_copies(
     out: dict[str, Any] = {"expired": {}, "kept": {}, "dry_run": dry_run}
     for lay, copy_slot, manifest in copies:
         key = lay.snapshot_manifest(copy_slot, manifest.snapshot_id)
+        parts = _CopyObjects(client, lay, lay.snapshot_prefix(copy_slot, manifest.snapshot_id))
         for t in manifest.tables:
             name = f"{t.schema}.{t.table}"
-            prefix = lay.snapshot_table_prefix(copy_slot, manifest.snapshot_id, t.schema, t.table)
             if name in recorded.get(key, ()):  # expired before: a crash may have left some parts
-                victims.extend(s3store.list_objects(client, lay.bucket, prefix))
+                victims.extend(parts.of(t.schema, t.table))
                 continue
             why = None
             if manifest.finished_at >= cutoff:
@@ -76,7 +76,7 @@ def expire_copies(
                 continue
             newly.setdefault(key, []).append(name)
             out["expired"].setdefault(manifest.snapshot_id, []).append(name)
-            victims.extend(s3store.list_objects(client, lay.bucket, prefix))
+            victims.extend(parts.of(t.schema, t.table))
     out["objects"] = len(victims)
     out["bytes"] = sum(int(o["Size"]) for o in victims)
     if dry_run or not victims:
@@ -91,3 +91,22 @@ def expire_copies(
              "; ".join(f"{sid}: {', '.join(names)}" for sid, names in out["expired"].items()) or "(leftovers)",
              out["objects"], out["bytes"])
     return out
+
+
+class _CopyObjects:
+    """The objects of one copy, listed once (when first asked), by table: one listing of
+    the copy instead of one per table (every run looks again at the tables expired before,
+    for parts a crash left)."""
+
+    def __init__(self, client, layout: Layout, prefix: str) -> None:
+        self.client, self.layout, self.prefix = client, layout, prefix
+        self._by_segment: dict[str, list[dict]] | None = None
+
+    def of(self, schema: str, table: str) -> list[dict]:
+        if self._by_segment is None:
+            self._by_segment = {}
+            for o in s3store.list_objects(self.client, self.layout.bucket, self.prefix):
+                segment, sep, _ = o["Key"][len(self.prefix):].partition("/")
+                if sep:  # a table's object, not the copy's manifest
+                    self._by_segment.setdefault(segment, []).append(o)
+        return self._by_segment.get(encode_table_segment(schema, table), [])

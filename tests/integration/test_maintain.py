@@ -207,7 +207,16 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
     assert out2["windows"]["expired"] == [[merges, last]], out2["windows"]
     assert_equal(db, lake)
     # with the floor at 0 (no other writer runs here) the orphan goes; the log was read for it
-    out3 = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, unreferenced_floor_hours=0).to_dict()
+    # (the copy's tables, all expired before, are looked at again with one listing, not one each)
+    listed = []
+    real_list = s3store.list_objects
+    with monkeypatch.context() as m:
+        m.setattr(s3store, "list_objects", lambda c, b, prefix, *a, **kw: listed.append(prefix)
+                  or real_list(c, b, prefix, *a, **kw))
+        out3 = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0,
+                             unreferenced_floor_hours=0).to_dict()
+    assert out3["copies"]["expired"] == {} and out3["copies"]["objects"] == 0, out3["copies"]
+    assert len([p for p in listed if "/snapshot/" in p]) == 1, listed
     vac = {r["table"]: r for r in out3["tables"]}["public.t"]["vacuum"]
     assert vac["orphans"] == {"files": 1, "bytes": len(buf.getvalue())} and vac["log_read"] is True, vac
     assert not s3store.exists(client, o_bucket, o_key)
