@@ -89,12 +89,13 @@ class DeltaTableResult:
         return asdict(self)
 
 
-def _sizes(client, url: str) -> dict[str, int]:
-    """``{key relative to the table root: size}`` of every object under the table."""
+def _sizes(client, url: str, under: str = "") -> dict[str, int]:
+    """``{key relative to the table root: size}`` of every object under the table (under
+    its folder ``under``, e.g. ``_delta_log/``, when given)."""
     loc = s3store.S3Location.parse(url)
     # the objects delta-rs wrote for this URL: it percent-decodes the path (my%2Eschema.t → my.schema.t)
     base = unquote(loc.prefix.rstrip("/")) + "/"
-    return {o["Key"][len(base):]: int(o["Size"]) for o in s3store.list_objects(client, loc.bucket, base)}
+    return {o["Key"][len(base):]: int(o["Size"]) for o in s3store.list_objects(client, loc.bucket, base + under)}
 
 
 def _relative(path: str, url: str) -> str:
@@ -231,10 +232,10 @@ def maintain_table(
     else:
         dt.update_incremental()
         dt.create_checkpoint()
-        log_before = {k: v for k, v in _sizes(client, url).items() if k.startswith("_delta_log/")}
+        log_before = _sizes(client, url, "_delta_log/")
         dt.cleanup_metadata()  # the table's own log retention (30 days unless set)
         expire_log(client, url, retention_hours)  # and ours: --retention-hours
-        log_after = {k for k in _sizes(client, url) if k.startswith("_delta_log/")}
+        log_after = _sizes(client, url, "_delta_log/")
         gone = [k for k in log_before if k not in log_after]
         res.log = {"checkpoint_version": dt.version(), "log_files_removed": len(gone),
                    "bytes": sum(log_before[k] for k in gone)}

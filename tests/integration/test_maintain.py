@@ -217,6 +217,10 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
                              unreferenced_floor_hours=0).to_dict()
     assert out3["copies"]["expired"] == {} and out3["copies"]["objects"] == 0, out3["copies"]
     assert len([p for p in listed if "/snapshot/" in p]) == 1, listed
+    # a Delta table's folder is listed whole twice (vacuum's sizes, the unreferenced files),
+    # its log alone for the log's upkeep
+    table_root = {t: url[t].split("/", 3)[3].rstrip("/") + "/" for t in TABLES}
+    assert {t: listed.count(table_root[t]) for t in TABLES} == {t: 2 for t in TABLES}, listed
     vac = {r["table"]: r for r in out3["tables"]}["public.t"]["vacuum"]
     assert vac["orphans"] == {"files": 1, "bytes": len(buf.getvalue())} and vac["log_read"] is True, vac
     assert not s3store.exists(client, o_bucket, o_key)
