@@ -231,6 +231,7 @@ class TupleDecoder:
             pos = nxt
         if not (pos == ends).all():
             return None
+
         def columns():
             for vstart, ln, null in cols:
                 if null.all():

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from airflow_pgcdc.changes.assembly import HeldPrepared, TransactionAssembler, event_position
+from airflow_pgcdc.changes.rows import ROW_OVERHEAD
 from airflow_pgcdc.drain.guards import (
     DrainTimeout,
     WindowConflict,
@@ -171,13 +172,12 @@ class WindowRun:
         conn.gather_seconds = GATHER_SECONDS
         read_run = conn.read_run if conn.can_read_runs() else None
         run_target, took_run, raw_run_oid = window.run_target, window.took_run, asm.raw_run_oid
-        overhead = window.RAW_OVERHEAD
         run_oid = None
         while True:
             if run_oid is None:
                 frame = read(0.2)
             else:
-                k, nbytes, frame = read_run(run_oid, *run_target(), overhead, 0.2)
+                k, nbytes, frame = read_run(run_oid, *run_target(), ROW_OVERHEAD, 0.2)
                 if k:
                     took_run(k, nbytes)
                     received += nbytes

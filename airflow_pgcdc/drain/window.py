@@ -15,7 +15,6 @@ import psycopg
 from airflow_pgcdc.changes.assembly import HeldPrepared, TxnInfo
 from airflow_pgcdc.changes.columns import COMMIT_LSN, SEQ, XID
 from airflow_pgcdc.changes.rows import (
-    ROW_OVERHEAD,
     ChangeBuffer,
     ColumnNameClash,
     RelationVersion,
@@ -409,8 +408,6 @@ class WindowSink:
     update_raw = insert_raw
     """An Update carrying only its new row, as received (``U``, OID, ``N``: no old key or
     row, so nothing :meth:`change` does for updates applies): kept like an insert."""
-
-    RAW_OVERHEAD = ROW_OVERHEAD  # what ChangeBuffer counts per change beyond its message's bytes
 
     def takes_runs_of(self, rel: po.Relation) -> bool:
         """True when ``rel``'s changes go to the current buffer (its last change was

@@ -465,13 +465,12 @@ class ParquetPartWriter:
         if self._writer is not None:
             return
         options = dict(self._options)
-        if "use_dictionary" in options or "column_encoding" in options or first is None:
-            pass
-        elif small and self.small_part_compression is not None:
-            options |= {"use_dictionary": False, "compression": self.small_part_compression,
-                        "compression_level": None}
-        else:
-            options |= self.encodings.choose(first) if self.encodings is not None else choose_encodings(first)
+        if first is not None and "use_dictionary" not in options and "column_encoding" not in options:
+            if small and self.small_part_compression is not None:
+                options |= {"use_dictionary": False, "compression": self.small_part_compression,
+                            "compression_level": None}
+            else:
+                options |= self.encodings.choose(first) if self.encodings is not None else choose_encodings(first)
         self._writer = pq.ParquetWriter(_Sink(self.sink), self.schema, **options)
 
     def _check_open(self) -> None:

@@ -114,7 +114,7 @@ def test_a_tables_parts_share_one_encoding_choice_on_a_bounded_sample(monkeypatc
     seq = 0
     for _ in range(3):
         buf = ChangeBuffer(rv)
-        for r in range(20_000):
+        for _row in range(20_000):
             buf.add("I", (str(seq), f"value {seq % 10}"), None, 100, seq, 7, None)
             seq += 1
         w.submit_rows(rv, buf.take(), lambda: None, settle=True)
