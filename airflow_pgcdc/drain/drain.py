@@ -141,6 +141,7 @@ from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument
+from airflow_pgcdc.store.parquet import prefer_jemalloc_pool
 from airflow_pgcdc.store.window import DEFAULT_MEMORY_BUDGET
 
 log = logging.getLogger(__name__)
@@ -276,6 +277,7 @@ def drain_window(
     location = store if isinstance(store, s3store.S3Location) else s3store.S3Location.parse(store)
     layout = Layout(location)
     client = s3_client or s3store.make_s3_client()
+    prefer_jemalloc_pool()  # the window's Arrow buffers (see there; ARROW_DEFAULT_MEMORY_POOL wins)
 
     sql = psycopg.connect(dsn, autocommit=True, application_name="pgcdc-drain-catalog")
     try:

@@ -177,6 +177,22 @@ class MultipartWriter:
         self._written += n
         return n
 
+    def upload_ready(self, min_bytes: int = MIN_PART_SIZE) -> bool:
+        """Upload the buffered bytes now, as the next part, if there are at least
+        ``min_bytes`` (never fewer than S3's 5 MiB for a part that is not the last).
+        Called at a natural boundary (the Parquet writer after each row group but the
+        last), the upload overlaps what is written next, and :meth:`close` has only the
+        tail left to send. Returns whether a part was shipped."""
+        self._check_open("upload")
+        if len(self._buf) < max(min_bytes, MIN_PART_SIZE):
+            return False
+        try:
+            self._ship(self._take_buffer())
+        except BaseException:
+            self.abort()
+            raise
+        return True
+
     def writelines(self, lines: Iterable[Any]) -> None:
         for line in lines:
             self.write(line)

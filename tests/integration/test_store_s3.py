@@ -118,6 +118,28 @@ def test_one_huge_write_is_split_into_parts(client, s3_bucket) -> None:
     assert client.head_object(Bucket=s3_bucket, Key="huge-write")["ETag"].strip('"').endswith("-3")
 
 
+def test_upload_ready_sends_what_is_buffered_from_5_mib(client, s3_bucket) -> None:
+    """upload_ready() (the Parquet writer calls it at a row group's end) ships the
+    buffered bytes as a part once there are 5 MiB of them, whatever part_size is, and
+    nothing below that; close() sends the rest, also when nothing is left buffered."""
+    first, second, third = os.urandom(6 * MiB), os.urandom(1 * MiB), os.urandom(5 * MiB + 1)
+    with MultipartWriter(client, s3_bucket, "ready/three", part_size=16 * MiB) as w:
+        w.write(first)
+        assert w.upload_ready() and w.multipart and w.tell() == len(first)
+        w.write(second)
+        assert not w.upload_ready()  # 1 MiB: below S3's smallest part but the last
+        w.write(third)
+        assert w.upload_ready()  # 6 MiB + 1 byte
+        assert not w.upload_ready()  # nothing left
+    assert get_bytes(client, s3_bucket, "ready/three") == first + second + third
+    assert client.head_object(Bucket=s3_bucket, Key="ready/three")["ETag"].strip('"').endswith("-2")
+    assert pending_uploads(client, s3_bucket) == []
+    w = MultipartWriter(client, s3_bucket, "ready/closed", part_size=5 * MiB)
+    w.close()
+    with pytest.raises(ValueError, match="closed"):
+        w.upload_ready()
+
+
 @pytest.mark.parametrize("size", [0, 1, 5 * MiB])
 def test_small_objects_go_as_one_put(client, s3_bucket, size) -> None:
     data = os.urandom(size)

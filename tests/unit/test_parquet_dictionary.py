@@ -6,6 +6,7 @@ import io
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from airflow_pgcdc.store import parquet as pqstore
 from airflow_pgcdc.store.parquet import ParquetPartWriter, choose_dictionary_columns
@@ -221,3 +222,25 @@ def test_a_small_part_does_not_make_the_tables_choice(monkeypatch):
     assert calls == []
     _written([stepped(5_000)], encodings=shared)
     assert calls == [5_000]
+
+
+def test_the_drain_prefers_jemalloc_unless_the_user_chose_a_pool(monkeypatch) -> None:
+    """prefer_jemalloc_pool (called by drain_window) makes jemalloc Arrow's default pool,
+    but leaves a pool chosen through ARROW_DEFAULT_MEMORY_POOL alone."""
+    import pyarrow as pa
+
+    from airflow_pgcdc.store.parquet import ARROW_POOL_ENV, prefer_jemalloc_pool
+
+    try:
+        pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        pytest.skip("this pyarrow was built without jemalloc: the drain keeps Arrow's default pool")
+    before = pa.default_memory_pool()
+    try:
+        pa.set_memory_pool(pa.system_memory_pool())
+        monkeypatch.setenv(ARROW_POOL_ENV, "system")
+        assert prefer_jemalloc_pool() == "system" and pa.default_memory_pool().backend_name == "system"
+        monkeypatch.delenv(ARROW_POOL_ENV)
+        assert prefer_jemalloc_pool() == "jemalloc" and pa.default_memory_pool().backend_name == "jemalloc"
+    finally:
+        pa.set_memory_pool(before)

@@ -127,3 +127,75 @@ def test_a_tables_parts_share_one_encoding_choice_on_a_bounded_sample(monkeypatc
         cols = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings
                 for i in range(meta.num_columns)}
         assert "RLE_DICTIONARY" in cols["v"] and "RLE_DICTIONARY" not in cols["id"], cols
+
+
+class FakeMultipartS3(FakeS3):
+    """FakeS3 with multipart uploads; ``calls``: each request in order, as (operation,
+    key, the part's bytes or None)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str, int | None]] = []
+        self.uploads: dict[str, dict[int, bytes]] = {}
+
+    def create_multipart_upload(self, Bucket, Key, **kw):  # noqa: N803 - boto3's names
+        self.calls.append(("create", Key, None))
+        self.uploads[Key] = {}
+        return {"UploadId": Key}
+
+    def upload_part(self, Bucket, Key, UploadId, PartNumber, Body):  # noqa: N803
+        self.calls.append(("part", Key, len(Body)))
+        self.uploads[UploadId][PartNumber] = bytes(Body)
+        return {"ETag": f'"{PartNumber}"'}
+
+    def complete_multipart_upload(self, Bucket, Key, UploadId, MultipartUpload, **kw):  # noqa: N803
+        self.calls.append(("complete", Key, None))
+        parts = self.uploads.pop(UploadId)
+        self.objects[Key] = b"".join(parts[p["PartNumber"]] for p in MultipartUpload["Parts"])
+        return {"ETag": '"done"'}
+
+    def abort_multipart_upload(self, Bucket, Key, UploadId):  # noqa: N803
+        self.uploads.pop(UploadId, None)
+
+
+def test_window_row_groups_are_small_and_uploaded_as_they_are_written() -> None:
+    """A window part's row groups hold at most WINDOW_ROW_GROUP_BYTES of Arrow data (the
+    rows of the open one wait in memory, unencoded), and the part's bytes are uploaded
+    at row group ends once there are 5 MiB of them, not all at the part's close. Before:
+    one 64 MiB row group, every byte sent by close()."""
+    import io
+    import os
+
+    import pyarrow.parquet as pq
+
+    from airflow_pgcdc.store import window as wstore
+    from airflow_pgcdc.store.s3 import DEFAULT_PART_SIZE
+
+    client = FakeMultipartS3()
+    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd")
+    rv = _version(0)
+    seq = 0
+    sent = 0
+    while sent < 40 << 20:  # incompressible text: ~40 MiB of Arrow, ~30 MiB of Parquet
+        buf = ChangeBuffer(rv)
+        for _ in range(2_000):
+            value = os.urandom(512).hex()
+            buf.add("I", (str(seq), value), None, 100, seq, 7, None)
+            sent += len(value)
+            seq += 1
+        w.submit_rows(rv, buf.take(), lambda: None)
+    out = w.finish(lambda: None)
+    (part,) = out["tables"][0]["relation_versions"][0]["parts"]
+    key = w.base + part["path"]
+    meta = pq.ParquetFile(io.BytesIO(client.objects[key])).metadata
+    assert meta.num_rows == seq
+    assert meta.num_row_groups >= (40 << 20) // wstore.WINDOW_ROW_GROUP_BYTES
+    row_bytes = sent / seq
+    assert all(meta.row_group(i).num_rows * row_bytes <= wstore.WINDOW_ROW_GROUP_BYTES * 1.05
+               for i in range(meta.num_row_groups))
+    ops = [(op, size) for op, k, size in client.calls if k == key]
+    # each row group's bytes went up at its end (each is over 5 MiB here), not in 16 MiB
+    # buffers sent when full or at the part's close
+    parts = [size for op, size in ops if op == "part"]
+    assert ops[0][0] == "create" and ops[-1][0] == "complete", ops
+    assert len(parts) == meta.num_row_groups and parts[0] < DEFAULT_PART_SIZE, (ops, meta.num_row_groups)
