@@ -68,10 +68,10 @@ def prefer_jemalloc_pool() -> str:
     pool's backend name. The drain builds and frees tens of megabytes of Arrow buffers per
     window chunk: with mimalloc, pyarrow's usual default on Linux, fresh (huge) pages were
     faulted in and zeroed again and again (3–4% of the window writer's thread in a
-    profile). ``bench/drain.py --workload wide``, three runs of three rounds each, pools
-    alternated: the drain's CPU 9.4–10.0 s per million rows with mimalloc, 9.0–9.2 with
-    jemalloc; peak RSS 250 → 230 MB. Buffers allocated before the switch are still freed
-    by their own pool."""
+    profile). ``bench/drain.py --rounds 3 --workload wide``, six runs per pool, pools
+    alternated: peak RSS 246–250 MB with mimalloc, 225–232 with jemalloc, every run; the
+    drain's CPU 9.4–10.9 s per million rows with mimalloc, 9.0–9.8 with jemalloc (within
+    the runs' noise). Buffers allocated before the switch are still freed by their own pool."""
     current = pa.default_memory_pool()
     if os.environ.get(ARROW_POOL_ENV) or current.backend_name == "jemalloc":
         return current.backend_name
