@@ -27,7 +27,13 @@ from airflow_pgcdc.store.s3 import (
     validate_key,
 )
 
-log = logging.getLogger("airflow_pgcdc.store.s3")  # the name its records had before the move
+log = logging.getLogger("airflow_pgcdc.store.s3")
+
+EARLY_PARTS = 1_000
+""":meth:`MultipartWriter.upload_ready` sends at most this many parts of an object (at least
+5 MiB each); the rest go as full ``part_size`` buffers, so the largest object stays close to
+what ``part_size`` and S3's 10,000 parts allow (a snapshot part of a table never analyzed
+is one object for the whole table)."""  # the name its records had before the move
 
 # --------------------------------------------------------------------------- multipart writer
 
@@ -182,9 +188,11 @@ class MultipartWriter:
         ``min_bytes`` (never fewer than S3's 5 MiB for a part that is not the last).
         Called at a natural boundary (the Parquet writer after each row group but the
         last), the upload overlaps what is written next, and :meth:`close` has only the
-        tail left to send. Returns whether a part was shipped."""
+        tail left to send. Returns whether a part was shipped. After
+        :data:`EARLY_PARTS` parts it does nothing: smaller parts than ``part_size`` would
+        otherwise lower the largest object S3's 10,000 parts allow."""
         self._check_open("upload")
-        if len(self._buf) < max(min_bytes, MIN_PART_SIZE):
+        if len(self._buf) < max(min_bytes, MIN_PART_SIZE) or len(self._parts) + len(self._pending) >= EARLY_PARTS:
             return False
         try:
             self._ship(self._take_buffer())

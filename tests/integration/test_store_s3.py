@@ -140,6 +140,23 @@ def test_upload_ready_sends_what_is_buffered_from_5_mib(client, s3_bucket) -> No
         w.upload_ready()
 
 
+def test_upload_ready_stops_after_early_parts(client, s3_bucket, monkeypatch) -> None:
+    """Past EARLY_PARTS parts, upload_ready leaves the bytes to part_size buffers (parts
+    smaller than part_size would lower the largest object 10,000 parts allow)."""
+    from airflow_pgcdc.store import multipart
+
+    monkeypatch.setattr(multipart, "EARLY_PARTS", 1)
+    data = [os.urandom(6 * MiB) for _ in range(3)]
+    with MultipartWriter(client, s3_bucket, "ready/capped", part_size=16 * MiB) as w:
+        w.write(data[0])
+        assert w.upload_ready()
+        w.write(data[1])
+        assert not w.upload_ready()  # one early part already
+        w.write(data[2])
+    assert get_bytes(client, s3_bucket, "ready/capped") == b"".join(data)
+    assert client.head_object(Bucket=s3_bucket, Key="ready/capped")["ETag"].strip('"').endswith("-2")
+
+
 @pytest.mark.parametrize("size", [0, 1, 5 * MiB])
 def test_small_objects_go_as_one_put(client, s3_bucket, size) -> None:
     data = os.urandom(size)
