@@ -27,13 +27,13 @@ from airflow_pgcdc.store.s3 import (
     validate_key,
 )
 
-log = logging.getLogger("airflow_pgcdc.store.s3")
+log = logging.getLogger("airflow_pgcdc.store.s3")  # the name its records had before the move
 
 EARLY_PARTS = 1_000
 """:meth:`MultipartWriter.upload_ready` sends at most this many parts of an object (at least
 5 MiB each); the rest go as full ``part_size`` buffers, so the largest object stays close to
 what ``part_size`` and S3's 10,000 parts allow (a snapshot part of a table never analyzed
-is one object for the whole table)."""  # the name its records had before the move
+is one object for the whole table)."""
 
 # --------------------------------------------------------------------------- multipart writer
 
