@@ -131,7 +131,7 @@ def test_a_tables_parts_share_one_encoding_choice_on_a_bounded_sample(monkeypatc
 
 class FakeMultipartS3(FakeS3):
     """FakeS3 with multipart uploads; ``calls``: each request in order, as (operation,
-    key, the part's bytes or None)."""
+    key, the part's size in bytes or None)."""
 
     def __init__(self) -> None:
         super().__init__()
