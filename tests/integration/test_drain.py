@@ -120,6 +120,33 @@ def test_windows_tile_and_hold_every_change_once(fresh_db, slot_name, store):
     assert confirmed(fresh_db, slot) == LSN.parse(idle.end_lsn) > ms[-1].end, "an idle slot advances"
 
 
+def test_the_drain_takes_jemalloc_for_arrow_unless_told_otherwise(fresh_db, slot_name, store, monkeypatch):
+    """drain_window makes jemalloc Arrow's pool (prefer_jemalloc_pool; less memory than
+    mimalloc on wide rows), and leaves a pool chosen by ARROW_DEFAULT_MEMORY_POOL alone."""
+    try:
+        pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        pytest.skip("this pyarrow was built without jemalloc: the drain keeps Arrow's default pool")
+    client, url = store
+    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY)")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    create_slot(fresh_db, slot)
+    before = pa.default_memory_pool()
+    try:
+        for key, told, want in ((1, "system", "system"), (2, None, "jemalloc")):
+            pa.set_memory_pool(pa.system_memory_pool())
+            if told:
+                monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", told)
+            else:
+                monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+            sql(fresh_db, "INSERT INTO t VALUES (%s)", (key,))
+            assert drain(fresh_db, url, slot, client).rows == 1
+            assert pa.default_memory_pool().backend_name == want
+    finally:
+        pa.set_memory_pool(before)
+
+
 def test_key_change_with_unchanged_toast_is_reported(fresh_db, slot_name, store, caplog):
     """Without REPLICA IDENTITY FULL, a key-changing update does not resend unchanged TOAST
     values nor the old row: the drain names the table, the columns and the count."""
