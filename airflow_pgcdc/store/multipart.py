@@ -183,16 +183,16 @@ class MultipartWriter:
         self._written += n
         return n
 
-    def upload_ready(self, min_bytes: int = MIN_PART_SIZE) -> bool:
-        """Upload the buffered bytes now, as the next part, if there are at least
-        ``min_bytes`` (never fewer than S3's 5 MiB for a part that is not the last).
-        Called at a natural boundary (the Parquet writer after each row group but the
-        last), the upload overlaps what is written next, and :meth:`close` has only the
-        tail left to send. Returns whether a part was shipped. After
+    def upload_ready(self) -> bool:
+        """Upload the buffered bytes now, as the next part, if there are at least S3's
+        5 MiB for a part that is not the last (:data:`MIN_PART_SIZE`). Called at a natural
+        boundary (the Parquet writer after each row group but the last), the upload
+        overlaps what is written next, and :meth:`close` has only the tail left to send.
+        Returns whether a part was shipped. After
         :data:`EARLY_PARTS` parts it does nothing: smaller parts than ``part_size`` would
         otherwise lower the largest object S3's 10,000 parts allow."""
         self._check_open("upload")
-        if len(self._buf) < max(min_bytes, MIN_PART_SIZE) or len(self._parts) + len(self._pending) >= EARLY_PARTS:
+        if len(self._buf) < MIN_PART_SIZE or len(self._parts) + len(self._pending) >= EARLY_PARTS:
             return False
         try:
             self._ship(self._take_buffer())

@@ -166,8 +166,8 @@ WINDOW_ROW_GROUP_BYTES = 16 << 20
 or the window ends, so a smaller row group means less memory and less encoding left for
 the window's finish. A window part is read once, by the merge, a row group at a time
 (`merge/spark_io.py`, pyarrow's ``iter_batches``): smaller ones bound its reader's memory
-too, and add some footer metadata (the merge was not timed on them). ``bench/drain.py --workload
-wide`` (60 columns, ~2 KB rows): the drain's peak RSS 325 → 249 MB, throughput unchanged
+too, and add some footer metadata (the merge was not timed on them).
+``bench/drain.py --workload wide`` (60 columns, ~2 KB rows): the drain's peak RSS 325 → 249 MB, throughput unchanged
 within the runs' noise."""
 
 DEFAULT_UPLOAD_THREADS = 8

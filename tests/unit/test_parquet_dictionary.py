@@ -227,8 +227,6 @@ def test_a_small_part_does_not_make_the_tables_choice(monkeypatch):
 def test_the_drain_prefers_jemalloc_unless_the_user_chose_a_pool(monkeypatch) -> None:
     """prefer_jemalloc_pool (called by drain_window) makes jemalloc Arrow's default pool,
     but leaves a pool chosen through ARROW_DEFAULT_MEMORY_POOL alone."""
-    import pyarrow as pa
-
     from airflow_pgcdc.store.parquet import ARROW_POOL_ENV, prefer_jemalloc_pool
 
     try:
