@@ -29,6 +29,7 @@ import re
 import secrets
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -207,10 +208,15 @@ def _unique(request: pytest.FixtureRequest, prefix: str, limit: int) -> str:
 
 
 @pytest.fixture
-def s3_bucket(s3: S3Server) -> str:
-    """A new, empty bucket for this test."""
+def s3_bucket(s3: S3Server):
+    """A new, empty bucket for this test, deleted with its objects after it (the session's
+    S3 server holds a limited number of volumes, and every bucket takes some)."""
     name = "t-" + secrets.token_hex(6)
-    return s3.create_bucket(name)
+    yield s3.create_bucket(name)
+    try:
+        s3.delete_bucket(name)
+    except Exception as e:  # the test's outcome stands; a leak only costs a volume
+        warnings.warn(f"could not delete test bucket {name}: {e}", stacklevel=1)
 
 
 class DatabaseDsn(str):

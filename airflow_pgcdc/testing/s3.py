@@ -169,6 +169,44 @@ class S3Server:
                 raise
         return name
 
+    def delete_bucket(self, name: str) -> None:
+        """Delete a bucket and everything in it (no error if it is gone).
+
+        weed gives every bucket its own volumes and holds at most free disk / volume size
+        of them (895 on a machine with 56 GB free): a test session that keeps every
+        bucket runs out, and then every upload fails. Deleting a bucket frees its volumes.
+        weed deletes a bucket that still holds objects; other servers get it emptied first.
+        """
+        client = self.client()
+        try:
+            client.delete_bucket(Bucket=name)
+            return
+        except client.exceptions.ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code == "NoSuchBucket":
+                return
+            if code != "BucketNotEmpty":
+                raise
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+        client.delete_bucket(Bucket=name)
+
+    def volume_count(self) -> int:
+        """How many volumes weed's master knows (each bucket written to holds at least one)."""
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.ports['master.port']}/vol/status"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            status = json.load(r)
+        return sum(
+            len(volumes)
+            for dc in (status.get("Volumes", {}).get("DataCenters") or {}).values()
+            for rack in dc.values()
+            for volumes in rack.values()
+        )
+
     @property
     def pid(self) -> int | None:
         if self._proc is not None and self._proc.poll() is None:

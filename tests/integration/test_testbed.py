@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -317,6 +318,27 @@ def test_s3_put_get_and_conditional_put(s3: S3Server, s3_bucket: str):
     assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
     assert client.get_object(Bucket=s3_bucket, Key="w=000000000001/_manifest.json")["Body"].read() == b"{}"
     client.put_object(Bucket=s3_bucket, Key="w=000000000002/_manifest.json", Body=b"{}", IfNoneMatch="*")
+
+
+def test_deleting_a_bucket_with_objects_frees_its_volumes(s3: S3Server):
+    """The ``s3_bucket`` fixture deletes its bucket after each test: weed holds a limited
+    number of volumes (free disk / volume size) and every bucket written to takes at least
+    one, so a full suite that kept its buckets ran out of them and uploads failed."""
+    client = s3.client()
+    names = [s3.create_bucket("del-" + secrets.token_hex(6)) for _ in range(3)]
+    for name in names:
+        for i in range(3):
+            client.put_object(Bucket=name, Key=f"dir/k{i}", Body=b"v" * 1000)
+    before = s3.volume_count()
+    for name in names:
+        s3.delete_bucket(name)
+    s3.delete_bucket(names[0])  # gone already: no error
+    listed = {b["Name"] for b in client.list_buckets()["Buckets"]}
+    assert not listed & set(names)
+    deadline = time.monotonic() + 30
+    while s3.volume_count() > before - len(names) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert s3.volume_count() <= before - len(names)
 
 
 def test_s3_secret_not_logged(s3: S3Server, s3_bucket: str):
