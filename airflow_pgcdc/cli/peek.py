@@ -141,6 +141,7 @@ def _pump(stream: LogicalStream, args: argparse.Namespace, out: TextIO) -> int:
     dumps = json.dumps
     write = out.write
     poll = 1.0 if args.idle_timeout is None else min(1.0, args.idle_timeout)
+    reach = stream.passed_at(args.until_lsn) if args.until_lsn is not None else None
     try:
         while True:
             try:
@@ -151,7 +152,7 @@ def _pump(stream: LogicalStream, args: argparse.Namespace, out: TextIO) -> int:
             if item is None or item[1] is None:
                 if args.idle_timeout is not None and now - last_data >= args.idle_timeout:
                     return count
-                if item is not None and args.until_lsn is not None and item[0].wal_end >= args.until_lsn:
+                if item is not None and reach is not None and item[0].wal_end >= reach:
                     return count
                 continue
             last_data = now
@@ -164,7 +165,7 @@ def _pump(stream: LogicalStream, args: argparse.Namespace, out: TextIO) -> int:
                 out.flush()  # printed before acknowledged
                 if ack:
                     conn.confirm(end)
-                if args.until_lsn is not None and end >= args.until_lsn:
+                if reach is not None and end >= reach:
                     return count
             if args.max_messages is not None and count >= args.max_messages:
                 out.flush()

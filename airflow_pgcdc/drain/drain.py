@@ -32,7 +32,9 @@ One call, :func:`drain_window`:
    Reading stops when an event at or past ``end_lsn`` arrives (a Begin, Stream Commit,
    Commit/Rollback Prepared, Prepare, non-transactional message: it is not consumed)
    or when a keepalive reports ``wal_end >= end_lsn`` outside a transaction (the
-   walsender has decoded everything before it). The walsender only decodes flushed
+   walsender has decoded everything before it; an ``end_lsn`` just after a WAL page's
+   header is reached at the page's start, where the walsender's position stays when
+   the last record ended there: :func:`~airflow_pgcdc.protocol.lsn.passed_at`). The walsender only decodes flushed
    WAL, and an open transaction or a quiet server may leave it without a record past
    ``end_lsn``: after ``heartbeat_after`` seconds without reaching it, the drain emits
    a non-transactional logical message (prefix ``pgcdc.heartbeat``, never written to

@@ -157,6 +157,7 @@ class WindowRun:
         # the server's position moving only past our own heartbeat record is not progress (an end
         # the stream never reaches must still time out)
         hb_lsn: LSN | None = None
+        reach = stream.passed_at(end_lsn)  # a keepalive at or past it: end_lsn was passed
         reason = None
         n = 0  # XLogData frames received
         n_seen = 0  # ... as of the last silent read (changes do not touch last_progress)
@@ -271,7 +272,7 @@ class WindowRun:
                 if hb_lsn is None or frame.wal_end > hb_lsn + HEARTBEAT_RECORD_SLACK:
                     last_data = now
             if not asm.in_transaction:
-                if frame.wal_end >= end_lsn:
+                if frame.wal_end >= reach:
                     reason = "until_lsn"
                     break
                 if frame.wal_end > safe:

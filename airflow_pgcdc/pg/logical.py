@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from airflow_pgcdc.pg.errors import ReplicationTimeout
 from airflow_pgcdc.pg.replication import ReplicationConnection, StreamEnded
 from airflow_pgcdc.protocol.frames import PrimaryKeepalive, XLogData
-from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.lsn import LSN, WAL_BLOCK_SIZE, passed_at
 from airflow_pgcdc.protocol.pglogical import PglogicalDecoder
 from airflow_pgcdc.protocol.pgoutput import PgoutputDecoder
 from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
@@ -22,10 +22,17 @@ class LogicalStream:
     """Reads ``(frame, message)`` pairs: ``message`` is the decoded plugin message of an
     XLogData frame, or ``None`` for a keepalive."""
 
-    def __init__(self, conn: ReplicationConnection, decoder, *, plugin: str) -> None:
+    def __init__(self, conn: ReplicationConnection, decoder, *, plugin: str,
+                 wal_block_size: int = WAL_BLOCK_SIZE) -> None:
         self.conn = conn
         self.decoder = decoder
         self.plugin = plugin
+        self.wal_block_size = wal_block_size  # the server's (read before streaming)
+
+    def passed_at(self, target: LSN | int | str) -> LSN:
+        """The position from which this stream has passed ``target``
+        (:func:`~airflow_pgcdc.protocol.lsn.passed_at` with the server's WAL page size)."""
+        return passed_at(LSN(target), self.wal_block_size)
 
     @classmethod
     def pgoutput(
@@ -37,13 +44,14 @@ class LogicalStream:
     ) -> LogicalStream:
         """Negotiate ``options`` with the server and start streaming ``slot_name``."""
         resolved = options.resolve(conn.server_version)
+        block_size = wal_block_size(conn)
         conn.start_replication(
             slot_name, start_lsn, options=resolved.start_options(conn.server_version)
         )
         decoder = PgoutputDecoder(
             resolved.proto_version, parallel_streaming=resolved.parallel_streaming
         )
-        stream = cls(conn, decoder, plugin="pgoutput")
+        stream = cls(conn, decoder, plugin="pgoutput", wal_block_size=block_size)
         stream.options = resolved
         return stream
 
@@ -55,8 +63,9 @@ class LogicalStream:
         options: Sequence[tuple[str, str | None]],
         start_lsn: LSN | int | str = 0,
     ) -> LogicalStream:
+        block_size = wal_block_size(conn)
         conn.start_replication(slot_name, start_lsn, options=list(options))
-        return cls(conn, PglogicalDecoder(), plugin="pglogical_output")
+        return cls(conn, PglogicalDecoder(), plugin="pglogical_output", wal_block_size=block_size)
 
     def read(self, timeout: float | None = None):
         """The next ``(frame, message)``; ``None`` after ``timeout`` seconds of silence.
@@ -88,10 +97,12 @@ class LogicalStream:
 
         "Passed" means a keepalive reports ``wal_end >= until_lsn`` (the walsender has
         decoded everything before it) or a transaction-ending message ends at or after
-        it. Raises :class:`ReplicationTimeout` if that takes longer than ``timeout``.
-        Nothing is acknowledged.
+        it (``until_lsn`` just after a page header: at or after that page's start, see
+        :meth:`passed_at`). Raises :class:`ReplicationTimeout` if that takes longer than
+        ``timeout``. Nothing is acknowledged.
         """
         target = LSN(until_lsn)
+        reach = self.passed_at(target)
         deadline = time.monotonic() + timeout
         out: list = []
         while True:
@@ -106,13 +117,19 @@ class LogicalStream:
                 continue
             frame, msg = item
             if msg is None:
-                if frame.wal_end >= target:
+                if frame.wal_end >= reach:
                     return out
                 continue
             out.append(msg)
             end = transaction_end_lsn(msg)
-            if end is not None and end >= target:
+            if end is not None and end >= reach:
                 return out
+
+
+def wal_block_size(conn: ReplicationConnection) -> int:
+    """The server's WAL page size (``SHOW wal_block_size``; before streaming starts)."""
+    value = conn.show("wal_block_size")
+    return int(value) if value else WAL_BLOCK_SIZE
 
 
 _ENDS_TRANSACTION = frozenset(

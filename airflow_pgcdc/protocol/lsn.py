@@ -82,5 +82,29 @@ def lsn_text(value: int | str) -> str:
     LSNs this way)."""
     return str(LSN(value) if isinstance(value, int) else LSN.parse(value))
 
+WAL_BLOCK_SIZE = 8192
+"""PostgreSQL's default WAL page size (``wal_block_size``, fixed when the server is built)."""
+WAL_PAGE_HEADER = 24
+"""The size of a WAL page's short header (``SizeOfXLogShortPHD`` on 64-bit builds)."""
+
+
+def passed_at(target: int, wal_block_size: int = WAL_BLOCK_SIZE) -> LSN:
+    """The stream position from which ``target`` counts as passed: ``target`` itself, or
+    the start of its WAL page when ``target`` is the position just after the page's
+    short header.
+
+    ``pg_current_wal_insert_lsn()`` names that position when the last record ended
+    exactly at a page boundary; but a walsender reports how far it decoded as the end of
+    the last record, the boundary itself, until another record is written, so on a quiet
+    server the stream would never report ``target``. Nothing lies between the two (the
+    header is no record; a segment's first page has a 40-byte header, which covers it
+    too): reaching the boundary is reaching ``target``. Any other position is exact.
+    """
+    target = LSN(target)
+    if int(target) % wal_block_size == WAL_PAGE_HEADER:
+        return target - WAL_PAGE_HEADER
+    return target
+
+
 INVALID_LSN = LSN(0)
 """PostgreSQL's InvalidXLogRecPtr (``0/0``): "no position"."""

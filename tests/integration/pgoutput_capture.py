@@ -42,6 +42,43 @@ changes is streamed (``streaming`` on) instead of being decoded at commit."""
 
 READ_TIMEOUT = 30.0
 
+WAL_PAGE = 8192  # the test servers' wal_block_size (the default)
+
+
+def end_wal_at_a_page_boundary(dsn: str, *, tries: int = 50) -> LSN:
+    """Write WAL until its last record ends exactly at a page boundary; return
+    ``pg_current_wal_insert_lsn()`` then: the position just after the next page's short
+    header (24 bytes past the boundary), which no record reaches until more WAL comes.
+
+    Non-transactional logical messages fill the page (no transaction, so no commit
+    record): one measures a message record's size, the next is sized to end at the
+    page's end. WAL from other sessions (autovacuum, the background writer) can get in
+    between: then again. The last message is flushed by the WAL writer (its page is full)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+
+        def insert() -> LSN:
+            return LSN.parse(c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+
+        def emit(n: int) -> None:
+            c.execute("SELECT pg_logical_emit_message(false, 'pgcdc.test.fill', repeat('x', %s))", (n,))
+
+        probe = 400  # over 255 bytes, as every fill: the same record header (long data length)
+        for _ in range(tries):
+            a = insert()
+            emit(probe)
+            b = insert()
+            size = b - a  # the probe's record, aligned (if it alone was written, on one page)
+            room = WAL_PAGE - b % WAL_PAGE
+            payload = probe + room - size
+            if b // WAL_PAGE != a // WAL_PAGE or payload < 300 or size > probe + 200:
+                emit(room + 100)  # on into the next page, and measure again
+                continue
+            emit(payload)
+            end = insert()
+            if end % WAL_PAGE == 24:
+                return end
+    raise AssertionError(f"could not end the WAL at a page boundary in {tries} tries")
+
 
 # --------------------------------------------------------------------------- decoding
 

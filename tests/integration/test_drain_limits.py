@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
+from pgoutput_capture import end_wal_at_a_page_boundary
 from test_drain import all_rows, assert_tiled, confirmed, create_slot, drain, sql, windows
 
 import airflow_pgcdc.drain.plan as plan_mod
@@ -386,6 +387,16 @@ the window end and the try is a normal window. Three were not always enough in a
 (three flushes within 1.5 s each, PG18); a try that flushes costs well under a second."""
 
 
+def one_row_slot(dsn, slot) -> LSN:
+    """Table ``t (id)`` in publication ``pub``, slot ``slot`` created, then row 1 inserted;
+    returns the slot's start."""
+    sql(dsn, "CREATE TABLE t (id int PRIMARY KEY)")
+    sql(dsn, "CREATE PUBLICATION pub FOR TABLE t")
+    start = create_slot(dsn, slot)
+    sql(dsn, "INSERT INTO t VALUES (1)")
+    return start
+
+
 def stalled_drain(dsn, url, slot, client, key, **kw):
     """Drain up to ``pg_current_wal_insert_lsn()`` while another session holds an
     uncommitted insert: its WAL lies before that position but nothing flushes it (no commit),
@@ -437,11 +448,8 @@ def test_heartbeat_moves_a_stalled_stream_past_the_window_end(fresh_db, slot_nam
 def test_without_heartbeat_a_stalled_stream_times_out_and_acknowledges_nothing(
         fresh_db, slot_name, store, heartbeats):
     client, url = store
-    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY)")
-    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    start = create_slot(fresh_db, slot)
-    sql(fresh_db, "INSERT INTO t VALUES (1)")
+    start = one_row_slot(fresh_db, slot)
     layout = Layout.parse(url)
     for attempt in range(STALL_ATTEMPTS):
         before, seqs = confirmed(fresh_db, slot), committed_window_seqs(client, layout, slot)
@@ -459,6 +467,35 @@ def test_without_heartbeat_a_stalled_stream_times_out_and_acknowledges_nothing(
     assert r.end_reason == "until_lsn"
     assert_tiled(windows(client, url, slot), start)
     assert [x["id"] for x in all_rows(client, url, slot)] == [1] + [100 + i for i in range(attempt + 1)]
+
+
+def test_a_window_end_just_after_a_page_header_needs_no_heartbeat(fresh_db, slot_name, store, heartbeats):
+    """The drain's default end, ``pg_current_wal_insert_lsn()``, names the position after a
+    page header when the last record ended at that page's start; the walsender reports the
+    boundary until more WAL comes. The window ends there at once: it used to wait for a
+    heartbeat (and, without one, time out on a quiet server)."""
+    client, url = store
+    slot = slot_name()
+    start = one_row_slot(fresh_db, slot)
+    for _ in range(STALL_ATTEMPTS):
+        end = end_wal_at_a_page_boundary(fresh_db)
+        r = drain(fresh_db, url, slot, client, heartbeat=False, max_wait=5)
+        assert r.end_reason == "until_lsn"
+        if LSN.parse(r.end_lsn) == end and insert_lsn(fresh_db) == end:
+            break  # nothing else was written meanwhile: the window ended at the boundary alone
+    assert LSN.parse(r.end_lsn) == end and insert_lsn(fresh_db) == end, "other WAL came during every try"
+    assert confirmed(fresh_db, slot) == end
+    assert heartbeats == []
+    # the server's flushed WAL ends at the boundary, before the store's end: still the same
+    # server (the next drain's guard once said it "never had the store's last transactions")
+    r = drain(fresh_db, url, slot, client, heartbeat=False, max_wait=5)
+    assert r.window_seq is None and LSN.parse(r.end_lsn) == end
+    assert insert_lsn(fresh_db) == end, "no other WAL came: the guard saw the boundary"
+    sql(fresh_db, "INSERT INTO t VALUES (2)")
+    r = drain(fresh_db, url, slot, client)
+    assert r.end_reason == "until_lsn" and r.rows == 1
+    assert_tiled(windows(client, url, slot), start)
+    assert [x["id"] for x in all_rows(client, url, slot)] == [1, 2]
 
 
 def test_max_wait_is_time_without_data_not_the_reading_time(fresh_db, slot_name, store, monkeypatch):
@@ -489,11 +526,8 @@ def test_heartbeats_do_not_keep_an_endless_window_alive(fresh_db, slot_name, sto
     """A window end the stream never reaches (past the WAL, nothing written): the
     heartbeats it provokes are not progress, so ``DrainTimeout`` comes after ``max_wait``."""
     client, url = store
-    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY)")
-    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    start = create_slot(fresh_db, slot)
-    sql(fresh_db, "INSERT INTO t VALUES (1)")
+    start = one_row_slot(fresh_db, slot)
     with pytest.raises(DrainTimeout):
         drain(fresh_db, url, slot, client, until_lsn=insert_lsn(fresh_db) + FAR, heartbeat_after=0.2, max_wait=2.0)
     assert heartbeats, "heartbeats were emitted"

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from airflow_pgcdc.errors import QuotingError
 from airflow_pgcdc.pg.conninfo import redact, replication_conninfo
-from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN
+from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN, passed_at
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_literal, quote_qualified
 
 
@@ -42,6 +42,24 @@ def test_lsn_arithmetic_and_order():
 @given(st.integers(min_value=0, max_value=2**64 - 1))
 def test_lsn_roundtrip(v):
     assert LSN.parse(str(LSN(v))) == v
+
+
+@pytest.mark.parametrize(
+    "target,block_size,reach",
+    [
+        ("0/1D44018", 8192, "0/1D44000"),  # just after a page's short header: the page's start
+        ("1/0", 8192, "1/0"),  # a page boundary itself
+        ("0/1D44000", 8192, "0/1D44000"),
+        ("0/1D44020", 8192, "0/1D44020"),  # a record position on the page
+        ("0/1D44010", 8192, "0/1D44010"),  # inside a header: never an end a stream reports
+        ("0/1000018", 8192, "0/1000000"),  # a segment's first page (40-byte header)
+        ("0/3018", 16384, "0/3018"),  # mid-page when pages are 16 kB
+        ("0/4018", 16384, "0/4000"),
+    ],
+)
+def test_passed_at_moves_an_end_after_a_page_header_to_the_page_start(target, block_size, reach):
+    assert passed_at(LSN.parse(target), block_size) == LSN.parse(reach)
+    assert type(passed_at(LSN.parse(target), block_size)) is LSN
 
 
 @pytest.mark.parametrize(
