@@ -29,7 +29,7 @@ import psycopg
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.pg.errors import ServerError
 from airflow_pgcdc.pg.slots import SlotMissing
-from airflow_pgcdc.protocol.lsn import LSN, WAL_BLOCK_SIZE, passed_at
+from airflow_pgcdc.protocol.lsn import DEFAULT_WAL_SIZES, LSN, WalSizes
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
 
 __all__ = [
@@ -177,7 +177,7 @@ def check_server(
     windows: int = 0,
     window_at: Callable[[int], tuple[int | None, LSN]] | None = None,
     flushed: LSN | None = None,
-    wal_block_size: int = WAL_BLOCK_SIZE,
+    wal_sizes: WalSizes = DEFAULT_WAL_SIZES,
 ) -> str | None:
     """Raise :class:`ServerMismatch` if the server is not the one the store followed.
 
@@ -191,8 +191,8 @@ def check_server(
     server had flushed when the window committed, so a server whose WAL ends before it
     never had those changes (an older copy started as the primary, on the same timeline).
     A store end just after a WAL page's header is compared as the page's start, where the
-    flush position stays when the last record ended there (:func:`passed_at`, with the
-    server's ``wal_block_size``). Returns a warning to log when the timeline changed safely."""
+    flush position stays when the last record ended there (``wal_sizes.passed_at``, with
+    the server's sizes). Returns a warning to log when the timeline changed safely."""
     if recorded_system_id is not None and str(recorded_system_id) != str(system_id):
         raise ServerMismatch(
             f"slot {slot}: the server behind the DSN has system identifier {system_id}, but {where} "
@@ -205,7 +205,7 @@ def check_server(
         slot=slot, timeline=timeline, recorded_timeline=recorded_timeline, store_end=store_end,
         where=where, history=history, windows=windows, window_at=window_at,
     )
-    if flushed is not None and passed_at(store_end, wal_block_size) > flushed:
+    if flushed is not None and wal_sizes.passed_at(store_end) > flushed:
         raise ServerMismatch(
             f"slot {slot}: the store holds changes up to {store_end}, but this server's WAL ends at "
             f"{flushed} (timeline {timeline}): it never had the store's last transactions (an older "

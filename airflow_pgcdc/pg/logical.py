@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from airflow_pgcdc.pg.errors import ReplicationTimeout
 from airflow_pgcdc.pg.replication import ReplicationConnection, StreamEnded
 from airflow_pgcdc.protocol.frames import PrimaryKeepalive, XLogData
-from airflow_pgcdc.protocol.lsn import LSN, WAL_BLOCK_SIZE, passed_at
+from airflow_pgcdc.protocol.lsn import DEFAULT_WAL_SIZES, LSN, WalSizes
 from airflow_pgcdc.protocol.pglogical import PglogicalDecoder
 from airflow_pgcdc.protocol.pgoutput import PgoutputDecoder
 from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
@@ -23,16 +23,16 @@ class LogicalStream:
     XLogData frame, or ``None`` for a keepalive."""
 
     def __init__(self, conn: ReplicationConnection, decoder, *, plugin: str,
-                 wal_block_size: int = WAL_BLOCK_SIZE) -> None:
+                 wal_sizes: WalSizes = DEFAULT_WAL_SIZES) -> None:
         self.conn = conn
         self.decoder = decoder
         self.plugin = plugin
-        self.wal_block_size = wal_block_size  # the server's (read before streaming)
+        self.wal_sizes = wal_sizes  # the server's (read before streaming)
 
     def passed_at(self, target: LSN | int | str) -> LSN:
         """The position from which this stream has passed ``target``
-        (:func:`~airflow_pgcdc.protocol.lsn.passed_at` with the server's WAL page size)."""
-        return passed_at(LSN(target), self.wal_block_size)
+        (:func:`~airflow_pgcdc.protocol.lsn.passed_at` with the server's WAL sizes)."""
+        return self.wal_sizes.passed_at(LSN(target))
 
     @classmethod
     def pgoutput(
@@ -44,14 +44,14 @@ class LogicalStream:
     ) -> LogicalStream:
         """Negotiate ``options`` with the server and start streaming ``slot_name``."""
         resolved = options.resolve(conn.server_version)
-        block_size = wal_block_size(conn)
+        sizes = wal_sizes(conn)
         conn.start_replication(
             slot_name, start_lsn, options=resolved.start_options(conn.server_version)
         )
         decoder = PgoutputDecoder(
             resolved.proto_version, parallel_streaming=resolved.parallel_streaming
         )
-        stream = cls(conn, decoder, plugin="pgoutput", wal_block_size=block_size)
+        stream = cls(conn, decoder, plugin="pgoutput", wal_sizes=sizes)
         stream.options = resolved
         return stream
 
@@ -63,9 +63,9 @@ class LogicalStream:
         options: Sequence[tuple[str, str | None]],
         start_lsn: LSN | int | str = 0,
     ) -> LogicalStream:
-        block_size = wal_block_size(conn)
+        sizes = wal_sizes(conn)
         conn.start_replication(slot_name, start_lsn, options=list(options))
-        return cls(conn, PglogicalDecoder(), plugin="pglogical_output", wal_block_size=block_size)
+        return cls(conn, PglogicalDecoder(), plugin="pglogical_output", wal_sizes=sizes)
 
     def read(self, timeout: float | None = None):
         """The next ``(frame, message)``; ``None`` after ``timeout`` seconds of silence.
@@ -126,10 +126,9 @@ class LogicalStream:
                 return out
 
 
-def wal_block_size(conn: ReplicationConnection) -> int:
-    """The server's WAL page size (``SHOW wal_block_size``; before streaming starts)."""
-    value = conn.show("wal_block_size")
-    return int(value) if value else WAL_BLOCK_SIZE
+def wal_sizes(conn: ReplicationConnection) -> WalSizes:
+    """The server's WAL page and segment sizes (``SHOW``; before streaming starts)."""
+    return WalSizes.parse(conn.show("wal_block_size"), conn.show("wal_segment_size"))
 
 
 _ENDS_TRANSACTION = frozenset(

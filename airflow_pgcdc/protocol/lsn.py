@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from airflow_pgcdc.errors import PgcdcError
 
@@ -84,26 +85,69 @@ def lsn_text(value: int | str) -> str:
 
 WAL_BLOCK_SIZE = 8192
 """PostgreSQL's default WAL page size (``wal_block_size``, fixed when the server is built)."""
+WAL_SEGMENT_SIZE = 16 * 1024 * 1024
+"""PostgreSQL's default WAL segment size (``wal_segment_size``, set by ``initdb``)."""
 WAL_PAGE_HEADER = 24
 """The size of a WAL page's short header (``SizeOfXLogShortPHD`` on 64-bit builds)."""
+WAL_LONG_PAGE_HEADER = 40
+"""The size of a segment's first page's long header (``SizeOfXLogLongPHD``, 64-bit)."""
 
 
-def passed_at(target: int, wal_block_size: int = WAL_BLOCK_SIZE) -> LSN:
+def passed_at(target: int, wal_block_size: int = WAL_BLOCK_SIZE,
+              wal_segment_size: int = WAL_SEGMENT_SIZE) -> LSN:
     """The stream position from which ``target`` counts as passed: ``target`` itself, or
     the start of its WAL page when ``target`` is the position just after the page's
-    short header.
+    header (24 bytes; 40 on a segment's first page).
 
     ``pg_current_wal_insert_lsn()`` names that position when the last record ended
-    exactly at a page boundary; but a walsender reports how far it decoded as the end of
-    the last record, the boundary itself, until another record is written, so on a quiet
-    server the stream would never report ``target``. Nothing lies between the two (the
-    header is no record; a segment's first page has a 40-byte header, which covers it
-    too): reaching the boundary is reaching ``target``. Any other position is exact.
+    exactly at a page boundary (after ``pg_switch_wal()`` or ``archive_timeout``, always:
+    the switch record fills its segment); but a walsender reports how far it decoded as
+    the end of the last record, the boundary itself, until another record is written,
+    and the server's flush position stays there too. Nothing lies between the two (a
+    header is no record): reaching the boundary is reaching ``target``. Any other
+    position is exact.
     """
     target = LSN(target)
-    if int(target) % wal_block_size == WAL_PAGE_HEADER:
-        return target - WAL_PAGE_HEADER
+    offset = int(target) % wal_block_size
+    if offset == WAL_PAGE_HEADER or (
+            offset == WAL_LONG_PAGE_HEADER and int(target) % wal_segment_size == WAL_LONG_PAGE_HEADER):
+        return target - offset
     return target
+
+
+_SIZE_RE = re.compile(r"\s*(\d+)\s*(B|kB|MB|GB|TB)?\s*")
+_SIZE_UNITS = {None: 1, "B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+
+
+@dataclass(frozen=True, slots=True)
+class WalSizes:
+    """A server's WAL page and segment sizes (``SHOW wal_block_size``, ``wal_segment_size``)."""
+
+    block: int = WAL_BLOCK_SIZE
+    segment: int = WAL_SEGMENT_SIZE
+
+    @classmethod
+    def parse(cls, block: str | None, segment: str | None) -> WalSizes:
+        """From the text ``SHOW`` gives (``"8192"``, ``"16MB"``); the default for ``None``."""
+        return cls(_size(block, "wal_block_size", WAL_BLOCK_SIZE),
+                   _size(segment, "wal_segment_size", WAL_SEGMENT_SIZE))
+
+    def passed_at(self, target: int) -> LSN:
+        """:func:`passed_at` with these sizes."""
+        return passed_at(target, self.block, self.segment)
+
+
+DEFAULT_WAL_SIZES = WalSizes()
+"""A server built and initialised with the defaults (8 kB pages, 16 MB segments)."""
+
+
+def _size(text: str | None, name: str, default: int) -> int:
+    if text is None:
+        return default
+    m = _SIZE_RE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"{name}: not a size: {text!r}")
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
 
 
 INVALID_LSN = LSN(0)

@@ -33,7 +33,7 @@ from psycopg import sql as pgsql
 from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.protocol import pgoutput as po
-from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.lsn import LSN, WalSizes
 from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 
 SMALL_WORK_MEM = "-c logical_decoding_work_mem=64kB"
@@ -78,6 +78,26 @@ def end_wal_at_a_page_boundary(dsn: str, *, tries: int = 50) -> LSN:
             if end % WAL_PAGE == 24:
                 return end
     raise AssertionError(f"could not end the WAL at a page boundary in {tries} tries")
+
+
+def end_wal_at_a_segment_boundary(dsn: str, *, tries: int = 10) -> LSN:
+    """``pg_switch_wal()`` (as ``archive_timeout`` does on an idle server): the switch
+    record fills its segment, so the WAL ends at the next segment's start and
+    ``pg_current_wal_insert_lsn()`` names the position after that page's 40-byte long
+    header. Returns it. A logical message first, so there is something to switch from."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        segment = WalSizes.parse(None, c.execute("SHOW wal_segment_size").fetchone()[0]).segment
+        for _ in range(tries):
+            c.execute("SELECT pg_logical_emit_message(false, 'pgcdc.test.fill', 'x')")
+            c.execute("SELECT pg_switch_wal()")
+            end = LSN.parse(c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+            if end % segment == 40:
+                return end
+    raise AssertionError(f"could not end the WAL at a segment boundary in {tries} tries")
+
+
+WAL_BOUNDARIES = {"page": end_wal_at_a_page_boundary, "segment": end_wal_at_a_segment_boundary}
+"""How to leave the WAL's insert position just after a page header, by kind of page."""
 
 
 # --------------------------------------------------------------------------- decoding

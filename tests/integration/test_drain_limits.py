@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
-from pgoutput_capture import end_wal_at_a_page_boundary
+from pgoutput_capture import WAL_BOUNDARIES
 from test_drain import all_rows, assert_tiled, confirmed, create_slot, drain, sql, windows
 
 import airflow_pgcdc.drain.plan as plan_mod
@@ -469,9 +469,12 @@ def test_without_heartbeat_a_stalled_stream_times_out_and_acknowledges_nothing(
     assert [x["id"] for x in all_rows(client, url, slot)] == [1] + [100 + i for i in range(attempt + 1)]
 
 
-def test_a_window_end_just_after_a_page_header_needs_no_heartbeat(fresh_db, slot_name, store, heartbeats):
+@pytest.mark.parametrize("boundary", sorted(WAL_BOUNDARIES))
+def test_a_window_end_just_after_a_page_header_needs_no_heartbeat(fresh_db, slot_name, store, heartbeats,
+                                                                    boundary):
     """The drain's default end, ``pg_current_wal_insert_lsn()``, names the position after a
-    page header when the last record ended at that page's start; the walsender reports the
+    page header when the last record ended at that page's start (by chance, or after every
+    ``pg_switch_wal()``: ``archive_timeout`` leaves an idle server there); the walsender reports the
     boundary until more WAL comes. The window ends there at once: it used to wait for a
     heartbeat (and, without one, time out on a quiet server). The next drain's guard sees
     the server's flushed WAL end at the boundary, before the store's end, and still knows
@@ -481,7 +484,7 @@ def test_a_window_end_just_after_a_page_header_needs_no_heartbeat(fresh_db, slot
     start = one_row_slot(fresh_db, slot)
     for _ in range(STALL_ATTEMPTS):
         heartbeats.clear()
-        end = end_wal_at_a_page_boundary(fresh_db)
+        end = WAL_BOUNDARIES[boundary](fresh_db)
         r = drain(fresh_db, url, slot, client)
         again = drain(fresh_db, url, slot, client)
         if not heartbeats and insert_lsn(fresh_db) == end:

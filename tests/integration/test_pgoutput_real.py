@@ -19,10 +19,10 @@ from datetime import UTC, datetime
 import pytest
 from pgoutput_capture import (
     SMALL_WORK_MEM,
+    WAL_BOUNDARIES,
     WAL_PAGE,
     Bench,
     Capture,
-    end_wal_at_a_page_boundary,
     xid32,
 )
 
@@ -1038,22 +1038,24 @@ def test_read_until_reads_a_prepared_transaction_to_its_prepare(bench: Bench):
     assert [m.type for m in msgs] == ["begin_prepare", "relation", "insert", "prepare"]
 
 
-def test_read_until_passes_an_end_just_after_a_page_header(bench: Bench):
-    """When the last WAL record ends exactly at a page boundary,
-    ``pg_current_wal_insert_lsn()`` names the position after the next page's header, and
-    the walsender reports the boundary until more WAL comes: read_until must take that as
-    passed. (CI once waited its 10 s on the test above: its PREPARE ended at a boundary.)"""
+@pytest.mark.parametrize("boundary", sorted(WAL_BOUNDARIES))
+def test_read_until_passes_an_end_just_after_a_page_header(bench: Bench, boundary):
+    """When the last WAL record ends exactly at a page boundary (by chance, or always
+    after ``pg_switch_wal()``), ``pg_current_wal_insert_lsn()`` names the position after
+    the next page's header, and the walsender reports the boundary until more WAL comes:
+    read_until must take that as passed. (CI once waited its 10 s on the test above: its
+    PREPARE ended at a boundary.)"""
     from airflow_pgcdc.pg.logical import LogicalStream
     from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 
     bench.run("CREATE TABLE t (id int PRIMARY KEY)")
     bench.setup()
     for _ in range(10):
-        target = end_wal_at_a_page_boundary(bench.dsn)
+        target = WAL_BOUNDARIES[boundary](bench.dsn)
         with ReplicationConnection.connect(bench.dsn) as conn:
             stream = LogicalStream.pgoutput(conn, bench.slot, PgoutputOptions(publications=(bench.publication,)))
-            assert stream.wal_block_size == WAL_PAGE
-            assert stream.passed_at(target) == target - 24
+            assert stream.wal_sizes.block == WAL_PAGE
+            assert stream.passed_at(target) == target - (24 if boundary == "page" else 40)
             assert stream.read_until(target, timeout=10) == []
         if bench.insert_lsn() == target:
             break  # no other WAL came meanwhile: the boundary alone was enough

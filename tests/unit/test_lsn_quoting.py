@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from airflow_pgcdc.errors import QuotingError
 from airflow_pgcdc.pg.conninfo import redact, replication_conninfo
-from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN, passed_at
+from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN, WalSizes, passed_at
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_literal, quote_qualified
 
 
@@ -52,7 +52,9 @@ def test_lsn_roundtrip(v):
         ("0/1D44000", 8192, "0/1D44000"),
         ("0/1D44020", 8192, "0/1D44020"),  # a record position on the page
         ("0/1D44010", 8192, "0/1D44010"),  # inside a header: never an end a stream reports
-        ("0/1000018", 8192, "0/1000000"),  # a segment's first page (40-byte header)
+        ("0/1000018", 8192, "0/1000000"),  # inside a segment's first page's 40-byte header
+        ("0/1000028", 8192, "0/1000000"),  # just after it (the insert position after pg_switch_wal())
+        ("0/1002028", 8192, "0/1002028"),  # 40 bytes into a page that starts no segment
         ("0/3018", 16384, "0/3018"),  # mid-page when pages are 16 kB
         ("0/4018", 16384, "0/4000"),
     ],
@@ -60,6 +62,18 @@ def test_lsn_roundtrip(v):
 def test_passed_at_moves_an_end_after_a_page_header_to_the_page_start(target, block_size, reach):
     assert passed_at(LSN.parse(target), block_size) == LSN.parse(reach)
     assert type(passed_at(LSN.parse(target), block_size)) is LSN
+    assert WalSizes(block_size).passed_at(LSN.parse(target)) == LSN.parse(reach)
+
+
+def test_wal_sizes_from_show_and_segments_other_than_16_mb():
+    assert WalSizes.parse("8192", "16MB") == WalSizes(8192, 16 << 20) == WalSizes()
+    assert WalSizes.parse("32768", "1GB") == WalSizes(32768, 1 << 30)
+    assert WalSizes.parse(None, None) == WalSizes()
+    sizes = WalSizes.parse("8192", "64MB")
+    assert sizes.passed_at(LSN.parse("0/1000028")) == LSN.parse("0/1000028")  # not a segment start at 64 MB
+    assert sizes.passed_at(LSN.parse("0/4000028")) == LSN.parse("0/4000000")
+    with pytest.raises(ValueError, match="wal_segment_size"):
+        WalSizes.parse("8192", "lots")
 
 
 @pytest.mark.parametrize(
