@@ -36,9 +36,10 @@ One call, :func:`drain_window`:
    header is reached at the page's start, where the walsender's position stays when
    the last record ended there: :func:`~airflow_pgcdc.protocol.lsn.passed_at`). The
    walsender only decodes flushed WAL, and an open transaction or a quiet server may
-   leave it without a record past ``end_lsn``: after ``heartbeat_after`` seconds without reaching it, the drain emits
-   a non-transactional logical message (prefix ``pgcdc.heartbeat``, never written to
-   the window) whose record is past ``end_lsn``, and gives up with
+   leave it without a record past ``end_lsn``: after ``heartbeat_after`` seconds without
+   reaching it, the drain emits a non-transactional logical message (prefix
+   ``pgcdc.heartbeat``, never written to the window) whose record is past ``end_lsn``,
+   and gives up with
    :class:`DrainTimeout` after ``max_wait`` seconds without receiving anything (its own
    heartbeats aside: a long window that keeps receiving is not cut short, an end the
    stream never reaches still times out). So it never waits forever.

@@ -16,7 +16,7 @@ from airflow_pgcdc.changes.assembly import HeldPrepared
 from airflow_pgcdc.drain.guards import DrainBusy, DrainError, SlotMissing, check_server
 from airflow_pgcdc.pg.conninfo import parse_conninfo
 from airflow_pgcdc.pg.errors import ObjectInUse
-from airflow_pgcdc.pg.logical import LogicalStream, wal_sizes
+from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.slotlock import lock_holder, wait_lock_slot
 from airflow_pgcdc.protocol.lsn import DEFAULT_WAL_SIZES, LSN
@@ -153,7 +153,7 @@ def connect_replication(dsn: str, slot: str, plan: Plan, *, status_interval: flo
             history=lambda tli: [(e.timeline, e.switchpoint) for e in conn.timeline_history(tli).entries()],
             windows=plan.seq, window_at=window_at,  # windows 0 .. seq - 1 are committed
             flushed=ident.xlogpos if check_flush else None,
-            wal_sizes=wal_sizes(conn) if check_flush else DEFAULT_WAL_SIZES,
+            wal_sizes=conn.wal_sizes() if check_flush else DEFAULT_WAL_SIZES,
         )
     except BaseException:
         conn.close()

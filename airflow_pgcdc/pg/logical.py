@@ -44,7 +44,7 @@ class LogicalStream:
     ) -> LogicalStream:
         """Negotiate ``options`` with the server and start streaming ``slot_name``."""
         resolved = options.resolve(conn.server_version)
-        sizes = wal_sizes(conn)
+        sizes = conn.wal_sizes()
         conn.start_replication(
             slot_name, start_lsn, options=resolved.start_options(conn.server_version)
         )
@@ -63,7 +63,7 @@ class LogicalStream:
         options: Sequence[tuple[str, str | None]],
         start_lsn: LSN | int | str = 0,
     ) -> LogicalStream:
-        sizes = wal_sizes(conn)
+        sizes = conn.wal_sizes()
         conn.start_replication(slot_name, start_lsn, options=list(options))
         return cls(conn, PglogicalDecoder(), plugin="pglogical_output", wal_sizes=sizes)
 
@@ -124,11 +124,6 @@ class LogicalStream:
             end = transaction_end_lsn(msg)
             if end is not None and end >= reach:
                 return out
-
-
-def wal_sizes(conn: ReplicationConnection) -> WalSizes:
-    """The server's WAL page and segment sizes (``SHOW``; before streaming starts)."""
-    return WalSizes.parse(conn.show("wal_block_size"), conn.show("wal_segment_size"))
 
 
 _ENDS_TRANSACTION = frozenset(

@@ -45,7 +45,7 @@ from airflow_pgcdc.pg.errors import (
 )
 from airflow_pgcdc.pg.waiting import WAIT_R, WAIT_RW, WAIT_W, PQGen, wait_async, wait_sync
 from airflow_pgcdc.protocol import commands, frames
-from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.lsn import LSN, WalSizes
 from airflow_pgcdc.protocol.pgtime import now_pg_us
 
 log = logging.getLogger(__name__)
@@ -155,6 +155,7 @@ class _ReplicationProtocol:
         self._command: str | None = None
         self._backup_results = 0
         self._pending_backup_results: deque[Result] = deque()
+        self._wal_sizes: WalSizes | None = None
 
     # -- connection ---------------------------------------------------------------------
     @staticmethod
@@ -638,6 +639,13 @@ class ReplicationConnection(_ReplicationProtocol):
 
     def show(self, name: str) -> str | None:
         return wait_sync(self._gen_show(name))
+
+    def wal_sizes(self) -> WalSizes:
+        """The server's WAL page and segment sizes (``SHOW``, read once per connection;
+        the first call must come before streaming starts)."""
+        if self._wal_sizes is None:
+            self._wal_sizes = WalSizes.parse(self.show("wal_block_size"), self.show("wal_segment_size"))
+        return self._wal_sizes
 
     def timeline_history(self, timeline: int) -> frames.TimelineHistory:
         return wait_sync(self._gen_timeline_history(timeline))

@@ -167,8 +167,8 @@ or the window ends, so a smaller row group means less memory and less encoding l
 the window's finish. A window part is read once, by the merge, a row group at a time
 (`merge/spark_io.py`, pyarrow's ``iter_batches``): smaller ones bound its reader's memory
 too, and add some footer metadata (the merge was not timed on them).
-``bench/drain.py --workload wide`` (60 columns, ~2 KB rows): the drain's peak RSS 325 → 249 MB, throughput unchanged
-within the runs' noise."""
+``bench/drain.py --workload wide`` (60 columns, ~2 KB rows): the drain's peak RSS
+325 → 249 MB, throughput unchanged within the runs' noise."""
 
 DEFAULT_UPLOAD_THREADS = 8
 """Threads completing finished parts' uploads concurrently (see :class:`_Completions`)."""

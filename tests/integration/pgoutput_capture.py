@@ -33,7 +33,7 @@ from psycopg import sql as pgsql
 from airflow_pgcdc.pg.logical import LogicalStream
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.protocol import pgoutput as po
-from airflow_pgcdc.protocol.lsn import LSN, WalSizes
+from airflow_pgcdc.protocol.lsn import LSN, WAL_BLOCK_SIZE, WalSizes
 from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 
 SMALL_WORK_MEM = "-c logical_decoding_work_mem=64kB"
@@ -42,7 +42,7 @@ changes is streamed (``streaming`` on) instead of being decoded at commit."""
 
 READ_TIMEOUT = 30.0
 
-WAL_PAGE = 8192  # the test servers' wal_block_size (the default)
+WAL_PAGE = WAL_BLOCK_SIZE  # the test servers' wal_block_size (the default)
 
 
 def end_wal_at_a_page_boundary(dsn: str, *, tries: int = 50) -> LSN:
