@@ -86,6 +86,11 @@ _INSERTS = PgoutputDecoder(1)  # Insert messages outside a stream block (statele
 
 MISSING_VALUES_FIELD = "missing_values"
 REWRITTEN_FIELD = "rewritten_columns"
+# a relation version's table file and its columns' identities (optional: older windows,
+# and a column renamed or dropped before the drain read the catalog, have none)
+RELFILENODE_FIELD = "relfilenode"
+ATTNUM_FIELD = "attnum"
+ATTXMIN_FIELD = "attxmin"
 """A relation version's columns whose existing rows a table rewrite filled, which no
 change carries: ``[{name, expression}]`` (absent when none; see the drain)."""
 
@@ -129,6 +134,9 @@ class RelationVersion:
     # {column: default or generation expression}: its existing rows were filled by a
     # table rewrite (a volatile default, a stored generated column): no change carries them
     rewritten: dict[str, str] | None = field(default=None, compare=False)
+    # (relfilenode, {column: (attnum, xmin of its pg_attribute row)}) as the drain read the
+    # catalog: how the merge follows columns by identity (see merge/columns.py)
+    identity: tuple[int, dict[str, tuple[int, str]]] | None = field(default=None, compare=False)
     decoder: TupleDecoder = field(init=False, repr=False)
     old_decoder: TupleDecoder | None = field(init=False, repr=False)
     old_indexes: tuple[int, ...] = field(init=False, repr=False)
@@ -166,10 +174,12 @@ class RelationVersion:
 
     def describe(self) -> dict:
         """The manifest's description of this version."""
+        relfilenode, ids = self.identity if self.identity is not None else (None, {})
         return {
             "version": self.version,
             "relation_oid": self.relation_oid,
             "replica_identity": self.replica_identity,
+            **({RELFILENODE_FIELD: relfilenode} if relfilenode else {}),
             "columns": [
                 {
                     "name": c.name,
@@ -177,6 +187,7 @@ class RelationVersion:
                     "type_oid": c.type.oid,
                     "typmod": c.typmod,
                     "key": k,
+                    **({ATTNUM_FIELD: ids[c.name][0], ATTXMIN_FIELD: ids[c.name][1]} if c.name in ids else {}),
                 }
                 for c, k in zip(self.columns, self.key_flags, strict=True)
             ],

@@ -47,24 +47,23 @@ _ATTRIBUTE_COLUMNS = (
     "a.attname::text, a.attndims, CASE WHEN a.atthasmissing THEN a.attmissingval::text END, "
     "t.typdelim::text, "
     "a.atthasdef AND NOT a.atthasmissing AND d.oid IS NOT NULL AND c.relfilenode > d.oid, "
-    "a.attgenerated::text, left(pg_catalog.pg_get_expr(d.adbin, d.adrelid), 200) "
+    "a.attgenerated::text, left(pg_catalog.pg_get_expr(d.adbin, d.adrelid), 200), "
+    "a.attnum::int, a.xmin::text, c.relfilenode::bigint "
 )
 _ATTRIBUTE_FROM = (
     "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
     "JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
     "LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
 )
-_INTERESTING = "(a.attndims > 0 OR a.atthasmissing OR a.atthasdef)"
-
 PREFETCH_MAX_RELATIONS = 1_000
 """Past this many relations in the publications, :class:`TypeResolver` reads each
 relation's attributes when it is first met instead of all of them at once (the prefetch
-keeps every column's name and type until its relation is met: a few MB at this bound)."""
+keeps every column's catalog row until its relation is met: a few MB at this bound)."""
 
 
 class TypeResolver:
     """Catalog lookups of one drain. A relation's attributes (array dimensions, ADD COLUMN
-    defaults, rewritten columns) are read when the drain first needs them; when
+    defaults, rewritten columns, the columns' identities) are read when the drain first needs them; when
     ``publications`` are given, that first need reads those of every relation the
     publications cover at once (one query instead of one per relation: a window touching
     500 tables made 500 round trips). A relation's prefetched attributes are used only if
@@ -75,7 +74,7 @@ class TypeResolver:
     def __init__(self, sql: psycopg.Connection, publications: tuple[str, ...] | list[str] = ()) -> None:
         self.sql = sql
         self.publications = tuple(publications)
-        # relation OID -> (its columns {name: (type oid, typmod)}, its interesting attribute rows),
+        # relation OID -> (its columns {name: (type oid, typmod)}, its attribute rows),
         # read once for the whole publication (None: not read yet); an entry is used once
         self._prefetched: dict[int, tuple[dict[str, tuple[int, int]], list[tuple]]] | None = None
         self.queries = 0  # catalog round trips for attributes (the prefetch's two included)
@@ -84,6 +83,8 @@ class TypeResolver:
         self.ndims: dict[int, dict[str, int]] = {}
         self.missing: dict[int, dict[str, str]] = {}
         self.rewritten_cols: dict[int, dict[str, str]] = {}
+        # relation OID -> (its file, relfilenode; {column: (attnum, xmin of its pg_attribute row)})
+        self.identities: dict[int, tuple[int, dict[str, tuple[int, str]]]] = {}
         # the Relation message's shape each relation's attributes were read for: a new
         # shape (DDL while the drain runs) reads them again, a replayed one does not
         self.shapes: dict[int, tuple] = {}
@@ -137,6 +138,20 @@ class TypeResolver:
             m = self.rewritten_cols[relation_oid]
         return m
 
+    def identity(self, relation_oid: int) -> tuple[int, dict[str, tuple[int, str]]]:
+        """``(relfilenode, {column: (attnum, xmin)})``: the relation's file and each
+        column's identity (its ``attnum``) and the transaction that last wrote its
+        ``pg_attribute`` row, as the catalog has them when the drain reads it. The merge
+        follows columns by ``attnum`` (a rename keeps it, a column dropped and added again
+        under its name gets a new one) and sees a column altered by a statement that also
+        rewrote the table (``ALTER COLUMN … TYPE … USING``: both its ``xmin`` and the
+        ``relfilenode`` change) (:mod:`airflow_pgcdc.merge.columns`)."""
+        m = self.identities.get(relation_oid)
+        if m is None:
+            self._load_attributes(relation_oid)
+            m = self.identities[relation_oid]
+        return m
+
     def refresh(self, relation_oid: int, shape: tuple) -> None:
         """Read the relation's attributes again at its next use if its Relation message's
         ``shape`` is not the one they were read for (DDL since)."""
@@ -148,16 +163,17 @@ class TypeResolver:
             self.ndims.pop(relation_oid, None)
             self.missing.pop(relation_oid, None)
             self.rewritten_cols.pop(relation_oid, None)
+            self.identities.pop(relation_oid, None)
 
     def _load_attributes(self, relation_oid: int) -> None:
         rows = self._take_prefetched(relation_oid)
         if rows is None:
             self.queries += 1
-            rows = self.sql.execute(
+            rows = [tuple(row) for row in self.sql.execute(
                 "SELECT " + _ATTRIBUTE_COLUMNS + _ATTRIBUTE_FROM
-                + "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND " + _INTERESTING,
+                + "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
                 (relation_oid,),
-            ).fetchall()
+            ).fetchall()]
         self._store_attributes(relation_oid, rows)
 
     def _take_prefetched(self, relation_oid: int) -> list[tuple] | None:
@@ -195,8 +211,8 @@ class TypeResolver:
             return {}
         self.queries += 1
         found: dict[int, tuple[dict[str, tuple[int, int]], list[tuple]]] = {}
-        for relid, typid, typmod, interesting, *row in self.sql.execute(
-            "SELECT a.attrelid::bigint, a.atttypid::bigint, a.atttypmod, " + _INTERESTING + ", "
+        for relid, typid, typmod, *row in self.sql.execute(
+            "SELECT a.attrelid::bigint, a.atttypid::bigint, a.atttypmod, "
             + _ATTRIBUTE_COLUMNS + _ATTRIBUTE_FROM
             + "WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped "
             "ORDER BY a.attrelid, a.attnum",
@@ -204,18 +220,20 @@ class TypeResolver:
         ).fetchall():
             columns, rows = found.setdefault(relid, ({}, []))
             columns[row[0]] = (typid, typmod)
-            if interesting:
-                rows.append(tuple(row))
+            rows.append(tuple(row))
         return found
 
     def _store_attributes(self, relation_oid: int, rows: list[tuple]) -> None:
+        """``rows``: every column of the relation (``_ATTRIBUTE_COLUMNS``), by attnum."""
+        self.identities[relation_oid] = (
+            int(rows[0][9]) if rows else 0, {row[0]: (int(row[7]), str(row[8])) for row in rows})
         self.ndims[relation_oid] = {row[0]: row[1] for row in rows if row[1] > 0}
         self.rewritten_cols[relation_oid] = {
             name: (f"GENERATED ALWAYS AS ({expr}) STORED" if generated == "s" else f"DEFAULT {expr}")
-            for name, _, _, _, rewritten, generated, expr in rows if rewritten
+            for name, _, _, _, rewritten, generated, expr, *_ in rows if rewritten
         }
         missing = {}
-        for name, ndims, stored, delimiter, _, _, _ in rows:
+        for name, ndims, stored, delimiter, *_ in rows:
             if stored is None or ndims > 0:  # an array column's default: not read back (see README)
                 continue
             # attmissingval is a one-element array of the column's type: its element's text
@@ -297,6 +315,7 @@ class WindowSink:
                 key_flags, version=len(versions),
                 missing_values=self.types.missing_values(rel.relation_oid) or None,
                 rewritten=self._rewritten(rel, columns),
+                identity=self.types.identity(rel.relation_oid),
             )
             versions.append(rv)
             self.buffers[id(rv)] = ChangeBuffer(rv)

@@ -17,10 +17,12 @@ from airflow_pgcdc.changes.rows import (
     REWRITTEN_FIELD,
 )
 from airflow_pgcdc.merge.clauses import MATCH_PREFIX, keep_column
+from airflow_pgcdc.merge.columns import ColumnState, copy_state, follow, version_state
 from airflow_pgcdc.merge.context import (
     JobContext,
 )
 from airflow_pgcdc.merge.errors import (
+    ColumnIdentityChanged,
     CopyExpired,
     PartitionsChanged,
     ReservedColumnName,
@@ -261,6 +263,63 @@ def check_rewritten(ctx: JobContext, name: str, windows, plan: TablePlan, dt) ->
                              "taken after the DDL; the next merge replaces the Delta table from it; the "
                              "other tables are not affected)",
                     )
+
+
+def column_baseline(ctx: JobContext, schema: str, table: str, manifests, entry, copy_where: str,
+                    last_merged: int | None, since: int | None, from_copy: bool) -> ColumnState | None:
+    """What was known of the table's columns when its Delta table was last written (see
+    :mod:`.columns`): the copy when the Delta table was just created or replaced from it, or
+    has merged no window since (``from_copy``, ``last_merged`` None, or a last merged window
+    that started before the resync's point ``since``); else the newest relation version of
+    the table in its last merged window (one manifest read when the job has not read it).
+    None when unknown (that window does not hold the table)."""
+    if entry is not None and (from_copy or last_merged is None):
+        return copy_state(entry, copy_where)
+    if last_merged is None:
+        return None
+    m = next((w for w in manifests if w.window_seq == last_merged), None)
+    if m is None:
+        from airflow_pgcdc.store.window import read_window
+
+        m = read_window(ctx.client, ctx.layout, ctx.slot, last_merged)
+    if since is not None and entry is not None and int(m.start) < since:
+        return copy_state(entry, copy_where)
+    rvs = [rv for t in m.tables if (t["schema"], t["table"]) == (schema, table) for rv in t["relation_versions"]]
+    if not rvs:
+        return None
+    newest = max(rvs, key=lambda rv: int(rv["version"]))
+    return version_state(newest, f"window {last_merged}")
+
+
+def check_columns(ctx: JobContext, schema: str, table: str, windows, plan: TablePlan, dt,
+                  baseline: ColumnState | None) -> None:
+    """Refuse the table when a column of the batch is not the column its Delta table holds
+    under that name (renamed, dropped and added again: :class:`ColumnIdentityChanged`) or was
+    rewritten without logical changes (:class:`TableRewritten`); see :mod:`.columns`."""
+    if dt is None:
+        return
+    kept = {(v.window_seq, v.version) for v in plan.versions}
+    versions = [
+        (f"window {m.window_seq}", rv)
+        for m in windows for t in m.tables if (t["schema"], t["table"]) == (schema, table)
+        for rv in sorted(t["relation_versions"], key=lambda rv: int(rv["version"]))
+        if (m.window_seq, int(rv["version"])) in kept
+    ]
+    refusal = follow(baseline, pa.schema(dt.schema().to_arrow()).names, versions)
+    if refusal is None:
+        return
+    name = f"{schema}.{table}"
+    hint = (f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
+            f"{ctx.layout.root.prefix} --tables {shlex.quote(quote_qualified(schema, table))} (a copy taken "
+            "after the DDL; the next merge replaces the Delta table from it in one commit, its older versions "
+            "stay readable by time travel; the other tables are not affected)")
+    if refusal.kind == "rewritten":
+        raise TableRewritten(f"table {name}: {refusal.message}: the Delta table cannot follow", hint=hint)
+    raise ColumnIdentityChanged(
+        f"table {name}: {refusal.message}. Following it by name would "
+        + ("split one column in two, each partly NULL" if refusal.kind == "renamed"
+           else "mix the old column's values into the new one")
+        + ": nothing merged", hint=hint, table=name, column=refusal.column)
 
 
 def check_internal_names(name: str, columns: list[str], keys, toast: list[str]) -> None:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from airflow_pgcdc.merge.job import MergeResult
 
 __all__ = [
+    "ColumnIdentityChanged",
     "CopyExpired",
     "IncompatibleSchemaChange",
     "KeylessChange",
@@ -75,8 +76,22 @@ class ReservedColumnName(MergeError):
 class TableRewritten(MergeError):
     """PostgreSQL rewrote the table without logical changes: a column the Delta table has
     not got yet was filled in the rows already there (a volatile default, a stored
-    generated column; the drain records it, ``rewritten_columns``), and no change carries
-    those values. The table needs a new copy (``pgcdc resync``)."""
+    generated column; the drain records it, ``rewritten_columns``), or a column it has was
+    altered by a statement that rewrote every row (``ALTER COLUMN … TYPE … USING`` that
+    keeps the Delta type), and no change carries those values. The table needs a new copy
+    (``pgcdc resync``)."""
+
+class ColumnIdentityChanged(MergeError):
+    """A column of the table is not the column its Delta table holds under that name: it
+    was renamed (``RENAME COLUMN``, same ``attnum``, new name), or dropped and added again
+    under its old name (new ``attnum``). Following the new name as a new column would
+    split one column in two, or mix the old column's values into the new one. The table
+    needs a new copy (``pgcdc resync``). ``column``: the name in question."""
+
+    def __init__(self, message: str, *, hint: str | None = None, table: str = "", column: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.table = table
+        self.column = column
 
 class TablesFailed(MergeError):
     """Some tables could not be merged; the others were (``result`` holds every table's

@@ -46,10 +46,12 @@ from typing import Any
 from airflow_pgcdc.merge import deltars, pruning
 from airflow_pgcdc.merge.checks import (
     after_point,
+    check_columns,
     check_expired,
     check_partitions,
     check_refused,
     check_rewritten,
+    column_baseline,
     expired_state,
 )
 from airflow_pgcdc.merge.context import (
@@ -57,6 +59,7 @@ from airflow_pgcdc.merge.context import (
     remove_old_staging,
 )
 from airflow_pgcdc.merge.errors import (
+    ColumnIdentityChanged,
     IncompatibleSchemaChange,
     KeylessChange,
     NeedsSnapshot,
@@ -92,7 +95,7 @@ from airflow_pgcdc.store.manifest import committed_snapshot
 from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
 
 __all__ = [  # the errors are merge/errors.py's, importable from here as before
-    "IncompatibleSchemaChange", "KeylessChange", "MergeResult", "NeedsSnapshot", "PartitionsChanged",
+    "ColumnIdentityChanged", "IncompatibleSchemaChange", "KeylessChange", "MergeResult", "NeedsSnapshot", "PartitionsChanged",
     "ReservedColumnName", "TableResult", "TableRewritten", "TablesFailed", "WindowsExpired", "merge_slot",
 ]
 
@@ -319,6 +322,11 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
     if since is not None:
         plan = after_point(ctx, plan, windows, since)
     check_rewritten(ctx, name, windows, plan, dt)
+    copy_where = (f"the resync copy at {resync.consistent_point}" if since is not None
+                  else f"the snapshot at {snapshot.consistent_point}" if snapshot is not None else "the copy")
+    check_columns(ctx, schema, table, windows, plan, dt, column_baseline(
+        ctx, schema, table, manifests, entry, copy_where, last_merged, since,
+        from_copy=res.action in ("bootstrapped", "resynced")))
     res.first_window, res.last_window = plan.first_window, plan.last_window
     res.start_lsn, res.end_lsn = plan.start_lsn, plan.end_lsn
     res.change_rows, res.truncates = plan.rows, plan.truncates

@@ -70,6 +70,7 @@ class ColumnInfo:
     type_name: str  # format_type(): e.g. "numeric(12,2)", "character varying(10)", "text[]"
     ndims: int = 0  # pg_attribute.attndims (declared array dimensions)
     generated: bool = False  # a stored generated column (attgenerated = 's')
+    xmin: str | None = None  # the transaction that last wrote its pg_attribute row
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,7 @@ class TableInfo:
     row_filter: str | None = None
     column_list: tuple[str, ...] | None = None
     partitions: tuple[tuple[str, str], ...] = field(default=())  # a partitioned table's leaves
+    relfilenode: int = 0  # its file (0: a partitioned table has none)
 
     @property
     def has_key(self) -> bool:
@@ -131,14 +133,14 @@ class TableInfo:
 
 _TABLE_SQL = """
 SELECT c.oid, n.nspname, c.relname, c.relkind::text, c.relreplident::text,
-       c.relpages, c.reltuples
+       c.relpages, c.reltuples, c.relfilenode::bigint
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
 """
 
 _COLUMNS_SQL = """
 SELECT a.attname, a.attnum, a.atttypid, a.atttypmod, a.attnotnull,
-       format_type(a.atttypid, a.atttypmod), a.attndims, a.attgenerated <> ''
+       format_type(a.atttypid, a.atttypmod), a.attndims, a.attgenerated <> '', a.xmin::text
 FROM pg_attribute a
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated IN ('', 's')
 ORDER BY a.attnum
@@ -175,7 +177,7 @@ def describe_table(
     row = conn.execute(_TABLE_SQL, (schema, name)).fetchone()
     if row is None:
         raise TableNotFound(f"table {schema}.{name} does not exist (or is not a table)")
-    oid, nsp, rel, relkind, replident, relpages, reltuples = row
+    oid, nsp, rel, relkind, replident, relpages, reltuples, relfilenode = row
     columns = [ColumnInfo(*r) for r in conn.execute(_COLUMNS_SQL, (oid,)).fetchall()]
     if not generated:
         columns = [c for c in columns if not c.generated]
@@ -210,6 +212,7 @@ def describe_table(
         row_filter=row_filter,
         column_list=tuple(column_list) if column_list is not None else None,
         partitions=partitions,
+        relfilenode=int(relfilenode or 0),
     )
 
 

@@ -494,6 +494,8 @@ def _table_entry(t: TableInfo, results: dict, layout: Layout, slot: str, sid: st
                 key=c.name in key_set,
                 typmod=c.typmod,
                 type_oid=c.type_oid,
+                attnum=c.attnum,
+                attxmin=c.xmin,
             )
             for c in t.columns
         ),
@@ -507,7 +509,8 @@ def _table_entry(t: TableInfo, results: dict, layout: Layout, slot: str, sid: st
         # a partitioned table copied through its root: the leaves its copy holds (`pgcdc
         # status` compares them with the catalog: attached or detached partitions' rows
         # are not streamed)
-        extra={"partitions": [list(leaf) for leaf in t.partitions]} if t.relkind == "p" else {},
+        extra=({"partitions": [list(leaf) for leaf in t.partitions]} if t.relkind == "p" else {})
+        | ({"relfilenode": t.relfilenode} if t.relfilenode else {}),
     )
 
 

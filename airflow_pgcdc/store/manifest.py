@@ -234,7 +234,9 @@ class ColumnEntry:
     """A column: name, PostgreSQL type name (``format_type`` without the modifier, e.g.
     ``integer``, ``character varying``, ``numeric``, ``public.mood``, ``text[]``), its
     type modifier (``atttypmod``; absent/``None`` when -1), nullability, and whether it is
-    part of the table's key."""
+    part of the table's key. ``attnum`` and ``attxmin`` (optional; copies written before
+    them have none): the column's identity in PostgreSQL and the transaction that last
+    wrote its catalog row, which the merge follows columns by (a rename keeps the attnum)."""
 
     name: str
     pg_type: str
@@ -242,9 +244,11 @@ class ColumnEntry:
     key: bool = False
     typmod: int | None = None
     type_oid: int | None = None
+    attnum: int | None = None
+    attxmin: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
-    _FIELDS: ClassVar = ("name", "pg_type", "typmod", "type_oid", "nullable", "key")
+    _FIELDS: ClassVar = ("name", "pg_type", "typmod", "type_oid", "nullable", "key", "attnum", "attxmin")
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "pg_type": self.pg_type}
@@ -254,6 +258,10 @@ class ColumnEntry:
             d["type_oid"] = self.type_oid
         d["nullable"] = self.nullable
         d["key"] = self.key
+        if self.attnum is not None:
+            d["attnum"] = self.attnum
+        if self.attxmin is not None:
+            d["attxmin"] = self.attxmin
         return d | dict(self.extra)
 
     @classmethod
@@ -266,6 +274,8 @@ class ColumnEntry:
             type_oid=r.int("type_oid", required=False, minimum=1),
             nullable=r.bool("nullable"),
             key=r.bool("key"),
+            attnum=r.int("attnum", required=False, minimum=1),
+            attxmin=r.str("attxmin", required=False),
             extra=r.extra(),
         )
 

@@ -24,7 +24,7 @@ Manifest (``"format": 1``, ``"kind": "window"``)::
     transactions, first_commit_lsn, last_commit_lsn, rows, bytes
     tables: [{schema, table, rows, bytes, [key_moves_unchanged_toast,]
               relation_versions: [{version, relation_oid, replica_identity,
-                                   columns: [{name, pg_type, type_oid, typmod, key}],
+                                   [relfilenode,] columns: [{name, pg_type, type_oid, typmod, key, [attnum, attxmin]}],
                                    old_columns, rows, bytes, parts: [{path, rows, bytes}],
                                    [missing_values,] [rewritten_columns]}]}]
     truncates: [{seq, xid, commit_lsn, tables: ["schema.table"], cascade, restart_identity}]
