@@ -54,6 +54,10 @@ def register(subparsers) -> None:
     p.add_argument("--busy-wait", type=float, default=10.0, metavar="SEC",
                    help="wait this long for another drain or snapshot of the slot to end before giving "
                         "up with exit code 75 (default 10)")
+    p.add_argument("--start-without-snapshot", action="store_true",
+                   help="start a store that holds no snapshot and no window of the slot at the slot's "
+                        "position (changes only, no initial copy); without it such a store is refused, "
+                        "so a mistyped --store cannot take the slot over")
     p.set_defaults(handler=run)
 
 
@@ -95,4 +99,5 @@ def _drain(args: argparse.Namespace, drain_window):
         forget_tables=args.forget_table,
         busy_wait=args.busy_wait,
         memory_budget=args.memory_budget_mb << 20,
+        start_without_snapshot=args.start_without_snapshot,
     )

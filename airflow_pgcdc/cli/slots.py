@@ -382,6 +382,14 @@ def run_status(args: argparse.Namespace) -> int:
             "; ".join(t["hint"] for t in changed),
         )
         return 1
+    if status.get("store", {}).get("slot_vs_store") == "store_empty":
+        error(
+            f"{status['store']['store']} holds no snapshot and no window of slot {args.slot}: a mistyped "
+            "store, or a pipeline not started",
+            "check the store URL; a drain refuses such a store unless --start-without-snapshot says "
+            "to start it on purpose",
+        )
+        return 1
     if status.get("store", {}).get("slot_vs_store") == "slot_ahead":
         error(
             "the slot was acknowledged beyond the store's last window: the changes between "

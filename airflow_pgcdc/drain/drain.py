@@ -123,12 +123,14 @@ from airflow_pgcdc.drain.guards import (
     ServerMismatch,
     SlotAheadOfStore,
     SlotNotFound,
+    StoreHasNoCopy,
     WindowConflict,
     check_publications,
 )
 from airflow_pgcdc.drain.plan import (
     Plan,
     connect_replication,
+    no_copy,
     read_plan,
     recheck,
     start_stream,
@@ -151,7 +153,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DrainBusy", "DrainError", "DrainResult", "DrainTimeout", "PipelineTablesUnpublished",
-    "PublicationNotFound", "ServerMismatch", "SlotAheadOfStore", "SlotNotFound", "WindowConflict",
+    "PublicationNotFound", "ServerMismatch", "SlotAheadOfStore", "SlotNotFound", "StoreHasNoCopy", "WindowConflict",
     "drain_window",
 ]  # fmt: skip
 
@@ -226,6 +228,7 @@ class DrainOptions:
     forget: frozenset[tuple[str, str]] = frozenset()
     busy_wait: float = 10.0
     memory_budget: int = DEFAULT_MEMORY_BUDGET
+    start_without_snapshot: bool = False
 
 
 def drain_window(
@@ -252,6 +255,7 @@ def drain_window(
     forget_tables: Sequence[str] = (),
     busy_wait: float = 10.0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    start_without_snapshot: bool = False,
     to: str | s3store.S3Location | None = None,
 ) -> DrainResult:
     """Drain one window of ``slot`` into ``store`` (``s3://bucket/prefix``); see the module
@@ -263,7 +267,10 @@ def drain_window(
     of the slot (its lock, or a walsender still ending) before :class:`DrainBusy`.
     ``memory_budget``: bytes of change data the window keeps in memory over all its tables
     (open Parquet parts; the change buffers get a quarter more): past it, the largest
-    tables' parts are finished early, so memory does not grow with the number of tables."""
+    tables' parts are finished early, so memory does not grow with the number of tables.
+    ``start_without_snapshot``: a store that holds no snapshot and no window of the slot is
+    refused (:class:`StoreHasNoCopy`: a mistyped store would otherwise take the slot over)
+    unless this says to start it on purpose, at the slot's position, changes only."""
     t0 = time.monotonic()
     started_at = datetime.now(UTC)
     store = store_argument("drain_window", store, "to", to)
@@ -276,6 +283,7 @@ def drain_window(
         heartbeat=heartbeat, heartbeat_after=heartbeat_after, max_wait=max_wait, status_interval=status_interval,
         spool_dir=spool_dir, connect_options=connect_options, target_part_bytes=target_part_bytes,
         forget=frozenset(parse_table_names(forget_tables)), busy_wait=busy_wait, memory_budget=memory_budget,
+        start_without_snapshot=bool(start_without_snapshot),
     )
     location = store if isinstance(store, s3store.S3Location) else s3store.S3Location.parse(store)
     layout = Layout(location)
@@ -286,6 +294,8 @@ def drain_window(
     try:
         take_slot_lock(sql, slot, options.busy_wait)  # before the store is read: the plan stays true while we hold it
         plan = read_plan(client, layout, slot, sql)
+        if plan.recorded_by == "nothing" and not options.start_without_snapshot:
+            raise no_copy(layout, slot, plan)
         check_publications(sql, options.publications, plan.pipeline or (), slot=slot, forget=options.forget)
         # the server must be the one the store followed before positions are compared
         window_at = window_timelines(client, layout, slot)

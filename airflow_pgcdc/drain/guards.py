@@ -63,6 +63,14 @@ class SlotAheadOfStore(DrainError):
     """The slot acknowledged changes that no committed window holds: data loss upstream."""
 
 
+class StoreHasNoCopy(DrainError):
+    """The store holds neither a snapshot nor a window of the slot: a drain would start it at
+    the slot's position and acknowledge past it, so a mistyped ``--store`` would take the
+    slot away from the store that really follows it (recoverable only by a new snapshot).
+    Refused unless the caller starts a changes-only store on purpose
+    (``start_without_snapshot``)."""
+
+
 class DrainBusy(DrainError):
     """Another run owns the slot (its lock or its stream), or committed the window this one
     planned meanwhile: this drain wrote nothing and acknowledged nothing."""

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import psycopg
 
 from airflow_pgcdc.changes.assembly import HeldPrepared
-from airflow_pgcdc.drain.guards import DrainBusy, DrainError, SlotMissing, check_server
+from airflow_pgcdc.drain.guards import (
+    DrainBusy,
+    DrainError,
+    SlotMissing,
+    StoreHasNoCopy,
+    check_server,
+)
 from airflow_pgcdc.pg.conninfo import parse_conninfo
 from airflow_pgcdc.pg.errors import ObjectInUse
 from airflow_pgcdc.pg.logical import LogicalStream
@@ -108,6 +114,21 @@ def read_plan(client, layout: Layout, slot: str, sql: psycopg.Connection) -> Pla
             f"snapshot {snap.snapshot_id}",
         )
     return Plan(0, confirmed, confirmed, two_phase, None, held, None, None, None, "nothing")
+
+
+def no_copy(layout: Layout, slot: str, plan: Plan) -> StoreHasNoCopy:
+    """The refusal of a store that holds nothing of ``slot`` (see :class:`StoreHasNoCopy`)."""
+    store = f"s3://{layout.bucket}/{layout.root.prefix}".rstrip("/")
+    return StoreHasNoCopy(
+        f"{store} holds no snapshot and no window of slot {slot!r} (nothing under "
+        f"s3://{layout.bucket}/{layout.snapshots_prefix(slot)} nor {layout.changes_prefix(slot)}): a drain "
+        f"would start this store at the slot's position {plan.confirmed} and acknowledge past it, and the "
+        "store that follows this slot, if there is one, could then only be recovered by a new snapshot. "
+        "Nothing was read or acknowledged",
+        hint=f"check the store URL (pgcdc status --slot {slot} --store <url> shows what a store holds); "
+             "take the initial copy first (pgcdc snapshot); or, to start a store of changes only from the "
+             "slot's position on purpose, pass --start-without-snapshot (start_without_snapshot=True)",
+    )
 
 
 def take_slot_lock(sql: psycopg.Connection, slot: str, busy_wait: float) -> None:

@@ -7,7 +7,6 @@ resync's copy already covers. Part of the merge job (:mod:`.job`)."""
 from __future__ import annotations
 
 import logging
-import shlex
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -33,7 +32,7 @@ from airflow_pgcdc.merge.plan import (
     TablePlan,
 )
 from airflow_pgcdc.protocol.lsn import LSN
-from airflow_pgcdc.protocol.quoting import quote_qualified
+from airflow_pgcdc.protocol.quoting import quote_qualified, shell_qualified
 from airflow_pgcdc.store.partitions import (
     changes_since_copy,
     copied_leaves,
@@ -44,10 +43,11 @@ from airflow_pgcdc.store.window import REFUSED_FIELD
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
 
 
-def check_refused(name: str, windows, since: int | None) -> None:
+def check_refused(schema: str, table: str, windows, since: int | None) -> None:
     """The drain left the table's changes out of a window (a column named like the change
     metadata): merging the rest would lose them. Changes before a resync's point are in
     its copy."""
+    name = f"{schema}.{table}"
     for m in windows:
         for t in m.tables:
             refused = t.get(REFUSED_FIELD)
@@ -58,7 +58,7 @@ def check_refused(name: str, windows, since: int | None) -> None:
                     f"table {name}: the drain could not store {refused['changes']} change(s) of window "
                     f"{m.window_seq} (from commit {refused['first_commit_lsn']}): {refused['error']}",
                     hint=f"rename the column(s) in PostgreSQL, then take the table again: pgcdc resync "
-                         f"--tables {name} (the other tables are not affected)",
+                         f"--tables {shell_qualified(schema, table)} (the other tables are not affected)",
                 )
 
 
@@ -105,7 +105,7 @@ def check_partitions(ctx: JobContext, schema: str, table: str, windows, entry, c
             "detached one's, so its Delta table would silently miss or keep them: nothing merged from that "
             "window on",
             hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
-                 f"{ctx.layout.root.prefix} --tables {shlex.quote(quote_qualified(schema, table))} (a copy of "
+                 f"{ctx.layout.root.prefix} --tables {shell_qualified(schema, table)} (a copy of "
                  "the root with its partitions now; the next merge replaces the Delta table from it and goes "
                  "on; the other tables are not affected)",
         )
@@ -137,7 +137,7 @@ def check_copy(ctx: JobContext, layout, copy_slot: str, manifest, schema: str, t
         f"{ctx.layout.changes_prefix(ctx.slot)[:-len('changes/')]}maintain/expired.json): the Delta table was "
         "dropped since, or a history table is added after the fact. Nothing of this table was read or merged",
         hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to {store} --tables "
-             f"{shlex.quote(name)} (a new copy: the next merge creates the Delta table from it); a __scd2 history "
+             f"{shell_qualified(schema, table)} (a new copy: the next merge creates the Delta table from it); a __scd2 history "
              "table starts from the pipeline's snapshot and cannot be added once its copy expired",
         table=name, copy=layout.url(key),
     )
@@ -185,7 +185,7 @@ def check_expired(ctx: JobContext, schema: str, table: str, windows, since: int 
                 f"--retention-hours N, or --no-windows); merge without --history {history} meanwhile")
     else:
         hint = (f"pgcdc resync --slot {ctx.slot} --publication <publication> --to {store} --tables "
-                f"{shlex.quote(name)} (a new copy: the next merge replaces the Delta table from it and needs "
+                f"{shell_qualified(schema, table)} (a new copy: the next merge replaces the Delta table from it and needs "
                 "only the windows after it), or keep windows longer where rebuilds from the store must be "
                 "possible (pgcdc maintain --retention-hours N, or --no-windows)")
     raise WindowsExpired(
@@ -237,13 +237,14 @@ def after_point(ctx: JobContext, plan: TablePlan, windows, since: int) -> TableP
     return dataclasses.replace(plan, versions=tuple(keep))
 
 
-def check_rewritten(ctx: JobContext, name: str, windows, plan: TablePlan, dt) -> None:
+def check_rewritten(ctx: JobContext, schema: str, table: str, windows, plan: TablePlan, dt) -> None:
     """A relation version of the batch has a column the drain saw filled by a table
     rewrite (``rewritten_columns``) and the Delta table has not got it yet: adding it
     would leave its rows already there NULL, not the values PostgreSQL wrote. A column
     the Delta table has (from a copy taken after the DDL: a resync) is fine."""
     if dt is None:
         return
+    name = f"{schema}.{table}"
     have = set(pa.schema(dt.schema().to_arrow()).names)
     kept = {(v.window_seq, v.version) for v in plan.versions}
     for m in windows:
@@ -259,7 +260,8 @@ def check_rewritten(ctx: JobContext, name: str, windows, plan: TablePlan, dt) ->
                         + f" in the rows already there (window {m.window_seq}), and logical decoding "
                         "carries none of those values: the Delta table cannot follow",
                         hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to "
-                             f"s3://{ctx.layout.bucket}/{ctx.layout.root.prefix} --tables {name} (a copy "
+                             f"s3://{ctx.layout.bucket}/{ctx.layout.root.prefix} --tables "
+                             f"{shell_qualified(schema, table)} (a copy "
                              "taken after the DDL; the next merge replaces the Delta table from it; the "
                              "other tables are not affected)",
                     )
@@ -310,7 +312,7 @@ def check_columns(ctx: JobContext, schema: str, table: str, windows, plan: Table
         return
     name = f"{schema}.{table}"
     hint = (f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
-            f"{ctx.layout.root.prefix} --tables {shlex.quote(quote_qualified(schema, table))} (a copy taken "
+            f"{ctx.layout.root.prefix} --tables {shell_qualified(schema, table)} (a copy taken "
             "after the DDL; the next merge replaces the Delta table from it in one commit, its older versions "
             "stay readable by time travel; the other tables are not affected)")
     if refusal.kind == "rewritten":

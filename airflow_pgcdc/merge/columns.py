@@ -39,37 +39,48 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from airflow_pgcdc.changes.rows import ATTNUM_FIELD, ATTXMIN_FIELD, RELFILENODE_FIELD
+
+
+class ColumnId(NamedTuple):
+    """A column's identity as recorded: ``attnum`` and ``attxmin`` (None when not recorded)
+    and its PostgreSQL type (for messages)."""
+
+    attnum: int | None
+    xmin: str | None
+    pg_type: str | None = None
 
 
 @dataclass
 class ColumnState:
     """What is known of a table's columns at one point: ``columns`` maps each name to its
-    ``(attnum, attxmin)`` (``(None, None)`` when not recorded), ``relfilenode`` the
-    table's file (None: not recorded), ``where`` says where it was learnt (for messages)."""
+    :class:`ColumnId`, ``relfilenode`` the table's file (None: not recorded), ``where``
+    says where it was learnt (for messages)."""
 
-    columns: dict[str, tuple[int | None, str | None]] = field(default_factory=dict)
+    columns: dict[str, ColumnId] = field(default_factory=dict)
     relfilenode: int | None = None
     where: str = ""
 
     @property
     def has_identities(self) -> bool:
-        return any(a is not None for a, _ in self.columns.values())
+        return any(c.attnum is not None for c in self.columns.values())
 
     def by_attnum(self) -> dict[int, str]:
-        return {a: n for n, (a, _) in self.columns.items() if a is not None}
+        return {c.attnum: n for n, c in self.columns.items() if c.attnum is not None}
 
 
 def copy_state(entry, where: str) -> ColumnState:
     """The state a copy (a snapshot or resync manifest's table entry) recorded."""
     rfn = entry.extra.get(RELFILENODE_FIELD) if entry.extra else None
-    return ColumnState({c.name: (c.attnum, c.attxmin) for c in entry.columns},
+    return ColumnState({c.name: ColumnId(c.attnum, c.attxmin, c.pg_type) for c in entry.columns},
                        int(rfn) if rfn else None, where)
 
 
-def _version_columns(rv: Mapping) -> dict[str, tuple[int | None, str | None]]:
-    return {c["name"]: (c.get(ATTNUM_FIELD), c.get(ATTXMIN_FIELD)) for c in rv["columns"]}
+def _version_columns(rv: Mapping) -> dict[str, ColumnId]:
+    # pg_type: format_type() with the modifier, in windows and copies alike
+    return {c["name"]: ColumnId(c.get(ATTNUM_FIELD), c.get(ATTXMIN_FIELD), c.get("pg_type")) for c in rv["columns"]}
 
 
 def version_state(rv: Mapping, where: str) -> ColumnState:
@@ -105,7 +116,7 @@ def follow(baseline: ColumnState | None, delta_columns: Iterable[str],
             continue
         by_attnum = state.by_attnum()
         new_file = bool(rfn and state.relfilenode and int(rfn) != state.relfilenode)
-        for name, (attnum, xmin) in ids.items():
+        for name, (attnum, xmin, pg_type) in ids.items():
             if attnum is None:
                 continue
             known = state.columns.get(name)
@@ -114,23 +125,25 @@ def follow(baseline: ColumnState | None, delta_columns: Iterable[str],
                 return Refusal("renamed", name, (
                     f"column {old!r} was renamed to {name!r} (attnum {attnum}: {state.where} knew it as "
                     f"{old!r}, {where} as {name!r})"), old_name=old)
-            if known is not None and known[0] is not None and known[0] != attnum:
+            if known is not None and known.attnum is not None and known.attnum != attnum:
                 return Refusal("readded", name, (
-                    f"column {name!r} was dropped and added again under its name (attnum {known[0]} in "
+                    f"column {name!r} was dropped and added again under its name (attnum {known.attnum} in "
                     f"{state.where}, {attnum} in {where}): its Delta column holds the old column's values"))
             if known is None and name in have:
                 return Refusal("readded", name, (
                     f"column {name!r} of {where} (attnum {attnum}) is new, but the Delta table has a column "
                     f"of that name from before ({state.where} no longer had it: dropped since): it holds the "
                     "old column's values"))
-            if known is not None and known[0] == attnum and new_file and known[1] and xmin and known[1] != xmin:
+            if known is not None and known.attnum == attnum and new_file and known.xmin and xmin and known.xmin != xmin:
+                typed = (f", its type from {known.pg_type} to {pg_type}"
+                         if known.pg_type and pg_type and known.pg_type != pg_type else "")
                 return Refusal("rewritten", name, (
                     f"column {name!r} was altered (its catalog row was written by transaction {xmin}, "
-                    f"{known[1]} in {state.where}) and the table was rewritten (file {state.relfilenode} -> "
-                    f"{int(rfn)}) since {state.where}: ALTER COLUMN … TYPE … USING changes every row's value "
-                    "without a logical change"))
+                    f"{known.xmin} in {state.where}{typed}) and the table was rewritten (file "
+                    f"{state.relfilenode} -> {int(rfn)}) since {state.where}: ALTER COLUMN … TYPE … USING "
+                    "changes every row's value without a logical change"))
         for name, ident in ids.items():
-            if ident[0] is not None or name not in state.columns:
+            if ident.attnum is not None or name not in state.columns:
                 state.columns[name] = ident
         if rfn:
             state.relfilenode = int(rfn)

@@ -89,6 +89,7 @@ from airflow_pgcdc.merge.windows import (
     table_left_pipeline,
 )
 from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.quoting import shell_qualified
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id, store_argument
 from airflow_pgcdc.store.manifest import committed_snapshot
@@ -289,7 +290,8 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
             f"({snapshot.snapshot_id}) nor in any resync: its Delta table would hold only the rows "
             "changed since it joined the publication",
             hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
-                 f"{ctx.layout.root.prefix} --tables {name}; the next merge then creates it",
+                 f"{ctx.layout.root.prefix} --tables {shell_qualified(schema, table)}; the next merge then "
+                 "creates it",
         )
     last_merged = deltars.merged_version(dt, app)
     merged = ctx.after(name, last_merged)  # anchored: windows up to there hold nothing for it
@@ -312,7 +314,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
         res.delta_version = dt.version() if dt is not None else None
         res.seconds = round(time.monotonic() - t0, 3)
         return res
-    check_refused(name, windows, since)
+    check_refused(schema, table, windows, since)
     key_columns = merge_key_columns(name, entry, windows, keys)
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=key_columns,
@@ -321,7 +323,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
     )
     if since is not None:
         plan = after_point(ctx, plan, windows, since)
-    check_rewritten(ctx, name, windows, plan, dt)
+    check_rewritten(ctx, schema, table, windows, plan, dt)
     copy_where = (f"the resync copy at {resync.consistent_point}" if since is not None
                   else f"the snapshot at {snapshot.consistent_point}" if snapshot is not None else "the copy")
     check_columns(ctx, schema, table, windows, plan, dt, column_baseline(

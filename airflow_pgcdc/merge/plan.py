@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.protocol.quoting import quote_qualified
 from airflow_pgcdc.store.layout import encode_table_segment
 from airflow_pgcdc.store.window import KEY_MOVES_FIELD
 
@@ -217,7 +218,7 @@ def plan_table(
             key_moves += int(t.get(KEY_MOVES_FIELD, 0))
             for rv in t["relation_versions"]:
                 cols = tuple(rv["columns"])
-                _check_key_covered(name, m.window_seq, rv, key_columns)
+                _check_key_covered((schema, table), m.window_seq, rv, key_columns)
                 versions.append(VersionInput(
                     window_seq=m.window_seq,
                     version=int(rv["version"]),
@@ -252,7 +253,8 @@ def plan_table(
     )
 
 
-def _check_key_covered(name: str, seq: int, rv: dict, key_columns: Sequence[str]) -> None:
+def _check_key_covered(table: tuple[str, str], seq: int, rv: dict, key_columns: Sequence[str]) -> None:
+    name = f"{table[0]}.{table[1]}"
     if rv.get("replica_identity") == "f":
         return
     flagged = {c["name"] for c in rv["columns"] if c.get("key")}
@@ -262,7 +264,8 @@ def _check_key_covered(name: str, seq: int, rv: dict, key_columns: Sequence[str]
             f"table {name}, window {seq}: the replica identity ({sorted(flagged) or 'nothing'}) "
             f"does not include the merge key column(s) {missing}: deletes and key changes "
             "could not be matched",
-            hint=f"ALTER TABLE {name} REPLICA IDENTITY FULL, or make the key the replica identity",
+            hint=f"ALTER TABLE {quote_qualified(*table)} REPLICA IDENTITY FULL, or make the key the replica "
+                 "identity",
         )
 
 

@@ -46,6 +46,9 @@ class PgcdcDrainOperator(BaseOperator):
     :param binary: ask pgoutput for binary values
     :param forget_tables: ``schema.table`` names that left the publications on purpose: they
         leave the pipeline (without this the drain refuses to acknowledge past their removal)
+    :param start_without_snapshot: start a store that holds no snapshot and no window of the
+        slot at the slot's position (changes only); without it such a store is refused
+        (``StoreHasNoCopy``: a mistyped store would otherwise take the slot over)
 
     Another run of the slot (an overlapping DAG run, a manual ``pgcdc drain``) makes the task
     skip (``AirflowSkipException``): it wrote and acknowledged nothing, the other run drains.
@@ -72,6 +75,7 @@ class PgcdcDrainOperator(BaseOperator):
         binary: bool = False,
         max_wait: float = 300.0,
         forget_tables: Sequence[str] = (),
+        start_without_snapshot: bool = False,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
@@ -93,6 +97,7 @@ class PgcdcDrainOperator(BaseOperator):
         self.binary = binary
         self.max_wait = max_wait
         self.forget_tables = list(forget_tables)
+        self.start_without_snapshot = bool(start_without_snapshot)
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
@@ -147,4 +152,5 @@ class PgcdcDrainOperator(BaseOperator):
             max_wait=self.max_wait,
             s3_client=hook.s3_client(),
             forget_tables=self.forget_tables,
+            start_without_snapshot=self.start_without_snapshot,
         )

@@ -306,12 +306,22 @@ def slot_status(
                 agreement = "ack_pending"  # the last window's ack was lost: the next drain sends it
             else:
                 agreement = "slot_ahead"  # acknowledged beyond the store: changes are missing
+        elif last is None and not _has_snapshot(s3_client, store_url, slot):
+            agreement = "store_empty"  # nothing of this slot here: a mistyped store, or not started
         store["slot_vs_store"] = agreement
         if store["left_pipeline"]:
             _why_left(dsn, store["left_pipeline"])
         store["partitions_changed"] = partition_changes(dsn, s3_client, store_url, slot)
         out["store"] = store
     return out
+
+
+def _has_snapshot(client: Any, store_url: str, slot: str) -> bool:
+    """Whether the store holds a committed snapshot of ``slot``."""
+    from airflow_pgcdc.store.layout import Layout
+    from airflow_pgcdc.store.manifest import committed_snapshot
+
+    return committed_snapshot(client, Layout.parse(store_url), slot) is not None
 
 
 _LEAVES_NOW_SQL = """

@@ -42,6 +42,15 @@ def quote_qualified(schema: str, name: str) -> str:
     return f"{quote_ident(schema)}.{quote_ident(name)}"
 
 
+def shell_qualified(schema: str, name: str) -> str:
+    """``schema.name`` as one shell word for a hint's ``--tables`` (:func:`quote_qualified`,
+    then quoted for a POSIX shell): what a user copies from a hint names exactly the table,
+    whatever its case or the dots and spaces in its names."""
+    import shlex
+
+    return shlex.quote(quote_qualified(schema, name))
+
+
 def quote_literal(value: str) -> str:
     """Quote ``value`` as a string literal (``'...'``, quotes doubled, backslash literal)."""
     if not isinstance(value, str):

@@ -64,7 +64,7 @@ def assert_equal(dsn, lake, table, key):
 
 def drain(dsn, url, slot, client, **kw):
     return drain_window(dsn, url, slot=slot, publications="pub", s3_client=client,
-                        connect_options=SMALL_WORK_MEM, **kw)
+                        connect_options=SMALL_WORK_MEM, **{"start_without_snapshot": True, **kw})
 
 
 def read_windows(client, src, slot):

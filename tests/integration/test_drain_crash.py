@@ -33,7 +33,7 @@ def store(s3, s3_bucket, monkeypatch):
 
 def run_drain(dsn, url, slot, s3, *, env=None, until=None, timeout=120):
     cmd = [sys.executable, "-m", "airflow_pgcdc.cli", "drain", "--dsn", dsn, "--slot", slot,
-           "--publication", "pub", "--to", url]
+           "--publication", "pub", "--to", url, "--start-without-snapshot"]
     if until is not None:
         cmd += ["--until-lsn", str(until)]
     full_env = {**os.environ, **s3.aws_env(), **(env or {})}
@@ -45,7 +45,8 @@ def rerun(dsn, url, slot, client, **kw):
     deadline = time.monotonic() + 30
     while True:  # the dead drain's walsender may hold the slot for a moment
         try:
-            return drain_window(dsn, url, slot=slot, publications="pub", s3_client=client, **kw)
+            return drain_window(dsn, url, slot=slot, publications="pub", s3_client=client,
+                                **{"start_without_snapshot": True, **kw})
         except (ObjectInUse, ConnectionFailed, ConnectionLost, psycopg.OperationalError):
             if time.monotonic() > deadline:
                 raise
@@ -54,7 +55,7 @@ def rerun(dsn, url, slot, client, **kw):
 
 def start_drain(dsn, url, slot, s3, env):
     cmd = [sys.executable, "-m", "airflow_pgcdc.cli", "drain", "--dsn", dsn, "--slot", slot,
-           "--publication", "pub", "--to", url]
+           "--publication", "pub", "--to", url, "--start-without-snapshot"]
     return subprocess.Popen(cmd, env={**os.environ, **s3.aws_env(), **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -52,7 +52,7 @@ def store(s3, s3_bucket, monkeypatch):
 
 def drain(dsn, url, slot, client, **kw):
     kw.setdefault("publications", "pub")
-    return drain_window(dsn, url, slot=slot, s3_client=client, **kw)
+    return drain_window(dsn, url, slot=slot, s3_client=client, **{"start_without_snapshot": True, **kw})
 
 
 def manifests(client, url, slot) -> dict[int, bytes]:
@@ -183,7 +183,7 @@ def test_overlapping_cli_drains_at_random_offsets(fresh_db, slot_name, store, s3
     start = create_slot(fresh_db, slot)
     env = {**os.environ, **s3.aws_env()}
     cmd = [sys.executable, "-m", "airflow_pgcdc.cli", "drain", "--dsn", fresh_db, "--slot", slot,
-           "--publication", "pub", "--to", url, "--busy-wait", "0.5"]
+           "--publication", "pub", "--to", url, "--start-without-snapshot", "--busy-wait", "0.5"]
     rng = random.Random(1234)
     seen: dict[int, bytes] = {}
     codes = []
@@ -232,7 +232,7 @@ def test_missing_publication_acknowledges_nothing(fresh_db, slot_name, store, s3
     env = {**os.environ, **s3.aws_env()}
     cli = subprocess.run(
         [sys.executable, "-m", "airflow_pgcdc.cli", "drain", "--dsn", fresh_db, "--slot", slot,
-         "--publication", "pbu", "--to", url], env=env, capture_output=True, text=True, timeout=120)
+         "--publication", "pbu", "--to", url, "--start-without-snapshot"], env=env, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 1 and "do not exist" in cli.stderr and "hint:" in cli.stderr, cli.stderr
     assert confirmed(fresh_db, slot) == before
     r = drain(fresh_db, url, slot, client)
@@ -439,7 +439,7 @@ def test_killed_attempts_debris_is_swept_by_the_commit_and_never_before(fresh_db
     sql(fresh_db, "INSERT INTO seq SELECT g, 'x' FROM generate_series(1, 50) g")
     env = {**os.environ, **s3.aws_env(), "PGCDC_FAULT": "after-parts"}
     cmd = [sys.executable, "-m", "airflow_pgcdc.cli", "drain", "--dsn", fresh_db, "--slot", slot,
-           "--publication", "pub", "--to", url]
+           "--publication", "pub", "--to", url, "--start-without-snapshot"]
     dead = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert dead.returncode != 0
     layout = Layout.parse(url)
@@ -569,7 +569,7 @@ def test_spool_of_a_killed_drain_is_removed_by_the_next(fresh_db, slot_name, sto
         open_txn.execute("INSERT INTO seq SELECT g, repeat('s', 200) FROM generate_series(1, 5000) g")
         proc = subprocess.Popen(
             [sys.executable, "-m", "airflow_pgcdc.cli", "drain", "--dsn", fresh_db, "--slot", slot,
-             "--publication", "pub", "--to", url, "--spool-dir", str(spool), "--connect-options",
+             "--publication", "pub", "--to", url, "--start-without-snapshot", "--spool-dir", str(spool), "--connect-options",
              "-c logical_decoding_work_mem=64kB"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         while not any(p.is_file() and p.stat().st_size for p in spool.rglob("*")):
@@ -667,7 +667,7 @@ def test_drain_right_after_a_killed_one_waits_for_the_slot(fresh_db, slot_name, 
         sql(fresh_db, "INSERT INTO seq VALUES (%s, 'x')", (i,))
         dead = subprocess.run(
             [sys.executable, "-m", "airflow_pgcdc.cli", "drain", "--dsn", fresh_db, "--slot", slot,
-             "--publication", "pub", "--to", url], env=env, capture_output=True, text=True, timeout=120)
+             "--publication", "pub", "--to", url, "--start-without-snapshot"], env=env, capture_output=True, text=True, timeout=120)
         assert dead.returncode == -9, dead.stderr[-2000:]
         r = drain(fresh_db, url, slot, client)  # no retry loop here: the drain waits by itself
         assert r.window_seq is not None
@@ -714,7 +714,7 @@ def test_memory_of_a_window_touching_many_tables_is_bounded(fresh_db, slot_name,
     for slot, budget in zip(slots, ("32", "4096"), strict=True):
         p = subprocess.run(
             [sys.executable, "-c", _PEAK_RSS, "drain", "--dsn", fresh_db, "--slot", slot, "--publication", "pub",
-             "--to", url, "--memory-budget-mb", budget], env=env, capture_output=True, text=True, timeout=300)
+             "--to", url, "--start-without-snapshot", "--memory-budget-mb", budget], env=env, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
         peaks.append(int(p.stderr.rsplit("PEAK_RSS_KB", 1)[1].split()[0]) / 1024)
         result = json.loads(p.stdout)
@@ -740,3 +740,43 @@ def test_a_missing_slot_is_slot_missing(fresh_db, slot_name, store):
     assert missing.value.slot == slot and "pgcdc snapshot" in missing.value.hint
     assert isinstance(missing.value, SlotNotFound)
     assert not list(s3store.list_objects(client, Layout.parse(url).bucket, ""))  # wrote nothing
+
+
+def test_a_store_that_holds_nothing_of_the_slot_is_refused(fresh_db, slot_name, store, s3):
+    """``pgcdc drain --store`` with a typo: before, the drain started window 0 at the slot's
+    confirmed position in the empty prefix and acknowledged it, so the real store's next
+    drain failed (``SlotAheadOfStore``) and only a new snapshot could recover. Now the drain
+    refuses (``StoreHasNoCopy``, nothing read or acknowledged, nothing written there), the CLI
+    says how to opt in, ``pgcdc status`` on that prefix exits 1, and the real store goes on."""
+    from airflow_pgcdc.drain.drain import StoreHasNoCopy
+
+    client, url = store
+    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'a')")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    snap = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", s3_client=client, workers=1,
+                          worker_processes=False)
+    sql(fresh_db, "INSERT INTO t VALUES (2, 'b')")
+    before = confirmed(fresh_db, slot)
+    typo = url + "-typo"
+    with pytest.raises(StoreHasNoCopy) as refused:
+        drain_window(fresh_db, typo, slot=slot, publications="pub", s3_client=client)
+    assert typo in str(refused.value) and "--start-without-snapshot" in refused.value.hint
+    assert confirmed(fresh_db, slot) == before
+    layout = Layout.parse(typo)
+    assert list(s3store.list_keys(client, layout.bucket, layout.root.prefix)) == []
+    env = {**os.environ, **s3.aws_env()}
+    cli = subprocess.run(
+        [sys.executable, "-m", "airflow_pgcdc.cli", "drain", "--dsn", fresh_db, "--slot", slot,
+         "--publication", "pub", "--store", typo], env=env, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 1 and "holds no snapshot and no window" in cli.stderr, cli.stderr
+    assert "--start-without-snapshot" in cli.stderr, cli.stderr
+    status = subprocess.run(
+        [sys.executable, "-m", "airflow_pgcdc.cli", "status", "--dsn", fresh_db, "--slot", slot,
+         "--store", typo, "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 1 and "holds no snapshot and no window" in status.stderr, status.stderr
+    assert json.loads(status.stdout)["store"]["slot_vs_store"] == "store_empty"
+    assert confirmed(fresh_db, slot) == before
+    # the real store drains the change from the snapshot's consistent point
+    w = drain_window(fresh_db, url, slot=slot, publications="pub", s3_client=client)
+    assert w.window_seq == 0 and w.start_lsn == snap.consistent_point and w.rows == 1

@@ -333,7 +333,8 @@ def test_cli_limit_flags(fresh_db, slot_name, store, capsys):
 
     def pgcdc_drain(*flags):
         capsys.readouterr()
-        code = cli.main(["drain", "--dsn", fresh_db, "--slot", slot, "--publication", "pub", "--to", url, *flags])
+        code = cli.main(["drain", "--dsn", fresh_db, "--slot", slot, "--publication", "pub", "--to", url,
+                         "--start-without-snapshot", *flags])
         out = capsys.readouterr().out
         assert code == 0, out
         summary = json.loads(out)

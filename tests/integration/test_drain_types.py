@@ -78,7 +78,7 @@ DRAIN_IN_A_PROCESS = """
 import json, sys
 from airflow_pgcdc.drain.drain import drain_window
 dsn, url, slot, binary = sys.argv[1:5]
-r = drain_window(dsn, url, slot=slot, publications="pub", binary=binary == "1")
+r = drain_window(dsn, url, slot=slot, publications="pub", binary=binary == "1", start_without_snapshot=True)
 print(json.dumps({"rows": r.rows, "pandas": "pandas" in sys.modules}))
 """
 

@@ -63,7 +63,8 @@ def make_partitioned(db, via_root: bool) -> None:
 
 
 def drain(db, src, slot, client, **kw):
-    return drain_window(db, src, slot=slot, publications=["pub"], s3_client=client, **kw)
+    return drain_window(db, src, slot=slot, publications=["pub"], s3_client=client,
+                        **{"start_without_snapshot": True, **kw})
 
 
 def assert_equal(db, lake, table):

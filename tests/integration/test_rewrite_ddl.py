@@ -7,7 +7,8 @@ changes every row's value without a change either. The drain detects the added c
 (the catalog: a default without ``attmissingval`` and a table file newer than that
 default) and records them on the window's relation version (``rewritten_columns``); the
 merge refuses that table alone (``TableRewritten``, hint ``pgcdc resync --tables …``), as
-it refuses the type change (``IncompatibleSchemaChange``, same hint); the other tables
+it refuses the type change (``TableRewritten`` too: its column's catalog row and the
+table's file both changed, see ``merge/columns.py``); the other tables
 merge, ``ADD COLUMN`` then ``SET DEFAULT`` is not flagged (the rows already there are NULL
 in PostgreSQL too). After ``pgcdc resync`` of the refused tables, whose consistent point
 is after the DDL, the merge replaces them and every table verifies equal, also for a
@@ -19,7 +20,11 @@ from __future__ import annotations
 import pytest
 from lake_helpers import drain, read_windows, sql
 
-from airflow_pgcdc.merge.job import IncompatibleSchemaChange, TablesFailed, merge_slot
+from airflow_pgcdc.merge.job import (
+    TableRewritten,
+    TablesFailed,
+    merge_slot,
+)
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.verify import verify_table
@@ -66,9 +71,12 @@ def test_rewriting_ddl_fails_that_table_until_a_resync(fresh_db, slot_name, stor
     by = {t.table: t for t in failed.value.result.tables}
     assert by["public.vol"].action == "failed", by["public.vol"]
     assert "TableRewritten" in by["public.vol"].error and "'r'" in by["public.vol"].error
-    assert "pgcdc resync" in by["public.vol"].hint and "--tables public.vol" in by["public.vol"].hint
-    assert by["public.typ"].action == "failed" and IncompatibleSchemaChange.__name__ in by["public.typ"].error
-    assert "pgcdc resync" in by["public.typ"].hint and "--tables public.typ" in by["public.typ"].hint
+    assert "pgcdc resync" in by["public.vol"].hint and """--tables '"public"."vol"'""" in by["public.vol"].hint
+    # the type change rewrote every row: refused as a rewrite (column identity, merge/columns.py),
+    # naming the old and new type, before the schema step would refuse the new type
+    assert by["public.typ"].action == "failed" and TableRewritten.__name__ in by["public.typ"].error
+    assert "its type from integer to text" in by["public.typ"].error, by["public.typ"].error
+    assert "pgcdc resync" in by["public.typ"].hint and """--tables '"public"."typ"'""" in by["public.typ"].hint
     assert {t: by[f"public.{t}"].action for t in ("late", "ok", "st")} == dict.fromkeys(("late", "ok", "st"), "merged")
     for t in ("late", "ok", "st"):
         assert verify_table(db, lake, "public", t).equal, t
@@ -145,7 +153,7 @@ def test_vacuum_full_is_fine_a_materialized_default_and_a_generated_column_are_n
     assert by["public.vf"].action == "merged", by["public.vf"]
     assert verify_table(db, lake, "public", "vf").equal
     assert by["public.cf"].action == "failed" and "TableRewritten" in by["public.cf"].error
-    assert "'n' (DEFAULT 5)" in by["public.cf"].error and "--tables public.cf" in by["public.cf"].hint
+    assert "'n' (DEFAULT 5)" in by["public.cf"].error and """--tables '"public"."cf"'""" in by["public.cf"].hint
     assert by["public.gen"].action == "merged"
     resync_tables(db, src, slot=slot, publication="pub", tables=["cf"], s3_client=client, worker_processes=False)
     sql(db, "UPDATE cf SET v = 'after' WHERE id > 25; UPDATE gen SET a = 0 WHERE id > 25")

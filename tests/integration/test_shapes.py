@@ -281,7 +281,7 @@ def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, 
         by = {t.table: t for t in failed.value.result.tables}
         assert by["public.a"].action == "bootstrapped" or by["public.a"].action.startswith("bootstrapped")
         assert by["public.b"].action == "failed" and NeedsSnapshot.__name__ in by["public.b"].error
-        assert "pgcdc resync" in by["public.b"].hint and "--tables public.b" in by["public.b"].hint
+        assert "pgcdc resync" in by["public.b"].hint and """--tables '"public"."b"'""" in by["public.b"].hint
     else:
         drain(db, src, slot, client)
         merge_slot(spark, store=src, slot=slot, delta=lake)

@@ -7,7 +7,12 @@ from hypothesis import strategies as st
 from airflow_pgcdc.errors import QuotingError
 from airflow_pgcdc.pg.conninfo import redact, replication_conninfo
 from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN, WalSizes, passed_at
-from airflow_pgcdc.protocol.quoting import quote_ident, quote_literal, quote_qualified
+from airflow_pgcdc.protocol.quoting import (
+    quote_ident,
+    quote_literal,
+    quote_qualified,
+    shell_qualified,
+)
 
 
 @pytest.mark.parametrize(
@@ -116,6 +121,16 @@ def test_quote_literal(value, quoted):
 def test_quote_literal_refuses_nul():
     with pytest.raises(QuotingError):
         quote_literal("a\x00")
+
+
+def test_shell_qualified_is_one_shell_word_naming_exactly_the_table():
+    import shlex
+
+    from airflow_pgcdc.pg.tables import parse_table_names
+
+    for schema, name in (("public", "t"), ("a.b", "c"), ("a", "b.c"), ("Shop", "it's \"odd\" "), ("s", "x y")):
+        words = shlex.split(shell_qualified(schema, name))
+        assert len(words) == 1 and parse_table_names(words) == [(schema, name)], (schema, name, words)
 
 
 def test_quote_qualified():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_pgcdc.merge.columns import ColumnState, follow, version_state
+from airflow_pgcdc.merge.columns import ColumnId, ColumnState, follow, version_state
 
 
 def rv(*cols, relfilenode=100):
@@ -59,6 +59,9 @@ def test_an_altered_column_in_a_rewritten_table_is_refused_but_each_alone_passes
     altered = rv(("id", 1, "700"), ("a", 2, "900"), ("v", 3, "700"), relfilenode=101)
     r = follow(BASE, DELTA, [("window 5", altered)])
     assert r is not None and r.kind == "rewritten" and r.column == "a" and "100 -> 101" in r.message
+    retyped = rv(("id", 1, "700"), ("a", 2, "900"), ("v", 3, "700"), relfilenode=101)
+    retyped["columns"][1]["pg_type"] = "bigint"
+    assert "its type from integer to bigint" in follow(BASE, DELTA, [("window 5", retyped)]).message
     # VACUUM FULL alone: a new file, no column row written
     assert follow(BASE, DELTA, [("window 5", rv(("id", 1, "700"), ("a", 2, "700"), ("v", 3, "700"),
                                                 relfilenode=101))]) is None
@@ -70,7 +73,7 @@ def test_versions_without_identities_are_compared_on_what_they_have():
     old = rv(("id", None, None), ("a", None, None), ("v", None, None), relfilenode=None)
     assert follow(BASE, DELTA, [("window 5", old)]) is None
     # no baseline with identities: the first version becomes the baseline, later ones compared to it
-    unknown = ColumnState({"id": (None, None), "a": (None, None)}, None, "the copy")
+    unknown = ColumnState({"id": ColumnId(None, None), "a": ColumnId(None, None)}, None, "the copy")
     assert follow(unknown, DELTA, [("window 5", rv(("id", 1, "7"), ("a", 2, "7")))]) is None
     r = follow(unknown, DELTA, [("window 5", rv(("id", 1, "7"), ("a", 2, "7"))),
                                 ("window 6", rv(("id", 1, "7"), ("b", 2, "8")))])

@@ -113,7 +113,7 @@ def test_plan_needs_a_key_covered_by_the_replica_identity():
     w = win(0, "0/1", "0/2", tables=[table(rv(cols=(("id", False), ("v", True))))])
     with pytest.raises(KeyNotCovered, match=r"does not include the merge key column\(s\) \['id'\]") as e:
         plan_table([w], schema="public", table="t", key_columns=["id"], window_prefix=str)
-    assert "REPLICA IDENTITY FULL" in e.value.hint
+    assert e.value.hint.startswith('ALTER TABLE "public"."t" REPLICA IDENTITY FULL'), e.value.hint
     full = win(0, "0/1", "0/2", tables=[table(rv(cols=(("id", False), ("v", False)), ri="f"))])
     assert plan_table([full], schema="public", table="t", key_columns=["id"], window_prefix=str).rows == 3
     with pytest.raises(NoMergeKey):
