@@ -119,7 +119,7 @@ class TableResult:
     table: str
     delta_url: str
     # bootstrapped[+merged] | resynced[+merged] | merged | merged-by-concurrent-job |
-    # up-to-date | no-changes | failed
+    # up-to-date | no-changes | skipped (``note`` says why) | failed
     action: str
     app_id: str = ""
     bootstrap_rows: int = 0
@@ -140,6 +140,7 @@ class TableResult:
     # the table is no longer in the pipeline (dropped, or out of the publication) as of the
     # newest window read: its Delta table keeps its last state
     left_pipeline: bool = False
+    note: str | None = None  # why a table was skipped
 
 
 @dataclass
@@ -285,6 +286,15 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
         res.action = "bootstrapped"
         dt = deltars.open_table(url, ctx.storage)
     elif entry is None and snapshot is not None and holds_table(manifests, schema, table):
+        if dt is None and table_left_pipeline(manifests, schema, table):
+            # created after the copy and gone again (a migration's scratch table), or let go
+            # with --forget-table before any copy: no Delta table, and none to make
+            res.action = "skipped"
+            res.note = ("not in the snapshot nor in any resync, and no longer in the pipeline (dropped, or "
+                        "let go with --forget-table): its changes have no table to go to; nothing to merge")
+            log.info("%s: skipped: %s", name, res.note)
+            res.seconds = round(time.monotonic() - t0, 3)
+            return res
         raise NeedsSnapshot(
             f"table {name} has changes in the windows but is not in the slot's snapshot "
             f"({snapshot.snapshot_id}) nor in any resync: its Delta table would hold only the rows "

@@ -254,7 +254,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         {"slot", "source", "delta", "seconds",
          "tables": [{"table": "schema.table", "delta_url": "s3://…/schema.table",
                      "action": "bootstrapped+merged" | "bootstrapped" | "merged"
-                               | "up-to-date" | "no-changes" | "merged-by-concurrent-job",
+                               | "up-to-date" | "no-changes" | "merged-by-concurrent-job"
+                               | "skipped" (a table dropped before any copy: "note" says why),
                      "bootstrap_rows", "first_window", "last_window", "start_lsn", "end_lsn",
                      "change_rows", "merged_rows", "truncates", "added_columns",
                      "delta_version", "metrics", "seconds", ...}]}

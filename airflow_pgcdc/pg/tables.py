@@ -152,6 +152,7 @@ FROM pg_index i
 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
+  AND k.ord <= i.indnkeyatts  -- the key columns, not the INCLUDE (covering) ones
 GROUP BY i.indexrelid, i.indisprimary, i.indisreplident
 """
 
