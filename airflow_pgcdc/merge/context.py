@@ -110,8 +110,32 @@ def spark_commit_once(run, dt, url: str, app: str, version: int) -> dict[str, An
 
 def read_changes(ctx: JobContext, plan: TablePlan, schema: pa.Schema):
     """The plan's change rows; after a resync only those committed at or after its
-    consistent point (the earlier ones are in the table's copy)."""
-    df = read_parts(ctx, plan.parts, schema)
+    consistent point (the earlier ones are in the table's copy). Rows of relation versions
+    older than an ``ADD COLUMN … DEFAULT`` of the batch read that default in the new
+    column, as PostgreSQL's do (:func:`~airflow_pgcdc.merge.schema.version_fills`)."""
+    from airflow_pgcdc.merge.schema import version_fills
+
+    fills = version_fills(plan)
+    if not fills:
+        df = read_parts(ctx, plan.parts, schema)
+    else:
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        plain = [p for v in plan.versions if (v.window_seq, v.version) not in fills for p in v.parts]
+        frames = [read_parts(ctx, plain, schema)] if plain else []
+        for v in plan.versions:
+            fill = fills.get((v.window_seq, v.version))
+            if fill is None:
+                continue
+            part = read_parts(ctx, list(v.parts), schema)
+            for name, value in fill.items():
+                if name in schema.names:
+                    part = part.withColumn(name, F.lit(value.as_py()).cast(from_arrow_type(schema.field(name).type)))
+            frames.append(part)
+        df = frames[0]
+        for more in frames[1:]:
+            df = df.unionByName(more)
     if plan.since_lsn is not None:
         from pyspark.sql import functions as F
 

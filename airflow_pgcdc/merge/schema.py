@@ -228,6 +228,27 @@ def missing_values(plan: TablePlan) -> dict[str, Any]:
     return out
 
 
+def version_fills(plan: TablePlan) -> dict[tuple[int, int], dict[str, Any]]:
+    """``{(window_seq, version): {column: pyarrow scalar}}``: the batch's relation versions
+    that come before an ``ADD COLUMN … DEFAULT`` of the batch and lack that column. A row
+    they changed existed when the column was added, so PostgreSQL reads the default there
+    (``attmissingval``), not NULL: its change row, which has no such column, must carry the
+    default into the merge (versions after a later ``DROP COLUMN`` are left NULL)."""
+    first_with: dict[str, int] = {}
+    for i, v in enumerate(plan.versions):
+        for c in v.columns:
+            first_with.setdefault(c["name"], i)
+    values = missing_values(plan)
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for i, v in enumerate(plan.versions):
+        names = {c["name"] for c in v.columns}
+        fill = {col: value for col, value in values.items()
+                if col not in names and first_with.get(col, -1) > i and value.is_valid}
+        if fill and v.parts:
+            out[(v.window_seq, v.version)] = fill
+    return out
+
+
 def evolve(ctx: JobContext, name: str, url: str, dt, fields: list[pa.Field], created: dict[str, str],
             missing: dict[str, Any] | None = None):
     """The Delta table at ``url`` with every column of ``fields``: created empty when

@@ -4,6 +4,10 @@
 - ``PRIMARY KEY (c1, c2) INCLUDE (c3, c4)``: the snapshot recorded all four columns as the
   key, and after any change the merge failed the table with ``KeyNotCovered`` and a wrong
   hint. The key is the key columns (``pg_index.indnkeyatts``).
+- ``ADD COLUMN d … DEFAULT`` after rows changed earlier in the same window: those rows read
+  the default in PostgreSQL (they existed when the column was added), but NULL in Delta:
+  their change rows, taken before the column existed, carried no value and the merge
+  wrote NULL. Now the rows of versions older than the column read its default.
 - A table created after the snapshot, filled and dropped (a migration's scratch table):
   the merge failed it with ``NeedsSnapshot`` on every run (exit 1) and hinted to resync a
   table that no longer exists. Now it is skipped, with a note, and the job succeeds.
@@ -18,19 +22,25 @@ from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.verify import verify_table
 
 
-def test_covering_keys_and_tables_dropped_before_any_copy(fresh_db, slot_name, store, spark):
+def test_covering_keys_defaults_added_mid_window_and_tables_dropped_before_any_copy(fresh_db, slot_name, store, spark):
     client, src, lake = store
     db = fresh_db
     sql(db, "CREATE TABLE inc (c1 int, c2 int, c3 text, c4 int, PRIMARY KEY (c1, c2) INCLUDE (c3, c4))")
     sql(db, "INSERT INTO inc SELECT g % 7, g, 'v' || g, g FROM generate_series(1, 50) g")
-    sql(db, "CREATE PUBLICATION pub FOR TABLE inc")
+    sql(db, "CREATE TABLE e (id int PRIMARY KEY, x text)")
+    sql(db, "INSERT INTO e SELECT g, 'v' || g FROM generate_series(1, 20) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE inc, e")
     slot = slot_name()
     snap = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
-    assert [t.key_columns for t in snap.tables] == [("c1", "c2")]
+    assert {t.table: t.key_columns for t in snap.tables} == {"inc": ("c1", "c2"), "e": ("id",)}
     merge_slot(spark, store=src, slot=slot, delta=lake)
 
     sql(db, "UPDATE inc SET c3 = 'changed', c4 = -c4 WHERE c2 <= 10; DELETE FROM inc WHERE c2 = 20")
     sql(db, "INSERT INTO inc VALUES (1, 100, 'new', 0)")
+    # changes before and after an ADD COLUMN ... DEFAULT, in one window
+    sql(db, "UPDATE e SET x = 'before' WHERE id = 2; INSERT INTO e VALUES (100, 'inserted before')")
+    sql(db, "ALTER TABLE e ADD COLUMN d text DEFAULT 'bar', ADD COLUMN n int DEFAULT 7")
+    sql(db, "UPDATE e SET x = 'after' WHERE id = 1; UPDATE e SET d = 'own' WHERE id = 3")
     # a migration's scratch table: created, published, filled, dropped, all after the snapshot
     sql(db, "CREATE TABLE scratch (id int PRIMARY KEY, v text)")
     sql(db, "ALTER PUBLICATION pub ADD TABLE scratch")
@@ -46,3 +56,5 @@ def test_covering_keys_and_tables_dropped_before_any_copy(fresh_db, slot_name, s
         assert by["public.scratch"].action == "skipped", by["public.scratch"]
         assert "no longer in the pipeline" in by["public.scratch"].note and by["public.scratch"].error is None
     assert verify_table(db, lake, "public", "inc").equal
+    assert verify_table(db, lake, "public", "e").equal
+    assert sql(db, "SELECT d, n FROM e WHERE id IN (2, 100) ORDER BY id") == [("bar", 7), ("bar", 7)]
