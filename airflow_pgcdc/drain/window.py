@@ -26,7 +26,7 @@ from airflow_pgcdc.protocol import pgoutput as po
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST
 from airflow_pgcdc.protocol.pgtypes import PgColumn, PgTypeInfo, builtin_type
-from airflow_pgcdc.store.window import WindowWriter
+from airflow_pgcdc.store.window import TRUNCATE_RELATIONS, WindowWriter
 from airflow_pgcdc.typemap.pgarray import parse_array_text
 
 log = logging.getLogger("airflow_pgcdc.drain.drain")  # the drain's logger, one name for all its modules
@@ -485,13 +485,12 @@ class WindowSink:
 
     def truncate(self, relations: list[po.Relation], msg: po.Truncate) -> None:
         txn = self._txn
-        names = []
-        for r in relations:
-            rv = self._version(r)
-            names.append(rv.qualified_name)
+        versions = [self._version(r) for r in relations]
         self.truncates.append({
             "seq": self.seq, "xid": txn.xid, "commit_lsn": str(txn.commit_lsn),  # type: ignore[union-attr]
-            "tables": names, "cascade": msg.cascade, "restart_identity": msg.restart_identity,
+            "tables": [rv.qualified_name for rv in versions],  # text: for readers older than the pairs
+            TRUNCATE_RELATIONS: [[rv.schema, rv.table] for rv in versions],
+            "cascade": msg.cascade, "restart_identity": msg.restart_identity,
         })
         self.seq += 1
 

@@ -31,7 +31,7 @@ from airflow_pgcdc.maintain.store import (
     write_record,
 )
 from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS
-from airflow_pgcdc.merge.plan import CHANGELOG_SUFFIX, SCD2_SUFFIX, app_id, delta_table_url
+from airflow_pgcdc.merge.plan import CHANGELOG_SUFFIX, SCD2_SUFFIX, app_id
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument
@@ -126,7 +126,9 @@ def _applied_reader(delta: str, slot: str, storage) -> Callable[..., dict[str, i
     read: dict[str, dict[str, int | None] | None] = {}
 
     def applied(schema: str, table: str, suffix: str = "") -> dict[str, int | None] | None:
-        url = delta_table_url(delta, schema, table) + suffix
+        from airflow_pgcdc.merge.deltars import table_url
+
+        url = table_url(delta, schema, table, storage) + suffix
         if url not in read:
             app = app_id(slot, schema, table)
             apps = [f"{app}:{suffix[2:]}"] if suffix else [app, app + RESYNC_APP_SUFFIX]
@@ -235,10 +237,12 @@ def maintain_slot(
                              hint="give schema.table names from the slot's snapshot or resyncs")
         wanted = [known[n] for n in tables]
 
+    from airflow_pgcdc.merge.deltars import table_url
+
     cutoff = cutoff_for(retention_hours)
     for schema, table in wanted:
         name = f"{schema}.{table}"
-        base = delta_table_url(delta, schema, table)
+        base = table_url(delta, schema, table, storage)
         app = app_id(slot, schema, table)
         targets = [(base, name, [app, app + RESYNC_APP_SUFFIX])]
         targets += [(base + sfx, name + sfx, [f"{app}:{sfx[2:]}"]) for sfx in HISTORY_SUFFIXES]

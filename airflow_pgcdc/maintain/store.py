@@ -33,7 +33,7 @@ from typing import Any
 
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import MANIFEST_NAME, Layout
-from airflow_pgcdc.store.window import WindowManifest, read_window, window_folders
+from airflow_pgcdc.store.window import held_tables, read_window, window_folders
 
 log = logging.getLogger("airflow_pgcdc.maintain")
 
@@ -99,16 +99,6 @@ def update_expired(client, layout: Layout, slot: str, *, windows: set[int] | Non
     doc.update(slot=slot, updated_at=datetime.now(UTC).isoformat(timespec="seconds"))
     s3store.put_bytes(client, layout.bucket, expired_key(layout, slot), json.dumps(doc, indent=1),
                       content_type="application/json")
-
-
-def held_tables(m: WindowManifest) -> set[tuple[str, str]]:
-    """The tables a window holds changes or a truncate of."""
-    out = {(t["schema"], t["table"]) for t in m.tables}
-    for tr in m.truncates:
-        for name in tr.get("tables", ()):
-            schema, _, table = name.partition(".")
-            out.add((schema, table))
-    return out
 
 
 def expire_windows(

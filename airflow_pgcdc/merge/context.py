@@ -16,7 +16,7 @@ import pyarrow as pa
 from airflow_pgcdc.changes.columns import COMMIT_LSN
 from airflow_pgcdc.changes.rows import META_FIELDS
 from airflow_pgcdc.merge import deltars, pruning
-from airflow_pgcdc.merge.plan import TablePlan
+from airflow_pgcdc.merge.plan import TablePlan, version_fills
 from airflow_pgcdc.merge.spark_io import encode_schema
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, encode_table_segment
@@ -71,6 +71,18 @@ class JobContext:
     # Delta tables _load_windows already opened (url -> DeltaTable or None), each handed
     # out once by open(): a job loads a table's log once, not twice
     loaded: dict[str, Any] = field(default_factory=dict)
+    # (schema, table) of the job's tables whose legacy Delta location another shares
+    # (deltars.table_url), and each table's resolved location
+    legacy_shared: frozenset = frozenset()
+    urls: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def table_url(self, schema: str, table: str) -> str:
+        """Where the Delta table of ``schema.table`` is (:func:`.deltars.table_url`), once per job."""
+        url = self.urls.get((schema, table))
+        if url is None:
+            url = self.urls[(schema, table)] = deltars.table_url(
+                self.delta, schema, table, self.storage, shared=(schema, table) in self.legacy_shared)
+        return url
 
     def open(self, url: str):
         """The Delta table at ``url`` (``None`` when there is none)."""
@@ -112,9 +124,7 @@ def read_changes(ctx: JobContext, plan: TablePlan, schema: pa.Schema):
     """The plan's change rows; after a resync only those committed at or after its
     consistent point (the earlier ones are in the table's copy). Rows of relation versions
     older than an ``ADD COLUMN … DEFAULT`` of the batch read that default in the new
-    column, as PostgreSQL's do (:func:`~airflow_pgcdc.merge.schema.version_fills`)."""
-    from airflow_pgcdc.merge.schema import version_fills
-
+    column, as PostgreSQL's do (:func:`~airflow_pgcdc.merge.plan.version_fills`)."""
     fills = version_fills(plan)
     if not fills:
         df = read_parts(ctx, plan.parts, schema)

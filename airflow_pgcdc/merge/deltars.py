@@ -147,6 +147,29 @@ def open_table(url: str, storage_options: dict[str, str]):
         return None
 
 
+def table_url(delta: str, schema: str, table: str, storage_options: dict[str, str], *,
+              shared: bool = False) -> str:
+    """Where the Delta table of ``schema.table`` under the root ``delta`` is:
+    :func:`~.plan.delta_table_url`, except for a table an earlier version wrote at its legacy
+    place (:func:`~.plan.legacy_delta_table_url`, only for names with escapes) while none
+    exists at the new one: it is followed there, unless ``shared`` says another table of the
+    pipeline has the same legacy place (then both would be one Delta table: the new place is
+    used, and the merge bootstraps it from the copy). A legacy table is logged with where to
+    move it."""
+    from airflow_pgcdc.merge.plan import delta_table_url, legacy_delta_table_url
+
+    url = delta_table_url(delta, schema, table)
+    legacy = legacy_delta_table_url(delta, schema, table)
+    if legacy == url or shared or open_table(url, storage_options) is not None:
+        return url
+    if open_table(legacy, storage_options) is None:
+        return url
+    log.warning("%s.%s: its Delta table is at its legacy location %s (a key another table's name can share); "
+                "it is followed there. Move it to %s (every object, same relative keys) to make it unique",
+                schema, table, legacy, url)
+    return legacy
+
+
 def merged_version(table, app: str) -> int | None:
     """The last window merged into ``table`` (its app transaction version), or ``None``."""
     return None if table is None else table.transaction_version(app)
@@ -356,10 +379,10 @@ def merge_progress(delta: str, slot: str, tables: list[tuple[str, str]], *,
                    storage_options: dict[str, str]) -> dict[str, int | None]:
     """``{"schema.table": last merged window_seq or None}`` read from each Delta table's
     app transaction (no Spark: the driver-side view of what the merge job did)."""
-    from airflow_pgcdc.merge.plan import app_id, delta_table_url
+    from airflow_pgcdc.merge.plan import app_id
 
     out: dict[str, int | None] = {}
     for schema, table in tables:
-        dt = open_table(delta_table_url(delta, schema, table), storage_options)
+        dt = open_table(table_url(delta, schema, table, storage_options), storage_options)
         out[f"{schema}.{table}"] = merged_version(dt, app_id(slot, schema, table))
     return out

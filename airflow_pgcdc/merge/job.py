@@ -76,6 +76,7 @@ from airflow_pgcdc.merge.plan import (
     WindowOrderError,
     plan_table,
     select_windows,
+    shared_legacy_places,
     target_url,
 )
 from airflow_pgcdc.merge.schema import merge_key_columns
@@ -226,6 +227,9 @@ def merge_slot(
     ctx.resyncs = committed_resyncs(client, layout, slot)
     ctx.expired, ctx.expired_copies = expired_state(ctx)
     manifests, wanted = load_windows(ctx, snapshot, tables)
+    ctx.legacy_shared = shared_legacy_places(
+        set(wanted) | {(t.schema, t.table) for t in (snapshot.tables if snapshot else ())}
+        | {(t.schema, t.table) for r in ctx.resyncs for t in r.manifest.tables})
     result = MergeResult(slot=slot, source=store, delta=delta)  # 'source': the result's key, kept
     try:
         for schema, table in wanted:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_qualified
 from airflow_pgcdc.store.layout import encode_table_segment
-from airflow_pgcdc.store.window import KEY_MOVES_FIELD
+from airflow_pgcdc.store.window import KEY_MOVES_FIELD, truncates_table
 
 if TYPE_CHECKING:
     from airflow_pgcdc.merge.context import JobContext
@@ -44,6 +44,8 @@ __all__ = [
     "app_id",
     "changelog_url",
     "delta_table_url",
+    "legacy_delta_table_url",
+    "shared_legacy_places",
     "plan_table",
     "scd2_url",
     "select_windows",
@@ -77,8 +79,32 @@ def app_id(slot: str, schema: str, table: str) -> str:
 
 
 def delta_table_url(delta_root: str, schema: str, table: str) -> str:
-    """``{delta_root}/{schema}.{table}`` with the store's reversible segment encoding."""
+    """``{delta_root}/{schema}.{table}``: the store's reversible segment encoding with ``~``
+    as its escape instead of ``%`` (``my~2Eschema.a~2Fb``; the encoding escapes ``~`` and
+    ``%`` themselves, so this is one-to-one too). delta-rs decodes ``%`` escapes in a
+    table's URL (and its log reader decodes them again), so with ``%`` two names decoded
+    to one key: ``"a.b"."c"`` and ``"a"."b.c"`` were one Delta table (``a.b.c``, see
+    :func:`legacy_delta_table_url`). ``~`` is left alone by URL decoding, delta-rs and
+    Hadoop's paths. Names that need no escape are unchanged."""
+    return delta_root.rstrip("/") + "/" + encode_table_segment(schema, table).replace("%", "~")
+
+
+def legacy_delta_table_url(delta_root: str, schema: str, table: str) -> str:
+    """Where earlier versions put a table: the segment with ``%`` escapes, which delta-rs
+    decodes, so its objects are under ``my.schema.Odd Table``, a key two names can share.
+    Equal to :func:`delta_table_url` for names that need no escape."""
     return delta_root.rstrip("/") + "/" + encode_table_segment(schema, table)
+
+
+def shared_legacy_places(tables) -> frozenset[tuple[str, str]]:
+    """Those of ``tables`` (``(schema, table)`` pairs) whose legacy Delta location
+    (:func:`legacy_delta_table_url`: the segment decoded) another of them shares."""
+    from collections import Counter
+    from urllib.parse import unquote
+
+    place = {t: unquote(encode_table_segment(*t)) for t in set(tables)}
+    counts = Counter(place.values())
+    return frozenset(t for t, p in place.items() if counts[p] > 1)
 
 
 def select_windows(
@@ -230,7 +256,7 @@ def plan_table(
                     missing_values=rv.get("missing_values"),
                 ))
         for tr in m.truncates:
-            if name in tr.get("tables", ()):
+            if truncates_table(tr, schema, table):
                 point = (int(LSN.parse(tr["commit_lsn"])), int(tr["seq"]))
                 if since_lsn is not None and point[0] < since_lsn:
                     continue
@@ -273,10 +299,10 @@ def target_url(ctx: JobContext, schema: str, table: str, history: str | None = N
     """``(url, app id)`` of a table's Delta table, or of its ``history`` table
     (``changelog`` or ``scd2``, whose app id ends in ``:changelog``/``:scd2``)."""
     app = app_id(ctx.slot, schema, table)
+    base = ctx.table_url(schema, table)
     if history is None:
-        return delta_table_url(ctx.delta, schema, table), app
-    url = (changelog_url if history == "changelog" else scd2_url)(ctx.delta, schema, table)
-    return url, f"{app}:{history}"
+        return base, app
+    return base + (CHANGELOG_SUFFIX if history == "changelog" else SCD2_SUFFIX), f"{app}:{history}"
 
 
 CHANGELOG_SUFFIX = "__changelog"
@@ -293,3 +319,39 @@ SCD2_SUFFIX = "__scd2"
 def scd2_url(delta: str, schema: str, table: str) -> str:
     """``{delta}/{schema}.{table}__scd2``: the SCD type 2 history of a table."""
     return delta_table_url(delta, schema, table) + SCD2_SUFFIX
+
+
+def missing_values(plan: TablePlan) -> dict[str, Any]:
+    """``{column: pyarrow scalar in its Delta type}``: what rows older than an ``ADD COLUMN
+    … DEFAULT`` read, from the batch's relation versions (the drain records them)."""
+    from airflow_pgcdc.changes.rows import decode_missing_values
+    from airflow_pgcdc.merge.delta_types import to_delta_batch
+
+    out: dict[str, Any] = {}
+    for v in plan.versions:
+        if v.missing_values:
+            batch = to_delta_batch(decode_missing_values(v.missing_values))
+            for col_name, column in zip(batch.schema.names, batch.columns, strict=True):
+                out.setdefault(col_name, column[0])
+    return out
+
+
+def version_fills(plan: TablePlan) -> dict[tuple[int, int], dict[str, Any]]:
+    """``{(window_seq, version): {column: pyarrow scalar}}``: the batch's relation versions
+    that come before an ``ADD COLUMN … DEFAULT`` of the batch and lack that column. A row
+    they changed existed when the column was added, so PostgreSQL reads the default there
+    (``attmissingval``), not NULL: its change row, which has no such column, must carry the
+    default into the merge (versions after a later ``DROP COLUMN`` are left NULL)."""
+    first_with: dict[str, int] = {}
+    for i, v in enumerate(plan.versions):
+        for c in v.columns:
+            first_with.setdefault(c["name"], i)
+    values = missing_values(plan)
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for i, v in enumerate(plan.versions):
+        names = {c["name"] for c in v.columns}
+        fill = {col: value for col, value in values.items()
+                if col not in names and first_with.get(col, -1) > i and value.is_valid}
+        if fill and v.parts:
+            out[(v.window_seq, v.version)] = fill
+    return out

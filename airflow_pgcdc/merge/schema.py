@@ -15,7 +15,6 @@ from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ, UNCHANGED_TOAST
 from airflow_pgcdc.changes.rows import (
     META_NAMES,
     OLD_PREFIX,
-    decode_missing_values,
 )
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.compact import toastable
@@ -23,12 +22,13 @@ from airflow_pgcdc.merge.context import (
     META,
     JobContext,
 )
-from airflow_pgcdc.merge.delta_types import to_delta_batch, to_delta_schema
+from airflow_pgcdc.merge.delta_types import to_delta_schema
 from airflow_pgcdc.merge.errors import (
     IncompatibleSchemaChange,
 )
 from airflow_pgcdc.merge.plan import (
     TablePlan,
+    missing_values,  # noqa: F401 - it lived here: importable as before
 )
 
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
@@ -214,39 +214,6 @@ def batch_fields(ctx: JobContext, plan: TablePlan) -> list[pa.Field]:
         if v.parts:
             schemas.append((f"window {v.window_seq} version {v.version}", part_schema(ctx, v.parts[0])))
     return delta_fields(_union_fields(plan.qualified_name, schemas))
-
-
-def missing_values(plan: TablePlan) -> dict[str, Any]:
-    """``{column: pyarrow scalar in its Delta type}``: what rows older than an ``ADD COLUMN
-    … DEFAULT`` read, from the batch's relation versions (the drain records them)."""
-    out: dict[str, Any] = {}
-    for v in plan.versions:
-        if v.missing_values:
-            batch = to_delta_batch(decode_missing_values(v.missing_values))
-            for col_name, column in zip(batch.schema.names, batch.columns, strict=True):
-                out.setdefault(col_name, column[0])
-    return out
-
-
-def version_fills(plan: TablePlan) -> dict[tuple[int, int], dict[str, Any]]:
-    """``{(window_seq, version): {column: pyarrow scalar}}``: the batch's relation versions
-    that come before an ``ADD COLUMN … DEFAULT`` of the batch and lack that column. A row
-    they changed existed when the column was added, so PostgreSQL reads the default there
-    (``attmissingval``), not NULL: its change row, which has no such column, must carry the
-    default into the merge (versions after a later ``DROP COLUMN`` are left NULL)."""
-    first_with: dict[str, int] = {}
-    for i, v in enumerate(plan.versions):
-        for c in v.columns:
-            first_with.setdefault(c["name"], i)
-    values = missing_values(plan)
-    out: dict[tuple[int, int], dict[str, Any]] = {}
-    for i, v in enumerate(plan.versions):
-        names = {c["name"] for c in v.columns}
-        fill = {col: value for col, value in values.items()
-                if col not in names and first_with.get(col, -1) > i and value.is_valid}
-        if fill and v.parts:
-            out[(v.window_seq, v.version)] = fill
-    return out
 
 
 def evolve(ctx: JobContext, name: str, url: str, dt, fields: list[pa.Field], created: dict[str, str],

@@ -26,6 +26,7 @@ from airflow_pgcdc.merge.context import (
 from airflow_pgcdc.merge.plan import (
     MergeError,
     TablePlan,
+    missing_values,
 )
 from airflow_pgcdc.merge.schema import (
     batch_fields,
@@ -33,7 +34,6 @@ from airflow_pgcdc.merge.schema import (
     check_case,
     delta_fields,
     evolve,
-    missing_values,
     part_schema,
     spark_configuration,
     table_configuration,

@@ -23,7 +23,7 @@ from airflow_pgcdc.store.partitions import (
     window_partition_leaves,
 )
 from airflow_pgcdc.store.resyncs import latest_resync
-from airflow_pgcdc.store.window import read_window, window_folders
+from airflow_pgcdc.store.window import read_window, truncated_relations, window_folders
 
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
 
@@ -129,9 +129,7 @@ def _held_tables(m) -> set[tuple[str, str]]:
     out = {(t["schema"], t["table"]) for t in m.tables}
     out |= {root for root, e in window_partition_leaves(m).items() if e.changed}
     for tr in m.truncates:
-        for name in tr.get("tables", ()):
-            schema, _, table = name.partition(".")
-            out.add((schema, table))
+        out.update(truncated_relations(tr))
     return out
 
 

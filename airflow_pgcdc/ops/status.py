@@ -117,10 +117,14 @@ def _without_copy(client: Any, layout: Any, slot: str, newest: Any) -> list[tupl
     return sorted({(str(a), str(b)) for a, b in newest["pipeline_tables"]} - copied)
 
 
-def _delta_url(delta_url: str, schema: str, table: str) -> str:
+def _delta_url(delta_url: str, schema: str, table: str, storage: dict[str, str] | None = None) -> str:
     from airflow_pgcdc.merge.plan import delta_table_url
 
-    return delta_table_url(delta_url, schema, table)
+    if storage is None:
+        return delta_table_url(delta_url, schema, table)
+    from airflow_pgcdc.merge.deltars import table_url
+
+    return table_url(delta_url, schema, table, storage)
 
 
 def _left_pipeline(client: Any, layout: Any, slot: str, newest: Any) -> list[dict[str, Any]]:
@@ -213,7 +217,7 @@ def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_se
     storage = delta_storage_options(settings_of(client) or S3Settings.from_env())
     out: list[dict[str, Any]] = []
     for schema, table in _pipeline_tables(client, layout, slot, last_seq, extra):
-        base = _delta_url(delta_url, schema, table)
+        base = _delta_url(delta_url, schema, table, storage)
         for suffix, kind in HISTORY_KINDS:
             url = base + suffix
             entry: dict[str, Any] = {"table": f"{schema}.{table}{suffix}", "kind": kind, "delta_url": url}

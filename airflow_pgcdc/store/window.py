@@ -27,7 +27,8 @@ Manifest (``"format": 1``, ``"kind": "window"``)::
                                    [relfilenode,] columns: [{name, pg_type, type_oid, typmod, key, [attnum, attxmin]}],
                                    old_columns, rows, bytes, parts: [{path, rows, bytes}],
                                    [missing_values,] [rewritten_columns]}]}]
-    truncates: [{seq, xid, commit_lsn, tables: ["schema.table"], cascade, restart_identity}]
+    truncates: [{seq, xid, commit_lsn, tables: ["schema.table"], relations: [[schema, table]],
+                 cascade, restart_identity}]
     origins: [{xid, commit_lsn, origin, origin_lsn}]   skipped_transactions
     messages: {transactional, non_transactional, parts: [{path, rows, bytes}]}
     prepared: {pending: [{gid, xid, prepare_lsn, prepare_end_lsn, prepare_ts, window_seq, path,
@@ -375,6 +376,38 @@ def window_folders(client: Any, layout: Layout, slot: str) -> list[int]:
                 except Exception:  # something else under changes/: not ours
                     continue
     return sorted(seqs)
+
+
+TRUNCATE_RELATIONS = "relations"
+"""A truncate entry's tables as ``[schema, table]`` pairs (exact whatever the names hold);
+its ``tables`` (``"schema.table"`` text, kept for older readers) is ambiguous when a name
+holds a dot, and is read only where ``relations`` is missing (windows written before it)."""
+
+
+def truncated_relations(tr: dict) -> list[tuple[str, str]]:
+    """The ``(schema, table)`` pairs a window's truncate entry names (older entries: their
+    ``schema.table`` text split at the first dot, as it was read before the pairs)."""
+    pairs = tr.get(TRUNCATE_RELATIONS)
+    if pairs is not None:
+        return [(str(a), str(b)) for a, b in pairs]
+    return [tuple(name.partition(".")[::2]) for name in tr.get("tables", ())]  # type: ignore[misc]
+
+
+def truncates_table(tr: dict, schema: str, table: str) -> bool:
+    """Whether a window's truncate entry names ``schema.table`` (by pair; older entries by
+    their text, which also names ``"a"."b.c"`` for ``"a.b"."c"``: the reason for the pairs)."""
+    pairs = tr.get(TRUNCATE_RELATIONS)
+    if pairs is not None:
+        return any((str(a), str(b)) == (schema, table) for a, b in pairs)
+    return f"{schema}.{table}" in tr.get("tables", ())
+
+
+def held_tables(m: WindowManifest) -> set[tuple[str, str]]:
+    """The tables a window holds changes or a truncate of."""
+    out = {(t["schema"], t["table"]) for t in m.tables}
+    for tr in m.truncates:
+        out.update(truncated_relations(tr))
+    return out
 
 
 def read_window(client: Any, layout: Layout, slot: str, window_seq: int) -> WindowManifest:

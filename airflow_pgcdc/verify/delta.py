@@ -30,11 +30,18 @@ def _delta_batches(delta: Any, names: list[str]) -> Iterator[pa.RecordBatch]:
         yield from delta.to_batches(columns=names, batch_size=DELTA_BATCH_ROWS)
 
 
-def delta_table_location(delta_url: str, schema: str, table: str) -> str:
-    """``{delta_url}/{schema}.{table}``: where the merge keeps the table (one rule, the merge's)."""
+def delta_table_location(delta_url: str, schema: str, table: str, *,
+                         storage_options: Mapping[str, str] | None = None) -> str:
+    """``{delta_url}/{schema}.{table}``: where the merge keeps the table (one rule, the
+    merge's: :func:`airflow_pgcdc.merge.deltars.table_url`; with ``storage_options`` a table
+    an earlier version left at its legacy location is found there)."""
     from airflow_pgcdc.merge.plan import delta_table_url
 
-    return delta_table_url(delta_url, schema, table)
+    if storage_options is None:
+        return delta_table_url(delta_url, schema, table)
+    from airflow_pgcdc.merge.deltars import table_url
+
+    return table_url(delta_url, schema, table, dict(storage_options))
 
 
 def _storage_options(url: str, storage_options: Mapping[str, str] | None) -> dict[str, str] | None:
@@ -68,8 +75,8 @@ def open_delta_table(
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    location = delta_table_location(delta_url, schema, table)
-    options = _storage_options(location, storage_options)
+    options = _storage_options(delta_url, storage_options)
+    location = delta_table_location(delta_url, schema, table, storage_options=options)
     try:
         return DeltaTable(location, storage_options=options), location
     except TableNotFoundError:

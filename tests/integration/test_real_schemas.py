@@ -8,6 +8,10 @@
   the default in PostgreSQL (they existed when the column was added), but NULL in Delta:
   their change rows, taken before the column existed, carried no value and the merge
   wrote NULL. Now the rows of versions older than the column read its default.
+- ``"a.b"."c"`` and ``"a"."b.c"`` (issue #26): both Delta tables were one (delta-rs decoded
+  both URLs to ``a.b.c``: the second was never bootstrapped and read the first's rows), and a
+  truncate of one, stored as the text ``a.b.c``, was applied to both. Delta tables now use
+  ``~`` escapes, truncates ``[schema, table]`` pairs.
 - A table created after the snapshot, filled and dropped (a migration's scratch table):
   the merge failed it with ``NeedsSnapshot`` on every run (exit 1) and hinted to resync a
   table that no longer exists. Now it is skipped, with a note, and the job succeeds.
@@ -29,14 +33,21 @@ def test_covering_keys_defaults_added_mid_window_and_tables_dropped_before_any_c
     sql(db, "INSERT INTO inc SELECT g % 7, g, 'v' || g, g FROM generate_series(1, 50) g")
     sql(db, "CREATE TABLE e (id int PRIMARY KEY, x text)")
     sql(db, "INSERT INTO e SELECT g, 'v' || g FROM generate_series(1, 20) g")
-    sql(db, "CREATE PUBLICATION pub FOR TABLE inc, e")
+    sql(db, 'CREATE SCHEMA "a.b"; CREATE SCHEMA a; CREATE TABLE "a.b".c (id int PRIMARY KEY); '
+            'CREATE TABLE a."b.c" (id int PRIMARY KEY)')
+    sql(db, 'INSERT INTO "a.b".c SELECT generate_series(1, 5); INSERT INTO a."b.c" SELECT generate_series(1, 5)')
+    sql(db, 'CREATE PUBLICATION pub FOR TABLE inc, e, "a.b".c, a."b.c"')
     slot = slot_name()
     snap = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
-    assert {t.table: t.key_columns for t in snap.tables} == {"inc": ("c1", "c2"), "e": ("id",)}
-    merge_slot(spark, store=src, slot=slot, delta=lake)
+    assert {t.table: t.key_columns for t in snap.tables if t.schema == "public"} == {
+        "inc": ("c1", "c2"), "e": ("id",)}
+    boot = merge_slot(spark, store=src, slot=slot, delta=lake)
+    # "a.b"."c" and "a"."b.c": two Delta tables (before, one: delta-rs decoded both URLs to a.b.c)
+    assert sorted(t.action for t in boot.tables) == ["bootstrapped"] * 4, boot.tables
 
     sql(db, "UPDATE inc SET c3 = 'changed', c4 = -c4 WHERE c2 <= 10; DELETE FROM inc WHERE c2 = 20")
     sql(db, "INSERT INTO inc VALUES (1, 100, 'new', 0)")
+    sql(db, 'TRUNCATE "a.b".c; INSERT INTO a."b.c" VALUES (6)')
     # changes before and after an ADD COLUMN ... DEFAULT, in one window
     sql(db, "UPDATE e SET x = 'before' WHERE id = 2; INSERT INTO e VALUES (100, 'inserted before')")
     sql(db, "ALTER TABLE e ADD COLUMN d text DEFAULT 'bar', ADD COLUMN n int DEFAULT 7")
@@ -57,4 +68,6 @@ def test_covering_keys_defaults_added_mid_window_and_tables_dropped_before_any_c
         assert "no longer in the pipeline" in by["public.scratch"].note and by["public.scratch"].error is None
     assert verify_table(db, lake, "public", "inc").equal
     assert verify_table(db, lake, "public", "e").equal
+    assert verify_table(db, lake, "a.b", "c").equal and verify_table(db, lake, "a", "b.c").equal
+    assert sql(db, 'SELECT count(*) FROM a."b.c"') == [(6,)]
     assert sql(db, "SELECT d, n FROM e WHERE id IN (2, 100) ORDER BY id") == [("bar", 7), ("bar", 7)]

@@ -16,8 +16,10 @@ from airflow_pgcdc.merge.plan import (
     WindowOrderError,
     app_id,
     delta_table_url,
+    legacy_delta_table_url,
     plan_table,
     select_windows,
+    shared_legacy_places,
 )
 from airflow_pgcdc.store.window import WindowManifest
 
@@ -127,7 +129,13 @@ def test_errors_keep_their_hint_across_pickling():
 
 def test_names():
     assert app_id("slot1", "public", "t") == "pgcdc:slot1:public.t"
-    assert delta_table_url("s3://b/lake/", "my.schema", "a/b") == "s3://b/lake/my%2Eschema.a%2Fb"
+    # the segment's escapes with ~ (URL decoding leaves them): one key per table
+    assert delta_table_url("s3://b/lake/", "my.schema", "a/b") == "s3://b/lake/my~2Eschema.a~2Fb"
+    assert delta_table_url("s3://b/lake/", "t~1", "50%") == "s3://b/lake/t~7E1.50~25"
+    assert legacy_delta_table_url("s3://b/lake/", "my.schema", "a/b") == "s3://b/lake/my%2Eschema.a%2Fb"
+    assert delta_table_url("s3://b/lake", "public", "t") == legacy_delta_table_url("s3://b/lake", "public", "t")
+    assert shared_legacy_places([("a.b", "c"), ("a", "b.c"), ("a", "b"), ("public", "t")]) == {
+        ("a.b", "c"), ("a", "b.c")}
 
 
 # ----------------------------------------------------------------- clauses

@@ -371,7 +371,37 @@ def test_long_values_are_cut():
 
 
 def test_delta_location_encoding():
-    assert delta_table_location("s3://b/lake/", "my.schema", "a/b") == "s3://b/lake/my%2Eschema.a%2Fb"
+    assert delta_table_location("s3://b/lake/", "my.schema", "a/b") == "s3://b/lake/my~2Eschema.a~2Fb"
+
+
+def test_two_names_that_decode_alike_get_two_delta_tables_and_legacy_tables_are_followed(tmp_path):
+    """delta-rs decodes a URL's ``%`` escapes: before, ``"a.b"."c"`` and ``"a"."b.c"`` were one
+    Delta table (``a.b.c``). Now each has its own; a table an earlier version wrote at its
+    legacy place is followed there unless another table shares that place."""
+    import os
+
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from airflow_pgcdc.merge.deltars import table_url
+    from airflow_pgcdc.merge.plan import delta_table_url, legacy_delta_table_url
+
+    root = tmp_path.as_uri()
+    write_deltalake(delta_table_url(root, "a.b", "c"), pa.table({"x": [1]}))
+    write_deltalake(delta_table_url(root, "a", "b.c"), pa.table({"x": [2, 3]}))
+    assert sorted(os.listdir(tmp_path)) == ["a.b~2Ec", "a~2Eb.c"]
+    assert DeltaTable(delta_table_url(root, "a.b", "c")).to_pyarrow_table().num_rows == 1
+    assert DeltaTable(delta_table_url(root, "a", "b.c")).to_pyarrow_table().num_rows == 2
+
+    old = tmp_path / "old"
+    old.mkdir()
+    legacy = legacy_delta_table_url(old.as_uri(), "my schema", "t")
+    write_deltalake(legacy, pa.table({"x": [1]}))
+    assert os.listdir(old) == ["my schema.t"]  # where delta-rs put it
+    assert table_url(old.as_uri(), "my schema", "t", {}) == legacy  # followed there
+    assert table_url(old.as_uri(), "my schema", "t", {}, shared=True) == delta_table_url(old.as_uri(), "my schema", "t")
+    assert delta_table_location(old.as_uri(), "my schema", "t", storage_options={}) == legacy
+    assert table_url(old.as_uri(), "other", "t", {}) == delta_table_url(old.as_uri(), "other", "t")
 
 
 def test_open_missing_delta_table(tmp_path):
