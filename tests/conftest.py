@@ -130,6 +130,26 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_sep("-", "test-bed server logs kept")
         for path in kept:
             terminalreporter.write_line(path)
+    _time_per_module(terminalreporter)
+
+
+def _time_per_module(terminalreporter) -> None:
+    """Seconds per test module (setup, call and teardown of its tests), the slowest first:
+    where a run's time goes, so the next regression shows on the day it lands."""
+    spent: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            duration = getattr(r, "duration", None)
+            nodeid = getattr(r, "nodeid", "")
+            if duration is not None and nodeid:
+                module = nodeid.split("::", 1)[0]
+                spent[module] = spent.get(module, 0.0) + duration
+    if not spent:
+        return
+    total = sum(spent.values())
+    terminalreporter.write_sep("-", f"time per module ({total:.0f} s in tests)")
+    for module, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {100 * seconds / total:5.1f} %  {module}")
 
 
 @pytest.fixture(scope="session")
