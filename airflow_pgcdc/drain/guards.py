@@ -19,6 +19,7 @@ that keep an operator's mistake from acknowledging changes that no window holds.
 
 from __future__ import annotations
 
+import logging
 import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from airflow_pgcdc.pg.errors import ServerError
 from airflow_pgcdc.pg.slots import SlotMissing
 from airflow_pgcdc.protocol.lsn import DEFAULT_WAL_SIZES, LSN, WalSizes
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
+
+log = logging.getLogger("airflow_pgcdc.drain.drain")  # the drain's logger, one name for all its modules
 
 __all__ = [
     "DrainBusy",
@@ -335,7 +338,7 @@ def _check_branch(
 
 _TREE_SQL = """
 SELECT t.relid::oid::bigint, t.parentrelid::oid::bigint, t.isleaf, n.nspname::text, c.relname::text,
-       i.xmin::text, (i.xmin = COALESCE(ty.xmin, c.xmin)) AS created_as_partition
+       i.xmin::text, (i.xmin = COALESCE(ty.xmin, c.xmin)) AS created_as_partition, i.cmin::text::bigint
 FROM pg_catalog.pg_partition_tree(%s::oid::regclass) t
 JOIN pg_catalog.pg_class c ON c.oid = t.relid
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -384,36 +387,81 @@ def partition_leaves(
     copies: dict | None = None
     out = []
     for schema, table, oid in sorted(rows):
-        leaves = _leaves_now(sql, oid)
+        leaves, own_links = _leaves_now(sql, oid)
         before = previous.get((schema, table))
-        if before is not None:
-            attached, detached = sp.changes_since_window(leaves, before)
-        else:
+        copied = None
+        if before is None:
             if copies is None:
                 copies = _copied_leaves(client, layout, slot)
             copied = copies.get((schema, table))
+        # a leaf new since the window before (or not in the copy) is judged on its rows too
+        if before is not None:
+            then = {leaf.identity for leaf in before.leaves}
+            leaves = [leaf if leaf.identity in then else _judge_rows(sql, leaf, own_links.get(leaf.oid))
+                      for leaf in leaves]
+        elif copied is not None:
+            leaves = [leaf if leaf.name in copied else _judge_rows(sql, leaf, own_links.get(leaf.oid))
+                      for leaf in leaves]
+        if before is not None:
+            attached, detached = sp.changes_since_window(leaves, before)
+        else:
             attached, detached = sp.changes_since_copy(leaves, copied) if copied is not None else ((), ())
         out.append(sp.RootLeaves(schema, table, tuple(leaves), attached, detached).to_dict())
     return {sp.PARTITION_LEAVES_FIELD: out}
 
 
-def _leaves_now(sql: psycopg.Connection, oid: int) -> list:
+def _leaves_now(sql: psycopg.Connection, oid: int) -> tuple[list, dict[int, tuple[str, int]]]:
+    """The root's leaves now, and each leaf's own link to its parent (``pg_inherits``'
+    ``xmin`` and ``cmin``) when the catalog says it was made with the table."""
     from airflow_pgcdc.store.partitions import Leaf
 
-    nodes = {relid: (parent, leaf, s, t, xid, created)
-             for relid, parent, leaf, s, t, xid, created in sql.execute(_TREE_SQL, (oid,)).fetchall()}
-    leaves = []
-    for relid, (_parent, leaf, s, t, _xid, _created) in nodes.items():
+    nodes = {relid: (parent, leaf, s, t, xid, created, cmin)
+             for relid, parent, leaf, s, t, xid, created, cmin in sql.execute(_TREE_SQL, (oid,)).fetchall()}
+    leaves, own = [], {}
+    for relid, (_parent, leaf, s, t, xid, created, cmin) in nodes.items():
         if not leaf:
             continue
         links, attached, node = [], False, relid
         while node in nodes:  # up to the root (level 0, not in nodes)
-            parent, _l, _s, _t, xid, created = nodes[node]
-            links.append(str(xid))
-            attached = attached or not created
+            parent, _l, _s, _t, link_xid, link_created, _c = nodes[node]
+            links.append(str(link_xid))
+            attached = attached or not link_created
             node = parent
+        if created and cmin is not None:
+            own[int(relid)] = (str(xid), int(cmin))
         leaves.append(Leaf(s, t, int(relid), "/".join(links), bool(attached)))
-    return sorted(leaves, key=lambda x: x.name)
+    return sorted(leaves, key=lambda x: x.name), own
+
+
+def _judge_rows(sql: psycopg.Connection, leaf, link: tuple[str, int] | None):
+    """``leaf`` judged attached after its creation also when its link was made in the
+    transaction that created it but after rows were written into it: the "load a staging
+    table, then ATTACH it" pattern in one transaction (``CREATE TABLE … (LIKE root); INSERT
+    …; ALTER TABLE root ATTACH PARTITION …``), whose rows PostgreSQL never streamed (the
+    table was not a partition when they were written). The catalog alone cannot tell it from
+    ``CREATE TABLE … PARTITION OF`` (same transaction for both): a row version of that
+    transaction whose command came before the link's (``cmin``) can. Read once per new
+    leaf (a scan of it, when it is new: usually empty or small)."""
+    if leaf.attached_after_creation or link is None:
+        return leaf
+    import dataclasses
+
+    xid, cmin = link
+    try:
+        with sql.transaction():
+            sql.execute("SET LOCAL lock_timeout = '5s'")  # a leaf locked by DDL: judged, not waited for
+            early = sql.execute(
+                f"SELECT EXISTS (SELECT 1 FROM ONLY {quote_qualified(leaf.schema, leaf.table)} "
+                "WHERE xmin = %s::xid AND cmin::text::bigint < %s)", (xid, cmin),
+            ).fetchone()[0]
+    except psycopg.Error as exc:  # cannot read it: judged attached (the merge refuses, never misses)
+        log.warning("partition %s.%s: cannot read it to tell whether rows predate its partition link (%s): "
+                    "counted as attached", leaf.schema, leaf.table, exc)
+        early = True
+    if early:
+        log.warning("partition %s.%s was attached in the transaction that created it, after rows were "
+                    "written into it (never streamed): counted as attached", leaf.schema, leaf.table)
+    return dataclasses.replace(leaf, attached_after_creation=True) if early else leaf
 
 
 def _previous_leaves(client, layout, slot, seq) -> dict:

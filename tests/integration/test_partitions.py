@@ -368,6 +368,46 @@ def test_attach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     assert_equal(db, lake, "m")
 
 
+def test_a_staging_table_loaded_and_attached_in_one_transaction_is_refused(fresh_db, slot_name, store, spark):
+    """Via the root, the "load a staging table, then attach it" pattern in one transaction
+    (and a partition detached, loaded and attached again in the transaction that created
+    it): the rows written before the ATTACH were never streamed. Before, the drain judged
+    such a leaf created as a partition (its link and its table made in one transaction), the
+    merge succeeded and the Delta table missed the rows (verify: 81 vs 51 rows). Now the
+    drain sees rows older than the link (their ``cmin``) and the merge refuses the root. A
+    partition created with ``PARTITION OF`` and filled in the same transaction is no change.
+    The judgment is the drain's: one engine."""
+    client, src, lake = store
+    db = fresh_db
+    slot = slot_name()
+    make_pipeline_with_other(db, client, src, slot)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
+    sql(db, "BEGIN; CREATE TABLE m_oc PARTITION OF m FOR VALUES IN ('oc'); "
+            "INSERT INTO m SELECT g, 'oc', 'o' FROM generate_series(300, 309) g; COMMIT")
+    drain(db, src, slot, client)
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
+    assert out["public.m"].action == "merged", out["public.m"]
+    assert_equal(db, lake, "m")
+
+    sql(db, "BEGIN; CREATE TABLE m_asia (LIKE m INCLUDING ALL); "
+            "INSERT INTO m_asia SELECT g, 'asia', 'staged' FROM generate_series(100, 129) g; "
+            "ALTER TABLE m ATTACH PARTITION m_asia FOR VALUES IN ('asia'); "
+            "INSERT INTO m VALUES (130, 'asia', 'after attach'); COMMIT")
+    sql(db, "BEGIN; CREATE TABLE m_af PARTITION OF m FOR VALUES IN ('af'); ALTER TABLE m DETACH PARTITION m_af; "
+            "INSERT INTO m_af VALUES (400, 'af', 'while detached'); "
+            "ALTER TABLE m ATTACH PARTITION m_af FOR VALUES IN ('af'); COMMIT")
+    sql(db, "UPDATE other SET v = 'w' WHERE id = 1")
+    drain(db, src, slot, client)
+    by = refused_root(spark, src, slot, lake, "delta-rs")
+    assert 'attached "public"."m_af", "public"."m_asia"' in by["public.m"].error, by["public.m"].error
+    assert by["public.other"].action == "merged"
+    resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
+    drain(db, src, slot, client)
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
+    assert out["public.m"].action.startswith("resynced"), out["public.m"]
+    assert_equal(db, lake, "m")
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_detach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, spark, engine):
     """Via the root, DETACH PARTITION (and DROP of a partition created after the copy): the
