@@ -87,6 +87,7 @@ from airflow_pgcdc.merge.windows import (
     holds_table,
     load_windows,
     pending_resync,
+    renamed_from,
     table_left_pipeline,
 )
 from airflow_pgcdc.protocol.lsn import LSN
@@ -299,10 +300,13 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
             log.info("%s: skipped: %s", name, res.note)
             res.seconds = round(time.monotonic() - t0, 3)
             return res
+        renamed = renamed_from(snapshot, ctx.resyncs, manifests, schema, table)
         raise NeedsSnapshot(
             f"table {name} has changes in the windows but is not in the slot's snapshot "
             f"({snapshot.snapshot_id}) nor in any resync: its Delta table would hold only the rows "
-            "changed since it joined the publication",
+            "changed since it joined the publication"
+            + (f". It is table {renamed[0]}.{renamed[1]} renamed (the same relation OID): the Delta table of the "
+               "old name keeps its last state (left_pipeline), the new name needs its own copy" if renamed else ""),
             hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
                  f"{ctx.layout.root.prefix} --tables {shell_qualified(schema, table)}; the next merge then "
                  "creates it",

@@ -232,3 +232,19 @@ def holds_table(windows, schema: str, table: str) -> bool:
     without any has nothing to merge, and a table that appeared after the snapshot has no
     key to merge on but in the windows that hold it."""
     return any((schema, table) in _held_tables(m) for m in windows)
+
+
+def renamed_from(snapshot, resyncs, manifests, schema: str, table: str) -> tuple[str, str] | None:
+    """The copied table ``schema.table`` is, renamed (``ALTER TABLE … RENAME``): a copy (the
+    snapshot or a resync, which record each table's ``relation_oid``) of another name with the
+    OID of the windows' relation versions of ``schema.table``; None when none is."""
+    oids = {int(rv["relation_oid"]) for m in manifests for t in m.tables
+            if (t["schema"], t["table"]) == (schema, table) for rv in t["relation_versions"] if "relation_oid" in rv}
+    if not oids:
+        return None
+    copies = list(snapshot.tables if snapshot is not None else ()) + [t for r in resyncs for t in r.manifest.tables]
+    for t in copies:
+        oid = (t.extra or {}).get("relation_oid")
+        if oid is not None and int(oid) in oids and (t.schema, t.table) != (schema, table):
+            return t.schema, t.table
+    return None

@@ -510,7 +510,7 @@ def _table_entry(t: TableInfo, results: dict, layout: Layout, slot: str, sid: st
         # status` compares them with the catalog: attached or detached partitions' rows
         # are not streamed)
         extra=({"partitions": [list(leaf) for leaf in t.partitions]} if t.relkind == "p" else {})
-        | ({"relfilenode": t.relfilenode} if t.relfilenode else {}),
+        | ({"relfilenode": t.relfilenode} if t.relfilenode else {}) | {"relation_oid": t.oid},
     )
 
 

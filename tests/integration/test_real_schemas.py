@@ -19,10 +19,12 @@
 
 from __future__ import annotations
 
+import pytest
 from lake_helpers import drain, sql
 
-from airflow_pgcdc.merge.job import merge_slot
+from airflow_pgcdc.merge.job import TablesFailed, merge_slot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
+from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.verify import verify_table
 
 
@@ -70,4 +72,18 @@ def test_covering_keys_defaults_added_mid_window_and_tables_dropped_before_any_c
     assert verify_table(db, lake, "public", "e").equal
     assert verify_table(db, lake, "a.b", "c").equal and verify_table(db, lake, "a", "b.c").equal
     assert sql(db, 'SELECT count(*) FROM a."b.c"') == [(6,)]
+
+    # RENAME TABLE: the new name is refused until it has a copy, saying it is a rename; the
+    # old name's Delta table keeps its last state and leaves the pipeline
+    sql(db, "ALTER TABLE inc RENAME TO inc2; UPDATE inc2 SET c3 = 'renamed' WHERE c2 = 1")
+    drain(db, src, slot, client)
+    with pytest.raises(TablesFailed) as failed:
+        merge_slot(spark, store=src, slot=slot, delta=lake)
+    by = {t.table: t for t in failed.value.result.tables}
+    assert by["public.inc2"].error.startswith("NeedsSnapshot") and "table public.inc renamed" in by["public.inc2"].error
+    assert by["public.inc"].left_pipeline and by["public.inc"].action != "failed", by["public.inc"]
+    resync_tables(db, src, slot=slot, publication="pub", tables=["inc2"], s3_client=client, worker_processes=False)
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
+    assert out["public.inc2"].action.startswith("resynced") or out["public.inc2"].action.startswith("bootstrapped")
+    assert verify_table(db, lake, "public", "inc2").equal
     assert sql(db, "SELECT d, n FROM e WHERE id IN (2, 100) ORDER BY id") == [("bar", 7), ("bar", 7)]
