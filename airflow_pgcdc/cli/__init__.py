@@ -125,6 +125,38 @@ def error(message: str, hint: str | None = None) -> None:
         print(f"hint: {hint}", file=sys.stderr)
 
 
+CONNECT_TIMEOUT = 15
+"""Seconds libpq may take to connect (``PGCONNECT_TIMEOUT``, unless set, or the DSN's
+``connect_timeout``) in a ``pgcdc`` command."""
+
+
+def describe_external(e: BaseException) -> tuple[str, str | None] | None:
+    """``(message, hint)`` for a failure of something outside us that a command met (the
+    database cannot be reached, an S3 call refused), instead of an "unexpected" error;
+    None for anything else (a bug: reported as unexpected)."""
+    import psycopg
+
+    if isinstance(e, psycopg.OperationalError):
+        return (f"PostgreSQL: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
+                "check the DSN's host, port and dbname, that the server is PostgreSQL and accepts this "
+                f"client (pg_hba.conf); connecting gives up after {os.environ.get('PGCONNECT_TIMEOUT')} s "
+                "(PGCONNECT_TIMEOUT, or connect_timeout in the DSN)")
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:  # pragma: no cover - boto3 is a dependency
+        return None
+    if isinstance(e, ClientError):
+        err = e.response.get("Error", {})
+        op = getattr(e, "operation_name", "?")
+        what = err.get("BucketName") or err.get("Key") or ""
+        return (f"S3: {op} {what} failed: {err.get('Code', '?')}: {err.get('Message', '')}".replace("  ", " "),
+                "check the store URL (bucket and prefix) and the S3 endpoint, region and credentials "
+                "(AWS_* variables or the aws connection)")
+    if isinstance(e, BotoCoreError):
+        return (f"S3: {e}", "check the S3 endpoint (AWS_ENDPOINT_URL), region and credentials")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list, verbose = _split_verbose(list(sys.argv[1:] if argv is None else argv))
     verbose = verbose or os.environ.get("PGCDC_VERBOSE", "") not in ("", "0")
@@ -136,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         resolve_dsn(args)
     except _Usage as e:
         parser.error(str(e))  # exits 2
+    # libpq waits for a server that accepts the connection and never answers (a port that is
+    # not PostgreSQL) until TCP gives up, minutes later: bound it unless the user chose
+    os.environ.setdefault("PGCONNECT_TIMEOUT", str(CONNECT_TIMEOUT))
     try:
         code = args.handler(args)
     except KeyboardInterrupt:
@@ -152,9 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif rest:
             print(f"({len(rest.splitlines())} more lines with --verbose)", file=sys.stderr)
         return 1
-    except Exception as e:  # a bug: still one readable line unless asked for more
+    except Exception as e:  # a bug, or a failure outside us: still one readable line
         if verbose:
             traceback.print_exc()
+        known = describe_external(e)
+        if known is not None:
+            error(*known)
+            return 1
         error(
             f"unexpected {type(e).__name__}: {e}",
             None if verbose else "run again with --verbose for the traceback",

@@ -209,7 +209,8 @@ def maintain_table(
 
     # -- vacuum (enforce_retention_duration=False: the retention is the caller's, checked there)
     sizes = _sizes(client, url)
-    paths = dt.vacuum(retention_hours=int(retention_hours), dry_run=dry_run, enforce_retention_duration=False)
+    paths = dt.vacuum(retention_hours=vacuum_hours(retention_hours), dry_run=dry_run,
+                      enforce_retention_duration=False)
     rel = [_relative(p, url) for p in paths]
     res.vacuum = {
         "retention_hours": retention_hours,
@@ -260,6 +261,14 @@ conditional put finds no file) instead of noticing the commits it missed. No mer
 that long."""
 
 _LOG_ENTRY_RE = re.compile(r"^(\d{20})\.(?:json|crc|checkpoint(?:\.\d+\.\d+)?(?:\.[0-9a-f-]+)?\.(?:parquet|json))$")
+
+
+def vacuum_hours(retention_hours: float) -> int:
+    """delta-rs' VACUUM takes whole hours: the retention rounded up, never down (``0.9``
+    was cut to 0, which removed files a reader of a version 50 minutes old still needs)."""
+    import math
+
+    return max(0, math.ceil(retention_hours))
 
 
 def expire_log(client, url: str, retention_hours: float, *, now: datetime | None = None) -> list[str]:
