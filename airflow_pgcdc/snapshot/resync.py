@@ -55,6 +55,38 @@ class TableNotPublished(ResyncError):
     """A table to resync is not in the publication: the slot would not stream its changes."""
 
 
+class PublicationNotStreamed(ResyncError):
+    """The resync's publication is not one the slot's drains stream (recorded in every
+    window): a table taken through it would be replaced from its copy and then never get
+    a change."""
+
+
+def _check_store(client, layout: Layout, slot: str, publication: str) -> None:
+    """The store must follow ``slot`` (a snapshot or a window of it), and ``publication``
+    must be one of those its drains stream (the newest window's ``publications``)."""
+    from airflow_pgcdc.store.manifest import committed_snapshot
+    from airflow_pgcdc.store.window import latest_window
+
+    newest = latest_window(client, layout, slot)
+    store = f"s3://{layout.bucket}/{layout.root.prefix}".rstrip("/")
+    if newest is None:
+        if committed_snapshot(client, layout, slot) is None:
+            raise ResyncError(
+                f"{store} holds no snapshot and no window of slot {slot!r}: a resync adds tables to a "
+                "running pipeline's store; nothing was copied",
+                hint=f"check the store URL and the slot (pgcdc status --slot {slot} --store <url>)",
+            )
+        return
+    if newest.publications and publication not in newest.publications:
+        raise PublicationNotStreamed(
+            f"slot {slot}'s drains stream publication(s) {', '.join(sorted(newest.publications))} (window "
+            f"{newest.window_seq}), not {publication!r}: a table copied through it would be replaced in Delta "
+            "and then never get a change; nothing was copied",
+            hint=f"--publication {sorted(newest.publications)[0]} (add the table to it first if needed: the "
+                 "error then gives the ALTER PUBLICATION)",
+        )
+
+
 def _check(dsn: str, slot: str, publication: str, tables: Sequence[tuple[str, str]]) -> None:
     with psycopg.connect(dsn, autocommit=True, application_name="pgcdc-resync") as conn:
         row = conn.execute(
@@ -105,6 +137,7 @@ def resync_tables(
         raise ResyncError("name the tables to resync", hint="--tables schema.table [...]")
     _check(dsn, slot, publication, names)
     layout = Layout.parse(to)
+    _check_store(s3_client or s3store.make_s3_client(s3_settings), layout, slot, publication)
     rl = layout.resync_layout(slot)
     resync_slot = RESYNC_SLOT_PREFIX + secrets.token_hex(6)
     log.info("resync of %s for slot %s from %s (temporary slot %s)",

@@ -24,7 +24,7 @@ from lake_helpers import drain, sql
 
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
-from airflow_pgcdc.snapshot.resync import resync_tables
+from airflow_pgcdc.snapshot.resync import PublicationNotStreamed, ResyncError, resync_tables
 from airflow_pgcdc.verify import verify_table
 
 
@@ -82,6 +82,14 @@ def test_covering_keys_defaults_added_mid_window_and_tables_dropped_before_any_c
     by = {t.table: t for t in failed.value.result.tables}
     assert by["public.inc2"].error.startswith("NeedsSnapshot") and "table public.inc renamed" in by["public.inc2"].error
     assert by["public.inc"].left_pipeline and by["public.inc"].action != "failed", by["public.inc"]
+    # a resync through a publication the drains do not stream, or into another store: refused
+    sql(db, "CREATE PUBLICATION other_pub FOR TABLE inc2")
+    with pytest.raises(PublicationNotStreamed, match="stream publication"):
+        resync_tables(db, src, slot=slot, publication="other_pub", tables=["inc2"], s3_client=client,
+                      worker_processes=False)
+    with pytest.raises(ResyncError, match="holds no snapshot and no window"):
+        resync_tables(db, src + "-typo", slot=slot, publication="pub", tables=["inc2"], s3_client=client,
+                      worker_processes=False)
     resync_tables(db, src, slot=slot, publication="pub", tables=["inc2"], s3_client=client, worker_processes=False)
     out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert out["public.inc2"].action.startswith("resynced") or out["public.inc2"].action.startswith("bootstrapped")
