@@ -140,6 +140,7 @@ from airflow_pgcdc.drain.plan import (
 from airflow_pgcdc.drain.run import WindowRun, make_spool
 from airflow_pgcdc.drain.window import HEARTBEAT_PREFIX as HEARTBEAT_PREFIX
 from airflow_pgcdc.drain.window import TypeResolver
+from airflow_pgcdc.pg.catalog import check_encoding
 from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.pg.tables import parse_table_names
 from airflow_pgcdc.protocol.lsn import LSN
@@ -292,6 +293,7 @@ def drain_window(
 
     sql = psycopg.connect(dsn, autocommit=True, application_name="pgcdc-drain-catalog")
     try:
+        check_encoding(sql)
         take_slot_lock(sql, slot, options.busy_wait)  # before the store is read: the plan stays true while we hold it
         plan = read_plan(client, layout, slot, sql)
         if plan.recorded_by == "nothing" and not options.start_without_snapshot:

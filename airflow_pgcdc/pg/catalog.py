@@ -18,10 +18,30 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.pg.errors import PgError
 from airflow_pgcdc.protocol.pgtypes import PgAttribute, PgColumn, PgTypeInfo
 
-__all__ = ["TypeNotFound", "load_table_columns", "load_type_info"]
+__all__ = ["TypeNotFound", "UnsupportedEncoding", "check_encoding", "load_table_columns", "load_type_info"]
+
+
+class UnsupportedEncoding(HintedError, PgError):
+    """The database's encoding is SQL_ASCII: its text has no known character set (bytes are
+    stored as sent), so neither psycopg nor Arrow can read it as text."""
+
+
+def check_encoding(conn) -> None:
+    """Refuse a SQL_ASCII database up front (:class:`UnsupportedEncoding`), before anything
+    is created or read: psycopg passes text to it as bytes, and every catalog query then
+    failed with ``operator does not exist: name = bytea``."""
+    encoding = conn.info.parameter_status("server_encoding")
+    if encoding == "SQL_ASCII":
+        raise UnsupportedEncoding(
+            f"database {conn.info.dbname!r} is encoded SQL_ASCII: its text is bytes of no known character "
+            "set, which airflow-pgcdc cannot carry as text; nothing was done",
+            hint="copy the data into a database created with ENCODING 'UTF8' (after checking which "
+                 "encoding the application really wrote) and point the pipeline there",
+        )
 
 
 class TypeNotFound(PgError):

@@ -53,6 +53,7 @@ from datetime import UTC, datetime
 import psycopg
 
 from airflow_pgcdc.errors import HintedError
+from airflow_pgcdc.pg.catalog import check_encoding
 from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.pg.errors import DuplicateObject, UndefinedObject
 from airflow_pgcdc.pg.replication import ReplicationConnection
@@ -170,6 +171,7 @@ def _slot_lock(dsn: str, slot: str) -> Iterator[psycopg.Connection]:
     Yields the lock's session (autocommit), for catalog reads."""
     conn = psycopg.connect(dsn, autocommit=True, application_name="pgcdc-snapshot-lock")
     try:
+        check_encoding(conn)  # before the slot: a SQL_ASCII database is refused up front
         got = try_lock_slot(conn, slot)
         holder = None if got else lock_holder(conn, slot)
     except BaseException:

@@ -45,6 +45,7 @@ def _read_postgres(dsn: str, schema: str, table: str, key: Sequence[str] | None,
                    comparer_kw: dict) -> tuple[Comparer, str, str | None]:
     import psycopg
 
+    from airflow_pgcdc.pg.catalog import check_encoding
     from airflow_pgcdc.pg.errors import ConnectionFailed
     from airflow_pgcdc.pg.tables import TableNotFound, describe_table
     from airflow_pgcdc.snapshot.convert import SESSION_SETUP, table_converter
@@ -54,6 +55,7 @@ def _read_postgres(dsn: str, schema: str, table: str, key: Sequence[str] | None,
     except psycopg.Error as e:
         raise ConnectionFailed(f"cannot connect to {redact(dsn)}: {str(e).strip()}") from None
     with conn:
+        check_encoding(conn)
         for stmt in SESSION_SETUP:
             conn.execute(stmt)
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")

@@ -69,3 +69,47 @@ def test_unreachable_database_and_missing_bucket_are_named(fresh_db, slot_name, 
                  env={"PGCDC_DSN": sql_dsn, **s3.aws_env()})
     assert proc.returncode == 1 and proc.stderr.startswith("pgcdc: error: S3: "), proc.stderr
     assert "NoSuchBucket" in proc.stderr and "unexpected" not in proc.stderr, proc.stderr
+
+
+def test_a_sql_ascii_database_is_refused_up_front(pg_server, slot_name, store):
+    """A SQL_ASCII database: before, the snapshot failed deep inside with ``operator does not
+    exist: name = bytea``; now the snapshot, the drain and verify refuse it up front
+    (``UnsupportedEncoding``), before a slot is created."""
+    import psycopg
+    import pytest
+
+    from airflow_pgcdc.drain.drain import drain_window
+    from airflow_pgcdc.pg.catalog import UnsupportedEncoding
+    from airflow_pgcdc.snapshot.export import snapshot_to_s3
+    from airflow_pgcdc.verify import verify_table
+
+    client, src, lake = store
+    name = "t_sql_ascii_" + slot_name("")[-12:]
+    with psycopg.connect(pg_server.dsn, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}" ENCODING \'SQL_ASCII\' LC_COLLATE \'C\' LC_CTYPE \'C\' TEMPLATE template0')
+    try:
+        dsn = make_conninfo(pg_server.dsn, dbname=name)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t")
+        slot = slot_name()
+        with pytest.raises(UnsupportedEncoding, match="SQL_ASCII"):
+            snapshot_to_s3(dsn, src, slot=slot, publication="pub", s3_client=client, workers=1,
+                           worker_processes=False)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            assert c.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
+                             (slot,)).fetchone()[0] == 0
+        with pytest.raises(UnsupportedEncoding):
+            drain_window(dsn, src, slot=slot, publications="pub", s3_client=client)
+        import pyarrow as pa
+        from deltalake import write_deltalake
+
+        from airflow_pgcdc.merge.plan import delta_table_url
+        from airflow_pgcdc.store.s3 import delta_storage_options
+
+        write_deltalake(delta_table_url(lake, "public", "t"), pa.table({"id": [1], "v": ["a"]}),
+                        storage_options=delta_storage_options())
+        with pytest.raises(UnsupportedEncoding):
+            verify_table(dsn, lake, "public", "t")
+    finally:
+        with psycopg.connect(pg_server.dsn, autocommit=True) as c:
+            c.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
