@@ -54,6 +54,10 @@ def register(subparsers) -> None:
     p.add_argument("--busy-wait", type=float, default=10.0, metavar="SEC",
                    help="wait this long for another drain or snapshot of the slot to end before giving "
                         "up with exit code 75 (default 10)")
+    p.add_argument("--as-text", action="append", default=[], metavar="SCHEMA.TABLE=COL[,COL]",
+                   help="keep these columns as their exact PostgreSQL text whatever their type (repeatable): "
+                        "for values the typed mapping cannot carry, e.g. arrays whose lower bound is not 1; "
+                        "give the snapshot, resync and drain the same")
     p.add_argument("--start-without-snapshot", action="store_true",
                    help="start a store that holds no snapshot and no window of the slot at the slot's "
                         "position (changes only, no initial copy); without it such a store is refused, "
@@ -100,4 +104,5 @@ def _drain(args: argparse.Namespace, drain_window):
         busy_wait=args.busy_wait,
         memory_budget=args.memory_budget_mb << 20,
         start_without_snapshot=args.start_without_snapshot,
+        as_text=args.as_text,
     )

@@ -33,6 +33,10 @@ def register(subparsers) -> None:
     p.add_argument("--tables", nargs="+", required=True, metavar="SCHEMA.TABLE", help="the tables to copy")
     p.add_argument("--workers", type=int, default=4, help="parallel COPY sessions (default 4)")
     p.add_argument("--rows-per-part", type=int, default=1_000_000, help="rows per Parquet part (default 1000000)")
+    p.add_argument("--as-text", action="append", default=[], metavar="SCHEMA.TABLE=COL[,COL]",
+                   help="keep these columns as their exact PostgreSQL text whatever their type (repeatable): "
+                        "for values the typed mapping cannot carry, e.g. arrays whose lower bound is not 1; "
+                        "give the snapshot, resync and drain the same")
     p.set_defaults(handler=run)
 
 
@@ -42,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     done = resync_tables(
         args.dsn, args.store, slot=args.slot, publication=args.publication, tables=args.tables,
-        workers=args.workers, rows_per_part=args.rows_per_part,
+        workers=args.workers, rows_per_part=args.rows_per_part, as_text=args.as_text,
     )
     out = json.loads(done.manifest.to_json())
     out["manifest"] = done.url

@@ -39,6 +39,10 @@ def register(subparsers) -> None:
         default="binary",
         help="COPY format: binary (default; types without a binary decoder travel as text) or csv",
     )
+    p.add_argument("--as-text", action="append", default=[], metavar="SCHEMA.TABLE=COL[,COL]",
+                   help="keep these columns as their exact PostgreSQL text whatever their type (repeatable): "
+                        "for values the typed mapping cannot carry, e.g. arrays whose lower bound is not 1; "
+                        "give the snapshot, resync and drain the same")
     p.set_defaults(handler=run, _parser=p)
 
 
@@ -60,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         snapshot_id=args.snapshot_id,
         progress_interval=args.progress_interval,
         copy_format=args.copy_format,
+        as_text=args.as_text,
     )
     json.dump(json.loads(manifest.to_json()), sys.stdout, indent=2)
     sys.stdout.write("\n")

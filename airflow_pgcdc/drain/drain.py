@@ -107,7 +107,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -142,7 +142,7 @@ from airflow_pgcdc.drain.window import HEARTBEAT_PREFIX as HEARTBEAT_PREFIX
 from airflow_pgcdc.drain.window import TypeResolver
 from airflow_pgcdc.pg.catalog import check_encoding
 from airflow_pgcdc.pg.conninfo import redact
-from airflow_pgcdc.pg.tables import parse_table_names
+from airflow_pgcdc.pg.tables import parse_column_map, parse_table_names
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 from airflow_pgcdc.store import s3 as s3store
@@ -230,6 +230,7 @@ class DrainOptions:
     busy_wait: float = 10.0
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     start_without_snapshot: bool = False
+    as_text: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
 
 
 def drain_window(
@@ -257,6 +258,7 @@ def drain_window(
     busy_wait: float = 10.0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     start_without_snapshot: bool = False,
+    as_text: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
     to: str | s3store.S3Location | None = None,
 ) -> DrainResult:
     """Drain one window of ``slot`` into ``store`` (``s3://bucket/prefix``); see the module
@@ -271,7 +273,10 @@ def drain_window(
     tables' parts are finished early, so memory does not grow with the number of tables.
     ``start_without_snapshot``: a store that holds no snapshot and no window of the slot is
     refused (:class:`StoreHasNoCopy`: a mistyped store would otherwise take the slot over)
-    unless this says to start it on purpose, at the slot's position, changes only."""
+    unless this says to start it on purpose, at the slot's position, changes only.
+    ``as_text``: columns kept as their exact PostgreSQL text (``["schema.table=col,col"]``
+    or ``{"schema.table": ["col"]}``), as the table's copy did (a value the typed mapping
+    cannot carry otherwise leaves that table out of the window: the merge refuses it)."""
     t0 = time.monotonic()
     started_at = datetime.now(UTC)
     store = store_argument("drain_window", store, "to", to)
@@ -284,7 +289,7 @@ def drain_window(
         heartbeat=heartbeat, heartbeat_after=heartbeat_after, max_wait=max_wait, status_interval=status_interval,
         spool_dir=spool_dir, connect_options=connect_options, target_part_bytes=target_part_bytes,
         forget=frozenset(parse_table_names(forget_tables)), busy_wait=busy_wait, memory_budget=memory_budget,
-        start_without_snapshot=bool(start_without_snapshot),
+        start_without_snapshot=bool(start_without_snapshot), as_text=parse_column_map(as_text),
     )
     location = store if isinstance(store, s3store.S3Location) else s3store.S3Location.parse(store)
     layout = Layout(location)

@@ -111,7 +111,7 @@ class WindowRun:
         self.writer = WindowWriter(self.client, self.layout, self.slot, self.seq, on_part_close=self._on_part_close,
                                    attempt=self.attempt, memory_budget=o.memory_budget, **writer_kw)
         self.window = WindowSink(self.writer, self.types, self.pump,
-                              buffer_budget=max(o.memory_budget // 4, CHUNK_BYTES))
+                              buffer_budget=max(o.memory_budget // 4, CHUNK_BYTES), as_text=o.as_text)
         self.asm = TransactionAssembler(
             self.window, proto_version=self.stream.options.proto_version, spool_dir=self.spool,
             skip_origins=frozenset(o.skip_origins),
@@ -318,7 +318,13 @@ class WindowRun:
             lost = window.lost_toast.get(f"{t['schema']}.{t['table']}")
             if lost:
                 t[KEY_MOVES_FIELD] = lost["updates"]
-        for (schema, table), refused in window.refused.items():
+        refused_tables = {**writer.refused, **window.refused}  # a reserved name wins: the first cause
+        for key, more in writer.refused.items():
+            if key in window.refused:
+                refused_tables[key] = {**window.refused[key],
+                                       "changes": window.refused[key]["changes"] + more["changes"]}
+        out["tables"] = [t for t in out["tables"] if (t["schema"], t["table"]) not in refused_tables]
+        for (schema, table), refused in refused_tables.items():
             out["tables"].append({"schema": schema, "table": table, "rows": 0, "bytes": 0,
                                   "relation_versions": [], REFUSED_FIELD: refused})
         _fault("after-parts")

@@ -8,6 +8,7 @@ defaults). Part of the drain (:mod:`airflow_pgcdc.drain.drain`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import psycopg
@@ -251,8 +252,11 @@ class TypeResolver:
 class WindowSink:
     """The :class:`~airflow_pgcdc.changes.assembly.Sink` that builds one window."""
 
-    def __init__(self, writer: WindowWriter, types: TypeResolver, pump, buffer_budget: int = 64 << 20) -> None:
+    def __init__(self, writer: WindowWriter, types: TypeResolver, pump, buffer_budget: int = 64 << 20,
+                 as_text: Mapping[tuple[str, str], Collection[str]] | None = None) -> None:
         self.writer = writer
+        # {(schema, table): columns} kept as exact text (the snapshot must have done the same)
+        self.as_text = dict(as_text or {})
         self.types = types
         self.pump = pump
         # the change buffers of all tables together stay under this (a window touching
@@ -299,11 +303,12 @@ class WindowSink:
         self.types.refresh(rel.relation_oid, (rel.replica_identity, tuple(
             (c.name, c.type_oid, c.type_modifier, c.is_key) for c in rel.columns)))
         dims = self.types.dims(rel.relation_oid)
+        schema = rel.namespace or "pg_catalog"
+        text = self.as_text.get((schema, rel.relation_name), ())
         columns = tuple(
-            PgColumn(c.name, self.types.type_of(c.type_oid), c.type_modifier, dims.get(c.name, 0))
+            PgColumn(c.name, self.types.type_of(c.type_oid), c.type_modifier, dims.get(c.name, 0), c.name in text)
             for c in rel.columns
         )
-        schema = rel.namespace or "pg_catalog"
         key_flags = tuple(c.is_key for c in rel.columns)
         # compared without building a version (its decoders and Arrow schema) first
         definition = definition_key(schema, rel.relation_name, rel.replica_identity, columns, key_flags)

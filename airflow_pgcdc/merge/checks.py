@@ -26,6 +26,7 @@ from airflow_pgcdc.merge.errors import (
     PartitionsChanged,
     ReservedColumnName,
     TableRewritten,
+    ValueNotCarried,
     WindowsExpired,
 )
 from airflow_pgcdc.merge.plan import (
@@ -54,6 +55,15 @@ def check_refused(schema: str, table: str, windows, since: int | None) -> None:
             if refused and f"{t['schema']}.{t['table']}" == name and (
                 since is None or int(LSN.parse(refused["last_commit_lsn"])) >= since
             ):
+                if refused.get("kind") == "value":
+                    raise ValueNotCarried(
+                        f"table {name}: the drain could not store {refused['changes']} change(s) of window "
+                        f"{m.window_seq} (from commit {refused['first_commit_lsn']}): {refused['error']}",
+                        hint=f"keep such values as exact text: --as-text {shell_qualified(schema, table)}=<column> "
+                             f"on pgcdc drain (as_text= on the operator), then take the table again: pgcdc resync "
+                             f"--tables {shell_qualified(schema, table)} --as-text … (the other tables are not "
+                             "affected)",
+                    )
                 raise ReservedColumnName(
                     f"table {name}: the drain could not store {refused['changes']} change(s) of window "
                     f"{m.window_seq} (from commit {refused['first_commit_lsn']}): {refused['error']}",

@@ -21,6 +21,7 @@ __all__ = [
     "ReservedColumnName",
     "TableRewritten",
     "TablesFailed",
+    "ValueNotCarried",
     "WindowsExpired",
 ]
 
@@ -69,6 +70,11 @@ class PartitionsChanged(MergeError):
     """A partitioned table published through its root had partitions attached (holding
     rows), detached or dropped after its copy: PostgreSQL streams none of those rows, so
     its Delta table would miss or keep them. The root needs a new copy (``pgcdc resync``)."""
+
+class ValueNotCarried(MergeError):
+    """The drain left a table's changes out of a window because one of its values has no
+    form in the column's mapped type (an array whose lower bound is not 1, say): merging the
+    rest would lose them. Map the column as text, then take the table again."""
 
 class ReservedColumnName(MergeError):
     """A table has a column named like the change metadata or the merge's own columns."""

@@ -46,6 +46,8 @@ class PgcdcDrainOperator(BaseOperator):
     :param binary: ask pgoutput for binary values
     :param forget_tables: ``schema.table`` names that left the publications on purpose: they
         leave the pipeline (without this the drain refuses to acknowledge past their removal)
+    :param as_text: ``{"schema.table": ["column", ...]}``: columns kept as their exact
+        PostgreSQL text whatever their type (templated; as the copy did)
     :param start_without_snapshot: start a store that holds no snapshot and no window of the
         slot at the slot's position (changes only); without it such a store is refused
         (``StoreHasNoCopy``: a mistyped store would otherwise take the slot over)
@@ -56,7 +58,7 @@ class PgcdcDrainOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publication", "until_lsn")
+    template_fields: Sequence[str] = ("store", "slot", "publication", "until_lsn", "as_text")
     ui_color = "#d5f5e3"
 
     def __init__(
@@ -76,6 +78,7 @@ class PgcdcDrainOperator(BaseOperator):
         max_wait: float = 300.0,
         forget_tables: Sequence[str] = (),
         start_without_snapshot: bool = False,
+        as_text: dict[str, Sequence[str]] | None = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
@@ -98,6 +101,7 @@ class PgcdcDrainOperator(BaseOperator):
         self.max_wait = max_wait
         self.forget_tables = list(forget_tables)
         self.start_without_snapshot = bool(start_without_snapshot)
+        self.as_text = as_text
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
@@ -153,4 +157,5 @@ class PgcdcDrainOperator(BaseOperator):
             s3_client=hook.s3_client(),
             forget_tables=self.forget_tables,
             start_without_snapshot=self.start_without_snapshot,
+            as_text=self.as_text,
         )

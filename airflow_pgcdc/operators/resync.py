@@ -32,11 +32,13 @@ class PgcdcResyncOperator(BaseOperator):
     :param publication: the publication the drains use; the tables must be in it (templated)
     :param tables: ``["schema.table", ...]`` (templated)
     :param workers: parallel COPY sessions
+    :param as_text: ``{"schema.table": ["column", ...]}``: columns kept as their exact
+        PostgreSQL text whatever their type (templated; give the drain the same)
     :param postgres_conn_id: Airflow ``postgres`` connection
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers")
+    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers", "as_text")
     ui_color = "#d6eaf8"
 
     def __init__(
@@ -48,6 +50,7 @@ class PgcdcResyncOperator(BaseOperator):
         tables: Sequence[str] | str,
         workers: int = 4,
         rows_per_part: int = 1_000_000,
+        as_text: dict[str, Sequence[str]] | None = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
@@ -62,6 +65,7 @@ class PgcdcResyncOperator(BaseOperator):
         self.tables = tables
         self.workers = workers
         self.rows_per_part = rows_per_part
+        self.as_text = as_text
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
@@ -74,6 +78,7 @@ class PgcdcResyncOperator(BaseOperator):
         done = resync_tables(
             hook.get_dsn(), self.store, slot=self.slot, publication=self.publication, tables=tables,
             workers=int(self.workers), rows_per_part=self.rows_per_part, s3_client=hook.s3_client(),
+            as_text=self.as_text,
         )
         m = done.manifest
         result = {

@@ -40,11 +40,13 @@ class PgcdcSnapshotOperator(BaseOperator):
     :param workers: parallel COPY sessions
     :param rows_per_part: rows per Parquet part (CTID ranges)
     :param two_phase: create the slot with TWO_PHASE
+    :param as_text: ``{"schema.table": ["column", ...]}``: columns kept as their exact
+        PostgreSQL text whatever their type (templated; give the drain the same)
     :param postgres_conn_id: Airflow ``postgres`` connection
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers")
+    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers", "as_text")
     ui_color = "#d6eaf8"
 
     def __init__(
@@ -57,6 +59,7 @@ class PgcdcSnapshotOperator(BaseOperator):
         workers: int = 4,
         rows_per_part: int = 1_000_000,
         two_phase: bool = False,
+        as_text: dict[str, Sequence[str]] | None = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
@@ -72,6 +75,7 @@ class PgcdcSnapshotOperator(BaseOperator):
         self.workers = workers
         self.rows_per_part = rows_per_part
         self.two_phase = two_phase
+        self.as_text = as_text
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
@@ -91,6 +95,7 @@ class PgcdcSnapshotOperator(BaseOperator):
             rows_per_part=self.rows_per_part,
             two_phase=self.two_phase,
             s3_client=hook.s3_client(),
+            as_text=self.as_text,
         )
         layout = Layout.parse(self.store)
         result = {

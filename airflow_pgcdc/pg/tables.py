@@ -21,7 +21,7 @@ is read as of the snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
@@ -343,6 +343,31 @@ def parse_table_names(names: Iterable[str]) -> list[tuple[str, str]]:
         else:
             raise CatalogError(f"not a table name (schema.table): {text!r}")
     return out
+
+
+ColumnMap = dict[tuple[str, str], frozenset[str]]
+"""``{(schema, table): {column, ...}}``: per-table column options (``as_text``)."""
+
+
+def parse_column_map(items: Iterable[str] | Mapping[str, Iterable[str]] | None, what: str = "--as-text") -> ColumnMap:
+    """``["public.t=a,b", 's."Odd.T"=c']`` (or ``{"public.t": ["a", "b"]}``, the operators'
+    form) -> ``{("public", "t"): {"a", "b"}, ("s", "Odd.T"): {"c"}}``. The table is read as
+    ``--tables`` reads it (quotes protect dots and case); the columns are exact names
+    separated by commas. A table given twice gets the union."""
+    pairs: list[tuple[str, list[str]]] = []
+    if isinstance(items, Mapping):
+        pairs = [(str(k), [str(c) for c in v]) for k, v in items.items()]
+    else:
+        for item in items or ():
+            table, sep, cols = str(item).rpartition("=")
+            pairs.append((table if sep else "", [c.strip() for c in cols.split(",") if c.strip()]))
+    out: dict[tuple[str, str], set[str]] = {}
+    for table, cols in pairs:
+        if not table or not cols:
+            raise CatalogError(f"{what} expects schema.table=column[,column...], got {table!r}={','.join(cols)!r}")
+        (name,) = parse_table_names([table])
+        out.setdefault(name, set()).update(cols)
+    return {k: frozenset(v) for k, v in out.items()}
 
 
 def _split_qualified(text: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -78,12 +78,20 @@ def function_casts(conn) -> frozenset[int]:
     return frozenset(row[0] for row in conn.execute(FUNCTION_CASTS_SQL))
 
 
-def table_converter(conn, table: TableInfo, casts: frozenset[int] | None = None) -> TableConverter:
+def table_converter(conn, table: TableInfo, casts: frozenset[int] | None = None, *,
+                    as_text: Collection[str] = ()) -> TableConverter:
     """The converter for ``table``; ``conn`` is a psycopg connection for type lookups;
-    ``casts``: :func:`function_casts` (queried here when not given)."""
+    ``casts``: :func:`function_casts` (queried here when not given); ``as_text``: columns
+    kept as their exact PostgreSQL text (a name the table lacks is an error)."""
+    missing = sorted(set(as_text) - {c.name for c in table.columns})
+    if missing:
+        from airflow_pgcdc.errors import HintedError
+
+        raise HintedError(f"--as-text names column(s) {missing} that table {table.display} does not have",
+                          hint="give the columns as the table names them (exact case)")
     types = load_type_info(conn, {c.type_oid for c in table.columns})
     columns = tuple(
-        PgColumn(name=c.name, type=types[c.type_oid], typmod=c.typmod, ndims=c.ndims)
+        PgColumn(name=c.name, type=types[c.type_oid], typmod=c.typmod, ndims=c.ndims, as_text=c.name in as_text)
         for c in table.columns
     )
     known_casts = function_casts(conn) if casts is None else casts

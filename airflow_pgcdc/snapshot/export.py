@@ -46,7 +46,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 
@@ -62,6 +62,7 @@ from airflow_pgcdc.pg.tables import (
     TableInfo,
     check_partitions_as_published,
     describe_table,
+    parse_column_map,
     parse_table_names,
     publication_tables,
 )
@@ -301,6 +302,7 @@ def snapshot_to_s3(
     s3_settings: s3store.S3Settings | None = None,
     worker_processes: bool | None = None,
     temporary: bool = False,
+    as_text: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
 ) -> SnapshotManifest:
     """Create ``slot`` with an exported snapshot and copy the tables to ``to``.
 
@@ -311,7 +313,10 @@ def snapshot_to_s3(
     Returns the committed manifest. ``on_slot_created(consistent_point, snapshot_name)``
     is called once the slot exists and every worker has imported the snapshot (tests use
     it to interleave writes). ``copy_format``: ``binary`` (default) or ``csv`` (see
-    :data:`~airflow_pgcdc.snapshot.convert.COPY_FORMATS`).
+    :data:`~airflow_pgcdc.snapshot.convert.COPY_FORMATS`). ``as_text``: columns kept as their
+    exact PostgreSQL text whatever their type (``["schema.table=col,col"]`` or
+    ``{"schema.table": ["col"]}``: the escape hatch for values the typed mapping cannot
+    carry, such as arrays whose lower bound is not 1); give the drain the same.
 
     Workers run in their own processes (:mod:`airflow_pgcdc.snapshot.workers`) when the
     S3 settings are known: ``s3_settings``, or those of a client made by
@@ -324,6 +329,7 @@ def snapshot_to_s3(
         raise SnapshotError("rows_per_part must be at least 1")
     if copy_format not in COPY_FORMATS:
         raise SnapshotError(f"copy_format must be one of {', '.join(COPY_FORMATS)}, not {copy_format!r}")
+    text_columns = parse_column_map(as_text)
     location = to if isinstance(to, s3store.S3Location) else s3store.S3Location.parse(to)
     layout = Layout(location)
     if s3_client is None:
@@ -404,7 +410,9 @@ def snapshot_to_s3(
                     on_slot_created(str(created.consistent_point), snapshot_name)
                 infos = _discover(catalog_conn, publication, tables)
                 casts = function_casts(catalog_conn)
-                converters = {t.oid: table_converter(catalog_conn, t, casts) for t in infos}
+                converters = {t.oid: table_converter(catalog_conn, t, casts,
+                                                     as_text=text_columns.get((t.schema, t.name), ()))
+                              for t in infos}
             finally:
                 catalog_conn.close()
             for t in infos:

@@ -128,9 +128,11 @@ def resync_tables(
     copy_format: str = "binary",
     worker_processes: bool | None = None,
     on_slot_created: Callable[[str, str], None] | None = None,
+    as_text=None,
 ) -> Resync:
     """Take a resync of ``tables`` (``schema.table``) for the pipeline of ``slot`` whose store
-    is ``to``; returns it once committed. See the module doc."""
+    is ``to``; returns it once committed. See the module doc. ``as_text``: columns kept as
+    exact text (:func:`~airflow_pgcdc.snapshot.export.snapshot_to_s3`)."""
     validate_slot(slot)
     names = parse_table_names(tables)
     if not names:
@@ -147,7 +149,7 @@ def resync_tables(
                                                                          for s, t in names],
         workers=workers, rows_per_part=rows_per_part, s3_client=s3_client, s3_settings=s3_settings,
         copy_format=copy_format, worker_processes=worker_processes, on_slot_created=on_slot_created,
-        temporary=True,
+        temporary=True, as_text=as_text,
     )
     done = Resync(manifest=manifest, layout=rl, resync_slot=resync_slot)
     log.info("resync committed at consistent point %s: %s (%d rows); the next merge replaces these tables",

@@ -104,6 +104,7 @@ from airflow_pgcdc.store.layout import (
 from airflow_pgcdc.store.multipart import MultipartWriter
 from airflow_pgcdc.store.parquet import DEFAULT_TARGET_PART_BYTES, PartSequence, TableEncodings
 from airflow_pgcdc.store.s3 import StoreError
+from airflow_pgcdc.typemap import ValueConversionError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -674,6 +675,9 @@ class WindowWriter:
         self._messages: PartSequence | None = None
         self._prepared: list[dict] = []
         self._error: BaseException | None = None
+        # tables one of whose values the type map cannot carry: their rows are left out of
+        # the window ({(schema, table): {error, first_commit_lsn, last_commit_lsn, changes}})
+        self.refused: dict[tuple[str, str], dict[str, Any]] = {}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"pgcdc-window-{window_seq}", daemon=True)
         self._thread.start()
@@ -779,8 +783,14 @@ class WindowWriter:
                 kind = item[0]
                 if kind == "rows":
                     _, version, chunk, settle = item
+                    if self._refused_rows(version, chunk):
+                        continue
                     out = self._out(version)
-                    batch = version.to_batch(chunk)
+                    try:
+                        batch = version.to_batch(chunk)
+                    except ValueConversionError as exc:
+                        self._refuse(version, chunk, exc)
+                        continue
                     finished = len(out.parts.parts)
                     out.parts.write_batch(batch)
                     if len(out.parts.parts) != finished:  # a part completed by size: its memory is gone
@@ -793,7 +803,8 @@ class WindowWriter:
                     if self._open_total > self.memory_budget:
                         self._roll_largest()
                 elif kind == "declare":
-                    self._out(item[1])
+                    if (item[1].schema, item[1].table) not in self.refused:
+                        self._out(item[1])
                 elif kind == "messages":
                     self._write_messages(item[1])
                 elif kind == "prepared":
@@ -809,6 +820,39 @@ class WindowWriter:
             self._abort_all()
         finally:
             self._done.set()
+
+    def _refused_rows(self, version: RelationVersion, chunk: ChangeChunk) -> bool:
+        """Count ``chunk`` against its table when the table is refused already."""
+        entry = self.refused.get((version.schema, version.table))
+        if entry is None:
+            return False
+        entry["changes"] += len(chunk)
+        entry["last_commit_lsn"] = str(LSN(max(chunk.commit_lsns)))
+        return True
+
+    def _refuse(self, version: RelationVersion, chunk: ChangeChunk, exc: Exception) -> None:
+        """One table's value cannot be carried (an array with lower bounds other than 1 mapped
+        as an array, say): the table's rows are left out of the window, its parts aborted,
+        and the manifest says so (``refused``); the other tables go on, and the merge refuses
+        that table alone. Before, the error stopped the drain, and every later drain of the
+        slot, for every table."""
+        key = (version.schema, version.table)
+        lsns = chunk.commit_lsns
+        self.refused[key] = {
+            "error": f"{type(exc).__name__}: {exc}", "kind": "value",
+            "first_commit_lsn": str(LSN(min(lsns))) if lsns else "", "last_commit_lsn": str(LSN(max(lsns))) if lsns else "",
+            "changes": len(chunk),
+        }
+        for out in [o for o in self._order if (o.version.schema, o.version.table) == key]:
+            self._order.remove(out)
+            self._versions.pop(id(out.version), None)
+            self._open_total -= out.open_bytes
+            try:
+                out.parts.abort()
+            except Exception:  # noqa: BLE001 - its objects are not listed: swept after the commit
+                pass
+        log.error("%s.%s: a value cannot be stored (%s): the table's changes are left out of window %d "
+                  "(the other tables go on; the merge refuses this table)", key[0], key[1], exc, self.window_seq)
 
     def _roll_largest(self) -> None:
         """Keep the memory of the open parts under ``memory_budget`` whatever the number of

@@ -95,3 +95,49 @@ def test_covering_keys_defaults_added_mid_window_and_tables_dropped_before_any_c
     assert out["public.inc2"].action.startswith("resynced") or out["public.inc2"].action.startswith("bootstrapped")
     assert verify_table(db, lake, "public", "inc2").equal
     assert sql(db, "SELECT d, n FROM e WHERE id IN (2, 100) ORDER BY id") == [("bar", 7), ("bar", 7)]
+
+
+def test_a_value_one_table_cannot_carry_stops_only_that_table(fresh_db, slot_name, store, spark):
+    """An array whose lower bound is not 1 (``'[4:4]={NULL}'::int2[]``) has no list form.
+    Before, one such change made every later drain of the slot fail, for every table, and no
+    command could map the column ``as_text``: the only way out was a new slot and snapshot.
+    Now the drain leaves that table out of the window and records it (``refused``), the other
+    tables go on, the merge refuses that table alone (``ValueNotCarried``, hint ``--as-text``),
+    and ``--as-text`` on the resync and the drains carries the column as exact text."""
+    from deltalake import DeltaTable
+
+    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.store import s3 as s3store
+
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE arr (id int PRIMARY KEY, a int2[]); CREATE TABLE ok (id int PRIMARY KEY, v text)")
+    sql(db, "INSERT INTO arr VALUES (1, '{1,2}'); INSERT INTO ok VALUES (1, 'a')")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE arr, ok")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
+
+    sql(db, "INSERT INTO arr VALUES (2, '[4:4]={NULL}'); UPDATE ok SET v = 'b' WHERE id = 1")
+    w = drain(db, src, slot, client)  # before: UnrepresentableValue, for every table, on every drain
+    assert w.window_seq == 0
+    sql(db, "UPDATE ok SET v = 'c' WHERE id = 1; UPDATE arr SET a = '{3}' WHERE id = 1")
+    drain(db, src, slot, client)  # the next window too
+    with pytest.raises(TablesFailed) as failed:
+        merge_slot(spark, store=src, slot=slot, delta=lake)
+    by = {t.table: t for t in failed.value.result.tables}
+    assert by["public.arr"].error.startswith("ValueNotCarried") and "UnrepresentableValue" in by["public.arr"].error, \
+        by["public.arr"].error
+    assert "--as-text" in by["public.arr"].hint, by["public.arr"].hint
+    assert by["public.ok"].action == "merged" and verify_table(db, lake, "public", "ok").equal
+
+    # the way out the hint gives: the column as text in a new copy and in the drains
+    resync_tables(db, src, slot=slot, publication="pub", tables=["arr"], s3_client=client, worker_processes=False,
+                  as_text=["public.arr=a"])
+    sql(db, "INSERT INTO arr VALUES (3, '[0:1]={7,8}')")
+    drain(db, src, slot, client, as_text={"public.arr": ["a"]})
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
+    assert out["public.arr"].action == "resynced+merged", out["public.arr"]
+    rows = DeltaTable(delta_table_url(lake, "public", "arr"),
+                      storage_options=s3store.delta_storage_options()).to_pyarrow_table().sort_by("id").to_pylist()
+    assert rows == [{"id": 1, "a": "{3}"}, {"id": 2, "a": "[4:4]={NULL}"}, {"id": 3, "a": "[0:1]={7,8}"}]
