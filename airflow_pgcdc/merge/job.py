@@ -83,6 +83,7 @@ from airflow_pgcdc.merge.schema import merge_key_columns
 from airflow_pgcdc.merge.sinks import append_only, bootstrap_table, merge_batch, resync_replace
 from airflow_pgcdc.merge.spark_io import register, s3_options
 from airflow_pgcdc.merge.windows import (
+    copy_refusal,
     covered_windows,
     holds_table,
     load_windows,
@@ -301,6 +302,15 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
             res.seconds = round(time.monotonic() - t0, 3)
             return res
         renamed = renamed_from(snapshot, ctx.resyncs, manifests, schema, table)
+        left_out = copy_refusal(snapshot, ctx.resyncs, schema, table)
+        if left_out is not None:
+            raise NeedsSnapshot(
+                f"table {name} has changes in the windows, but the copy {left_out['copy']} left it out: "
+                f"{left_out['error']}",
+                hint=f"{left_out.get('hint') or 'fix that'}; then pgcdc resync --slot {ctx.slot} --publication "
+                     f"<publication> --to s3://{ctx.layout.bucket}/{ctx.layout.root.prefix} --tables "
+                     f"{shell_qualified(schema, table)}",
+            )
         raise NeedsSnapshot(
             f"table {name} has changes in the windows but is not in the slot's snapshot "
             f"({snapshot.snapshot_id}) nor in any resync: its Delta table would hold only the rows "

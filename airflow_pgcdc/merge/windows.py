@@ -248,3 +248,15 @@ def renamed_from(snapshot, resyncs, manifests, schema: str, table: str) -> tuple
         if oid is not None and int(oid) in oids and (t.schema, t.table) != (schema, table):
             return t.schema, t.table
     return None
+
+
+def copy_refusal(snapshot, resyncs, schema: str, table: str) -> dict | None:
+    """The newest copy's record of leaving ``schema.table`` out (``refused_tables`` of a
+    snapshot or resync manifest: a table it could not copy), with ``copy`` naming it."""
+    copies = [("snapshot " + snapshot.snapshot_id, snapshot)] if snapshot is not None else []
+    copies += [(f"resync at {r.manifest.consistent_point}", r.manifest) for r in resyncs]
+    for what, m in reversed(copies):
+        for r in (m.extra or {}).get("refused_tables") or ():
+            if (r.get("schema"), r.get("table")) == (schema, table):
+                return {**r, "copy": what}
+    return None

@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import psycopg
@@ -74,7 +75,7 @@ from airflow_pgcdc.snapshot.convert import (
     table_converter,
 )
 from airflow_pgcdc.snapshot.parts import Progress, SnapshotPart, copy_part, import_snapshot
-from airflow_pgcdc.snapshot.workers import CopyJob, ProcessWorker, retryable
+from airflow_pgcdc.snapshot.workers import CopyJob, ProcessWorker, retryable, table_error
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id
 from airflow_pgcdc.store.manifest import ColumnEntry, PartEntry, SnapshotManifest, TableEntry
@@ -408,7 +409,9 @@ def snapshot_to_s3(
                 # exported snapshot lives, and a worker whose session died imports it again
                 if on_slot_created is not None:
                     on_slot_created(str(created.consistent_point), snapshot_name)
-                infos = _discover(catalog_conn, publication, tables)
+                discovered = _discover(catalog_conn, publication, tables)
+                refusals = {t.oid: why for t in discovered if (why := _cannot_copy(t)) is not None}
+                infos = [t for t in discovered if t.oid not in refusals]
                 casts = function_casts(catalog_conn)
                 converters = {t.oid: table_converter(catalog_conn, t, casts,
                                                      as_text=text_columns.get((t.schema, t.name), ()))
@@ -449,6 +452,22 @@ def snapshot_to_s3(
                     for s in sessions
                 ]
             results = _copy_all(parts, runners, progress_interval)
+            for t in infos:  # copies that failed on their own values: left out, their parts removed
+                got = results.get(t.oid) or []
+                if got and isinstance(got[0], RefusedCopy):
+                    refusals[t.oid] = (got[0].why, "keep the column as exact text (--as-text schema.table=column), "
+                                       "then pgcdc resync --tables the table with the same option")
+                    base = layout.snapshot_prefix(slot, sid)
+                    s3store.delete_keys(client, location.bucket, [base + k for k in got[0].keys],
+                                        what=base)
+            infos = [t for t in infos if t.oid not in refusals]
+            refused = [_refused_entry(t, *refusals[t.oid]) for t in discovered if t.oid in refusals]
+            for r in refused:
+                log.error("table %s.%s is left out of the snapshot (the other tables are copied): %s",
+                          r["schema"], r["table"], r["error"])
+            if not infos:
+                raise SnapshotError("no table could be copied: " + "; ".join(
+                    f"{r['schema']}.{r['table']}: {r['error']}" for r in refused))
             manifest = SnapshotManifest(
                 slot=slot,
                 snapshot_id=sid,
@@ -459,6 +478,7 @@ def snapshot_to_s3(
                 started_at=started_at,
                 finished_at=datetime.now(UTC),
                 tables=tuple(_table_entry(t, results, layout, slot, sid) for t in infos),
+                extra={REFUSED_TABLES: refused} if refused else {},
             )
             key = layout.snapshot_manifest(slot, sid)
             # a put the client retried after an unseen success finds its own manifest: committed
@@ -488,6 +508,34 @@ def snapshot_to_s3(
         except Exception as exc:  # the snapshot is committed; leftovers are only garbage
             log.warning("could not remove dead runs' objects under %s: %s", layout.snapshots_prefix(slot), exc)
         return manifest
+
+
+REFUSED_TABLES = "refused_tables"
+"""A snapshot (or resync) manifest's tables it could not copy: ``[{schema, table, error,
+hint}]``. Their changes stream (they are published) and the merge refuses them
+(``NeedsSnapshot``, with this reason) until a resync copies them."""
+
+
+def _cannot_copy(t: TableInfo) -> tuple[str, str] | None:
+    """``(why, hint)`` when ``t`` cannot be copied as it is, decided before any copy, else
+    None: such a table is left out of the snapshot, the others are copied."""
+    names = {c.name for c in t.columns}
+    if not t.columns:
+        return ("it has no columns (every column dropped, or CREATE TABLE t ()): nothing to carry but a row "
+                "count, which a Delta table cannot hold",
+                "add a column to it (or leave it out of the publication), then pgcdc resync --tables it")
+    missing = [k for k in t.key_columns if k not in names]
+    if missing:
+        return (f"its key ({', '.join(t.key_columns)}) includes column(s) {missing} that are not copied nor "
+                "streamed (stored generated columns are published only by PostgreSQL 18 with "
+                "publish_generated_columns = stored)",
+                "set REPLICA IDENTITY FULL and give the merge a key among the copied columns (--key), or publish "
+                "the generated columns (PostgreSQL 18), then pgcdc resync --tables it")
+    return None
+
+
+def _refused_entry(t: TableInfo, why: str, hint: str) -> dict[str, str]:
+    return {"schema": t.schema, "table": t.name, "error": why, "hint": hint}
 
 
 def _table_entry(t: TableInfo, results: dict, layout: Layout, slot: str, sid: str) -> TableEntry:
@@ -600,6 +648,7 @@ def _copy_all(parts, runners, progress_interval) -> dict:
         work.put((p, 1))
     results: dict[int, list] = {p.table.oid: [] for p in parts}
     remaining = {t: sum(1 for p in parts if p.table.oid == t) for t in results}
+    refused: dict[int, str] = {}  # table OID -> why its copy failed (a value it cannot carry)
     progress = Progress(total_pages=sum(p.pages for p in parts))
     failures: list[BaseException] = []
     lock = threading.Lock()
@@ -614,11 +663,25 @@ def _copy_all(parts, runners, progress_interval) -> dict:
                 if all(v == 0 for v in remaining.values()):
                     return
                 continue
+            if part.table.oid in refused:  # its table failed already: nothing more of it
+                continue
             try:
                 res = runner.copy(part, progress)
             except BaseException as exc:  # this runner's session is unusable now
                 if stop.is_set():
                     return  # the run is failing: no new session or process
+                if table_error(exc) and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    with lock:  # that table alone: the others are copied and committed
+                        if part.table.oid not in refused:
+                            refused[part.table.oid] = f"{exc}"
+                            log.error("table %s cannot be copied (the other tables go on; it is left out of "
+                                      "the snapshot): %s", part.table.display, exc)
+                        remaining[part.table.oid] = 0
+                    if not runner.recover():
+                        with lock:
+                            alive[0] -= 1
+                        return
+                    continue
                 retry = attempt < MAX_PART_ATTEMPTS and retryable(exc)
                 recovered = runner.recover() if retry else False
                 with lock:
@@ -662,4 +725,14 @@ def _copy_all(parts, runners, progress_interval) -> dict:
     if any(v for v in remaining.values()):
         raise SnapshotError("every worker failed before all parts were copied")
     log.info(progress.line(n_tables, len(parts)))
+    for oid, why in refused.items():  # what the refused tables wrote is no one's
+        results[oid] = [RefusedCopy(why, [r[1] for r in results.get(oid, ())])]
     return results
+
+
+@dataclass(frozen=True)
+class RefusedCopy:
+    """A table whose copy failed on its own values: ``why``, and the keys its parts wrote."""
+
+    why: str
+    keys: list

@@ -57,9 +57,20 @@ class WorkerFailed(PgcdcError):
     """A part failed inside a worker process; ``retryable`` as the worker judged it
     (:func:`~airflow_pgcdc.snapshot.retryable` on the original exception)."""
 
-    def __init__(self, message: str, *, retryable: bool) -> None:
+    def __init__(self, message: str, *, retryable: bool, table_error: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.table_error = table_error  # a value of the table cannot be carried: that table alone fails
+
+
+def table_error(exc: BaseException) -> bool:
+    """A failure that is the table's own (a value the type map cannot carry): that table's
+    copy fails, the others go on."""
+    if isinstance(exc, WorkerFailed):
+        return exc.table_error
+    from airflow_pgcdc.typemap import ValueConversionError
+
+    return isinstance(exc, ValueConversionError)
 
 
 def retryable(exc: BaseException) -> bool:
@@ -188,7 +199,7 @@ class ProcessWorker:
             elif kind == "done":
                 return msg[1]
             elif kind == "failed":
-                raise WorkerFailed(msg[2], retryable=msg[1])
+                raise WorkerFailed(msg[2], retryable=msg[1], table_error=len(msg) > 3 and bool(msg[3]))
             else:
                 raise WorkerDied(f"worker process {self.pid} sent an unknown message {kind!r}")
 
@@ -329,7 +340,7 @@ def _serve(conn: Connection) -> None:
                         session = None
                     if os.getppid() != parent:
                         return
-                    conn.send(("failed", retryable(exc), f"{type(exc).__name__}: {exc}"))
+                    conn.send(("failed", retryable(exc), f"{type(exc).__name__}: {exc}", table_error(exc)))
                     if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                         return
                     continue

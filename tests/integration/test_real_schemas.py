@@ -141,3 +141,41 @@ def test_a_value_one_table_cannot_carry_stops_only_that_table(fresh_db, slot_nam
     rows = DeltaTable(delta_table_url(lake, "public", "arr"),
                       storage_options=s3store.delta_storage_options()).to_pyarrow_table().sort_by("id").to_pylist()
     assert rows == [{"id": 1, "a": "{3}"}, {"id": 2, "a": "[4:4]={NULL}"}, {"id": 3, "a": "[0:1]={7,8}"}]
+
+
+def test_tables_a_snapshot_cannot_copy_are_left_out_alone(fresh_db, slot_name, store, spark):
+    """Before, one such table failed the whole snapshot (and dropped its slot): a table with
+    no columns (``unexpected ValueError: BinaryCopyDecoder needs at least one column``, no
+    table named), a primary key including a stored generated column (``key columns ['b'] are
+    not among its columns`` after copying everything), a value the type map cannot carry. Now
+    each is left out of the snapshot, named with why (``refused_tables``), the others are
+    committed, and the merge refuses each with that reason until a resync copies it."""
+    from airflow_pgcdc.merge.errors import NeedsSnapshot
+
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE nocol (); INSERT INTO nocol DEFAULT VALUES; INSERT INTO nocol DEFAULT VALUES")
+    sql(db, "CREATE TABLE genkey (a int, b int GENERATED ALWAYS AS (a * 2) STORED, PRIMARY KEY (a, b))")
+    sql(db, "INSERT INTO genkey (a) SELECT generate_series(1, 5)")
+    sql(db, "CREATE TABLE arr (id int PRIMARY KEY, a int2[]); INSERT INTO arr VALUES (1, '{1}'), (2, '[2:2]={5}')")
+    sql(db, "CREATE TABLE ok (id int PRIMARY KEY, v text); INSERT INTO ok VALUES (1, 'a')")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE nocol, genkey, arr, ok")
+    slot = slot_name()
+    snap = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=2)
+    assert [t.table for t in snap.tables] == ["ok"]
+    refused = {r["table"]: r for r in snap.extra["refused_tables"]}
+    assert sorted(refused) == ["arr", "genkey", "nocol"], refused
+    assert "no columns" in refused["nocol"]["error"] and "['b']" in refused["genkey"]["error"]
+    assert "lower bound" in refused["arr"]["error"] and "--as-text" in refused["arr"]["hint"]
+    assert sql(db, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == [(1,)]
+
+    sql(db, "INSERT INTO genkey (a) VALUES (6); UPDATE ok SET v = 'b'; UPDATE arr SET a = '{9}' WHERE id = 1")
+    sql(db, "INSERT INTO nocol DEFAULT VALUES")  # a change of a table without columns: the drain goes on
+    drain(db, src, slot, client)
+    with pytest.raises(TablesFailed) as failed:
+        merge_slot(spark, store=src, slot=slot, delta=lake)
+    by = {t.table: t for t in failed.value.result.tables}
+    assert by["public.ok"].action.startswith("bootstrapped") and verify_table(db, lake, "public", "ok").equal
+    for t in ("genkey", "arr", "nocol"):
+        assert by[f"public.{t}"].error.startswith(NeedsSnapshot.__name__), by[f"public.{t}"]
+        assert "left it out" in by[f"public.{t}"].error and "pgcdc resync" in by[f"public.{t}"].hint
