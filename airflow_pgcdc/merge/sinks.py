@@ -239,7 +239,9 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     dt, added = evolve(ctx, name, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
     meta = [META[OP], META[COMMIT_LSN], META[SEQ]]
     df = read_changes(ctx, plan, pa.schema(fields + meta))
-    if plan.truncate_at is not None or df.where(spark_col(OP) != F.lit("I")).limit(1).collect():
+    # only the op column comes to the driver: a whole row would be turned into Python values,
+    # and a ±infinity timestamp has none (ValueError: year 294247 is out of range)
+    if plan.truncate_at is not None or df.where(spark_col(OP) != F.lit("I")).select(OP).limit(1).collect():
         from airflow_pgcdc.merge.keyless import apply_keyless
 
         return apply_keyless(ctx, plan, url, dt, app, fields), dt, added

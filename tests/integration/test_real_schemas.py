@@ -179,3 +179,27 @@ def test_tables_a_snapshot_cannot_copy_are_left_out_alone(fresh_db, slot_name, s
     for t in ("genkey", "arr", "nocol"):
         assert by[f"public.{t}"].error.startswith(NeedsSnapshot.__name__), by[f"public.{t}"]
         assert "left it out" in by[f"public.{t}"].error and "pgcdc resync" in by[f"public.{t}"].hint
+
+
+def test_infinity_timestamps_in_a_table_without_a_key(fresh_db, slot_name, store, spark):
+    """±infinity in a keyless table (``REPLICA IDENTITY FULL``, merged as a multiset): before,
+    the merge failed with ``ValueError: year -290308 is out of range`` on every rerun, with no
+    hint, and a deleted ``'infinity'`` row stayed in Delta."""
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE ev (ts timestamp, tz timestamptz, d date, v text)")
+    sql(db, "ALTER TABLE ev REPLICA IDENTITY FULL")
+    sql(db, "INSERT INTO ev VALUES ('infinity', 'infinity', 'infinity', 'a'), ('-infinity', '-infinity', "
+            "'-infinity', 'b'), ('2024-01-01', '2024-01-01 00:00+00', '2024-01-01', 'c'), "
+            "('infinity', '-infinity', '2024-01-02', 'd')")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE ev")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    merge_slot(spark, store=src, slot=slot, delta=lake)
+    assert verify_table(db, lake, "public", "ev").equal
+    sql(db, "DELETE FROM ev WHERE v = 'a'; UPDATE ev SET v = 'b2' WHERE v = 'b'")
+    sql(db, "INSERT INTO ev VALUES ('-infinity', 'infinity', '-infinity', 'e'); UPDATE ev SET ts = 'infinity' WHERE v = 'c'")
+    drain(db, src, slot, client)
+    out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
+    assert out["public.ev"].action == "merged", out["public.ev"]
+    assert verify_table(db, lake, "public", "ev").equal
