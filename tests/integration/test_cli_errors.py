@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 
+import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
@@ -20,6 +21,7 @@ def pgcdc(*args: str, env: dict) -> subprocess.CompletedProcess:
                           timeout=120, env={**os.environ, "PGCDC_VERBOSE": "", **env})
 
 
+@pytest.mark.parametrize("pg_server", ["pg18"], indirect=True)  # the CLI's labels: no server difference
 def test_unreachable_database_and_missing_bucket_are_named(fresh_db, slot_name, s3):
     # a server that accepts and never answers: libpq waits for it until connect_timeout
     silent = socket.socket()
@@ -71,6 +73,7 @@ def test_unreachable_database_and_missing_bucket_are_named(fresh_db, slot_name, 
     assert "NoSuchBucket" in proc.stderr and "unexpected" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("pg_server", ["pg18"], indirect=True)  # one check of server_encoding at connect: no server difference
 def test_a_sql_ascii_database_is_refused_up_front(pg_server, slot_name, store):
     """A SQL_ASCII database: before, the snapshot failed deep inside with ``operator does not
     exist: name = bytea``; now the snapshot, the drain and verify refuse it up front
