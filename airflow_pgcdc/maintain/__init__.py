@@ -213,6 +213,9 @@ def maintain_slot(
     client = s3store.make_s3_client(settings)
     storage = s3store.delta_storage_options(settings)
     layout = Layout.parse(store)
+    if delta.startswith("s3://"):  # its compactions and checkpoints are delta-rs commits
+        root = s3store.S3Location.parse(delta)
+        s3store.check_conditional_puts(client, root.bucket, root.prefix.rstrip("/") + "/" if root.prefix else "")
     snapshot = committed_snapshot(client, layout, slot)
     resyncs = committed_resyncs(client, layout, slot)
     names: dict[tuple[str, str], None] = {}

@@ -210,6 +210,9 @@ def merge_slot(
     settings = settings or s3store.S3Settings.from_env()
     layout = Layout.parse(store)
     client = s3store.make_s3_client(settings)
+    if delta.startswith("s3://"):  # delta-rs commits the Delta log with If-None-Match too
+        root = s3store.S3Location.parse(delta)
+        s3store.check_conditional_puts(client, root.bucket, root.prefix.rstrip("/") + "/" if root.prefix else "")
     ctx = JobContext(
         spark=spark, layout=layout, client=client, fs=s3store.make_pyarrow_fs(settings),
         storage=s3store.delta_storage_options(settings), slot=slot, delta=delta,

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_pgcdc.errors import PgcdcError
+from airflow_pgcdc.errors import HintedError, PgcdcError
 
 log = logging.getLogger(__name__)
 
@@ -598,6 +598,54 @@ def put_if_absent(
     return True
 
 
+class ConditionalPutsIgnored(StoreError, HintedError):
+    """The S3 server accepts ``If-None-Match: *`` but overwrites an existing object anyway
+    (older MinIO releases and other S3-compatible stores): every commit of ours (manifests)
+    and of delta-rs (Delta log entries) relies on that put failing, so two writers could
+    both "commit" and one be lost. Refused before anything is committed."""
+
+    def __init__(self, reason: str, *, hint: str | None = None, **where: Any) -> None:
+        super().__init__(reason, **where)
+        self.hint = hint
+
+
+_CONDITIONAL_OK: set[tuple[str, str]] = set()  # (endpoint, bucket) probed in this process
+PROBE_NAME = "_pgcdc_probe-"
+
+
+def check_conditional_puts(client: Any, bucket: str, prefix: str = "") -> None:
+    """Prove once per process and bucket that the server honours ``If-None-Match: *``: a
+    probe object ``{prefix}_pgcdc_probe-<random>`` (beside what the caller writes: a policy
+    that allows writes under a prefix allows it) is created, a second conditional put of
+    it must be refused (412), and it is removed. Raises :class:`ConditionalPutsIgnored`
+    when the second put overwrote."""
+    endpoint = str(getattr(getattr(client, "meta", None), "endpoint_url", ""))
+    if (endpoint, bucket) in _CONDITIONAL_OK:
+        return
+    import secrets as _secrets
+
+    key = prefix + PROBE_NAME + _secrets.token_hex(8)
+    try:
+        if not put_if_absent(client, bucket, key, b"1"):
+            raise ConditionalPutsIgnored(
+                f"s3://{bucket}: a conditional put of a new object ({key}) was refused as if it existed",
+                bucket=bucket, key=key)
+        if put_if_absent(client, bucket, key, b"2"):
+            raise ConditionalPutsIgnored(
+                f"the S3 server at {endpoint or 'the default endpoint'} overwrote s3://{bucket}/{key} although "
+                "the put said If-None-Match: * (it must answer 412 Precondition Failed): airflow-pgcdc's "
+                "commits and delta-rs' Delta commits rely on that answer, so nothing is committed here",
+                bucket=bucket, key=key,
+                hint="use an S3 server that enforces conditional writes (AWS S3, a current MinIO, SeaweedFS, "
+                     "Ceph RGW 18+, ...); see docs/operations.md")
+    finally:
+        try:
+            client.delete_object(Bucket=bucket, Key=key)
+        except Exception:  # noqa: BLE001 - a probe object left behind is harmless
+            pass
+    _CONDITIONAL_OK.add((endpoint, bucket))
+
+
 def commit_if_absent(
     client: Any,
     bucket: str,
@@ -613,6 +661,7 @@ def commit_if_absent(
     a success and only another writer's object is a lost race (``False``). ``body``
     must be unique to its writer (a manifest carries its attempt id and times)."""
     data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    check_conditional_puts(client, bucket, key.rpartition("/")[0] + "/" if "/" in key else "")  # once a bucket
     if put_if_absent(client, bucket, key, data, content_type=content_type):
         return True
     try:

@@ -474,3 +474,14 @@ def test_delta_storage_options_write_and_read(settings, s3_bucket) -> None:
     table = deltalake.DeltaTable(uri, storage_options=opts)
     assert table.version() == 1
     assert sorted(table.to_pyarrow_table()["x"].to_pylist()) == [1, 2, 3]
+
+
+def test_the_conditional_put_probe_passes_on_a_server_that_enforces_it(client, s3_bucket) -> None:
+    """The real S3 server answers 412 to a second If-None-Match put: the probe passes, once
+    per process and bucket, and leaves no object behind."""
+    from airflow_pgcdc.store import s3 as s3store
+
+    s3store._CONDITIONAL_OK.discard((client.meta.endpoint_url, s3_bucket))
+    s3store.check_conditional_puts(client, s3_bucket)
+    assert (client.meta.endpoint_url, s3_bucket) in s3store._CONDITIONAL_OK
+    assert list(s3store.list_keys(client, s3_bucket, "")) == []
