@@ -141,7 +141,7 @@ from airflow_pgcdc.drain.run import WindowRun, make_spool
 from airflow_pgcdc.drain.window import HEARTBEAT_PREFIX as HEARTBEAT_PREFIX
 from airflow_pgcdc.drain.window import TypeResolver
 from airflow_pgcdc.pg.catalog import check_encoding
-from airflow_pgcdc.pg.conninfo import redact
+from airflow_pgcdc.pg.conninfo import redact, unverified_tls
 from airflow_pgcdc.pg.tables import parse_column_map, parse_table_names
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
@@ -296,6 +296,8 @@ def drain_window(
     client = s3_client or s3store.make_s3_client()
     prefer_jemalloc_pool()  # the window's Arrow buffers (see there; ARROW_DEFAULT_MEMORY_POOL wins)
 
+    if (tls := unverified_tls(dsn)) is not None:
+        log.warning("%s", tls)
     sql = psycopg.connect(dsn, autocommit=True, application_name="pgcdc-drain-catalog")
     try:
         check_encoding(sql)

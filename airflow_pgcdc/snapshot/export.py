@@ -55,7 +55,7 @@ import psycopg
 
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.pg.catalog import check_encoding
-from airflow_pgcdc.pg.conninfo import redact
+from airflow_pgcdc.pg.conninfo import redact, unverified_tls
 from airflow_pgcdc.pg.errors import DuplicateObject, UndefinedObject
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.slotlock import lock_holder, try_lock_slot
@@ -171,6 +171,8 @@ def _slot_lock(dsn: str, slot: str) -> Iterator[psycopg.Connection]:
     one's live slot for a dead run's leftover. The lock goes with the session, so a
     SIGKILLed coordinator releases it as soon as the server sees its socket close.
     Yields the lock's session (autocommit), for catalog reads."""
+    if (tls := unverified_tls(dsn)) is not None:
+        log.warning("%s", tls)
     conn = psycopg.connect(dsn, autocommit=True, application_name="pgcdc-snapshot-lock")
     try:
         check_encoding(conn)  # before the slot: a SQL_ASCII database is refused up front
