@@ -233,12 +233,15 @@ def maintain_slot(
     result = MaintainResult(slot=slot, source=store, delta=delta, retention_hours=retention_hours, dry_run=dry_run)
     wanted = list(names)
     if tables:
-        known = {f"{s}.{t}": (s, t) for s, t in names}
-        missing = [n for n in tables if n not in known]
+        from airflow_pgcdc.pg.tables import parse_table_names  # one parser for --tables everywhere
+
+        asked = parse_table_names(tables)
+        missing = [f"{s}.{t}" for s, t in asked if (s, t) not in names]
         if missing:
             raise HintedError(f"table(s) {missing} are not tables of slot {slot}",
-                             hint="give schema.table names from the slot's snapshot or resyncs")
-        wanted = [known[n] for n in tables]
+                             hint="give schema.table names from the slot's snapshot or resyncs (as --tables "
+                                  "reads them everywhere: unquoted names are lower-cased, \"quote\" case and dots)")
+        wanted = asked
 
     from airflow_pgcdc.merge.deltars import table_url
 

@@ -191,14 +191,17 @@ def _merged_floor(ctx: JobContext, wanted: list[tuple[str, str]], through: int, 
 
 def _select_tables(names: dict, only: Sequence[str] | None) -> list[tuple[str, str]]:
     if only:
-        known = {f"{s}.{t}": (s, t) for s, t in names}
-        missing = [n for n in only if n not in known]
+        from airflow_pgcdc.pg.tables import parse_table_names  # one parser for --tables everywhere
+
+        asked = parse_table_names(only)
+        missing = [f"{s}.{t}" for s, t in asked if (s, t) not in names]
         if missing:
             raise MergeError(
                 f"table(s) {missing} are neither in the slot's snapshot nor in any committed window",
-                hint="check --tables against `pgcdc status` and the publication",
+                hint="check --tables against `pgcdc status` and the publication (unquoted names are "
+                     "lower-cased, as everywhere: \"quote\" case and dots)",
             )
-        return [known[n] for n in only]
+        return asked
     return list(names)
 
 

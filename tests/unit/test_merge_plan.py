@@ -187,3 +187,15 @@ def test_merge_spec_rejects_bad_input():
 ])
 def test_toastable(pg_type, expected):
     assert toastable(pg_type) is expected
+
+
+def test_merge_tables_are_parsed_as_everywhere_else():
+    """--tables for merge and maintain was exact text while snapshot, resync and verify parse
+    names (quotes for case and dots, unquoted lower-cased): one parser now."""
+    from airflow_pgcdc.merge.windows import _select_tables
+
+    names = dict.fromkeys([("public", "Orders"), ("a.b", "c"), ("a", "b.c"), ("public", "t")])
+    assert _select_tables(names, ['public."Orders"', '"a.b".c', 'a."b.c"', "t"]) == [
+        ("public", "Orders"), ("a.b", "c"), ("a", "b.c"), ("public", "t")]
+    with pytest.raises(MergeError, match="public.orders"):
+        _select_tables(names, ["public.Orders"])
