@@ -171,6 +171,18 @@ def _record(client, layout: Layout, slot: str, url: str, res: DeltaTableResult, 
         log.warning("%s: the maintenance record was not written: %s", res.table, exc)
 
 
+def _root_lock(client, delta: str, slot: str, *, dry_run: bool, wait: float | None):
+    """The Delta root's lock for a run that commits (none for a dry run or a local root)."""
+    import contextlib
+
+    if dry_run or not delta.startswith("s3://"):
+        return contextlib.nullcontext()
+    from airflow_pgcdc.lake.lock import DEFAULT_WAIT, delta_root_lock
+
+    return delta_root_lock(client, delta, job=f"pgcdc maintain of slot {slot}",
+                           wait=DEFAULT_WAIT if wait is None else wait)
+
+
 def maintain_slot(
     *,
     store: str | None = None,
@@ -185,6 +197,7 @@ def maintain_slot(
     settings: s3store.S3Settings | None = None,
     source: str | None = None,
     unreferenced_floor_hours: float = UNREFERENCED_FLOOR_HOURS,
+    lock_wait: float | None = None,
 ) -> MaintainResult:
     """Maintain every Delta table of ``slot`` under ``delta`` (or only ``tables``,
     ``schema.table``), then the change store under ``store`` (``source``, its 0.1 name, warns). ``retention_hours``: how long
@@ -192,7 +205,9 @@ def maintain_slot(
     0 included, is accepted, with a warning below the default). ``unreferenced_floor_hours``:
     the age under which a file no log entry names is never removed, whatever the retention
     (:data:`~airflow_pgcdc.maintain.unreferenced.UNREFERENCED_FLOOR_HOURS`; 0 only where no
-    other writer can be running, as in a benchmark). Raises
+    other writer can be running, as in a benchmark). ``lock_wait``: how long to wait for a
+    merge on Delta's Spark engine that holds the Delta root's lock (:mod:`airflow_pgcdc.lake.lock`;
+    default 600 s) before :class:`~airflow_pgcdc.lake.lock.DeltaRootBusy`. Raises
     :class:`TablesFailed` when some tables failed (the others were maintained)."""
     store = store_argument("maintain_slot", store, "source", source)
     from deltalake import DeltaTable
@@ -243,77 +258,80 @@ def maintain_slot(
                                   "reads them everywhere: unquoted names are lower-cased, \"quote\" case and dots)")
         wanted = asked
 
-    from airflow_pgcdc.merge.deltars import table_url
+    # Delta's Spark engine does not commit conditionally on S3: a delta-spark merge and this
+    # upkeep must not commit to the root at once (airflow_pgcdc.lake.lock)
+    with _root_lock(client, delta, slot, dry_run=dry_run, wait=lock_wait):
+        from airflow_pgcdc.merge.deltars import table_url
 
-    cutoff = cutoff_for(retention_hours)
-    for schema, table in wanted:
-        name = f"{schema}.{table}"
-        base = table_url(delta, schema, table, storage)
-        app = app_id(slot, schema, table)
-        targets = [(base, name, [app, app + RESYNC_APP_SUFFIX])]
-        targets += [(base + sfx, name + sfx, [f"{app}:{sfx[2:]}"]) for sfx in HISTORY_SUFFIXES]
-        for url, label, apps in targets:
-            try:
-                dt = DeltaTable(url, storage_options=storage)  # maintain_table's first attempt reads it
-            except TableNotFoundError:
-                if url == base:
-                    log.info("%s: no Delta table yet (nothing to maintain; its windows are kept)", name)
-                continue
-            started = datetime.now(UTC)
-            try:
-                keys = _key_of(snapshot, resyncs, schema, table) if url == base else ()
-                for attempt in range(TABLE_ATTEMPTS):
-                    try:
-                        res = maintain_table(url, dt=dt if attempt == 0 else None, name=label, apps=apps,
-                                             storage_options=storage, client=client,
-                                             retention_hours=retention_hours,
-                                             zorder=(keys or None) if zorder else None, keys=keys,
-                                             target_size=target_size, dry_run=dry_run,
-                                             unreferenced_floor_hours=unreferenced_floor_hours)
-                        break
-                    except CommitFailedError as exc:  # a merge committed meanwhile: start over from it
-                        if attempt + 1 == TABLE_ATTEMPTS:
-                            raise
-                        log.warning("%s: a concurrent commit refused this one (%s); starting over", label,
-                                    str(exc).splitlines()[0][:200])
-            except Exception as exc:  # noqa: BLE001 - reported per table, raised below
-                log.error("%s: not maintained: %s", label, exc, exc_info=not isinstance(exc, PgcdcError))
-                res = DeltaTableResult(table=label, url=url, action="failed", error=f"{type(exc).__name__}: {exc}")
-            result.tables.append(res)
-            if not dry_run:  # the last maintenance of this table, for pgcdc status
-                _record(client, layout, slot, url, res, started, retention_hours=retention_hours,
-                        zorder=bool(zorder), target_size=target_size)
-
-    if windows:
-        applied = _applied_reader(delta, slot, storage)  # read now, not before the compaction
-
-        def merged(schema: str, table: str) -> int | None:
-            """The last window every Delta table of ``schema.table`` merged (None: keep)."""
+        cutoff = cutoff_for(retention_hours)
+        for schema, table in wanted:
+            name = f"{schema}.{table}"
+            base = table_url(delta, schema, table, storage)
             app = app_id(slot, schema, table)
-            base = applied(schema, table)
-            versions = [None if base is None else base[app]]
-            for sfx in HISTORY_SUFFIXES:
-                history = applied(schema, table, sfx)
-                if history is not None:
-                    versions.append(history[f"{app}:{sfx[2:]}"])
-            return None if None in versions else min(versions)
+            targets = [(base, name, [app, app + RESYNC_APP_SUFFIX])]
+            targets += [(base + sfx, name + sfx, [f"{app}:{sfx[2:]}"]) for sfx in HISTORY_SUFFIXES]
+            for url, label, apps in targets:
+                try:
+                    dt = DeltaTable(url, storage_options=storage)  # maintain_table's first attempt reads it
+                except TableNotFoundError:
+                    if url == base:
+                        log.info("%s: no Delta table yet (nothing to maintain; its windows are kept)", name)
+                    continue
+                started = datetime.now(UTC)
+                try:
+                    keys = _key_of(snapshot, resyncs, schema, table) if url == base else ()
+                    for attempt in range(TABLE_ATTEMPTS):
+                        try:
+                            res = maintain_table(url, dt=dt if attempt == 0 else None, name=label, apps=apps,
+                                                 storage_options=storage, client=client,
+                                                 retention_hours=retention_hours,
+                                                 zorder=(keys or None) if zorder else None, keys=keys,
+                                                 target_size=target_size, dry_run=dry_run,
+                                                 unreferenced_floor_hours=unreferenced_floor_hours)
+                            break
+                        except CommitFailedError as exc:  # a merge committed meanwhile: start over from it
+                            if attempt + 1 == TABLE_ATTEMPTS:
+                                raise
+                            log.warning("%s: a concurrent commit refused this one (%s); starting over", label,
+                                        str(exc).splitlines()[0][:200])
+                except Exception as exc:  # noqa: BLE001 - reported per table, raised below
+                    log.error("%s: not maintained: %s", label, exc, exc_info=not isinstance(exc, PgcdcError))
+                    res = DeltaTableResult(table=label, url=url, action="failed", error=f"{type(exc).__name__}: {exc}")
+                result.tables.append(res)
+                if not dry_run:  # the last maintenance of this table, for pgcdc status
+                    _record(client, layout, slot, url, res, started, retention_hours=retention_hours,
+                            zorder=bool(zorder), target_size=target_size)
 
-        blocked = None
-        for s, t in names:  # a resync not applied yet: its merge reads the windows after its copy
-            found = latest_resync(resyncs, s, t)
-            if found is None:
-                continue
-            base = applied(s, t)
-            resync = None if base is None else base[app_id(slot, s, t) + RESYNC_APP_SUFFIX]
-            if resync is None or resync < int(found[0].consistent_point):
-                blocked = f"the resync of {s}.{t} is not merged yet"
-                break
-        result.windows = expire_windows(client, layout, slot, merged=merged, cutoff=cutoff, blocked=blocked,
-                                        dry_run=dry_run)
-        result.copies = expire_copies(client, layout, slot, _copies(layout, slot, snapshot, resyncs),
-                                      done=_copy_done(slot, snapshot, applied), cutoff=cutoff,
-                                      dry_run=dry_run)
-        result.staging = remove_staging(client, layout, slot, cutoff=cutoff, dry_run=dry_run)
+        if windows:
+            applied = _applied_reader(delta, slot, storage)  # read now, not before the compaction
+
+            def merged(schema: str, table: str) -> int | None:
+                """The last window every Delta table of ``schema.table`` merged (None: keep)."""
+                app = app_id(slot, schema, table)
+                base = applied(schema, table)
+                versions = [None if base is None else base[app]]
+                for sfx in HISTORY_SUFFIXES:
+                    history = applied(schema, table, sfx)
+                    if history is not None:
+                        versions.append(history[f"{app}:{sfx[2:]}"])
+                return None if None in versions else min(versions)
+
+            blocked = None
+            for s, t in names:  # a resync not applied yet: its merge reads the windows after its copy
+                found = latest_resync(resyncs, s, t)
+                if found is None:
+                    continue
+                base = applied(s, t)
+                resync = None if base is None else base[app_id(slot, s, t) + RESYNC_APP_SUFFIX]
+                if resync is None or resync < int(found[0].consistent_point):
+                    blocked = f"the resync of {s}.{t} is not merged yet"
+                    break
+            result.windows = expire_windows(client, layout, slot, merged=merged, cutoff=cutoff, blocked=blocked,
+                                            dry_run=dry_run)
+            result.copies = expire_copies(client, layout, slot, _copies(layout, slot, snapshot, resyncs),
+                                          done=_copy_done(slot, snapshot, applied), cutoff=cutoff,
+                                          dry_run=dry_run)
+            result.staging = remove_staging(client, layout, slot, cutoff=cutoff, dry_run=dry_run)
     result.seconds = round(time.monotonic() - t0, 3)
     if result.failed:
         raise TablesFailed(
