@@ -228,6 +228,23 @@ class S3Server:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _write_security(self) -> Path:
+        """``security.toml`` in weed's working folder: JWT keys for the volume and filer
+        servers, so only the S3 gateway (which signs its own requests with them) reads and
+        writes there. Without them their HTTP ports on 127.0.0.1 took a plain, unsigned PUT
+        that S3 then served, and a GET of any object. New keys at each start."""
+        path = self.base_dir / "security.toml"
+        keys = [secrets.token_hex(32) for _ in range(4)]
+        text = "".join(
+            f'[{section}]\nkey = "{key}"\nexpires_after_seconds = 60\n'
+            for section, key in zip(("jwt.signing", "jwt.signing.read", "jwt.filer_signing",
+                                     "jwt.filer_signing.read"), keys, strict=True)
+        )
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return path
+
     def _write_identities(self) -> Path:
         path = self.base_dir / "s3-identities.json"
         identities = {
@@ -281,8 +298,11 @@ class S3Server:
         if self.running:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        for d in (self.base_dir, self.data_dir):  # the objects are readable by this user alone
+            d.chmod(0o700)
         self._sock_dir.mkdir(mode=0o700, exist_ok=True)
         identities = self._write_identities()
+        self._write_security()
         for attempt in range(3):
             offset = self.log_file.stat().st_size if self.log_file.exists() else 0
             self._proc = spawn(

@@ -469,3 +469,30 @@ def test_cli_usage_and_errors(tmp_path: Path):
     assert r.returncode == 1 and r.stderr.startswith("pgcdc: error: ") and "hint:" in r.stderr
     r = _pgcdc("--verbose", "sandbox", "env", cwd=tmp_path, check=False)
     assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+def test_the_s3_servers_inner_ports_refuse_unsigned_requests(s3, s3_bucket):
+    """The S3 server's filer and volume servers listen on 127.0.0.1 too: before, a plain
+    HTTP PUT to the filer wrote an object that S3 then served, and a GET read any object.
+    Now they take only requests the S3 gateway signed (JWT keys in security.toml), and the
+    data folder is this user's alone."""
+    import stat
+    import urllib.error
+    import urllib.request
+
+    client = s3.client()
+    client.put_object(Bucket=s3_bucket, Key="a/b", Body=b"secret")
+    answers = {}
+    for name in ("filer.port", "volume.port"):
+        for method, path, body in (("PUT", f"/buckets/{s3_bucket}/planted", b"x"), ("GET", f"/buckets/{s3_bucket}/a/b", None)):
+            req = urllib.request.Request(f"http://127.0.0.1:{s3.ports[name]}{path}", data=body, method=method)
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    answers[(name, method)] = (r.status, r.read())
+            except urllib.error.HTTPError as e:
+                answers[(name, method)] = (e.code, b"")
+    assert all(code >= 400 for code, _ in answers.values()), answers
+    assert all(b"secret" not in body for _, body in answers.values())
+    assert [o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket)["Contents"]] == ["a/b"]
+    for d in (s3.base_dir, s3.data_dir):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
