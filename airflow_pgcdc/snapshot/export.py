@@ -703,6 +703,8 @@ def _copy_all(parts, runners, progress_interval) -> dict:
                 continue
             with lock:
                 results[part.table.oid].append(res)
+                if part.table.oid in refused:  # its table failed meanwhile: the part is removed with it
+                    continue
                 remaining[part.table.oid] -= 1
                 if remaining[part.table.oid] == 0:
                     progress.tables_done += 1
