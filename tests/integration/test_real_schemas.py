@@ -153,23 +153,31 @@ def test_tables_a_snapshot_cannot_copy_are_left_out_alone(fresh_db, slot_name, s
     each is left out of the snapshot, named with why (``refused_tables``), the others are
     committed, and the merge refuses each with that reason until a resync copies it."""
     from airflow_pgcdc.merge.errors import NeedsSnapshot
+    from airflow_pgcdc.store import s3 as s3store
+    from airflow_pgcdc.store.layout import Layout
 
     client, src, lake = store
     db = fresh_db
     sql(db, "CREATE TABLE nocol (); INSERT INTO nocol DEFAULT VALUES; INSERT INTO nocol DEFAULT VALUES")
     sql(db, "CREATE TABLE genkey (a int, b int GENERATED ALWAYS AS (a * 2) STORED, PRIMARY KEY (a, b))")
     sql(db, "INSERT INTO genkey (a) SELECT generate_series(1, 5)")
-    sql(db, "CREATE TABLE arr (id int PRIMARY KEY, a int2[]); INSERT INTO arr VALUES (1, '{1}'), (2, '[2:2]={5}')")
+    sql(db, "CREATE TABLE arr (id int PRIMARY KEY, a int2[], pad text); INSERT INTO arr VALUES (1, '{1}', ''), "
+            "(2, '[2:2]={5}', '')")
+    # many parts: the others of the refused table complete after it failed, and go with it
+    sql(db, "INSERT INTO arr SELECT g, '{1}', repeat('x', 500) FROM generate_series(3, 3000) g; ANALYZE arr")
     sql(db, "CREATE TABLE ok (id int PRIMARY KEY, v text); INSERT INTO ok VALUES (1, 'a')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE nocol, genkey, arr, ok")
     slot = slot_name()
-    snap = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=2)
+    snap = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=2, rows_per_part=200)
     assert [t.table for t in snap.tables] == ["ok"]
     refused = {r["table"]: r for r in snap.extra["refused_tables"]}
     assert sorted(refused) == ["arr", "genkey", "nocol"], refused
     assert "no columns" in refused["nocol"]["error"] and "['b']" in refused["genkey"]["error"]
     assert "lower bound" in refused["arr"]["error"] and "--as-text" in refused["arr"]["hint"]
     assert sql(db, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == [(1,)]
+    layout = Layout.parse(src)
+    left = [k for k in s3store.list_keys(client, layout.bucket, layout.snapshots_prefix(slot)) if "arr" in k]
+    assert left == [], left  # the refused table's parts are removed
 
     sql(db, "INSERT INTO genkey (a) VALUES (6); UPDATE ok SET v = 'b'; UPDATE arr SET a = '{9}' WHERE id = 1")
     sql(db, "INSERT INTO nocol DEFAULT VALUES")  # a change of a table without columns: the drain goes on
