@@ -170,6 +170,40 @@ def table_url(delta: str, schema: str, table: str, storage_options: dict[str, st
     return legacy
 
 
+def creator_slot(client: Any, url: str) -> str | None:
+    """The slot whose merge created the Delta table at ``url`` (``pgcdc.slot`` in its first
+    commit: a delta-rs commit's own key, a delta-spark commit's ``userMetadata``), read from
+    ``_delta_log/00000000000000000000.json``; None when unknown (not on S3, that entry
+    removed by log cleanup, no such key)."""
+    from urllib.parse import unquote
+
+    from airflow_pgcdc.store import s3 as s3store
+
+    if not url.startswith("s3://"):
+        return None
+    loc = s3store.S3Location.parse(url)
+    key = unquote(loc.prefix.rstrip("/")) + "/_delta_log/" + "0" * 20 + ".json"
+    try:
+        text = s3store.get_bytes(client, loc.bucket, key).decode("utf-8", "replace")
+    except Exception:  # noqa: BLE001 - unknown: nothing to compare
+        return None
+    for line in text.splitlines():
+        try:
+            info = json.loads(line).get("commitInfo")
+        except ValueError:
+            continue
+        if not isinstance(info, dict):
+            continue
+        if info.get("pgcdc.slot"):
+            return str(info["pgcdc.slot"])
+        try:
+            meta = json.loads(info.get("userMetadata") or "{}")
+        except ValueError:
+            meta = {}
+        return str(meta["pgcdc.slot"]) if isinstance(meta, dict) and meta.get("pgcdc.slot") else None
+    return None
+
+
 def merged_version(table, app: str) -> int | None:
     """The last window merged into ``table`` (its app transaction version), or ``None``."""
     return None if table is None else table.transaction_version(app)

@@ -19,6 +19,7 @@ __all__ = [
     "NeedsSnapshot",
     "PartitionsChanged",
     "ReservedColumnName",
+    "TableOfAnotherSlot",
     "TableRewritten",
     "TablesFailed",
     "ValueNotCarried",
@@ -70,6 +71,11 @@ class PartitionsChanged(MergeError):
     """A partitioned table published through its root had partitions attached (holding
     rows), detached or dropped after its copy: PostgreSQL streams none of those rows, so
     its Delta table would miss or keep them. The root needs a new copy (``pgcdc resync``)."""
+
+class TableOfAnotherSlot(MergeError):
+    """The Delta table was created by another slot's pipeline and this slot never merged
+    into it: merging this slot's windows onto it would start from the other pipeline's
+    state (after a lost slot, the changes between the two slots' points would be missing)."""
 
 class ValueNotCarried(MergeError):
     """The drain left a table's changes out of a window because one of its values has no

@@ -214,3 +214,35 @@ def test_infinity_timestamps_in_a_table_without_a_key(fresh_db, slot_name, store
     out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert out["public.ev"].action == "merged", out["public.ev"]
     assert verify_table(db, lake, "public", "ev").equal
+
+
+@pytest.mark.parametrize("pg_server", ["pg18"], indirect=True)  # the merge's check: no server difference
+def test_a_second_slot_is_not_merged_onto_another_slots_tables(fresh_db, slot_name, store, spark):
+    """A slot lost, a new snapshot with a new slot, merged into the same Delta root: before,
+    the new slot's windows were applied onto the old pipeline's tables (its snapshot never
+    loaded: the table existed), so the changes between the two slots' points were missing,
+    green. Now the merge refuses such a table (``TableOfAnotherSlot``)."""
+    from airflow_pgcdc.merge.errors import TableOfAnotherSlot
+
+    client, src, lake = store
+    db = fresh_db
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'a' FROM generate_series(1, 20) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t")
+    old = slot_name()
+    snapshot_to_s3(db, src, slot=old, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    merge_slot(spark, store=src, slot=old, delta=lake)
+    sql(db, "SELECT pg_drop_replication_slot(%s)", (old,))  # the slot is lost
+    sql(db, "UPDATE t SET v = 'lost' WHERE id <= 5")  # changes no window holds
+    new = slot_name()
+    snapshot_to_s3(db, src, slot=new, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    sql(db, "UPDATE t SET v = 'after' WHERE id = 10")
+    drain(db, src, new, client)
+    with pytest.raises(TablesFailed) as failed:
+        merge_slot(spark, store=src, slot=new, delta=lake)
+    t = failed.value.result.tables[0]
+    assert t.error.startswith(TableOfAnotherSlot.__name__) and repr(old) in t.error, t.error
+    assert "new Delta root" in t.hint
+    fresh = lake + "2"
+    out = merge_slot(spark, store=src, slot=new, delta=fresh)
+    assert out.tables[0].action == "bootstrapped+merged", out.tables[0]
+    assert verify_table(db, fresh, "public", "t").equal
