@@ -5,12 +5,12 @@ delta-rs commits a Delta log entry with a conditional put (``If-None-Match``): o
 writers of one version, one is refused and retries on the new version. Delta's Spark engine
 on S3 does not (hadoop-aws checks with a HEAD, then puts), so a delta-spark merge that
 raced ``pgcdc maintain``'s compaction could overwrite its commit, and the log would lose
-it. Both therefore hold this lock for their run: the object ``{delta}/_pgcdc_lock.json``,
+it. ``pgcdc maintain`` holds this lock for its run (the merge does not take it yet: a
+killed delta-spark merge would leave it behind for ``ttl``): the object ``{delta}/_pgcdc_lock.json``,
 created with ``If-None-Match`` (one holder), naming its holder and renewed every
 ``ttl / 3`` seconds by a thread while held. A job that finds it held waits (``wait``
 seconds) and then fails (:class:`DeltaRootBusy`, naming the holder); a lock not renewed
-for ``ttl`` seconds belonged to a job that died and is taken over, with a warning. A merge
-on delta-rs takes no lock (its commits are conditional).
+for ``ttl`` seconds belonged to a job that died and is taken over, with a warning.
 """
 
 from __future__ import annotations
