@@ -73,8 +73,13 @@ $(JARS_STAMP): jvm/pom.xml
 bytecode:
 	@$(PY) -m compileall -q -j 0 airflow_pgcdc dags >/dev/null
 
+# Two pytest workers (pytest-xdist), each with its own servers: a run spends about half its
+# time waiting on servers, JVMs and subprocesses, so the 2-core machine has a core idle
+# while one worker waits. Tests on the Spark cluster share one worker (one cluster per run).
+# PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 test: setup bytecode
-	@SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest $(PYTEST_ARGS)
+	@SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 demo: setup bytecode
 	@SPARK_LOCAL_IP=127.0.0.1 $(PY) -m airflow_pgcdc.testing.demo --dags dags

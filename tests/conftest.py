@@ -81,6 +81,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names = set(getattr(item, "fixturenames", ()))
         if names & _SERVER_FIXTURES:
             item.add_marker(pytest.mark.integration)
+        if "spark_cluster" in names:  # under pytest-xdist (--dist loadgroup): one cluster, on one worker
+            item.add_marker(pytest.mark.xdist_group("spark_cluster"))
         for flavour in ("pg15", "pg18"):
             if flavour in names and flavour not in item.keywords:
                 item.add_marker(getattr(pytest.mark, flavour))

@@ -3,8 +3,8 @@ drains → merge into Delta). The servers themselves (PostgreSQL, S3, the Spark 
 come from ``tests/conftest.py``; the helper functions these modules share live in
 :mod:`lake_helpers`.
 
-A module whose own ``store`` or ``spark`` differs (the drain modules' ``store`` has no lake)
-defines it and so overrides these."""
+A module whose own ``store`` differs (the drain modules' ``store`` has no lake) defines it
+and so overrides these."""
 
 from __future__ import annotations
 
@@ -12,18 +12,43 @@ import pytest
 from lake_helpers import release_delta_caches
 
 
-@pytest.fixture(scope="module")
-def spark(request):
-    """One ``local[2]`` Spark session per module. A module marked ``delta_spark`` gets Delta
-    Lake's Spark engine and S3A in it when the jars are there (its tests skip otherwise)."""
+@pytest.fixture(scope="session")
+def _spark_session():
+    """The test process's one ``local[2]`` Spark session, with Delta Lake's Spark engine and
+    S3A in it when the jars are there (the tests that need them skip otherwise, saying why).
+
+    One per process, not one per module: a module's session cost ~7 s to start (its first
+    ~30 s, with the driver JVM), and the PostgreSQL-grouped order of a run started most
+    modules' sessions twice. Each module still starts clean: :func:`spark` restores the SQL
+    conf a module changed and drops the Delta log and data caches after it."""
     from airflow_pgcdc.merge.jars import unavailable_reason
     from airflow_pgcdc.merge.session import spark_session
 
-    delta = request.node.get_closest_marker("delta_spark") is not None and unavailable_reason() is None
-    s = spark_session("local[2]", delta=delta)
+    s = spark_session("local[2]", delta=unavailable_reason() is None)
     yield s
     release_delta_caches(s)
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def spark(_spark_session):
+    """The process's Spark session for this module (``spark_with_delta`` is the same one);
+    what the module set in its SQL conf is undone after it, and its caches dropped."""
+    before = dict(_spark_session.conf.getAll)
+    yield _spark_session
+    after = dict(_spark_session.conf.getAll)
+    for key, value in after.items():
+        if key not in before:
+            _spark_session.conf.unset(key)
+        elif before[key] != value:
+            _spark_session.conf.set(key, before[key])
+    _spark_session.catalog.clearCache()
+    release_delta_caches(_spark_session)
+
+
+@pytest.fixture(scope="module")
+def spark_with_delta(spark):
+    return spark
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from lake_helpers import drain, sql
+from matrix import on_pg18
 
 from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.job import merge_slot
@@ -48,6 +49,7 @@ def _spark_rows(spark, url: str) -> list[tuple]:
     return sorted(tuple(r) for r in spark.read.format("delta").load(s3a(url)).select("id", "v", "n").collect())
 
 
+@on_pg18("deletion vectors are the merge's and maintain's: no server difference")
 def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
     from deltalake import DeltaTable
 
@@ -181,6 +183,7 @@ def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
     assert verify_table(db, lake, "public", "t").equal
 
 
+@on_pg18("the merge's option: no server difference")
 def test_turned_on_for_an_existing_table_and_refused_for_delta_rs(fresh_db, slot_name, store, spark):
     from deltalake import DeltaTable
 

@@ -21,6 +21,7 @@ import time
 
 import psycopg
 import pytest
+from matrix import on_pg18
 from test_drain import all_rows, assert_tiled, confirmed, create_slot, sql, windows
 from test_drain_crash import Writer
 
@@ -689,6 +690,7 @@ sys.exit(code)
 """
 
 
+@on_pg18("the drain's buffers per table: no server difference")
 def test_memory_of_a_window_touching_many_tables_is_bounded(fresh_db, slot_name, store, s3):
     """2,000 tables, about 100 kB of changes each, in one window, drained twice from two
     slots: with a 32 MB budget (the open parts of all tables together stay under it: the

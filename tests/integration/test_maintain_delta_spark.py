@@ -7,22 +7,11 @@ from __future__ import annotations
 
 import pytest
 from deltalake import DeltaTable
-from lake_helpers import release_delta_caches
 
 from airflow_pgcdc.merge.jars import unavailable_reason
 
 _MISSING = unavailable_reason()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
-
-
-@pytest.fixture(scope="module")
-def spark_with_delta():
-    from airflow_pgcdc.merge.session import spark_session
-
-    s = spark_session("local[2]", delta=True)
-    yield s
-    release_delta_caches(s)
-    s.stop()
 
 
 def test_maintain_then_delta_spark_merges_on(pg18, request, slot_name, s3, s3_bucket, monkeypatch, spark_with_delta):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from lake_helpers import release_delta_caches
+from matrix import servers_in_turn
 
 from airflow_pgcdc.merge.jars import unavailable_reason
 
@@ -21,17 +21,7 @@ def sql(dsn, query, params=None):
         return cur.fetchall() if cur.description else None
 
 
-@pytest.fixture(scope="module")
-def spark_with_delta():
-    from airflow_pgcdc.merge.session import spark_session
-
-    s = spark_session("local[2]", delta=True)
-    yield s
-    release_delta_caches(s)
-    s.stop()
-
-
-@pytest.mark.parametrize("reader", ["python", "s3a"])
+@servers_in_turn("reader", ["python", "s3a"])  # the readers read the same windows from either server
 def test_delta_spark_sink_merges_like_delta_rs(reader, fresh_db, slot_name, s3, s3_bucket, monkeypatch,
                                                spark_with_delta):
     from deltalake import DeltaTable

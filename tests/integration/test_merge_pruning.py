@@ -10,6 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from lake_helpers import drain, sql
+from matrix import servers_in_turn
 
 from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.job import merge_slot
@@ -37,7 +38,7 @@ def files(url: str) -> dict[str, tuple[int, int]]:
     return {p: (lo, hi) for p, lo, hi in zip(adds["path"], adds["min.id"], adds["max.id"], strict=True)}
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@servers_in_turn("engine", ENGINES)  # the engines read the same windows from either server
 def test_merge_rewrites_only_the_files_of_the_key_range_it_touches(engine, fresh_db, slot_name, store, spark):
     client, src, lake = store
     db = fresh_db

@@ -28,6 +28,7 @@ import sys
 import psycopg
 import pytest
 from lake_helpers import sql
+from matrix import servers_in_turn
 
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.merge.jars import unavailable_reason
@@ -311,7 +312,7 @@ def refused_root(spark, src, slot, lake, engine) -> dict:
     return by
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@servers_in_turn("engine", ENGINES)  # each server judges the attach once, each engine merges once
 def test_attach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, spark, engine):
     """Via the root, ATTACH PARTITION of a table holding rows: those rows are the root's in
     PostgreSQL but never streamed. The merge refuses the root from the window that saw the
@@ -408,7 +409,7 @@ def test_a_staging_table_loaded_and_attached_in_one_transaction_is_refused(fresh
     assert_equal(db, lake, "m")
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@servers_in_turn("engine", ENGINES)  # as above
 def test_detach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, spark, engine):
     """Via the root, DETACH PARTITION (and DROP of a partition created after the copy): the
     rows leave the root in PostgreSQL with no delete streamed. The merge refuses the root
