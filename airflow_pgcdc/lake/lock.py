@@ -5,12 +5,22 @@ delta-rs commits a Delta log entry with a conditional put (``If-None-Match``): o
 writers of one version, one is refused and retries on the new version. Delta's Spark engine
 on S3 does not (hadoop-aws checks with a HEAD, then puts), so a delta-spark merge that
 raced ``pgcdc maintain``'s compaction could overwrite its commit, and the log would lose
-it. ``pgcdc maintain`` holds this lock for its run (the merge does not take it yet: a
-killed delta-spark merge would leave it behind for ``ttl``): the object ``{delta}/_pgcdc_lock.json``,
-created with ``If-None-Match`` (one holder), naming its holder and renewed every
-``ttl / 3`` seconds by a thread while held. A job that finds it held waits (``wait``
-seconds) and then fails (:class:`DeltaRootBusy`, naming the holder); a lock not renewed
-for ``ttl`` seconds belonged to a job that died and is taken over, with a warning.
+it. Both therefore hold this lock for their run (a merge on delta-rs takes none: its
+commits are conditional): the object ``{delta}/_pgcdc_lock.json``, created with
+``If-None-Match`` (one holder), naming its holder and renewed every ``ttl / 3`` seconds by a
+thread while held. A job that finds it held waits (``wait`` seconds) and then fails
+(:class:`DeltaRootBusy`, naming the holder).
+
+A holder that died (a job killed with SIGKILL, a lost container) leaves its lock behind. It
+is taken over, with a warning:
+
+- at once when the holder ran on this machine and its process is gone: the lock records the
+  host name, the kernel's boot id, the PID namespace, the pid and the process's start time,
+  and all of the first three match the waiter's own while the pid is gone or is another
+  process now (a job retried where it ran, as a killed ``pgcdc merge`` rerun by the same
+  Airflow worker, waits for nothing);
+- after ``ttl`` seconds without renewal otherwise (another machine or container: its
+  processes cannot be seen from here).
 """
 
 from __future__ import annotations
@@ -48,6 +58,54 @@ def lock_key(delta: str) -> tuple[str, str]:
     return loc.bucket, (prefix + "/" if prefix else "") + LOCK_NAME
 
 
+def process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot, ``/proc/<pid>/stat``), or
+    ``None`` when there is no such process (or no ``/proc``): with the pid, it names one
+    process, whatever pid reuse does."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _first_line(path: str, *, link: bool = False) -> str | None:
+    try:
+        if link:
+            return os.readlink(path)
+        with open(path) as f:
+            return f.readline().strip() or None
+    except OSError:
+        return None
+
+
+def this_process() -> dict[str, Any]:
+    """What a lock records of its holder: enough for a waiter on the same machine to tell
+    whether that process still runs (:func:`holder_gone`)."""
+    pid = os.getpid()
+    return {
+        "host": socket.gethostname(), "pid": pid, "pid_start": process_start(pid),
+        "boot_id": _first_line("/proc/sys/kernel/random/boot_id"),
+        "pid_ns": _first_line("/proc/self/ns/pid", link=True),
+    }
+
+
+def holder_gone(held: dict[str, Any], me: dict[str, Any] | None = None) -> bool:
+    """Whether the process that holds the lock ``held`` is known to be gone: it ran on this
+    machine (same host name, boot and PID namespace as ``me``, this process by default) and
+    its pid is free or another process now. ``False`` when that cannot be known (another
+    machine, another container, a lock without these fields)."""
+    me = me or this_process()
+    if not (me.get("boot_id") and me.get("pid_ns") and held.get("pid_start")):
+        return False
+    if any(held.get(k) != me[k] for k in ("host", "boot_id", "pid_ns")):
+        return False
+    pid = held.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    return process_start(pid) != held.get("pid_start")
+
+
 def _read(client: Any, bucket: str, key: str) -> dict | None:
     try:
         doc = json.loads(s3store.get_bytes(client, bucket, key))
@@ -65,7 +123,7 @@ def delta_root_lock(client: Any, delta: str, *, job: str, wait: float = DEFAULT_
     ``job`` names the holder in the lock and in a waiter's messages."""
     bucket, key = lock_key(delta)
     owner = uuid.uuid4().hex
-    me = {"owner": owner, "job": job, "host": socket.gethostname(), "pid": os.getpid(), "acquired_at": time.time()}
+    me = {"owner": owner, "job": job, **this_process(), "acquired_at": time.time()}
     deadline = time.monotonic() + wait
     said = False
     while True:
@@ -76,10 +134,14 @@ def delta_root_lock(client: Any, delta: str, *, job: str, wait: float = DEFAULT_
         if held is None:
             continue  # released meanwhile: try again at once
         age = time.time() - float(held.get("renewed_at") or 0)
-        if age > ttl:
-            log.warning("the lock of %s was held by %s (pid %s on %s) and not renewed for %.0f s: it died; "
-                        "taking it over", delta, held.get("job"), held.get("pid"), held.get("host"), age)
-            s3store.delete_keys(client, bucket, [key], what=key)
+        gone = holder_gone(held, me)
+        if gone or age > ttl:
+            log.warning("the lock of %s was held by %s (pid %s on %s), %s: taking it over", delta,
+                        held.get("job"), held.get("pid"), held.get("host"),
+                        "whose process is gone" if gone else f"not renewed for {age:.0f} s (its job died)")
+            again = _read(client, bucket, key)  # not a lock another waiter took over meanwhile
+            if again is not None and again.get("owner") == held.get("owner"):
+                s3store.delete_keys(client, bucket, [key], what=key)
             continue
         if time.monotonic() >= deadline:
             raise DeltaRootBusy(
@@ -88,7 +150,8 @@ def delta_root_lock(client: Any, delta: str, *, job: str, wait: float = DEFAULT_
                 "maintain must not commit to one Delta root at once (Delta's Spark engine does not commit "
                 "conditionally on S3)",
                 hint=f"run it again once that job ends (in Airflow: let the task retry); a lock whose job died is "
-                     f"taken over after {ttl:.0f} s without renewal (s3://{bucket}/{key})",
+                     f"taken over at once on the machine it ran on, elsewhere after {ttl:.0f} s without renewal "
+                     f"(s3://{bucket}/{key})",
             )
         if not said:
             log.info("%s: waiting for %s, which holds the lock of %s", job, held.get("job"), delta)

@@ -179,6 +179,7 @@ def merge_slot(
     target_file_mb: float | None = None,
     deletion_vectors: bool = False,
     source: str | None = None,
+    lock_wait: float | None = None,
 ) -> MergeResult:
     """Bootstrap and merge every table of ``slot`` (or only ``tables``, ``schema.table``)
     from the store at ``store`` (``s3://bucket/prefix``; ``source``, its 0.1 name, warns) into Delta tables under
@@ -192,7 +193,9 @@ def merge_slot(
     ``target_file_mb``: the data files' size when a table is bootstrapped or replaced by a
     resync (rows sorted by the key; default :data:`~.pruning.DEFAULT_TARGET_FILE_MB`).
     ``deletion_vectors`` (delta-spark only): the tables this job creates, and those it merges
-    into, get deletion vectors (see :func:`.deltaspark.enable_deletion_vectors`)."""
+    into, get deletion vectors (see :func:`.deltaspark.enable_deletion_vectors`).
+    ``lock_wait``: with delta-spark, how long to wait for ``pgcdc maintain`` holding the
+    Delta root's lock (:mod:`airflow_pgcdc.lake.lock`; default 600 s)."""
     store = store_argument("merge_slot", store, "source", source)
     target_file_mb = pruning.DEFAULT_TARGET_FILE_MB if target_file_mb is None else float(target_file_mb)
     if not target_file_mb > 0:
@@ -237,23 +240,26 @@ def merge_slot(
         set(wanted) | {(t.schema, t.table) for t in (snapshot.tables if snapshot else ())}
         | {(t.schema, t.table) for r in ctx.resyncs for t in r.manifest.tables})
     result = MergeResult(slot=slot, source=store, delta=delta)  # 'source': the result's key, kept
-    try:
-        for schema, table in wanted:
-            # one table's trouble never stops the others: it is reported, they are merged
-            try:
-                res = _one_table(ctx, schema, table, snapshot, manifests, keys or {}, max_windows)
-            except (WindowGap, WindowOrderError):  # the store's windows, not this table: stop
-                raise
-            except Exception as exc:  # noqa: BLE001 - reported per table, raised below
-                log.error("%s.%s: not merged: %s", schema, table, exc, exc_info=not isinstance(exc, MergeError))
-                res = TableResult(
-                    table=f"{schema}.{table}", delta_url=target_url(ctx, schema, table)[0], action="failed",
-                    error=f"{type(exc).__name__}: {exc}", hint=getattr(exc, "hint", None),
-                )
-            res.left_pipeline = table_left_pipeline(manifests, schema, table)
-            result.tables.append(res)
-    finally:
-        s3store.delete_prefix(client, layout.bucket, layout.merge_staging_prefix(slot, ctx.run_id))
+    # Delta's Spark engine does not commit conditionally on S3: it and pgcdc maintain hold the
+    # Delta root's lock (airflow_pgcdc.lake.lock); delta-rs commits conditionally and needs none
+    with _root_lock(client, delta, slot, engine, lock_wait):
+        try:
+            for schema, table in wanted:
+                # one table's trouble never stops the others: it is reported, they are merged
+                try:
+                    res = _one_table(ctx, schema, table, snapshot, manifests, keys or {}, max_windows)
+                except (WindowGap, WindowOrderError):  # the store's windows, not this table: stop
+                    raise
+                except Exception as exc:  # noqa: BLE001 - reported per table, raised below
+                    log.error("%s.%s: not merged: %s", schema, table, exc, exc_info=not isinstance(exc, MergeError))
+                    res = TableResult(
+                        table=f"{schema}.{table}", delta_url=target_url(ctx, schema, table)[0], action="failed",
+                        error=f"{type(exc).__name__}: {exc}", hint=getattr(exc, "hint", None),
+                    )
+                res.left_pipeline = table_left_pipeline(manifests, schema, table)
+                result.tables.append(res)
+        finally:
+            s3store.delete_prefix(client, layout.bucket, layout.merge_staging_prefix(slot, ctx.run_id))
     result.seconds = round(time.monotonic() - t0, 3)
     if result.failed:
         raise TablesFailed(
@@ -263,6 +269,17 @@ def merge_slot(
             result=result,
         )
     return result
+
+
+def _root_lock(client, delta: str, slot: str, engine: str, wait: float | None):
+    import contextlib
+
+    if engine != "delta-spark" or not delta.startswith("s3://"):
+        return contextlib.nullcontext()
+    from airflow_pgcdc.lake.lock import DEFAULT_WAIT, delta_root_lock
+
+    return delta_root_lock(client, delta, job=f"pgcdc merge of slot {slot} (delta-spark)",
+                           wait=DEFAULT_WAIT if wait is None else wait)
 
 
 def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, keys, max_windows) -> TableResult:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_pgcdc.errors import HintedError
+from airflow_pgcdc.lake.lock import process_start
 
 __all__ = [
     "MAKE_HINT",
@@ -283,18 +284,11 @@ def _stop_all_live() -> None:
             server.close(mode="immediate")
 
 
-def _proc_start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def make_temp_base(kind: str) -> Path:
     """A fresh temp dir recording its owner, after removing those whose owner is gone."""
     reap_stale_temp_dirs()
     base = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{kind}-"))
-    owner = {"pid": os.getpid(), "start": _proc_start_time(os.getpid())}
+    owner = {"pid": os.getpid(), "start": process_start(os.getpid())}
     (base / _OWNER_FILE).write_text(json.dumps(owner))
     return base
 
@@ -313,7 +307,7 @@ def reap_stale_temp_dirs() -> list[Path]:
         except (OSError, ValueError):
             continue
         pid = owner.get("pid")
-        if pid_alive(pid) and _proc_start_time(pid) == owner.get("start"):
+        if pid_alive(pid) and process_start(pid) == owner.get("start"):
             continue
         for pidfile in base.glob("*/postmaster.pid"):
             with contextlib.suppress(OSError, ValueError, IndexError):
