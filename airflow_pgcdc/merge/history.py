@@ -65,7 +65,7 @@ def changelog_history(ctx: JobContext, schema: str, table: str, manifests, keys,
         return {"changelog": url, "rows": 0}
     meta = [META[n] for n in CHANGELOG_META]
     fields = batch_fields(ctx, plan)
-    dt, _added = evolve(ctx, name, url, dt, fields + meta, {"pgcdc.changelog": name})
+    dt, _added = evolve(ctx, plan, url, dt, fields + meta, {"pgcdc.changelog": name})
     schema_out = pa.schema(fields + meta)
     if ctx.engine == "delta-spark":
         from airflow_pgcdc.merge import deltaspark
@@ -166,7 +166,7 @@ def scd2_history(ctx: JobContext, schema: str, table: str, snapshot, entry, mani
     if not plan.has_work:
         return out
     fields = batch_fields(ctx, plan)
-    dt, _added = evolve(ctx, name, url, dt, fields + _scd2_fields(), {"pgcdc.scd2": name})
+    dt, _added = evolve(ctx, plan, url, dt, fields + _scd2_fields(), {"pgcdc.scd2": name})
     columns, toast, read_schema = change_inputs(plan, fields, key_columns)
     rows = scd2_rows(
         read_parts(ctx, plan.parts, read_schema), table_columns=columns, key_columns=key_columns,

@@ -30,6 +30,7 @@ from airflow_pgcdc.merge.plan import (
     TablePlan,
     missing_values,  # noqa: F401 - it lived here: importable as before
 )
+from airflow_pgcdc.protocol.quoting import shell_qualified
 
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
 
@@ -139,9 +140,10 @@ def _spark_type(t: pa.DataType) -> str:
     return from_arrow_type(t).simpleString()
 
 
-def _union_fields(name: str, schemas: list[tuple[str, pa.Schema]]) -> list[pa.Field]:
+def _union_fields(plan: TablePlan, schemas: list[tuple[str, pa.Schema]]) -> list[pa.Field]:
     """The table's columns over every relation version, first appearance first; a column
     whose type differs between versions is an incompatible change."""
+    name = plan.qualified_name
     out: dict[str, pa.Field] = {}
     seen_in: dict[str, str] = {}
     for where, schema in schemas:
@@ -155,7 +157,7 @@ def _union_fields(name: str, schemas: list[tuple[str, pa.Schema]]) -> list[pa.Fi
                     f"table {name}, column {f.name!r}: type changed from "
                     f"{_pg_type(old)} ({old.type}) in {seen_in[f.name]} to {_pg_type(f)} "
                     f"({f.type}) in {where}; the Delta table cannot follow",
-                    hint=_type_change_hint(name),
+                    hint=_type_change_hint(plan),
                 )
     return list(out.values())
 
@@ -181,8 +183,9 @@ def check_case(name: str, names: Sequence[str]) -> None:
         )
 
 
-def _check_target(name: str, target: pa.Schema, fields: list[pa.Field]) -> list[pa.Field]:
+def _check_target(plan: TablePlan, target: pa.Schema, fields: list[pa.Field]) -> list[pa.Field]:
     """New fields to add to the target; raises on a type the target cannot hold."""
+    name = plan.qualified_name
     check_case(name, sorted({f.name for f in fields} | set(target.names)))
     have = {f.name: f for f in target}
     new = []
@@ -194,16 +197,16 @@ def _check_target(name: str, target: pa.Schema, fields: list[pa.Field]) -> list[
             raise IncompatibleSchemaChange(
                 f"table {name}, column {f.name!r}: the Delta table has {old.type} but the "
                 f"source now sends {_pg_type(f)} ({f.type})",
-                hint=_type_change_hint(name),
+                hint=_type_change_hint(plan),
             )
     return new
 
 
-def _type_change_hint(name: str) -> str:
+def _type_change_hint(plan: TablePlan) -> str:
     """A type change rewrote the table (``ALTER COLUMN … TYPE … USING``): no change carries
     the rows' new values, so the table is taken again."""
-    return (f"pgcdc resync --tables {name} (with the pipeline's --slot, --publication and --to): a copy "
-            "with the new type, the next merge replaces the Delta table from it; or cast back in "
+    return (f"pgcdc resync --tables {shell_qualified(plan.schema, plan.table)} (with the pipeline's --slot, "
+            "--publication and --to): a copy with the new type, the next merge replaces the Delta table from it; or cast back in "
             "PostgreSQL to the old type")
 
 
@@ -213,10 +216,10 @@ def batch_fields(ctx: JobContext, plan: TablePlan) -> list[pa.Field]:
     for v in plan.versions:
         if v.parts:
             schemas.append((f"window {v.window_seq} version {v.version}", part_schema(ctx, v.parts[0])))
-    return delta_fields(_union_fields(plan.qualified_name, schemas))
+    return delta_fields(_union_fields(plan, schemas))
 
 
-def evolve(ctx: JobContext, name: str, url: str, dt, fields: list[pa.Field], created: dict[str, str],
+def evolve(ctx: JobContext, plan: TablePlan, url: str, dt, fields: list[pa.Field], created: dict[str, str],
             missing: dict[str, Any] | None = None):
     """The Delta table at ``url`` with every column of ``fields``: created empty when
     missing, new columns added (rows already there read ``missing[column]`` when
@@ -229,7 +232,7 @@ def evolve(ctx: JobContext, name: str, url: str, dt, fields: list[pa.Field], cre
             metadata={"pgcdc.slot": ctx.slot, **created},
         )
         return deltars.open_table(url, ctx.storage), []
-    new = _check_target(name, pa.schema(dt.schema().to_arrow()), fields)
+    new = _check_target(plan, pa.schema(dt.schema().to_arrow()), fields)
     if not new:
         return dt, []
     fill = {f.name: missing[f.name] for f in new if missing and f.name in missing}

@@ -147,7 +147,7 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
 def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     name = plan.qualified_name
     fields = batch_fields(ctx, plan)
-    dt, added = evolve(ctx, name, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
+    dt, added = evolve(ctx, plan, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
     target = pa.schema(dt.schema().to_arrow())
     keys = list(plan.key_columns)
     columns, toast, read_schema = change_inputs(plan, fields, keys)
@@ -236,7 +236,7 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
 
     name = plan.qualified_name
     fields = batch_fields(ctx, plan)
-    dt, added = evolve(ctx, name, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
+    dt, added = evolve(ctx, plan, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
     meta = [META[OP], META[COMMIT_LSN], META[SEQ]]
     df = read_changes(ctx, plan, pa.schema(fields + meta))
     # only the op column comes to the driver: a whole row would be turned into Python values,

@@ -199,3 +199,20 @@ def test_merge_tables_are_parsed_as_everywhere_else():
         ("public", "Orders"), ("a.b", "c"), ("a", "b.c"), ("public", "t")]
     with pytest.raises(MergeError, match="public.orders"):
         _select_tables(names, ["public.Orders"])
+
+
+def test_a_type_change_names_the_table_quoted_in_its_hint():
+    """The hint of a column type the Delta table cannot follow quotes the table as one shell
+    word, as every other hint does (it printed ``--tables my.schema.T`` unquoted)."""
+    import pyarrow as pa
+
+    from airflow_pgcdc.merge.errors import IncompatibleSchemaChange
+    from airflow_pgcdc.merge.plan import TablePlan
+    from airflow_pgcdc.merge.schema import _check_target
+
+    plan = TablePlan(schema="my.schema", table="T", key_columns=("id",), first_window=0, last_window=0,
+                     start_lsn="0/0", end_lsn="0/1")
+    target = pa.schema([pa.field("id", pa.int32()), pa.field("v", pa.int32())])
+    with pytest.raises(IncompatibleSchemaChange) as e:
+        _check_target(plan, target, [pa.field("id", pa.int32()), pa.field("v", pa.string())])
+    assert "pgcdc resync --tables '\"my.schema\".\"T\"'" in e.value.hint, e.value.hint
