@@ -10,10 +10,13 @@ value; the whole output (task logs included) is kept for assertions.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,9 +63,23 @@ def airflow_env(home: Path, dags_folder: Path, extra: dict[str, str] | None = No
     return env
 
 
+_migrated_db: list[Path] = []  # this process's migrated SQLite metadata DB, copied into new homes
+
+
 def migrate(env: dict[str, str]) -> None:
-    marker = Path(env["AIRFLOW_HOME"]) / ".migrated"
+    """The metadata DB of ``env``'s ``AIRFLOW_HOME``, migrated once. With the default SQLite
+    DB, the first home of the process is migrated (``airflow db migrate``, ~10 s) and every
+    later home starts from a copy of that DB as it was just migrated (it holds no path of
+    its home)."""
+    home = Path(env["AIRFLOW_HOME"])
+    marker = home / ".migrated"
     if marker.exists():
+        return
+    default_db = not any(k.endswith("__SQL_ALCHEMY_CONN") for k in env)
+    if default_db and _migrated_db and _migrated_db[0].exists() and not (home / "airflow.db").exists():
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_migrated_db[0], home / "airflow.db")
+        marker.touch()
         return
     proc = subprocess.run(
         [sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True, text=True, timeout=300
@@ -70,6 +87,12 @@ def migrate(env: dict[str, str]) -> None:
     if proc.returncode != 0:
         raise RuntimeError(f"airflow db migrate failed:\n{proc.stderr[-3000:]}")
     marker.touch()
+    if default_db and not _migrated_db and (home / "airflow.db").exists():
+        # a copy taken now: the home's own DB gets runs, XComs and Asset events
+        keep = Path(tempfile.mkdtemp(prefix="pgcdc-airflow-db-")) / "airflow.db"
+        shutil.copyfile(home / "airflow.db", keep)
+        atexit.register(shutil.rmtree, keep.parent, True)
+        _migrated_db.append(keep)
 
 
 def run_dag(dag_file: Path, dag_id: str, env: dict[str, str], conf: dict | None = None, timeout: float = 900) -> DagRunResult:
