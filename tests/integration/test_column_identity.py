@@ -32,6 +32,7 @@ MERGED = ("wid", "vf", "ok", "dropped")  # widened without a rewrite, VACUUM FUL
 TABLES = tuple(REFUSED) + MERGED
 
 
+@pytest.mark.slow
 def test_renames_readds_and_rewriting_type_changes_fail_that_table_until_a_resync(
         fresh_db, slot_name, store, spark):
     client, src, lake = store

@@ -49,6 +49,7 @@ def assert_equal(db, lake):
         assert r.equal, r.to_dict()
 
 
+@pytest.mark.slow
 def test_maintenance_dag_compacts_expires_and_tables_stay_equal(db, slot_name, s3, s3_bucket, tmp_path,
                                                                monkeypatch, spark):
     for k, v in s3.aws_env().items():

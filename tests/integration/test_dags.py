@@ -57,6 +57,8 @@ def assert_all_equal(dsn, delta):
         assert r.equal, r.to_dict()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # six DAG runs, seven spark-submits: ~10 minutes on a loaded 2-core machine
 def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp_path, monkeypatch):
     for k, v in s3.aws_env().items():
         monkeypatch.setenv(k, v)

@@ -49,6 +49,7 @@ def _spark_rows(spark, url: str) -> list[tuple]:
     return sorted(tuple(r) for r in spark.read.format("delta").load(s3a(url)).select("id", "v", "n").collect())
 
 
+@pytest.mark.slow
 @on_pg18("deletion vectors are the merge's and maintain's: no server difference")
 def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
     from deltalake import DeltaTable

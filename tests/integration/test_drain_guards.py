@@ -690,6 +690,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.slow
 @on_pg18("the drain's buffers per table: no server difference")
 def test_memory_of_a_window_touching_many_tables_is_bounded(fresh_db, slot_name, store, s3):
     """2,000 tables, about 100 kB of changes each, in one window, drained twice from two

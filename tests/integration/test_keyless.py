@@ -50,6 +50,7 @@ def equal(db, lake, table="k"):
     return c.postgres_rows
 
 
+@pytest.mark.slow
 @servers_in_turn("engine", ENGINES)  # the engines read the same windows from either server
 def test_keyless_full_table_updates_and_deletes_as_a_multiset(engine, fresh_db, slot_name, store, spark):
     client, src, lake = store

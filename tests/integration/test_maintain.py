@@ -76,6 +76,7 @@ def run_cli(s3, *args):
     return proc
 
 
+@pytest.mark.slow
 def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, store, spark, s3, monkeypatch):
     client, src, lake = store
     db = db18
@@ -234,6 +235,7 @@ def _split(url):
     return loc.bucket, loc.prefix.rstrip("/") + "/"
 
 
+@pytest.mark.slow
 def test_maintain_while_merge_and_drain_run(db18, slot_name, store, spark):
     """A drain loop and a maintain loop (retention 0 and 168 in turn) in threads while the
     merge runs again and again in the main thread (Spark): merges that lose a race commit nothing and rerun; in the end the Delta tables

@@ -14,6 +14,7 @@ _MISSING = unavailable_reason()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
 
 
+@pytest.mark.slow
 def test_maintain_then_delta_spark_merges_on(pg18, request, slot_name, s3, s3_bucket, monkeypatch, spark_with_delta):
     import test_maintain as tm
 

@@ -35,6 +35,7 @@ def sql(dsn, query, params=None):
         c.execute(query, params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pg_server", ["pg18"], indirect=True)
 def test_merge_operator_with_a_failed_table(fresh_db, slot_name, s3, s3_bucket, tmp_path):
     db, client = fresh_db, s3.client()

@@ -64,7 +64,7 @@ def test_no_secret_on_any_command_line(fresh_db, slot_name, s3, s3_bucket):
     assert password and secret
     slot = slot_name()
     sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
-    sql(fresh_db, "INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 200000) g")
+    sql(fresh_db, "INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g")
     sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
     env = {**os.environ, **s3.aws_env(), "PGCDC_DSN": str(fresh_db)}
     src, lake = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
@@ -79,13 +79,13 @@ def test_no_secret_on_any_command_line(fresh_db, slot_name, s3, s3_bucket):
 
     with PsWatch([password, secret]) as watch:
         pgcdc("snapshot", "--slot", slot, "--publication", "pub", "--to", src, "--workers", "2",
-              "--rows-per-part", "50000")
-        sql(fresh_db, "UPDATE t SET v = 'x' WHERE id % 1000 = 0")
+              "--rows-per-part", "5000")
+        sql(fresh_db, "UPDATE t SET v = 'x' WHERE id % 100 = 0")
         pgcdc("drain", "--slot", slot, "--publication", "pub", "--to", src,
               extra={"PGCDC_PAUSE": "after-parts", "PGCDC_PAUSE_SECONDS": "1"})
         pgcdc("merge", "--from", src, "--slot", slot, "--delta", lake, "--master", "local[1]")
         if unavailable_reason() is None:  # Delta's Spark engine reading through s3a
-            sql(fresh_db, "UPDATE t SET v = 'y' WHERE id % 1000 = 1")
+            sql(fresh_db, "UPDATE t SET v = 'y' WHERE id % 100 = 1")
             pgcdc("drain", "--slot", slot, "--publication", "pub", "--to", src)
             pgcdc("merge", "--from", src, "--slot", slot, "--delta", lake, "--master", "local[1]",
                   "--engine", "delta-spark", "--reader", "s3a")
