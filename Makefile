@@ -75,7 +75,8 @@ bytecode:
 
 # Two pytest workers (pytest-xdist), each with its own servers: a run spends about half its
 # time waiting on servers, JVMs and subprocesses, so the 2-core machine has a core idle
-# while one worker waits. Tests on the Spark cluster share one worker (one cluster per run).
+# while one worker waits. Tests on the Spark cluster share one worker (one cluster per run:
+# their module's xdist_group).
 # PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 test: setup bytecode

@@ -76,14 +76,6 @@ def pytest_configure(config: pytest.Config) -> None:
             config.addinivalue_line("markers", f"{name}: {doc}")
 
 
-def pytest_itemcollected(item: pytest.Item) -> None:
-    # under pytest-xdist (--dist loadgroup): the tests on the Spark cluster share one worker
-    # (one cluster per run). Marked as each item is collected: xdist reads the group in its
-    # own pytest_collection_modifyitems, which runs before this conftest's.
-    if "spark_cluster" in getattr(item, "fixturenames", ()):
-        item.add_marker(pytest.mark.xdist_group("spark_cluster"))
-
-
 @pytest.hookimpl(trylast=True)  # after pytest grouped the items by their servers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # the tests that run for minutes go first: under pytest-xdist the two workers then end

@@ -25,6 +25,10 @@ from airflow_pgcdc.merge.plan import app_id, delta_table_url
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
 
+# under pytest-xdist (make test: --dist loadgroup) these tests share one worker, so a run
+# starts one cluster (three JVMs), not one per worker
+pytestmark = pytest.mark.xdist_group("spark_cluster")
+
 _MISSING = unavailable_reason()
 needs_jars = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
 
