@@ -28,8 +28,11 @@ from airflow_pgcdc.store import s3 as s3store
 # meant to keep these tests on one pytest-xdist worker (one cluster per run, not one per
 # worker). Not in effect yet: pytest-xdist 3.8 writes the group into item._nodeid, which
 # pytest 9 no longer reads (its node ids live in item._id), so --dist loadgroup schedules
-# these tests one by one (measured: both workers ran cluster tests at once)
-pytestmark = pytest.mark.xdist_group("spark_cluster")
+# these tests one by one (measured: both workers ran cluster tests at once). Two delta-spark
+# merges on two clusters at once on the 2-core machine took test_end_to_end_on_the_cluster
+# past pytest-timeout's 600 s (573 s of call, 27 s of setup): the hang guard here is 1200 s,
+# and they start first (slow), not at the end of the run
+pytestmark = [pytest.mark.xdist_group("spark_cluster"), pytest.mark.timeout(1200), pytest.mark.slow]
 
 _MISSING = unavailable_reason()
 needs_jars = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
