@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from airflow_pgcdc.errors import HintedError
@@ -114,6 +114,15 @@ def _read(client: Any, bucket: str, key: str) -> dict | None:
     except ValueError:  # not ours to read: treated as held, renewed now
         return {"owner": "?", "job": "unknown (unreadable lock)", "renewed_at": time.time()}
     return doc if isinstance(doc, dict) else None
+
+
+def root_lock_if(needed: bool, client: Any, delta: str, *, job: str, wait: float | None = None):
+    """:func:`delta_root_lock` of ``delta`` for a job that commits there (``needed``), or a
+    context that does nothing: not needed (a dry run, a delta-rs merge) or a root not on S3
+    (a local root has one writer). ``wait`` ``None``: :data:`DEFAULT_WAIT`."""
+    if not needed or not delta.startswith("s3://"):
+        return nullcontext()
+    return delta_root_lock(client, delta, job=job, wait=DEFAULT_WAIT if wait is None else wait)
 
 
 @contextmanager

@@ -171,18 +171,6 @@ def _record(client, layout: Layout, slot: str, url: str, res: DeltaTableResult, 
         log.warning("%s: the maintenance record was not written: %s", res.table, exc)
 
 
-def _root_lock(client, delta: str, slot: str, *, dry_run: bool, wait: float | None):
-    """The Delta root's lock for a run that commits (none for a dry run or a local root)."""
-    import contextlib
-
-    if dry_run or not delta.startswith("s3://"):
-        return contextlib.nullcontext()
-    from airflow_pgcdc.lake.lock import DEFAULT_WAIT, delta_root_lock
-
-    return delta_root_lock(client, delta, job=f"pgcdc maintain of slot {slot}",
-                           wait=DEFAULT_WAIT if wait is None else wait)
-
-
 def maintain_slot(
     *,
     store: str | None = None,
@@ -260,7 +248,9 @@ def maintain_slot(
 
     # Delta's Spark engine does not commit conditionally on S3: a delta-spark merge and this
     # upkeep must not commit to the root at once (airflow_pgcdc.lake.lock)
-    with _root_lock(client, delta, slot, dry_run=dry_run, wait=lock_wait):
+    from airflow_pgcdc.lake.lock import root_lock_if
+
+    with root_lock_if(not dry_run, client, delta, job=f"pgcdc maintain of slot {slot}", wait=lock_wait):
         from airflow_pgcdc.merge.deltars import table_url
 
         cutoff = cutoff_for(retention_hours)

@@ -242,7 +242,10 @@ def merge_slot(
     result = MergeResult(slot=slot, source=store, delta=delta)  # 'source': the result's key, kept
     # Delta's Spark engine does not commit conditionally on S3: it and pgcdc maintain hold the
     # Delta root's lock (airflow_pgcdc.lake.lock); delta-rs commits conditionally and needs none
-    with _root_lock(client, delta, slot, engine, lock_wait):
+    from airflow_pgcdc.lake.lock import root_lock_if
+
+    with root_lock_if(engine == "delta-spark", client, delta, job=f"pgcdc merge of slot {slot} (delta-spark)",
+                      wait=lock_wait):
         try:
             for schema, table in wanted:
                 # one table's trouble never stops the others: it is reported, they are merged
@@ -269,17 +272,6 @@ def merge_slot(
             result=result,
         )
     return result
-
-
-def _root_lock(client, delta: str, slot: str, engine: str, wait: float | None):
-    import contextlib
-
-    if engine != "delta-spark" or not delta.startswith("s3://"):
-        return contextlib.nullcontext()
-    from airflow_pgcdc.lake.lock import DEFAULT_WAIT, delta_root_lock
-
-    return delta_root_lock(client, delta, job=f"pgcdc merge of slot {slot} (delta-spark)",
-                           wait=DEFAULT_WAIT if wait is None else wait)
 
 
 def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, keys, max_windows) -> TableResult:
