@@ -82,6 +82,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # together, instead of one of them starting a ten-minute test when the rest is done
     items[:] = [i for i in items if i.get_closest_marker("slow")] + [
         i for i in items if not i.get_closest_marker("slow")]
+    _carry_xdist_groups(config, items)
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         if names & _SERVER_FIXTURES:
@@ -89,6 +90,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for flavour in ("pg15", "pg18"):
             if flavour in names and flavour not in item.keywords:
                 item.add_marker(getattr(pytest.mark, flavour))
+
+
+def _carry_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put an ``xdist_group`` mark's name into the test's node id (``…@group``), which is
+    what ``--dist loadgroup`` schedules by. pytest-xdist 3.8 writes it into ``item._nodeid``,
+    which pytest 9 no longer reads (node ids live in ``item._id``): without this the group
+    is ignored and, e.g., both workers start a Spark cluster at once. Runs after xdist's
+    own hook (trylast); does nothing where xdist's suffix took effect."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    try:
+        from _pytest.nodeid import coerce_node_id
+    except ImportError:  # a pytest before node-id objects: xdist's own suffix works there
+        return
+    for item in items:
+        groups = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                  for m in item.iter_markers("xdist_group")}
+        if groups and "@" not in item.nodeid and hasattr(item, "_id"):
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(sorted(groups))}")
 
 
 # --------------------------------------------------------------------------- servers

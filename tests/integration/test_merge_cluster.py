@@ -25,13 +25,10 @@ from airflow_pgcdc.merge.plan import app_id, delta_table_url
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
 
-# meant to keep these tests on one pytest-xdist worker (one cluster per run, not one per
-# worker). Not in effect yet: pytest-xdist 3.8 writes the group into item._nodeid, which
-# pytest 9 no longer reads (its node ids live in item._id), so --dist loadgroup schedules
-# these tests one by one (measured: both workers ran cluster tests at once). Two delta-spark
-# merges on two clusters at once on the 2-core machine took test_end_to_end_on_the_cluster
-# past pytest-timeout's 600 s (573 s of call, 27 s of setup): the hang guard here is 1200 s,
-# and they start first (slow), not at the end of the run
+# one pytest-xdist worker runs these tests (one cluster per run, not one per worker: two
+# delta-spark merges on two clusters at once on the 2-core machine took a test past 600 s);
+# tests/conftest.py makes the group take effect under pytest 9 (test_suite_scheduling.py).
+# A 1200 s hang guard, and started first (slow), not at the end of the run
 pytestmark = [pytest.mark.xdist_group("spark_cluster"), pytest.mark.timeout(1200), pytest.mark.slow]
 
 _MISSING = unavailable_reason()
