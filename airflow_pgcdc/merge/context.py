@@ -115,10 +115,15 @@ def spark_commit_once(run, dt, url: str, app: str, version: int) -> dict[str, An
     """A delta-spark commit of window ``version`` (``run()``) made once: Delta's Spark engine
     refuses a commit that races another writer (``ConcurrentTransactionException`` when
     both carry our app transaction: two merge jobs of one slot at once); the delta-rs
-    handle ``dt`` then tells whether the other job merged the window (a success here)."""
+    handle ``dt`` then tells whether the other job merged the window (a success here).
+    Delta's state of the table is built in partitions sized by its files
+    (:func:`~.deltaspark.sized_state`)."""
+    from pyspark.sql import SparkSession
+
     from airflow_pgcdc.merge import deltaspark
 
-    return deltars.commit_once(run, dt, url=url, app=app, version=version, refused=deltaspark.is_concurrent)
+    with deltaspark.sized_state(SparkSession.getActiveSession(), len(dt.file_uris())):
+        return deltars.commit_once(run, dt, url=url, app=app, version=version, refused=deltaspark.is_concurrent)
 
 def read_changes(ctx: JobContext, plan: TablePlan, schema: pa.Schema):
     """The plan's change rows; after a resync only those committed at or after its
