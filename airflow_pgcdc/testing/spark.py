@@ -183,8 +183,9 @@ class SparkCluster:
             "SPARK_CONF_DIR": str(self.base_dir / "conf"),
             "PYSPARK_PYTHON": sys.executable,
         }
-        if os.environ.get("JAVA_HOME"):
-            env["JAVA_HOME"] = os.environ["JAVA_HOME"]
+        for name in ("JAVA_HOME", "JAVA_TOOL_OPTIONS"):  # the JDK, and JVM flags for daemons and executors
+            if os.environ.get(name):
+                env[name] = os.environ[name]
         env.update(self.extra_env)
         return env
 
