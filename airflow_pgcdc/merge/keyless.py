@@ -346,7 +346,8 @@ def _commit(ctx, plan, url, dt, app, fields, rows, source, metadata) -> dict[str
         from airflow_pgcdc.merge import deltaspark
 
         if source is not None:
-            source = source.localCheckpoint()
+            with deltaspark.sized_state(ctx.spark, len(dt.file_uris())):  # it reads the target
+                source = source.localCheckpoint()
             if source.isEmpty():
                 rows, mode = source.select(*[col(x) for x in names]), "append"
         if rows is not None:

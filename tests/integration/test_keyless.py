@@ -20,9 +20,13 @@ from airflow_pgcdc.verify import MULTISET, verify_table
 
 _NO_JARS = unavailable_reason()
 _JARS = pytest.mark.skipif(_NO_JARS is not None, reason=_NO_JARS or "")
-ENGINES = [  # (engine, reader of the store)
+# (engine, reader of the store): each engine once and each reader once. The multiset merge
+# is the engine's; the reader only hands it the window's rows (its NaN, -0 and NULL handling is
+# the python reader's under delta-rs here and the s3a reader's under delta-spark; delta-spark with
+# the python reader is covered by test_merge_delta_spark and test_odd_names_delta_spark). The
+# delta-spark + python cell, 175 s of the suite, was dropped.
+ENGINES = [
     pytest.param(("delta-rs", "python"), id="delta-rs"),
-    pytest.param(("delta-spark", "python"), id="delta-spark", marks=_JARS),
     pytest.param(("delta-spark", "s3a"), id="delta-spark-s3a", marks=_JARS),
 ]
 
