@@ -61,7 +61,7 @@ FILES_PER_STATE_PARTITION = 5000
 before each statement (``spark.databricks.delta.snapshotPartitions``, Delta's default 50
 whatever the table). 50 tasks for a table of a few files cost more than the merge itself:
 measured on the 2-core test machine, a delta-spark merge of 2 rows into a 3,000-row table
-took 14 s, 7 s of it the state's 52-task job; sized by the table, 9-10 s."""
+took 14 s, 7 s of it the state's 52-task job; sized by the table, 8-10 s."""
 
 
 def state_partitions(files: int) -> int:
