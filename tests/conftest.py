@@ -70,7 +70,7 @@ TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 executors, the in-process session): the C1 compiler only and one GC thread. A test's JVM
 lives seconds to minutes on small data, where C2's compiling and a parallel GC's threads
 cost the 2-core machine more CPU than they save: measured, the cluster module's two
-killed-and-overlapping tests 479 s -> 367 s; the in-process deletion-vector test 169 s ->
+killed-and-overlapping tests 479 s -> 297 s (367 s with the drivers' flags alone); the in-process deletion-vector test 169 s ->
 175 s (no gain, within noise). Not the product's setting: JVM flags change no result.
 A JAVA_TOOL_OPTIONS set by the caller is kept."""
 

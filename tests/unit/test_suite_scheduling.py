@@ -23,7 +23,7 @@ pytestmark = pytest.mark.xdist_group("together")
 
 
 @pytest.mark.parametrize("i", range(6))
-def test_grouped(i, tmp_path_factory):
+def test_grouped(i):
     import time
 
     time.sleep(0.2)  # long enough that an idle second worker would take some of them
