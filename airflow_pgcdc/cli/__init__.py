@@ -37,6 +37,7 @@ COMMANDS: list[str] = [
     "airflow_pgcdc.cli.basebackup",
     "airflow_pgcdc.cli.snapshot",
     "airflow_pgcdc.cli.resync",
+    "airflow_pgcdc.cli.recover",
     "airflow_pgcdc.cli.drain",
     "airflow_pgcdc.cli.slots",
     "airflow_pgcdc.cli.verify",

@@ -394,7 +394,8 @@ def run_status(args: argparse.Namespace) -> int:
         error(
             "the slot was acknowledged beyond the store's last window: the changes between "
             "them are not in the store",
-            "re-snapshot with a new slot",
+            f"pgcdc recover --slot {args.slot} --store {status['store']['store']} (copies every table into the "
+            "existing Delta tables; the pipeline then goes on), or re-snapshot with a new slot",
         )
         return 1
     return 0

@@ -129,6 +129,7 @@ from airflow_pgcdc.drain.guards import (
 )
 from airflow_pgcdc.drain.plan import (
     Plan,
+    after_recovery,
     connect_replication,
     no_copy,
     read_plan,
@@ -330,22 +331,29 @@ def _drain_on(conn, ident, sql, client, layout: Layout, slot: str, plan: Plan, o
     until_lsn = o.until_lsn
     if confirmed > start:
         recheck(client, layout, slot, sql, plan)  # a drain without the lock committed meanwhile?
-        raise SlotAheadOfStore(
-            f"slot {slot!r} has confirmed_flush_lsn {confirmed}, but the store's windows end at "
-            f"{start} (s3://{layout.bucket}/{layout.changes_prefix(slot)}): changes were "
-            "acknowledged that no window holds. Take a new snapshot to recover."
-        )
+        resumed = after_recovery(client, layout, slot, plan)
+        if resumed is None:
+            raise SlotAheadOfStore(
+                f"slot {slot!r} has confirmed_flush_lsn {confirmed}, but the store's windows end at "
+                f"{start} (s3://{layout.bucket}/{layout.changes_prefix(slot)}): changes were "
+                "acknowledged that no window holds; nothing was read or acknowledged",
+                hint=f"pgcdc recover --slot {slot} --store s3://{layout.bucket}/{layout.root.prefix} --dsn ... "
+                     "(copies every table again into the existing Delta tables; the pipeline then goes on)",
+            )
+        plan = resumed
+        log.warning("slot %s: resuming at %s after recovery %s: the changes in [%s, %s) are in its copies, "
+                    "not in this window", slot, confirmed, plan.resumed["recovery"], start, confirmed)
     lost_ack = start > confirmed
     if until_lsn is not None:
         end_lsn = LSN(until_lsn) if not isinstance(until_lsn, str) else LSN.parse(until_lsn)
-    else:
+    if until_lsn is None or end_lsn < plan.floor:  # an end seen before a recovery: the stream is past it
         end_lsn = LSN.parse(sql.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
     server_version = sql.info.server_version
     types = TypeResolver(sql, o.publications)
 
     result = DrainResult(slot=slot, window_seq=None, start_lsn=str(start), end_lsn=str(end_lsn),
                          acknowledged_lost=lost_ack)
-    if end_lsn <= start and not lost_ack:
+    if end_lsn <= start and not lost_ack and plan.resumed is None:
         log.info("slot %s: nothing to drain (store at %s, end %s)", slot, start, end_lsn)
         result.end_lsn = str(start)
         result.seconds = time.monotonic() - t0
@@ -359,7 +367,7 @@ def _drain_on(conn, ident, sql, client, layout: Layout, slot: str, plan: Plan, o
         two_phase=plan.two_phase and server_version >= 150000,
     )
     log.info("drain %s: window %d [%s, %s) from %s", slot, seq, start, end_lsn, where)
-    conn, stream = start_stream(conn, slot, options, start, busy_wait=o.busy_wait, reconnect=reconnect)
+    conn, stream = start_stream(conn, slot, options, plan.floor, busy_wait=o.busy_wait, reconnect=reconnect)
     spool = make_spool(o.spool_dir, slot)
     try:
         recheck(client, layout, slot, sql, plan)  # the slot is ours now: no one moves it

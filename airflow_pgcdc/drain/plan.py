@@ -52,8 +52,9 @@ def _slot_info(sql: psycopg.Connection, slot: str) -> tuple[LSN, bool, str]:
     if row is None:
         raise SlotMissing(
             f"replication slot {slot!r} does not exist", slot=slot,
-            hint="a dropped slot lost its changes: start the pipeline again with pgcdc snapshot (or pgcdc resync "
-            "for some tables) under a new slot name",
+            hint=f"a new pipeline starts with pgcdc snapshot (it creates the slot); a dropped slot lost its changes: "
+                 f"pgcdc recover --slot {slot} --store <url> creates it again and copies every table into the "
+                 "existing Delta tables, and the pipeline goes on",
         )
     confirmed, two_phase, plugin, _db = row
     if plugin != "pgoutput":
@@ -84,6 +85,15 @@ class Plan:
     system_id: str | None
     timeline: int | None
     recorded_by: str  # "window 4", "snapshot 2025...": what recorded system_id/timeline
+    # after ``pgcdc recover``: the stream starts at the slot's position, past the store's end
+    # (``start``); the window records the gap (``resumed``) for the merge
+    resume_from: LSN | None = None
+    resumed: dict | None = None
+
+    @property
+    def floor(self) -> LSN:
+        """The earliest position the stream can be at: where a window may end at the soonest."""
+        return self.resume_from if self.resume_from is not None else self.start
 
 
 def read_plan(client, layout: Layout, slot: str, sql: psycopg.Connection) -> Plan:
@@ -114,6 +124,26 @@ def read_plan(client, layout: Layout, slot: str, sql: psycopg.Connection) -> Pla
             f"snapshot {snap.snapshot_id}",
         )
     return Plan(0, confirmed, confirmed, two_phase, None, held, None, None, None, "nothing")
+
+
+def after_recovery(client, layout: Layout, slot: str, plan: Plan) -> Plan | None:
+    """The plan for a slot ahead of the store that ``pgcdc recover`` covered
+    (:func:`~airflow_pgcdc.store.recoveries.covering`): the stream starts at the slot's
+    position, no prepared transaction is held any more (the slot that held them is gone, or
+    they ended before the copies: a new slot waits for them), and the window records the gap.
+    None when no recovery covers it."""
+    import dataclasses
+
+    from airflow_pgcdc.store.recoveries import committed_recoveries, covering
+
+    found = covering(committed_recoveries(client, layout, slot), store_end=plan.start, next_seq=plan.seq,
+                     confirmed=plan.confirmed)
+    if found is None:
+        return None
+    resumed = {"recovery": found.recovery_id, "cause": found.cause, "from_lsn": str(plan.start),
+               "resumed_at": str(plan.confirmed), "copied_from": str(found.copied_from),
+               "tables": [list(t) for t in sorted(found.tables)]}
+    return dataclasses.replace(plan, held={}, resume_from=plan.confirmed, resumed=resumed)
 
 
 def no_copy(layout: Layout, slot: str, plan: Plan) -> StoreHasNoCopy:

@@ -31,7 +31,7 @@ from airflow_pgcdc.protocol.frames import XLogData
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_attempt_id
-from airflow_pgcdc.store.window import KEY_MOVES_FIELD, REFUSED_FIELD, WindowManifest, WindowWriter
+from airflow_pgcdc.store.window import KEY_MOVES_FIELD, REFUSED_FIELD, RESUMED_FIELD, WindowManifest, WindowWriter
 from airflow_pgcdc.testing.faults import FAULT_ENV, PAUSE_ENV, fault_point
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class WindowRun:
             fault_after = None
         receive_t0 = time.monotonic()
         deadline = receive_t0 + max_seconds if max_seconds is not None else None
-        safe = start  # the furthest position where a window could end right now
+        safe = self.plan.floor  # the furthest position where a window could end right now
         received = 0
         last_progress = time.monotonic()
         last_heartbeat = 0.0
@@ -153,7 +153,7 @@ class WindowRun:
         # position where the window may end
         ping_every = min(1.0, max_wait / 4, max_seconds / 3 if max_seconds else 1.0)
         last_ping = 0.0
-        last_wal_end = start
+        last_wal_end = safe
         # the server's position moving only past our own heartbeat record is not progress (an end
         # the stream never reaches must still time out)
         hb_lsn: LSN | None = None
@@ -281,7 +281,7 @@ class WindowRun:
                 if deadline is not None and now >= deadline:
                     reason = "max_seconds"
                     break
-        window_end = end_lsn if reason == "until_lsn" else max(safe, start)
+        window_end = end_lsn if reason == "until_lsn" else max(safe, self.plan.floor)
         receive_seconds = time.monotonic() - receive_t0
         return reason, window_end, receive_seconds
 
@@ -354,7 +354,8 @@ class WindowRun:
             last_commit_lsn=str(window.last_commit) if window.last_commit is not None else None,
             system_id=ident.systemid, timeline=ident.timeline, snapshot_id=snapshot_id,
             publications=tuple(publications), pipeline_tables=tuple(sorted(pubs.covered)), attempt=attempt,
-            extra=partition_leaves(sql, pubs.covered, client=client, layout=layout, slot=slot, seq=seq),
+            extra={**partition_leaves(sql, pubs.covered, client=client, layout=layout, slot=slot, seq=seq),
+                   **({RESUMED_FIELD: self.plan.resumed} if self.plan.resumed else {})},
         )
         if not _while_pumping(lambda: writer.commit(manifest), pump):
             try:

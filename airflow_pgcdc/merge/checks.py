@@ -24,6 +24,7 @@ from airflow_pgcdc.merge.errors import (
     ColumnIdentityChanged,
     CopyExpired,
     PartitionsChanged,
+    RecoveryGap,
     ReservedColumnName,
     TableRewritten,
     ValueNotCarried,
@@ -39,7 +40,7 @@ from airflow_pgcdc.store.partitions import (
     copied_leaves,
     window_partition_leaves,
 )
-from airflow_pgcdc.store.window import REFUSED_FIELD
+from airflow_pgcdc.store.window import REFUSED_FIELD, RESUMED_FIELD
 
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
 
@@ -70,6 +71,29 @@ def check_refused(schema: str, table: str, windows, since: int | None) -> None:
                     hint=f"rename the column(s) in PostgreSQL, then take the table again: pgcdc resync "
                          f"--tables {shell_qualified(schema, table)} (the other tables are not affected)",
                 )
+
+
+def check_recovery_gap(ctx: JobContext, schema: str, table: str, windows, since: int | None) -> None:
+    """A window the drain resumed after ``pgcdc recover`` (``resumed``) misses the changes
+    between the store's end and the slot's position: they reach the table only through a
+    copy taken at or after that position (``since``: its newest resync's point). A table
+    that had left the pipeline before the gap is not concerned."""
+    for m in windows:
+        resumed = m.extra.get(RESUMED_FIELD)
+        if not resumed or (m.pipeline_tables is not None and (schema, table) not in m.pipeline_tables):
+            continue
+        if since is not None and since >= int(LSN.parse(resumed["resumed_at"])):
+            continue
+        store = f"s3://{ctx.layout.bucket}/{ctx.layout.root.prefix}"
+        raise RecoveryGap(
+            f"table {schema}.{table}: the slot lost the changes committed between {resumed['from_lsn']} and "
+            f"{resumed['resumed_at']} (window {m.window_seq} resumed after recovery {resumed.get('recovery')}, "
+            f"{resumed.get('cause')}), and no copy of the table taken since holds them (the recovery's copies "
+            "left it out): merging on would leave them out; nothing merged",
+            hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --store {store} --tables "
+                 f"{shell_qualified(schema, table)} (fix first what kept the recovery from copying it: its "
+                 "record's 'refused' says why)",
+        )
 
 
 def check_partitions(ctx: JobContext, schema: str, table: str, windows, entry, copied_at: int | None) -> None:

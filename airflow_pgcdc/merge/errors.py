@@ -105,6 +105,12 @@ class ColumnIdentityChanged(MergeError):
         self.table = table
         self.column = column
 
+class RecoveryGap(MergeError):
+    """The slot lost changes (``pgcdc recover`` resumed it past the store's end) and no copy
+    of the table taken at or after the point where the stream resumed holds them (the
+    recovery's copy left the table out): merging the windows after the gap would go on
+    without those changes. The table needs a new copy (``pgcdc resync``)."""
+
 class TablesFailed(MergeError):
     """Some tables could not be merged; the others were (``result`` holds every table's
     outcome, the failed ones with ``action == "failed"``, their error and hint)."""

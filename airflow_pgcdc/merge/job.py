@@ -49,6 +49,7 @@ from airflow_pgcdc.merge.checks import (
     check_columns,
     check_expired,
     check_partitions,
+    check_recovery_gap,
     check_refused,
     check_rewritten,
     column_baseline,
@@ -64,6 +65,7 @@ from airflow_pgcdc.merge.errors import (
     KeylessChange,
     NeedsSnapshot,
     PartitionsChanged,
+    RecoveryGap,
     ReservedColumnName,
     TableOfAnotherSlot,
     TableRewritten,
@@ -101,7 +103,7 @@ from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
 
 __all__ = [  # the errors are merge/errors.py's, importable from here as before
     "ColumnIdentityChanged", "IncompatibleSchemaChange", "KeylessChange", "MergeResult", "NeedsSnapshot", "PartitionsChanged",
-    "ReservedColumnName", "TableResult", "TableRewritten", "TablesFailed", "WindowsExpired", "merge_slot",
+    "RecoveryGap", "ReservedColumnName", "TableResult", "TableRewritten", "TablesFailed", "WindowsExpired", "merge_slot",
 ]
 
 
@@ -348,6 +350,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
     merged = ctx.after(name, last_merged)  # anchored: windows up to there hold nothing for it
     consistent = snapshot.consistent_point if (merged is None and entry is not None and since is None) else None
     windows = select_windows(manifests, after=merged, consistent_point=consistent, limit=max_windows)
+    check_recovery_gap(ctx, schema, table, windows, since)  # after pgcdc recover: copied past the gap?
     # partitions attached or detached since the copy: refused, history included
     copied_at = since if since is not None else (
         int(LSN.parse(snapshot.consistent_point)) if snapshot is not None and entry is main_entry else None)

@@ -260,6 +260,18 @@ def _merged_per_table(client: Any, layout: Any, slot: str, delta_url: str, last_
                           storage_options=delta_storage_options(S3Settings.from_env()))
 
 
+def _recovered(client, store_url: str, slot: str, end, last: dict, confirmed) -> bool:
+    """A slot ahead of the store that ``pgcdc recover`` covered (the next drain resumes)."""
+    from airflow_pgcdc.store.layout import Layout
+    from airflow_pgcdc.store.recoveries import committed_recoveries, covering
+
+    seq = last.get("window_seq")
+    if not isinstance(seq, int):
+        return False
+    return covering(committed_recoveries(client, Layout.parse(store_url), slot), store_end=end, next_seq=seq + 1,
+                    confirmed=confirmed) is not None
+
+
 def slot_status(
     dsn: str,
     slot: str,
@@ -308,6 +320,8 @@ def slot_status(
                 agreement = "in_sync"
             elif end > health.confirmed_flush_lsn:
                 agreement = "ack_pending"  # the last window's ack was lost: the next drain sends it
+            elif _recovered(s3_client, store_url, slot, end, last, health.confirmed_flush_lsn):
+                agreement = "recovered"  # pgcdc recover copied every table: the next drain resumes
             else:
                 agreement = "slot_ahead"  # acknowledged beyond the store: changes are missing
         elif last is None and not _has_snapshot(s3_client, store_url, slot):

@@ -173,7 +173,9 @@ class UnsupportedFeature(HintedError, ValueError):
 
 def _resnapshot_hint(slot: str) -> str:
     return (
-        f"re-snapshot with a new slot: `pgcdc slot drop --slot {slot}`, then take a new "
+        f"to go on into the same store and Delta tables: `pgcdc recover --slot {slot} --store <url>` (drops the "
+        "lost slot, creates it again and copies every table: the next merge replaces each Delta table in one "
+        f"commit); or re-snapshot with a new slot: `pgcdc slot drop --slot {slot}`, then take a new "
         "snapshot (`pgcdc snapshot --slot <new slot> ...` or PgcdcSnapshotOperator) and "
         "stream from the new slot; windows already in the store stay valid up to their end_lsn"
     )

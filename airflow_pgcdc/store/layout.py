@@ -333,6 +333,14 @@ class Layout:
         key = self._key(validate_slot(slot), "resync")
         return Layout(S3Location(self.bucket, key))
 
+    def recoveries_prefix(self, slot: str) -> str:
+        """``{prefix}/{slot}/recovery/``: the slot's recovery records (``pgcdc recover``)."""
+        return self._key(validate_slot(slot), "recovery") + "/"
+
+    def recovery_record(self, slot: str, recovery_id: str) -> str:
+        """``{prefix}/{slot}/recovery/{recovery_id}.json``."""
+        return self.recoveries_prefix(slot) + validate_run_id(recovery_id, "recovery id") + ".json"
+
     # -- changes
 
     def changes_prefix(self, slot: str) -> str:

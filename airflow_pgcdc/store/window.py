@@ -186,6 +186,13 @@ REFUSED_FIELD = "refused"
 metadata): ``{error, first_commit_lsn, last_commit_lsn, changes}``, no relation versions.
 The merge refuses the table (its copy must be taken again, ``pgcdc resync``, once fixed)."""
 
+RESUMED_FIELD = "resumed"
+"""On the first window after ``pgcdc recover``: ``{recovery, cause, from_lsn, resumed_at,
+copied_from, tables}``. The window starts at the store's end (``from_lsn``, so windows tile)
+but its stream started at the slot's position ``resumed_at``: the changes in between are in
+the recovery's copies only, so the merge applies it only to tables copied at or after
+``resumed_at`` (:mod:`airflow_pgcdc.store.recoveries`)."""
+
 _CORE = (
     "format", "kind", "slot", "window_seq", "start_lsn", "end_lsn", "end_reason", "system_id",
     "timeline", "snapshot_id", "transactions", "first_commit_lsn", "last_commit_lsn", "rows",

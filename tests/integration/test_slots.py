@@ -233,6 +233,7 @@ def test_lost_slot(flavour, monkeypatch):
         assert err.kind == "slot_lost" and err.reason == "wal_removed"
         assert "WAL it still needed was removed" in str(err) and "max_slot_wal_keep_size" in str(err)
         assert "re-snapshot with a new slot" in err.hint and "pgcdc slot drop --slot doomed" in err.hint
+        assert "pgcdc recover --slot doomed" in err.hint
 
         # the trigger fails with the same message
         monkeypatch.setenv("AIRFLOW_CONN_PGCDC_LOST", conn_json(dsn))
