@@ -31,7 +31,13 @@ from airflow_pgcdc.protocol.frames import XLogData
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_attempt_id
-from airflow_pgcdc.store.window import KEY_MOVES_FIELD, REFUSED_FIELD, RESUMED_FIELD, WindowManifest, WindowWriter
+from airflow_pgcdc.store.window import (
+    KEY_MOVES_FIELD,
+    REFUSED_FIELD,
+    RESUMED_FIELD,
+    WindowManifest,
+    WindowWriter,
+)
 from airflow_pgcdc.testing.faults import FAULT_ENV, PAUSE_ENV, fault_point
 
 if TYPE_CHECKING:
@@ -132,7 +138,7 @@ class WindowRun:
         """Receive until the window's end: ``(reason, window_end, receive_seconds)``."""
         o = self.options
         conn, stream, sql, asm, window = self.conn, self.stream, self.sql, self.asm, self.window
-        slot, start, end_lsn, pump = self.slot, self.start, self.end_lsn, self.pump
+        slot, end_lsn, pump = self.slot, self.end_lsn, self.pump
         max_rows, max_bytes, max_seconds, max_wait = o.max_rows, o.max_bytes, o.max_seconds, o.max_wait
         heartbeat, heartbeat_after = o.heartbeat, o.heartbeat_after
         # the after-receive point is checked after every transaction: read the environment once

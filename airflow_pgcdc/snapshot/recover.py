@@ -52,7 +52,13 @@ from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id, validate_slot
 from airflow_pgcdc.store.manifest import committed_snapshot
-from airflow_pgcdc.store.recoveries import Recovery, RecoveryCopy, committed_recoveries, covering, write_recovery
+from airflow_pgcdc.store.recoveries import (
+    Recovery,
+    RecoveryCopy,
+    committed_recoveries,
+    covering,
+    write_recovery,
+)
 from airflow_pgcdc.store.window import latest_window
 
 __all__ = ["NothingToRecover", "RecoverError", "RecoveryDone", "recover_pipeline"]
