@@ -5,6 +5,8 @@ Airflow operator; they are imported on first use, so ``import airflow_pgcdc`` st
 
 - :func:`snapshot_to_s3` — create the slot with an exported snapshot and copy the tables;
 - :func:`resync_tables` — copy some tables again while the pipeline runs;
+- :func:`recover_pipeline` — after a lost slot: the slot again, every table copied into the
+  existing Delta tables;
 - :func:`base_backup_to_s3` — a physical ``BASE_BACKUP`` into S3;
 - :func:`drain_window` — one window of logical changes into the store, then the ack;
 - :func:`merge_slot` — bootstrap and merge the slot's windows into Delta tables (Spark);
@@ -34,6 +36,7 @@ from typing import Any
 _EXPORTS = {
     "snapshot_to_s3": "airflow_pgcdc.snapshot.export",
     "resync_tables": "airflow_pgcdc.snapshot.resync",
+    "recover_pipeline": "airflow_pgcdc.snapshot.recover",
     "base_backup_to_s3": "airflow_pgcdc.snapshot.basebackup",
     "drain_window": "airflow_pgcdc.drain.drain",
     "merge_slot": "airflow_pgcdc.merge.job",

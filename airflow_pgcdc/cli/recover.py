@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     )
     add_dsn_argument(p, "of the source database")
     p.add_argument("--slot", required=True, help="the pipeline's replication slot")
-    p.add_argument("--store", "--to", dest="store", required=True, metavar="S3URL",
+    p.add_argument("--store", required=True, metavar="S3URL",
                    help="the pipeline's change store: s3://bucket/prefix")
     p.add_argument("--publication", action="append", default=[], metavar="NAME",
                    help="the publication(s) the pipeline's drains use (repeatable; default: those the "

@@ -37,6 +37,11 @@ def test_snapshot_and_basebackup_operators(fresh_db, slot_name, s3, s3_bucket, t
     snap = result.xcom("snapshot")
     assert snap["slot"] == slot and snap["tables"]["public.orders"]["rows"] == 500
     assert snap["manifest"].startswith(to) and snap["consistent_point"]
+    rec = result.xcom("recover")  # the slot a task dropped: created again, the table copied again
+    assert rec["cause"] == "slot_missing" and rec["slot_recreated"] and rec["next_window_seq"] == 0
+    assert rec["copies"][0]["tables"] == [["public", "orders"]] and rec["record"].startswith(to)
+    with psycopg.connect(fresh_db) as c:
+        assert c.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() == (1,)
     bb = result.xcom("basebackup")
     assert bb["end_lsn"] >= bb["start_lsn"] and "base.tar" in bb["archives"]
     keys = list(s3store.list_keys(s3.client(), s3_bucket, "lake/"))

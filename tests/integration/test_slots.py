@@ -252,7 +252,7 @@ def test_lost_slot(flavour, monkeypatch):
         status = json.loads(proc.stdout)
         assert status["slot"]["wal_status"] == "lost" and status["problem"]["error"] == "slot_lost"
         assert "pgcdc: error: replication slot 'doomed' can no longer deliver" in proc.stderr
-        assert "hint: re-snapshot" in proc.stderr
+        assert "hint: to go on into the same store and Delta tables: `pgcdc recover --slot doomed" in proc.stderr
         assert srv.password not in proc.stdout + proc.stderr
 
 
