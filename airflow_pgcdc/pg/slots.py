@@ -492,7 +492,8 @@ def check_slot_usable(
             f"replication slot {slot!r} does not exist on this server",
             slot=slot,
             hint=f"create it with a snapshot (`pgcdc snapshot --slot {slot} ...`), or without "
-            f"one (`pgcdc slot create --slot {slot}`) if the tables need no initial copy",
+            f"one (`pgcdc slot create --slot {slot}`) if the tables need no initial copy; a running pipeline "
+            f"whose slot was dropped goes on with `pgcdc recover --slot {slot} --store <url>`",
         )
     if health.slot_type != "logical":
         raise SlotMismatch(

@@ -9,8 +9,10 @@ only way back was a new snapshot into a new pipeline. :func:`recover_pipeline` i
 
 1. takes the slot lock (drains of the slot wait, then stop having done nothing), checks the
    server is the one the store followed (its system identifier; its WAL reaches the store's
-   end) and that no prepared transaction is open (a new slot waits for them);
-2. drops a lost slot and creates the slot again under its name (two-phase as before); a
+   end) and that no prepared transaction is open (a new slot waits for them: it waits up to
+   a minute, then refuses naming them);
+2. drops a lost slot and creates the slot again under its name (two-phase and failover as
+   before); a
    slot that exists and is only ahead of the store is kept;
 3. copies every table of the pipeline that still exists (the newest window's tables; a
    table the publications now add too) with :func:`~airflow_pgcdc.snapshot.resync.resync_tables`,
@@ -32,7 +34,7 @@ re-created slot is then "ahead" and kept). Copies it committed are ordinary resy
 from __future__ import annotations
 
 import logging
-import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -152,15 +154,23 @@ def _check_server(dsn: str, end: _StoreEnd, slot: str) -> None:
         )
 
 
-def _check_prepared(sql: psycopg.Connection) -> None:
-    rows = sql.execute("SELECT gid, database::text FROM pg_catalog.pg_prepared_xacts ORDER BY prepared").fetchall()
-    if rows:
-        names = ", ".join(f"{gid!r} (database {db})" for gid, db in rows[:10])
-        raise RecoverError(
-            f"{len(rows)} prepared transaction(s) are open: {names}; a new slot (and a resync's snapshot) "
-            "waits until every one ends; nothing was done",
-            hint="COMMIT PREPARED or ROLLBACK PREPARED them, then run the recovery again",
-        )
+def _wait_prepared(sql: psycopg.Connection, wait: float) -> None:
+    """A new slot (and a resync's exported snapshot) waits until every transaction running
+    in the cluster ends, prepared ones included, which a forgotten one never does: wait up
+    to ``wait`` seconds for them to end, then refuse, naming them."""
+    deadline = time.monotonic() + wait
+    while True:
+        rows = sql.execute("SELECT gid, database::text FROM pg_catalog.pg_prepared_xacts ORDER BY prepared").fetchall()
+        if not rows:
+            return
+        if time.monotonic() >= deadline:
+            names = ", ".join(f"{gid!r} (database {db})" for gid, db in rows[:10])
+            raise RecoverError(
+                f"{len(rows)} prepared transaction(s) are still open after {wait:g} s: {names}; a new slot (and a "
+                "resync's snapshot) waits until every one ends; nothing was done",
+                hint="COMMIT PREPARED or ROLLBACK PREPARED them, then run the recovery again",
+            )
+        time.sleep(0.5)
 
 
 def _tables_to_copy(sql: psycopg.Connection, publications: tuple[str, ...], pipeline) -> tuple[
@@ -206,12 +216,14 @@ def recover_pipeline(
     as_text=None,
     two_phase: bool | None = None,
     busy_wait: float = 10.0,
+    prepared_wait: float = 60.0,
     on_slot_ready: Callable[[LSN], None] | None = None,
 ) -> RecoveryDone:
     """Recover the pipeline of ``slot`` whose store is ``store`` (see the module doc).
     ``publications``: the drains' (default: those the newest window records).
     ``two_phase``: for a slot that must be created and whose old one is gone (default:
-    as the lost slot was, else off). ``on_slot_ready(position)`` is called once the slot
+    as the lost slot was, else off). ``prepared_wait``: seconds to wait for prepared
+    transactions to end (see :func:`_wait_prepared`). ``on_slot_ready(position)`` is called once the slot
     exists again (tests use it to write meanwhile). Raises :class:`NothingToRecover` for a
     slot that lost nothing, :class:`RecoverError` for anything else; returns the committed
     recovery."""
@@ -263,7 +275,7 @@ def recover_pipeline(
                     f"{health.confirmed_flush_lsn}; nothing to do",
                     hint="run the pipeline's drain and merge",
                 )
-        _check_prepared(sql)
+        _wait_prepared(sql, prepared_wait)
         groups, dropped, unpublished = _tables_to_copy(sql, pubs, end.pipeline)
         if unpublished:
             names = ", ".join(quote_qualified(*t) for t in unpublished)
@@ -285,7 +297,7 @@ def recover_pipeline(
             drop_slot(dsn, slot)
         if recreated:
             wanted = two_phase if two_phase is not None else bool(health.two_phase)
-            created = create_slot(dsn, slot, two_phase=wanted)
+            created = create_slot(dsn, slot, two_phase=wanted, failover=bool(health.failover))
             log.info("slot %s created again at %s%s", slot, created.consistent_point,
                      " (two-phase)" if wanted else "")
         position = slot_health(sql, slot).confirmed_flush_lsn
@@ -314,8 +326,7 @@ def recover_pipeline(
             slot=slot, recovery_id=new_run_id(), cause=cause, store_end_lsn=str(end.end),
             next_window_seq=end.next_seq, slot_position=str(now), slot_recreated=recreated,
             copies=tuple(copies), refused=tuple(refused), created_at=datetime.now(UTC).isoformat(),
-            extra={"dropped_tables": [list(t) for t in dropped], "publications": list(pubs),
-                   "nonce": secrets.token_hex(8)},
+            extra={"dropped_tables": [list(t) for t in dropped], "publications": list(pubs)},
         )
         url = write_recovery(client, layout, recovery)
     log.info("slot %s recovered: %d table(s) copied again (%d left out: %s); the next drain starts at %s, "

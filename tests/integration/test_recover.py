@@ -15,6 +15,7 @@ gap's changes.
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from deltalake import DeltaTable
 from lake_helpers import drain, read_windows, sql
@@ -25,7 +26,7 @@ from airflow_pgcdc.merge.job import RecoveryGap, TablesFailed, merge_slot
 from airflow_pgcdc.merge.plan import delta_table_url
 from airflow_pgcdc.ops.status import slot_status
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
-from airflow_pgcdc.snapshot.recover import NothingToRecover, recover_pipeline
+from airflow_pgcdc.snapshot.recover import NothingToRecover, RecoverError, recover_pipeline
 from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.verify import verify_table
@@ -158,7 +159,8 @@ def test_a_slot_that_lost_its_wal_is_dropped_created_again_and_recovered(s3, s3_
     from airflow_pgcdc.testing.postgres import PostgresServer
 
     client, src, lake = store
-    with PostgresServer("pg15", settings={"max_slot_wal_keep_size": "1MB", "wal_keep_size": 0}) as srv:
+    settings = {"max_slot_wal_keep_size": "1MB", "wal_keep_size": 0, "max_prepared_transactions": 2}
+    with PostgresServer("pg15", settings=settings) as srv:
         db = srv.dsn
         slot = "lostwal"
         _setup(db, src, client, slot)
@@ -169,6 +171,14 @@ def test_a_slot_that_lost_its_wal_is_dropped_created_again_and_recovered(s3, s3_
             sql(db, "SELECT pg_switch_wal()")
         sql(db, "CHECKPOINT")
         assert slots.slot_health(db, slot).lost
+        # a forgotten prepared transaction would hold the new slot forever: named, nothing done
+        with psycopg.connect(db, autocommit=True) as c:
+            c.execute("BEGIN; INSERT INTO k VALUES (100, 'prepared'); PREPARE TRANSACTION 'forgotten'")
+        with pytest.raises(RecoverError, match="'forgotten'") as held:
+            recover_pipeline(db, src, slot=slot, publications="pub", s3_client=client, worker_processes=False,
+                             prepared_wait=1)
+        assert "COMMIT PREPARED" in held.value.hint and slots.slot_health(db, slot).lost  # the lost slot untouched
+        sql(db, "COMMIT PREPARED 'forgotten'")
         done = recover_pipeline(db, src, slot=slot, publications="pub", s3_client=client, worker_processes=False,
                                 workers=1)  # no window yet: no publication recorded
         assert done.recovery.cause == "slot_lost" and done.recovery.slot_recreated
