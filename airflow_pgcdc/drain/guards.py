@@ -493,3 +493,77 @@ def _copied_leaves(client, layout, slot) -> dict:
         for t in r.manifest.tables:
             out[(t.schema, t.table)] = copied_leaves(t)
     return {k: v for k, v in out.items() if v is not None}
+
+
+# --------------------------------------------------------------------------- DDL without changes
+
+_SHAPES_SQL = """
+SELECT n.nspname::text, c.relname::text, c.oid::bigint, c.relreplident::text,
+       array_agg(a.attname::text ORDER BY a.attnum), array_agg(a.atttypid::bigint ORDER BY a.attnum),
+       array_agg(a.atttypmod ORDER BY a.attnum), array_agg(a.attgenerated::text ORDER BY a.attnum)
+FROM unnest(%s::text[], %s::text[]) AS p(s, t)
+JOIN pg_catalog.pg_namespace n ON n.nspname = p.s
+JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = p.t AND c.relkind IN ('r', 'p')
+JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+GROUP BY 1, 2, 3, 4
+"""
+
+
+def _streamable(gen: str, pg18: bool) -> bool:
+    return gen == "" or (pg18 and gen == "s")  # stored generated columns stream on 18 when published
+
+
+def follow_catalog(sql: psycopg.Connection, sink, publications: Sequence[str], pipeline: Iterable[Table],
+                   previous: dict[Table, tuple[int, str]] | None) -> dict[Table, tuple[int, str]]:
+    """pgoutput describes a relation (its Relation message) only before its next change, so
+    DDL on a table that then has no change (``ADD COLUMN`` on a table left alone, a column an
+    inheritance child gets from its parent) or DDL after its last change in the window would
+    reach the Delta table only with its next change. At the window's end this reads the
+    columns of every table of the pipeline (one query) and, for a table whose columns are not
+    those of its last relation version in the window, or, without one, changed since the
+    previous window's end (``previous``: ``{table: (oid, fingerprint)}``, None when not
+    recorded), gives the window a relation version as the publications would stream it now,
+    with no rows (``sink.follow``): the merge then adds the column (with the rows' default,
+    ``attmissingval``), or refuses a rename, as for a version that came with changes. Returns
+    this window's fingerprints. The catalog's state at the end of the window, not at its end
+    LSN: DDL committed after that LSN can show one window early."""
+    import hashlib
+    import json
+
+    from airflow_pgcdc.pg.tables import TableNotFound, streamed_table
+    from airflow_pgcdc.protocol.pgoutput.messages import Relation, RelationColumn
+
+    tables = sorted(set(pipeline))
+    pg18 = sql.info.server_version >= 180000
+    prints: dict[Table, tuple[int, str]] = {}
+    follow = []
+    for s, t, oid, replident, names, typids, typmods, gens in sql.execute(
+            _SHAPES_SQL, ([s for s, _ in tables], [t for _, t in tables])).fetchall():
+        fp = hashlib.sha256(json.dumps([replident, names, typids, typmods, gens]).encode()).hexdigest()[:20]
+        prints[(s, t)] = (int(oid), fp)
+        versions = sink.versions.get((s, t))
+        if versions:
+            last = versions[-1]
+            now = {(n, ty, mod) for n, ty, mod, g in zip(names, typids, typmods, gens, strict=True)
+                   if _streamable(g, pg18)}
+            had = {(c.name, c.type.oid, c.typmod) for c in last.columns}
+            added = {n for n, g in zip(names, gens, strict=True) if g == ""} - {c.name for c in last.columns}
+            if last.replica_identity != replident or not had <= now or added:
+                follow.append((s, t))
+        elif previous is not None and previous.get((s, t), (None,))[0] == int(oid) and previous[(s, t)][1] != fp:
+            follow.append((s, t))
+    for s, t in follow:
+        try:
+            info = streamed_table(sql, publications, s, t)
+        except TableNotFound:  # left the publications meanwhile: the publication check says so
+            continue
+        keys = set(info.key_columns)
+        flags = [1 if info.replica_identity == "f" or (info.replica_identity != "n" and c.name in keys) else 0
+                 for c in info.columns]
+        rel = Relation(None, info.oid, s, t, info.replica_identity,
+                       tuple(RelationColumn(f, c.name, c.type_oid, c.typmod)
+                             for f, c in zip(flags, info.columns, strict=True)))
+        if sink.follow(rel):
+            log.info("%s.%s: its columns changed without a change to carry them (DDL on a table left alone, or "
+                     "after its last change): the window gets a relation version with no rows", s, t)
+    return prints

@@ -89,6 +89,7 @@ class Plan:
     # (``start``); the window records the gap (``resumed``) for the merge
     resume_from: LSN | None = None
     resumed: dict | None = None
+    catalog: str | None = None  # the previous window's catalog fingerprints (store/catalog.py)
 
     @property
     def floor(self) -> LSN:
@@ -115,6 +116,7 @@ def read_plan(client, layout: Layout, slot: str, sql: psycopg.Connection) -> Pla
         return Plan(
             latest.window_seq + 1, latest.end, confirmed, two_phase, latest.snapshot_id, held,
             frozenset(pipeline), latest.system_id, latest.timeline, f"window {latest.window_seq}",
+            catalog=latest.extra.get("catalog"),
         )
     snap = _find_snapshot(client, layout, slot)
     if snap is not None:

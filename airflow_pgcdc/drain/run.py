@@ -22,6 +22,7 @@ from airflow_pgcdc.drain.guards import (
     DrainTimeout,
     WindowConflict,
     check_publications,
+    follow_catalog,
     partition_leaves,
 )
 from airflow_pgcdc.drain.plan import Plan
@@ -30,6 +31,7 @@ from airflow_pgcdc.protocol import pgoutput as po
 from airflow_pgcdc.protocol.frames import XLogData
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.catalog import CATALOG_FIELD, read_fingerprints, write_fingerprints
 from airflow_pgcdc.store.layout import Layout, new_attempt_id
 from airflow_pgcdc.store.window import (
     KEY_MOVES_FIELD,
@@ -291,6 +293,23 @@ class WindowRun:
         receive_seconds = time.monotonic() - receive_t0
         return reason, window_end, receive_seconds
 
+    def _follow_catalog(self) -> str | None:
+        """DDL the stream did not describe (:func:`~airflow_pgcdc.drain.guards.follow_catalog`),
+        before the parts are finished; the digest of this window's fingerprints. A failure
+        only logs: those tables' columns then follow with their next change, as before."""
+        if not self.plan.pipeline:
+            return None
+        try:
+            previous = (read_fingerprints(self.client, self.layout, self.slot, self.plan.catalog)
+                        if self.plan.catalog else None)
+            prints = follow_catalog(self.sql, self.window, self.options.publications, self.plan.pipeline, previous)
+            return write_fingerprints(self.client, self.layout, self.slot, prints)
+        except Exception as exc:  # noqa: BLE001 - an addition to the stream's own descriptions
+            log.warning("slot %s: window %d: could not compare the tables' columns with the catalog (%s): DDL on "
+                        "a table without changes reaches its Delta table with its next change", self.slot,
+                        self.seq, exc)
+            return None
+
     def _commit(self, reason: str | None, window_end: LSN, receive_seconds: float) -> WindowManifest:
         """Parts, held prepared transactions, the manifest, then the acknowledgement."""
         o = self.options
@@ -319,6 +338,7 @@ class WindowRun:
                 continue
             writer.submit_prepared(entry, h.spool.write_filtered, pump)
             pending.append(entry)  # completed (path, bytes) by the writer
+        catalog = self._follow_catalog()
         out = writer.finish(pump)
         for t in out["tables"]:  # tells the merge to take those values from the old key's row
             lost = window.lost_toast.get(f"{t['schema']}.{t['table']}")
@@ -361,7 +381,8 @@ class WindowRun:
             system_id=ident.systemid, timeline=ident.timeline, snapshot_id=snapshot_id,
             publications=tuple(publications), pipeline_tables=tuple(sorted(pubs.covered)), attempt=attempt,
             extra={**partition_leaves(sql, pubs.covered, client=client, layout=layout, slot=slot, seq=seq),
-                   **({RESUMED_FIELD: self.plan.resumed} if self.plan.resumed else {})},
+                   **({RESUMED_FIELD: self.plan.resumed} if self.plan.resumed else {}),
+                   **({CATALOG_FIELD: catalog} if catalog else {})},
         )
         if not _while_pumping(lambda: writer.commit(manifest), pump):
             try:

@@ -328,6 +328,13 @@ class WindowSink:
         self._by_rel[id(rel)] = (rel, rv)
         return rv
 
+    def follow(self, rel: po.Relation) -> bool:
+        """A relation version for ``rel`` (built from the catalog, with no change: see
+        :func:`~airflow_pgcdc.drain.guards.follow_catalog`); True when it is a new one."""
+        before = sum(len(v) for v in self.versions.values())
+        self._version(rel)
+        return sum(len(v) for v in self.versions.values()) > before
+
     def _rewritten(self, rel: po.Relation, columns) -> dict[str, str] | None:
         """This version's columns whose existing rows a rewrite filled (see
         :meth:`TypeResolver.rewritten`), logged: the merge refuses them until a resync."""

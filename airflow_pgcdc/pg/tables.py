@@ -244,16 +244,34 @@ def publication_tables(conn: psycopg.Connection, publication: str) -> list[Table
     gencols = pg18 and conn.execute(
         "SELECT pubgencols::text = 's' FROM pg_catalog.pg_publication WHERE pubname = %s", (publication,)
     ).fetchone()[0]
-    tables = []
-    for schema, table, attnames, rowfilter in rows:
-        # the columns streamed without a column list; a column list when attnames differs
-        info = describe_table(conn, schema, table, row_filter=rowfilter, generated=bool(gencols))
-        names = {c.name for c in info.columns}
-        if attnames is not None and (set(attnames) != names if pg18 else len(attnames) < len(names)):
-            info = describe_table(conn, schema, table, row_filter=rowfilter, column_list=list(attnames),
-                                  generated=pg18)
-        tables.append(info)
-    return tables
+    return [_as_streamed(conn, schema, table, attnames, rowfilter, bool(gencols), pg18)
+            for schema, table, attnames, rowfilter in rows]
+
+
+def _as_streamed(conn, schema: str, table: str, attnames, rowfilter, gencols: bool, pg18: bool) -> TableInfo:
+    """The table with the columns its publication streams: those without a column list; a
+    column list when ``attnames`` (``pg_publication_tables``) differs."""
+    info = describe_table(conn, schema, table, row_filter=rowfilter, generated=gencols)
+    names = {c.name for c in info.columns}
+    if attnames is not None and (set(attnames) != names if pg18 else len(attnames) < len(names)):
+        info = describe_table(conn, schema, table, row_filter=rowfilter, column_list=list(attnames),
+                              generated=pg18)
+    return info
+
+
+def streamed_table(conn: psycopg.Connection, publications: Sequence[str], schema: str, table: str) -> TableInfo:
+    """``schema.table`` as the first of ``publications`` that publishes it streams it (its
+    columns as a Relation message carries them), as :func:`publication_tables` gives it."""
+    version = conn.info.server_version
+    for pub in publications:
+        row = conn.execute(
+            ("SELECT p.attnames, p.rowfilter, " + ("b.pubgencols::text = 's'" if version >= 180000 else "false")
+             if version >= 150000 else "SELECT NULL::text[], NULL::text, false")
+            + " FROM pg_catalog.pg_publication_tables p JOIN pg_catalog.pg_publication b ON b.pubname = p.pubname "
+            "WHERE p.pubname = %s AND p.schemaname = %s AND p.tablename = %s", (pub, schema, table)).fetchone()
+        if row is not None:
+            return _as_streamed(conn, schema, table, row[0], row[1], bool(row[2]), version >= 180000)
+    raise TableNotFound(f"table {schema}.{table} is not in publication(s) {', '.join(publications)}")
 
 
 _REL_SQL = """

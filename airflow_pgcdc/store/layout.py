@@ -333,6 +333,11 @@ class Layout:
         key = self._key(validate_slot(slot), "resync")
         return Layout(S3Location(self.bucket, key))
 
+    def catalog_object(self, slot: str, digest: str) -> str:
+        """``{prefix}/{slot}/catalog/{digest}.json``: the pipeline's tables' column
+        fingerprints a drain saw at a window's end, named by their content's SHA-256."""
+        return self._key(validate_slot(slot), "catalog", validate_run_id(digest, "catalog digest") + ".json")
+
     def recoveries_prefix(self, slot: str) -> str:
         """``{prefix}/{slot}/recovery/``: the slot's recovery records (``pgcdc recover``)."""
         return self._key(validate_slot(slot), "recovery") + "/"
