@@ -75,8 +75,9 @@ bytecode:
 
 # Two pytest workers (pytest-xdist), each with its own servers: a run spends about half its
 # time waiting on servers, JVMs and subprocesses, so the 2-core machine has a core idle
-# while one worker waits. (The Spark-cluster module declares an xdist_group, but pytest-xdist
-# 3.8 does not apply groups under pytest 9: each worker may start its own cluster.)
+# while one worker waits. The Spark-cluster module's xdist_group keeps it on one worker
+# (tests/conftest.py carries the group into the node id, which pytest-xdist 3.8 misses under
+# pytest 9).
 # PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 test: setup bytecode
