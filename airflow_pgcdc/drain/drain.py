@@ -23,7 +23,9 @@ One call, :func:`drain_window`:
      acknowledged at once; nothing is rewritten;
    * slot ahead of the store: changes were acknowledged that no window holds (someone
      else consumed the slot, or the store lost objects): :class:`SlotAheadOfStore`,
-     nothing is read. Recovery is a new snapshot.
+     nothing is read, unless ``pgcdc recover`` copied every table since: then the stream
+     starts at the slot's position and the window records the gap
+     (:func:`~airflow_pgcdc.drain.plan.after_recovery`).
 
 2. **Where to end.** ``end_lsn`` is fixed before reading: ``until_lsn`` (the sensor's
    observed LSN) or ``pg_current_wal_insert_lsn()`` (not ``pg_current_wal_lsn()``,

@@ -321,8 +321,9 @@ def test_start_position_checks(fresh_db, slot_name, store):
     sql(fresh_db, "INSERT INTO t VALUES (2)")
     # someone else consumes the slot: the store no longer holds what the slot acknowledged
     sql(fresh_db, "SELECT pg_replication_slot_advance(%s, pg_current_wal_insert_lsn())", (slot,))
-    with pytest.raises(SlotAheadOfStore, match="new snapshot"):
+    with pytest.raises(SlotAheadOfStore, match="acknowledged that no window holds") as ahead:
         drain(fresh_db, url, slot, client)
+    assert f"pgcdc recover --slot {slot}" in ahead.value.hint
 
 
 class SlowParts:
