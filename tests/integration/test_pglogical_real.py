@@ -114,8 +114,18 @@ class PglogicalDb:
             recorder = _Recorder(stream.decoder)
             stream.decoder = recorder
             msgs = stream.read_until(until, timeout=READ_TIMEOUT)
+        self._released(slot)
         check_common(msgs, recorder.raw)
         return msgs, recorder.raw
+
+    def _released(self, slot: str, timeout: float = 30.0) -> None:
+        """Wait until the walsender of the closed connection has released ``slot``: the
+        next test streams the same slot, and a walsender still ending holds it (seen in a
+        full run: ``ObjectInUse ... is active for PID``)."""
+        deadline = time.monotonic() + timeout
+        while self.sql("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)):
+            assert time.monotonic() < deadline, f"slot {slot} still active {timeout} s after its stream closed"
+            time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
