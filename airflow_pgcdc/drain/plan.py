@@ -28,6 +28,7 @@ from airflow_pgcdc.pg.slotlock import lock_holder, wait_lock_slot
 from airflow_pgcdc.protocol.lsn import DEFAULT_WAL_SIZES, LSN
 from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.catalog import CATALOG_FIELD
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.manifest import read_snapshot_manifest
 from airflow_pgcdc.store.window import latest_window, read_window
@@ -116,7 +117,7 @@ def read_plan(client, layout: Layout, slot: str, sql: psycopg.Connection) -> Pla
         return Plan(
             latest.window_seq + 1, latest.end, confirmed, two_phase, latest.snapshot_id, held,
             frozenset(pipeline), latest.system_id, latest.timeline, f"window {latest.window_seq}",
-            catalog=latest.extra.get("catalog"),
+            catalog=latest.extra.get(CATALOG_FIELD),
         )
     snap = _find_snapshot(client, layout, slot)
     if snap is not None:
