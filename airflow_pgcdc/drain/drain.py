@@ -339,7 +339,7 @@ def _drain_on(conn, ident, sql, client, layout: Layout, slot: str, plan: Plan, o
                 f"slot {slot!r} has confirmed_flush_lsn {confirmed}, but the store's windows end at "
                 f"{start} (s3://{layout.bucket}/{layout.changes_prefix(slot)}): changes were "
                 "acknowledged that no window holds; nothing was read or acknowledged",
-                hint=f"pgcdc recover --slot {slot} --store s3://{layout.bucket}/{layout.root.prefix} --dsn ... "
+                hint=f"pgcdc recover --slot {slot} --store {layout.root.url} --dsn ... "
                      "(copies every table again into the existing Delta tables; the pipeline then goes on)",
             )
         plan = resumed

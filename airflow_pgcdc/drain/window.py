@@ -331,9 +331,10 @@ class WindowSink:
     def follow(self, rel: po.Relation) -> bool:
         """A relation version for ``rel`` (built from the catalog, with no change: see
         :func:`~airflow_pgcdc.drain.guards.follow_catalog`); True when it is a new one."""
-        before = sum(len(v) for v in self.versions.values())
-        self._version(rel)
-        return sum(len(v) for v in self.versions.values()) > before
+        versions = self.versions.get((rel.namespace or "pg_catalog", rel.relation_name), ())
+        before = len(versions)
+        rv = self._version(rel)
+        return rv.version >= before
 
     def _rewritten(self, rel: po.Relation, columns) -> dict[str, str] | None:
         """This version's columns whose existing rows a rewrite filled (see

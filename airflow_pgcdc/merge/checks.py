@@ -84,14 +84,13 @@ def check_recovery_gap(ctx: JobContext, schema: str, table: str, windows, since:
             continue
         if since is not None and since >= int(LSN.parse(resumed["resumed_at"])):
             continue
-        store = f"s3://{ctx.layout.bucket}/{ctx.layout.root.prefix}"
         raise RecoveryGap(
             f"table {schema}.{table}: the slot lost the changes committed between {resumed['from_lsn']} and "
             f"{resumed['resumed_at']} (window {m.window_seq} resumed after recovery {resumed.get('recovery')}, "
             f"{resumed.get('cause')}), and no copy of the table taken since holds them (the recovery's copies "
             "left it out): merging on would leave them out; nothing merged",
-            hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --store {store} --tables "
-                 f"{shell_qualified(schema, table)} (fix first what kept the recovery from copying it: its "
+            hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --store {ctx.layout.root.url} "
+                 f"--tables {shell_qualified(schema, table)} (fix first what kept the recovery from copying it: its "
                  "record's 'refused' says why)",
         )
 
