@@ -75,8 +75,67 @@ killed-and-overlapping tests 479 s -> 297 s (367 s with the drivers' flags alone
 A JAVA_TOOL_OPTIONS set by the caller is kept."""
 
 
+_CDS_ARCHIVE = "PGCDC_TEST_CDS_ARCHIVE"
+"""The test run's Spark class archive (:mod:`airflow_pgcdc.testing.jvmcds`): set by the
+controlling pytest process, which starts recording it in the background; ``PGCDC_JVM_CDS=0``
+runs without it."""
+
+
+def _start_cds_recording() -> None:
+    """In the controlling process (not an xdist worker): name the archive for this JDK and
+    these jars and, when it is missing, record it in a background process while the first
+    tests run. JVMs started once it exists use it (:func:`_use_cds`)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or _CDS_ARCHIVE in os.environ \
+            or os.environ.get("PGCDC_JVM_CDS", "1") == "0":
+        return
+    import atexit
+    import subprocess
+    import sys
+
+    from airflow_pgcdc.testing import jvmcds
+
+    where = Path(__file__).resolve().parents[1] / ".pgcdc" / "jvm-cds"
+    try:
+        archive = jvmcds.archive_path(where)
+    except Exception as e:  # no java, no pyspark: the tests that need them say so
+        warnings.warn(f"no Spark class archive: {e}", stacklevel=1)
+        return
+    os.environ[_CDS_ARCHIVE] = str(archive)
+    if archive.exists():
+        return
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / "recording.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "airflow_pgcdc.testing.jvmcds", str(where)],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop() -> None:
+        if proc.poll() is None:
+            from airflow_pgcdc.testing.processes import kill_group
+
+            kill_group(proc.pid)
+
+    atexit.register(stop)
+
+
+_cds_in_use = False
+
+
+def _use_cds() -> None:
+    """Once the run's archive exists, every JVM started after uses it (JAVA_TOOL_OPTIONS is
+    read at each JVM's start; the in-process Spark session started before it does not)."""
+    global _cds_in_use
+    archive = os.environ.get(_CDS_ARCHIVE)
+    if _cds_in_use or not archive or not Path(archive).exists():
+        return
+    from airflow_pgcdc.testing.jvmcds import java_options
+
+    os.environ["JAVA_TOOL_OPTIONS"] = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {java_options(Path(archive))}".strip()
+    _cds_in_use = True
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("JAVA_TOOL_OPTIONS", TEST_JVM_OPTIONS)
+    _start_cds_recording()
     declared = {line.split(":")[0].strip() for line in config.getini("markers")}
     for name, doc in (
         ("integration", "needs real servers started by the test bed"),
@@ -234,8 +293,13 @@ def spark_cluster(request: pytest.FixtureRequest):
     """A Spark standalone cluster (Master + 2 Workers, separate JVMs, loopback, free ports),
     shared by the session, always stopped (also on failure and interrupt: process groups,
     parent-death signal, ``atexit``)."""
+    from airflow_pgcdc.testing.jvmcds import wait_for
     from airflow_pgcdc.testing.spark import SparkCluster
 
+    # the cluster's daemons pass their JAVA_TOOL_OPTIONS to every executor they start: wait
+    # (bounded) for the class archive being recorded, or all its executors start without it
+    if os.environ.get(_CDS_ARCHIVE) and wait_for(Path(os.environ[_CDS_ARCHIVE]), timeout=240):
+        _use_cds()
     cluster = SparkCluster(workers=2, cores=1)
     try:
         cluster.start()
@@ -340,6 +404,7 @@ def slot_name(request: pytest.FixtureRequest):
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    _use_cds()
     item.stash[_log_offsets_key] = {
         name: _size(server.log_file) for name, server in _started.items()
     }

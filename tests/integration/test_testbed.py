@@ -496,3 +496,31 @@ def test_the_s3_servers_inner_ports_refuse_unsigned_requests(s3, s3_bucket):
     assert [o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket)["Contents"]] == ["a/b"]
     for d in (s3.base_dir, s3.data_dir):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+
+
+# --------------------------------------------------------------------------- Spark JVMs
+
+
+def test_spark_jvms_map_the_class_archive(tmp_path: Path):
+    """The run's class archive (airflow_pgcdc/testing/jvmcds.py) is one a Spark driver JVM
+    really maps: a JVM whose class path does not match it runs without it, silently, so a
+    recording that no JVM can use would only cost time. Spark's classes must come from it."""
+    from airflow_pgcdc.testing import jvmcds
+
+    archive = os.environ.get("PGCDC_TEST_CDS_ARCHIVE")
+    if not archive:
+        pytest.skip("the run has no class archive (PGCDC_JVM_CDS=0, or no java/pyspark)")
+    if not jvmcds.wait_for(Path(archive), timeout=300):
+        pytest.fail(f"recording the class archive failed: see {Path(archive).parent / 'recording.log'}")
+    log = tmp_path / "classes.log"
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_SUBMIT_ARGS": "pyspark-shell",
+           "JAVA_TOOL_OPTIONS": f"{jvmcds.java_options(Path(archive))} -Xlog:class+load=info:file={log}"}
+    probe = ("from pyspark.sql import SparkSession; "
+             "s = SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false').getOrCreate(); "
+             "print(s.range(3).count()); s.stop()")
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("3"), done.stderr[-3000:]
+    lines = [ln for ln in log.read_text().splitlines() if " org.apache.spark.SparkContext " in ln]
+    assert lines and all("shared objects file (top)" in ln for ln in lines), lines
+    shared = sum("shared objects file" in ln for ln in log.read_text().splitlines())
+    assert shared > 5000, f"only {shared} classes came from the archive"
