@@ -169,7 +169,7 @@ def check_pipeline(db, client, src, lake, slot, spark, s3, engine, rounds):
 
 def test_status_tables_deltars(fresh_db, slot_name, store, s3, spark):
     client, src, lake = store
-    before, after = check_pipeline(fresh_db, client, src, lake, slot_name(), spark, s3, "delta-rs", rounds=6)
+    before, after = check_pipeline(fresh_db, client, src, lake, slot_name(), spark, s3, "delta-rs", rounds=3)
     print(f"\npublic.t: files {before['files']} -> {after['files']}, versions {before['versions_kept']} kept")
 
 
@@ -178,7 +178,7 @@ def test_status_tables_delta_spark(pg18, request, slot_name, store, s3, spark):
     client, src, lake = store
     db = pg18.create_database("st_delta_spark")
     try:
-        before, after = check_pipeline(db, client, src, lake, slot_name(), spark, s3, "delta-spark", rounds=4)
+        before, after = check_pipeline(db, client, src, lake, slot_name(), spark, s3, "delta-spark", rounds=2)
         print(f"\npublic.t (delta-spark): files {before['files']} -> {after['files']}")
     finally:
         pg18.drop_database("st_delta_spark")
