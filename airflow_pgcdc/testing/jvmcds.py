@@ -3,13 +3,14 @@
 A Spark JVM spends its first seconds loading and verifying some ten thousand classes from
 pyspark's jars, and every test that submits a job starts one (drivers under
 ``spark-submit``, the cluster's daemons and executors). A dynamic CDS archive holds those
-classes already parsed and verified: the JVM maps it instead. Measured on the 2-core
-machine (idle, ``local[2]``, a session, two small jobs and an Arrow round trip): 16.2 s
--> 9.6 s per JVM.
+classes already parsed and verified: the JVM maps it instead. Measured on the idle 2-core
+machine: a local session, two small jobs and an Arrow round trip 16.2 s -> 9.6 s;
+``test_merge.py``'s two killed-merge tests (one ``pgcdc merge`` process each) 48.4 + 31.3 s
+-> 38.0 + 22.3 s; ``test_secrets.py`` (two, one on delta-spark) 75.2 s -> 60.6 s.
 
-:func:`build` records the archive once: a throw-away local Spark job (session, Arrow,
-a Python UDF and data source, Parquet, and Delta's Spark engine when its jars are at hand)
-run with ``-XX:ArchiveClassesAtExit``. :func:`java_options` gives the flags that use it.
+:func:`build` records the archive once (about 67 s idle): a throw-away local Spark job
+(session, Arrow, a Python data source and ``mapInArrow``, Parquet, and a Delta write and
+read when Delta's jars are at hand) run with ``-XX:ArchiveClassesAtExit``. :func:`java_options` gives the flags that use it.
 A JVM whose class path does not match the recorded one (Spark's launcher, Maven) or any
 jar that changed since (the JVM checks sizes and times) runs without it, silently (the
 ``cds`` log tags are off: a warning there goes to standard output, where the launcher
@@ -66,10 +67,6 @@ spark.read.parquet(os.path.join(d, "p")).mapInArrow(lambda it: it, df.schema).co
 if delta:
     path = os.path.join(d, "delta")
     df.write.format("delta").save(path)
-    spark.sql(f"MERGE INTO delta.`{path}` t USING (SELECT id, 'x' AS v, current_timestamp() AS t "
-              f"FROM range(50, 150)) s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * "
-              f"WHEN NOT MATCHED THEN INSERT *")
-    spark.sql(f"DELETE FROM delta.`{path}` WHERE id < 10")
     spark.read.format("delta").load(path).count()
     jvm = spark.sparkContext._jvm
     loader = jvm.Thread.currentThread().getContextClassLoader()
