@@ -81,12 +81,16 @@ controlling pytest process, which starts recording it in the background; ``PGCDC
 runs without it."""
 
 
-def _start_cds_recording() -> None:
+def _start_cds_recording(config: pytest.Config) -> None:
     """In the controlling process (not an xdist worker): name the archive for this JDK and
     these jars and, when it is missing, record it in a background process while the first
-    tests run. JVMs started once it exists use it (:func:`_use_cds`)."""
+    tests run. JVMs started once it exists use it (:func:`_use_cds`). Not for a run of the
+    unit tests alone: they start no JVM."""
     if os.environ.get("PYTEST_XDIST_WORKER") or _CDS_ARCHIVE in os.environ \
             or os.environ.get("PGCDC_JVM_CDS", "1") == "0":
+        return
+    if config.args and all(Path(a.split("::")[0]).resolve().is_relative_to(Path(__file__).parent / "unit")
+                           for a in config.args):
         return
     import atexit
     import subprocess
@@ -135,7 +139,7 @@ def _use_cds() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("JAVA_TOOL_OPTIONS", TEST_JVM_OPTIONS)
-    _start_cds_recording()
+    _start_cds_recording(config)
     declared = {line.split(":")[0].strip() for line in config.getini("markers")}
     for name, doc in (
         ("integration", "needs real servers started by the test bed"),
