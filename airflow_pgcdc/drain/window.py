@@ -303,8 +303,9 @@ class WindowSink:
         self.types.refresh(rel.relation_oid, (rel.replica_identity, tuple(
             (c.name, c.type_oid, c.type_modifier, c.is_key) for c in rel.columns)))
         dims = self.types.dims(rel.relation_oid)
-        schema = rel.namespace or "pg_catalog"
-        text = self.as_text.get((schema, rel.relation_name), ())
+        key = _table_key(rel)
+        schema = key[0]
+        text = self.as_text.get(key, ())
         columns = tuple(
             PgColumn(c.name, self.types.type_of(c.type_oid), c.type_modifier, dims.get(c.name, 0), c.name in text)
             for c in rel.columns
@@ -312,7 +313,7 @@ class WindowSink:
         key_flags = tuple(c.is_key for c in rel.columns)
         # compared without building a version (its decoders and Arrow schema) first
         definition = definition_key(schema, rel.relation_name, rel.replica_identity, columns, key_flags)
-        versions = self.versions.setdefault((schema, rel.relation_name), [])
+        versions = self.versions.setdefault(key, [])
         rv = next((v for v in versions if v.definition == definition), None)
         if rv is None:
             rv = RelationVersion(
@@ -331,8 +332,7 @@ class WindowSink:
     def follow(self, rel: po.Relation) -> bool:
         """A relation version for ``rel`` (built from the catalog, with no change: see
         :func:`~airflow_pgcdc.drain.guards.follow_catalog`); True when it is a new one."""
-        versions = self.versions.get((rel.namespace or "pg_catalog", rel.relation_name), ())
-        before = len(versions)
+        before = len(self.versions.get(_table_key(rel), ()))
         rv = self._version(rel)
         return rv.version >= before
 
@@ -472,7 +472,7 @@ class WindowSink:
             self._flush_largest()
 
     def _refuse(self, rel: po.Relation, exc: Exception) -> None:
-        key = (rel.namespace or "pg_catalog", rel.relation_name)
+        key = _table_key(rel)
         entry = self.refused.get(key)
         if entry is None:
             entry = self.refused[key] = {"error": str(exc), "first_commit_lsn": str(LSN(self._commit_lsn)),
@@ -581,3 +581,9 @@ class WindowSink:
                     self.writer.submit_rows(rv, buf.take(), self.pump)
         self.buffered = 0
         self._flush_messages(True)
+
+
+def _table_key(rel: po.Relation) -> tuple[str, str]:
+    """``(schema, table)`` of a relation message, as the sink keys its tables (a relation
+    without a namespace is in ``pg_catalog``)."""
+    return rel.namespace or "pg_catalog", rel.relation_name

@@ -107,7 +107,8 @@ def java_options(archive: Path) -> str:
 
 def build(directory: Path, *, jvm_options: str = "", timeout: float = 300) -> Path | None:
     """The archive for this JDK and these jars under ``directory``, recorded if missing;
-    ``None`` when recording failed (the tests then run without it: slower, not wrong)."""
+    ``None`` when recording failed (marked by :func:`failed_marker`; the tests then run
+    without it: slower, not wrong)."""
     from airflow_pgcdc.merge.jars import unavailable_reason
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -128,9 +129,11 @@ def build(directory: Path, *, jvm_options: str = "", timeout: float = 300) -> Pa
                               text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         Path(tmp).unlink(missing_ok=True)
+        failed_marker(target).touch()
         return None
     if done.returncode != 0 or not Path(tmp).exists():
         Path(tmp).unlink(missing_ok=True)
+        failed_marker(target).touch()
         sys.stderr.write(f"jvmcds: recording the Spark class archive failed (rc {done.returncode}); "
                          f"the tests run without it:\n{done.stderr[-2000:]}\n")
         return None
@@ -156,6 +159,5 @@ if __name__ == "__main__":  # python -m airflow_pgcdc.testing.jvmcds DIR: record
     where = Path(sys.argv[1])
     made = build(where, jvm_options=os.environ.get("JAVA_TOOL_OPTIONS", ""))
     if made is None:
-        failed_marker(archive_path(where)).touch()
         sys.exit(1)
     print(made)

@@ -520,7 +520,8 @@ def test_spark_jvms_map_the_class_archive(tmp_path: Path):
              "print(s.range(3).count()); s.stop()")
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("3"), done.stderr[-3000:]
-    lines = [ln for ln in log.read_text().splitlines() if " org.apache.spark.SparkContext " in ln]
+    loaded = log.read_text().splitlines()
+    lines = [ln for ln in loaded if " org.apache.spark.SparkContext " in ln]
     assert lines and all("shared objects file (top)" in ln for ln in lines), lines
-    shared = sum("shared objects file" in ln for ln in log.read_text().splitlines())
+    shared = sum("shared objects file" in ln for ln in loaded)
     assert shared > 5000, f"only {shared} classes came from the archive"
