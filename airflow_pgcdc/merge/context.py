@@ -17,6 +17,7 @@ from airflow_pgcdc.changes.columns import COMMIT_LSN
 from airflow_pgcdc.changes.rows import META_FIELDS
 from airflow_pgcdc.merge import deltars, pruning
 from airflow_pgcdc.merge.plan import TablePlan, version_fills
+from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.spark_io import encode_schema
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, encode_table_segment
@@ -28,6 +29,7 @@ __all__ = [
     "META",
     "STAGING_TTL_HOURS",
     "read_changes",
+    "read_changes_on_driver",
     "read_files",
     "read_parts",
     "read_s3a",
@@ -59,6 +61,9 @@ class JobContext:
     target_file_mb: float = pruning.DEFAULT_TARGET_FILE_MB
     # delta-spark: tables get deletion vectors (--deletion-vectors)
     deletion_vectors: bool = False
+    # delta-rs: a table's batch of at most this many change rows is compacted on the driver
+    # (merge/rows/arrow.py: no Spark job); 0: every batch through Spark
+    driver_rows: int = DRIVER_ROWS
     # the slot's committed resyncs (store/resyncs.py), oldest first
     resyncs: list = field(default_factory=list)
     # windows whose parts pgcdc maintain removed ({slot}/maintain/expired.json)
@@ -156,6 +161,30 @@ def read_changes(ctx: JobContext, plan: TablePlan, schema: pa.Schema):
 
         df = df.where(F.col(COMMIT_LSN) >= F.lit(plan.since_lsn))
     return df
+
+def read_changes_on_driver(ctx: JobContext, plan: TablePlan, schema: pa.Schema) -> pa.Table:
+    """:func:`read_changes` without Spark: the plan's change rows as one Arrow table, read
+    by the driver (a small batch, see :mod:`.rows.arrow`): the same fills of an ``ADD
+    COLUMN … DEFAULT`` and the same cut at a resync's consistent point."""
+    import pyarrow.compute as pc
+
+    from airflow_pgcdc.merge.rows.arrow import read_table
+
+    fills = version_fills(plan)
+    pieces = []
+    for v in plan.versions:
+        if not v.parts:
+            continue
+        part = read_table(ctx.fs, [f"{ctx.layout.bucket}/{p}" for p in v.parts], schema)
+        for name, value in fills.get((v.window_seq, v.version), {}).items():
+            if name in schema.names:
+                i = schema.get_field_index(name)
+                part = part.set_column(i, schema.field(i), pa.repeat(value.cast(schema.field(i).type), part.num_rows))
+        pieces.append(part)
+    table = pa.concat_tables(pieces) if pieces else schema.empty_table()
+    if plan.since_lsn is not None:
+        table = table.filter(pc.greater_equal(table[COMMIT_LSN], pa.scalar(plan.since_lsn, pa.int64())))
+    return table
 
 def read_parts(ctx: JobContext, parts: list[str], schema: pa.Schema):
     """The store's Parquet parts (keys in the store's bucket) as a DataFrame of ``schema``."""

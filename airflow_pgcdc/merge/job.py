@@ -82,6 +82,7 @@ from airflow_pgcdc.merge.plan import (
     shared_legacy_places,
     target_url,
 )
+from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.schema import merge_key_columns
 from airflow_pgcdc.merge.sinks import append_only, bootstrap_table, merge_batch, resync_replace
 from airflow_pgcdc.merge.spark_io import register, s3_options
@@ -182,6 +183,7 @@ def merge_slot(
     deletion_vectors: bool = False,
     source: str | None = None,
     lock_wait: float | None = None,
+    driver_rows: int | None = None,
 ) -> MergeResult:
     """Bootstrap and merge every table of ``slot`` (or only ``tables``, ``schema.table``)
     from the store at ``store`` (``s3://bucket/prefix``; ``source``, its 0.1 name, warns) into Delta tables under
@@ -197,7 +199,10 @@ def merge_slot(
     ``deletion_vectors`` (delta-spark only): the tables this job creates, and those it merges
     into, get deletion vectors (see :func:`.deltaspark.enable_deletion_vectors`).
     ``lock_wait``: with delta-spark, how long to wait for ``pgcdc maintain`` holding the
-    Delta root's lock (:mod:`airflow_pgcdc.lake.lock`; default 600 s)."""
+    Delta root's lock (:mod:`airflow_pgcdc.lake.lock`; default 600 s).
+    ``driver_rows`` (delta-rs): a table's batch of at most this many change rows is compacted
+    on the driver in Arrow (:mod:`.rows.arrow`), with no Spark job; a larger one by Spark;
+    0: every batch by Spark (default :data:`~.rows.arrow.DRIVER_ROWS`)."""
     store = store_argument("merge_slot", store, "source", source)
     target_file_mb = pruning.DEFAULT_TARGET_FILE_MB if target_file_mb is None else float(target_file_mb)
     if not target_file_mb > 0:
@@ -210,6 +215,9 @@ def merge_slot(
         raise MergeError(
             f"deletion vectors need --engine delta-spark (the {engine} engine writes none)",
             hint="add --engine delta-spark, or leave --deletion-vectors out")
+    driver_rows = DRIVER_ROWS if driver_rows is None else int(driver_rows)
+    if driver_rows < 0:
+        raise MergeError(f"--driver-rows must be 0 or more, got {driver_rows}")
     if history not in HISTORIES:
         raise MergeError(f"unknown history {history!r}", hint="history is 'changelog', 'scd2' or none")
     t0 = time.monotonic()
@@ -224,6 +232,7 @@ def merge_slot(
         storage=s3store.delta_storage_options(settings), slot=slot, delta=delta,
         run_id=new_run_id(), s3_options=s3_options(settings), engine=engine, history=history,
         reader=reader, target_file_mb=target_file_mb, deletion_vectors=bool(deletion_vectors),
+        driver_rows=driver_rows,
     )
     register(spark)
     if ctx.engine == "delta-spark" or ctx.reader == "s3a":

@@ -18,6 +18,7 @@ from airflow_pgcdc.merge.context import (
     META,
     JobContext,
     read_changes,
+    read_changes_on_driver,
     read_parts,
     spark_commit_once,
     stage,
@@ -152,13 +153,13 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     keys = list(plan.key_columns)
     columns, toast, read_schema = change_inputs(plan, fields, keys)
     check_internal_names(name, columns, keys, toast)
-    df = read_changes(ctx, plan, read_schema)
     # key-changing updates left TOAST values unsent: match such rows on their old key
     rekey = plan.key_moves > 0 and bool(toast)
-    compacted = compact(
-        df, table_columns=columns, key_columns=keys, toast_columns=toast, truncate_at=plan.truncate_at,
-        rekey=rekey,
-    )
+    compaction = dict(table_columns=columns, key_columns=keys, toast_columns=toast, truncate_at=plan.truncate_at,
+                      rekey=rekey)
+    # delta-rs merges Arrow: a small batch is compacted on the driver, without any Spark job
+    batch = _compacted_on_driver(ctx, plan, read_schema, compaction) if ctx.engine == "delta-rs" else None
+    compacted = None if batch is not None else compact(read_changes(ctx, plan, read_schema), **compaction)
     spec_args = dict(
         target_columns=target.names, source_columns=columns, key_columns=keys,
         keep_columns=toast, truncated=plan.truncate_at is not None, rekeyed=rekey,
@@ -203,25 +204,47 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
         + [pa.field(keep_column(c), pa.bool_()) for c in toast]
         + ([by_name[k].with_name(MATCH_PREFIX + k) for k in keys] if rekey else [])
     )
-    staging = ctx.staging(plan.schema, plan.table, f"w{plan.last_window}")
-    stage(ctx, compacted, staging, stage_schema)
-    paths, _rows = deltars.read_staged(ctx.fs, staging)
+    staging = None
+    if batch is not None:  # a small batch: no Spark job, no staged files
+        batch = batch.cast(stage_schema)
+        paths: list[str] = []
+    else:
+        staging = ctx.staging(plan.schema, plan.table, f"w{plan.last_window}")
+        stage(ctx, compacted, staging, stage_schema)
+        paths, _rows = deltars.read_staged(ctx.fs, staging)
     fault_point("merge-after-stage", log)
     spec = build_merge_spec(**spec_args, dialect="delta-rs")
     ranges = []
-    if bound_key is not None:  # the staged batch's keys, read on the driver (one column)
-        ranges = pruning.key_ranges(deltars.staged_column(ctx.fs, paths, stage_schema, bound_key))
+    if bound_key is not None:  # the batch's keys, read on the driver (one column)
+        ranges = pruning.key_ranges(batch.column(bound_key).to_pylist() if batch is not None
+                                    else deltars.staged_column(ctx.fs, paths, stage_schema, bound_key))
         spec = pruning.bounded(spec, pruning.bounds_predicate(bound_key, ranges, "delta-rs"))
     metrics = deltars.merge(
-        dt, deltars.staged_reader(ctx.fs, paths, stage_schema),
+        dt, batch.to_reader() if batch is not None else deltars.staged_reader(ctx.fs, paths, stage_schema),
         spec, app=app, version=plan.last_window,
         metadata=window_metadata(ctx, plan),
     )
     if bound_key is not None and not metrics.get("concurrent_commit"):
         metrics["pgcdc_key_ranges"] = len(ranges)
+    metrics["pgcdc_compacted_on"] = "driver" if batch is not None else "spark"
     fault_point("merge-after-commit", log)
-    s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+    if staging is not None:
+        s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     return metrics, dt, added
+
+
+def _compacted_on_driver(ctx: JobContext, plan: TablePlan, read_schema: pa.Schema, args: dict):
+    """The batch compacted on the driver (:mod:`.rows.arrow`) when it is small enough
+    (``ctx.driver_rows``), else ``None`` (Spark compacts it)."""
+    from airflow_pgcdc.merge.rows.arrow import NotOnDriver, compact_table
+
+    if plan.rows > ctx.driver_rows:
+        return None
+    try:
+        return compact_table(read_changes_on_driver(ctx, plan, read_schema), **args)
+    except NotOnDriver as exc:
+        log.info("%s: compacted by Spark: %s", plan.qualified_name, exc)
+        return None
 
 
 def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):

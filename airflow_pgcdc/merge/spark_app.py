@@ -46,6 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-file-mb", type=float, metavar="MB",
                    help="data file size when a table is bootstrapped or replaced by a resync, rows sorted "
                    "by the key so a merge rewrites only the files of the keys it touches (default 32)")
+    p.add_argument("--driver-rows", type=int, metavar="N",
+                   help="delta-rs: a table's batch of at most N change rows is compacted on the driver in "
+                   "Arrow, with no Spark job (most tables of most windows); larger ones by Spark. 0: every "
+                   "batch by Spark (default 20000)")
     p.add_argument("--deletion-vectors", action="store_true",
                    help="delta-spark only: Delta tables get deletion vectors (delta.enableDeletionVectors), "
                    "so a MERGE marks changed rows deleted instead of rewriting every file they are in; "
@@ -70,6 +74,7 @@ def run(args: argparse.Namespace, spark=None) -> dict:
         keys=parse_keys(args.key), max_windows=args.max_windows, engine=args.engine,
         history=args.history, reader=args.reader, target_file_mb=getattr(args, "target_file_mb", None),
         deletion_vectors=bool(getattr(args, "deletion_vectors", False)),
+        driver_rows=getattr(args, "driver_rows", None),
     )
     return result.to_dict()
 

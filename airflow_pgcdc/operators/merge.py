@@ -124,6 +124,7 @@ def merge_application_args(
     reader: str | None = None,
     target_file_mb: float | None = None,
     deletion_vectors: bool = False,
+    driver_rows: int | None = None,
 ) -> list[str]:
     """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`)."""
     args = ["--store", store, "--slot", slot, "--delta", delta]
@@ -147,6 +148,10 @@ def merge_application_args(
         if engine != "delta-spark":
             raise ValueError(f"deletion_vectors needs engine='delta-spark' (the {engine or 'delta-rs'} engine writes none)")
         args.append("--deletion-vectors")
+    if driver_rows is not None:
+        if isinstance(driver_rows, bool) or not isinstance(driver_rows, int) or driver_rows < 0:
+            raise ValueError(f"driver_rows must be an integer 0 or more, got {driver_rows!r}")
+        args += ["--driver-rows", str(driver_rows)]
     return args
 
 
@@ -295,6 +300,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     :param deletion_vectors: with ``engine="delta-spark"``: the Delta tables get deletion
         vectors, so a merge of scattered updates writes the changed rows, not every file
         they touch (``--deletion-vectors``; readers must support the feature)
+    :param driver_rows: with the delta-rs engine, a table's batch of at most this many change
+        rows is compacted on the driver in Arrow, without a Spark job (``--driver-rows``;
+        default the job's, 20,000; 0: every batch through Spark)
     :param aws_conn_id: Airflow ``aws`` connection for S3 (login = access key id,
         password = secret key, extras ``endpoint_url``, ``region_name``); ``None``: the
         worker's environment (boto3's conventions) is inherited by spark-submit
@@ -338,6 +346,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         reader: str | None = None,
         target_file_mb: float | None = None,
         deletion_vectors: bool = False,
+        driver_rows: int | None = None,
         aws_conn_id: str | None = None,
         conn_id: str = "spark_default",
         py_files_dir: str | None = None,
@@ -374,11 +383,13 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.reader = reader
         self.target_file_mb = target_file_mb
         self.deletion_vectors = bool(deletion_vectors)
+        self.driver_rows = driver_rows
         self.aws_conn_id = aws_conn_id
         self.py_files_dir = py_files_dir
         self.on_failed_tables = on_failed_tables
         # bad keys or file size fail at parse time
         merge_application_args(store=store, slot=slot, delta=delta, keys=self.keys, target_file_mb=target_file_mb,
+                               driver_rows=driver_rows,
                                engine=None if engine in (None, "", "None") or "{{" in str(engine) else engine,
                                deletion_vectors=self.deletion_vectors and not (engine and "{{" in str(engine)))
 
@@ -462,6 +473,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             engine=None if self.engine in (None, "", "None") else self.engine,
             reader=None if self.reader in (None, "", "None") else self.reader,
             target_file_mb=self.target_file_mb, deletion_vectors=self.deletion_vectors,
+            driver_rows=self.driver_rows,
         )
         user_jars = self.jars
         self.jars = self._merge_jars()
