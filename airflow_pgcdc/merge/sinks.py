@@ -8,6 +8,7 @@ import logging
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ
 from airflow_pgcdc.merge import deltars, pruning
@@ -73,6 +74,22 @@ def _staged_in_order(paths: list[str]) -> list[str]:
     return sorted(paths, key=lambda p: p.rsplit("/", 1)[-1])
 
 
+def _copy_on_driver(ctx: JobContext, entry, parts: list[str], schema: pa.Schema, keys: Sequence[str]):
+    """A small copied table (``ctx.driver_rows`` rows, :data:`~.rows.arrow.DRIVER_BYTES`) read
+    by the driver and sorted by the key, as one Arrow table; ``None``: Spark reads it."""
+    from airflow_pgcdc.merge.rows.arrow import DRIVER_BYTES, read_table
+
+    if entry.rows > ctx.driver_rows or sum(p.bytes for p in entry.parts) > DRIVER_BYTES:
+        return None
+    table = read_table(ctx.fs, [f"{ctx.layout.bucket}/{p}" for p in parts], schema)
+    if keys:
+        try:
+            table = table.sort_by([(k, "ascending") for k in keys])
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
+            pass  # a key type Arrow does not sort: the order only shapes the files, not what they hold
+    return table
+
+
 def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: int,
                     keys: Sequence[str] = ()) -> int:
     """Replace (or create) the table's Delta table from a resync's copy, in one commit that
@@ -89,14 +106,18 @@ def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: 
     check_case(name, [c.name for c in entry.columns])
     fields = delta_fields(table_fields(part_schema(ctx, parts[0])))
     schema = pa.schema(fields)
-    staging = ctx.staging(entry.schema, entry.table, "resync")
-    stage(ctx, _sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
-    paths, rows = deltars.read_staged(ctx.fs, staging)
-    paths = _staged_in_order(paths)
+    small = _copy_on_driver(ctx, entry, parts, schema, keys)
+    if small is not None:
+        reader, rows = small.to_reader(), small.num_rows
+    else:
+        staging = ctx.staging(entry.schema, entry.table, "resync")
+        stage(ctx, _sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
+        paths, rows = deltars.read_staged(ctx.fs, staging)
+        reader = deltars.staged_reader(ctx.fs, _staged_in_order(paths), schema)
     fault_point("merge-after-stage", log)
     point = int(resync.consistent_point)
     deltars.replace(
-        url, deltars.staged_reader(ctx.fs, paths, schema), storage_options=ctx.storage,
+        url, reader, storage_options=ctx.storage,
         configuration=table_configuration(fields), target_file_size=pruning.target_bytes(ctx.target_file_mb),
         transactions={app: covered, app + RESYNC_APP_SUFFIX: point},
         metadata={"pgcdc.slot": ctx.slot, "pgcdc.resync": resync.url,
@@ -119,22 +140,26 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
         "pgcdc.snapshot_id": snapshot.snapshot_id,
         "pgcdc.consistent_point": snapshot.consistent_point,
     }
-    df = read_parts(ctx, parts, schema)
     try:
         if ctx.engine == "delta-spark":  # executors write the files, the driver commits
             from airflow_pgcdc.merge import deltaspark
             from airflow_pgcdc.merge.compact import col
 
             files = pruning.file_count(sum(p.bytes for p in entry.parts), ctx.target_file_mb)
-            rows = deltaspark.bootstrap(ctx.spark, df, path=deltaspark.s3a(url), metadata=metadata,
+            rows = deltaspark.bootstrap(ctx.spark, read_parts(ctx, parts, schema), path=deltaspark.s3a(url), metadata=metadata,
                                         configuration=spark_configuration(ctx, fields),
                                         sort_by=[col(k) for k in keys], files=files)
         else:
-            staging = ctx.staging(entry.schema, entry.table, "bootstrap")
-            stage(ctx, _sorted_by_key(df, keys), staging, schema)
-            paths, rows = deltars.read_staged(ctx.fs, staging)
+            small = _copy_on_driver(ctx, entry, parts, schema, keys)
+            if small is not None:  # a small table: no Spark job, no staged files
+                reader, rows = small.to_reader(), small.num_rows
+            else:
+                staging = ctx.staging(entry.schema, entry.table, "bootstrap")
+                stage(ctx, _sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
+                paths, rows = deltars.read_staged(ctx.fs, staging)
+                reader = deltars.staged_reader(ctx.fs, _staged_in_order(paths), schema)
             deltars.bootstrap(
-                url, deltars.staged_reader(ctx.fs, _staged_in_order(paths), schema), storage_options=ctx.storage,
+                url, reader, storage_options=ctx.storage,
                 configuration=table_configuration(fields), metadata=metadata,
                 target_file_size=pruning.target_bytes(ctx.target_file_mb),
             )
@@ -261,6 +286,16 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     fields = batch_fields(ctx, plan)
     dt, added = evolve(ctx, plan, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
     meta = [META[OP], META[COMMIT_LSN], META[SEQ]]
+    out = pa.schema(fields)
+    if ctx.engine == "delta-rs" and plan.truncate_at is None and plan.rows <= ctx.driver_rows:
+        small = read_changes_on_driver(ctx, plan, pa.schema(fields + meta))
+        if small.num_rows == 0 or pc.all(pc.equal(small[OP], "I")).as_py():  # inserts only: no Spark job
+            small = small.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")]).select(out.names)
+            fault_point("merge-after-stage", log)
+            done = deltars.append(dt, small.to_reader(), pa.schema(dt.schema().to_arrow()),
+                                  app=app, version=plan.last_window, metadata=window_metadata(ctx, plan))
+            fault_point("merge-after-commit", log)
+            return {"num_source_rows": small.num_rows, "pgcdc_compacted_on": "driver", **done}, dt, added
     df = read_changes(ctx, plan, pa.schema(fields + meta))
     # only the op column comes to the driver: a whole row would be turned into Python values,
     # and a ±infinity timestamp has none (ValueError: year 294247 is out of range)
@@ -269,7 +304,6 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
 
         return apply_keyless(ctx, plan, url, dt, app, fields), dt, added
     rows = df.orderBy(COMMIT_LSN, SEQ).drop(OP, COMMIT_LSN, SEQ)
-    out = pa.schema(fields)
     if ctx.engine == "delta-spark":
         from airflow_pgcdc.merge import deltaspark
 

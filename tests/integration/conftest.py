@@ -46,6 +46,15 @@ def spark(_spark_session):
     release_delta_caches(_spark_session)
 
 
+@pytest.fixture
+def driver_rows(request):
+    """``merge_slot(driver_rows=…)`` for a test run on both PostgreSQL servers: its pg15 cell
+    compacts and copies through Spark (0), its pg18 cell on the driver (the default, ``None``).
+    Which path the merge takes does not depend on the server: both paths stay tested without
+    doubling the matrix (``test_compact_paths`` proves their compactions equal)."""
+    return 0 if "pg15" in request.node.callspec.id.split("-") else None
+
+
 @pytest.fixture(scope="module")
 def spark_with_delta(spark):
     return spark

@@ -21,11 +21,11 @@ from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.window import read_window
 
 
-def test_snapshot_windows_merge_equal_postgres(fresh_db, slot_name, store, spark):
+def test_snapshot_windows_merge_equal_postgres(fresh_db, slot_name, store, spark, driver_rows):
     client, src, lake = store
 
     def merge():
-        return merge_slot(spark, store=src, slot=slot, delta=lake).to_dict()
+        return merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows).to_dict()
 
     slot = slot_name()
     end_to_end(fresh_db, client, src, lake, slot, merge)
@@ -212,7 +212,7 @@ def test_changelog_history_appends_every_change_once(db18, slot_name, store, spa
     assert log_rows.to_pyarrow_table().num_rows == 4
 
 
-def test_two_phase_and_replica_identity_full(fresh_db, slot_name, store, spark):
+def test_two_phase_and_replica_identity_full(fresh_db, slot_name, store, spark, driver_rows):
     client, src, lake = store
     db = fresh_db
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -234,18 +234,18 @@ def test_two_phase_and_replica_identity_full(fresh_db, slot_name, store, spark):
         c.execute("UPDATE f SET id = 10, n = 11 WHERE id = 1")  # key change under FULL: big carried
         c.execute("UPDATE f SET n = 22 WHERE id = 2")
     drain(db, src, slot, client)
-    merge_slot(spark, store=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows)
     assert_equal(db, lake, "public.t", "id")  # only 'plain': prepared changes are held
     assert_equal(db, lake, "public.f", "id")
     sql(db, "COMMIT PREPARED 'g1'")
     sql(db, "ROLLBACK PREPARED 'g2'")
     drain(db, src, slot, client)
-    merge_slot(spark, store=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows)
     assert_equal(db, lake, "public.t", "id")
     assert [r["id"] for r in delta_rows(delta_table_url(lake, "public", "t"), "id")] == [1, 3]
 
 
-def test_types_survive_the_merge_exactly(fresh_db, slot_name, store, spark):
+def test_types_survive_the_merge_exactly(fresh_db, slot_name, store, spark, driver_rows):
     """Every kind of mapped value, through snapshot → bootstrap and drain → merge, is what
     PostgreSQL has (``pgcdc verify``'s exact comparison)."""
     from airflow_pgcdc.verify import verify_table
@@ -272,7 +272,7 @@ def test_types_survive_the_merge_exactly(fresh_db, slot_name, store, spark):
     sql(db, "UPDATE t SET d = '-infinity', iv = '-1 year', tm = '23:59:59.999999', nn = '-Infinity' WHERE id = 2")
     sql(db, "DELETE FROM t WHERE id = 13")
     drain(db, src, slot, client)
-    merge_slot(spark, store=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows)
     result = verify_table(db, lake, "public", "t")
     report = result.to_dict()
     assert result.equal, report
@@ -327,7 +327,7 @@ def test_scd2_history_keeps_every_version_with_its_lsn_validity(db18, slot_name,
     assert h.to_pyarrow_table().num_rows == len(rows), "a replay adds no version"
 
 
-def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark):
+def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark, driver_rows):
     """Without REPLICA IDENTITY FULL a key-changing update sends neither its unchanged TOAST
     values nor the old row. When the old key has no other change in the batch, the merge
     matches the moved row on the old key and updates that row in place, key included,
@@ -341,7 +341,7 @@ def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark)
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
     snapshot_to_s3(db, src, slot=slot, publication="pub", workers=1, s3_client=client)
-    merge_slot(spark, store=src, slot=slot, delta=lake)  # bootstrap: rows 1..12 in Delta
+    merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows)  # bootstrap: rows 1..12 in Delta
     sql(db, "UPDATE t SET id = 101 WHERE id = 1")  # a plain move
     sql(db, "UPDATE t SET id = 102 WHERE id = 2")
     sql(db, "UPDATE t SET v = 'moved then updated' WHERE id = 102")  # big unchanged again
@@ -357,8 +357,9 @@ def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark)
     sql(db, "DELETE FROM t WHERE id = 9")
     w = drain(db, src, slot, client)
     assert w.lost_toast["public.t"]["updates"] == 6  # 1, 2, 3, 4, 5 and 105 (7 sent big)
-    r = merge_slot(spark, store=src, slot=slot, delta=lake)
+    r = merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows)
     assert r.tables[0].action == "merged"
+    assert r.tables[0].metrics["pgcdc_compacted_on"] == ("spark" if driver_rows == 0 else "driver")
     url = delta_table_url(lake, "public", "t")
     got = {x["id"]: x for x in delta_rows(url, "id")}
     want = {x["id"]: x for x in pg_rows(db, "public.t", "id")}

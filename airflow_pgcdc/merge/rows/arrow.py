@@ -28,11 +28,15 @@ from airflow_pgcdc.changes.columns import UNCHANGED_TOAST as TOAST
 from airflow_pgcdc.merge.clauses import keep_column
 from airflow_pgcdc.merge.spark_io import conform
 
-__all__ = ["DRIVER_ROWS", "NotOnDriver", "compact_table", "read_table"]
+__all__ = ["DRIVER_BYTES", "DRIVER_ROWS", "NotOnDriver", "compact_table", "read_table"]
 
 DRIVER_ROWS = 20_000
 """Default of ``pgcdc merge --driver-rows``: a table's batch of at most this many change rows
-is compacted on the driver (this module); a larger one by Spark."""
+is compacted on the driver (this module); a larger one by Spark. A copied table (bootstrap,
+resync) of at most this many rows and :data:`DRIVER_BYTES` is read by the driver too."""
+
+DRIVER_BYTES = 64 << 20
+"""The most Parquet bytes of a copied table the driver reads itself (see :data:`DRIVER_ROWS`)."""
 
 
 class NotOnDriver(Exception):
