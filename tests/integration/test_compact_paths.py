@@ -12,7 +12,14 @@ import random
 import pyarrow as pa
 import pytest
 
-from airflow_pgcdc.changes.columns import COMMIT_LSN, MATCH_PREFIX, OLD_PREFIX, OP, SEQ, UNCHANGED_TOAST
+from airflow_pgcdc.changes.columns import (
+    COMMIT_LSN,
+    MATCH_PREFIX,
+    OLD_PREFIX,
+    OP,
+    SEQ,
+    UNCHANGED_TOAST,
+)
 from airflow_pgcdc.merge.clauses import keep_column
 from airflow_pgcdc.merge.compact import compact
 from airflow_pgcdc.merge.rows.arrow import NotOnDriver, compact_table
