@@ -163,6 +163,7 @@ class VersionInput:
     rows: int
     # the manifest's missing_values: what rows older than an ADD COLUMN … DEFAULT read
     missing_values: str | None = None
+    bytes: int = 0  # the parts' Parquet bytes
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,10 @@ class TablePlan:
     @property
     def rows(self) -> int:
         return sum(v.rows for v in self.versions)
+
+    @property
+    def bytes(self) -> int:
+        return sum(v.bytes for v in self.versions)
 
     @property
     def parts(self) -> list[str]:
@@ -254,6 +259,7 @@ def plan_table(
                     parts=tuple(base + p["path"] for p in rv.get("parts", ())),
                     rows=int(rv.get("rows", 0)),
                     missing_values=rv.get("missing_values"),
+                    bytes=int(rv.get("bytes") or sum(int(p.get("bytes", 0)) for p in rv.get("parts", ()))),
                 ))
         for tr in m.truncates:
             if truncates_table(tr, schema, table):

@@ -79,7 +79,7 @@ def _copy_on_driver(ctx: JobContext, entry, parts: list[str], schema: pa.Schema,
     by the driver and sorted by the key, as one Arrow table; ``None``: Spark reads it."""
     from airflow_pgcdc.merge.rows.arrow import DRIVER_BYTES, read_table
 
-    if entry.rows > ctx.driver_rows or sum(p.bytes for p in entry.parts) > DRIVER_BYTES:
+    if not 0 < ctx.driver_rows or entry.rows > ctx.driver_rows or sum(p.bytes for p in entry.parts) > DRIVER_BYTES:
         return None
     table = read_table(ctx.fs, [f"{ctx.layout.bucket}/{p}" for p in parts], schema)
     if keys:
@@ -258,12 +258,19 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     return metrics, dt, added
 
 
+def _small(ctx: JobContext, plan: TablePlan) -> bool:
+    """Whether the driver reads ``plan``'s batch itself (``--driver-rows``, :data:`~.rows.arrow.DRIVER_BYTES`)."""
+    from airflow_pgcdc.merge.rows.arrow import DRIVER_BYTES
+
+    return 0 < ctx.driver_rows and plan.rows <= ctx.driver_rows and plan.bytes <= DRIVER_BYTES
+
+
 def _compacted_on_driver(ctx: JobContext, plan: TablePlan, read_schema: pa.Schema, args: dict):
     """The batch compacted on the driver (:mod:`.rows.arrow`) when it is small enough
-    (``ctx.driver_rows``), else ``None`` (Spark compacts it)."""
+    (:func:`_small`), else ``None`` (Spark compacts it)."""
     from airflow_pgcdc.merge.rows.arrow import NotOnDriver, compact_table
 
-    if plan.rows > ctx.driver_rows:
+    if not _small(ctx, plan):
         return None
     try:
         return compact_table(read_changes_on_driver(ctx, plan, read_schema), **args)
@@ -287,7 +294,7 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     dt, added = evolve(ctx, plan, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
     meta = [META[OP], META[COMMIT_LSN], META[SEQ]]
     out = pa.schema(fields)
-    if ctx.engine == "delta-rs" and plan.truncate_at is None and plan.rows <= ctx.driver_rows:
+    if ctx.engine == "delta-rs" and plan.truncate_at is None and _small(ctx, plan):
         small = read_changes_on_driver(ctx, plan, pa.schema(fields + meta))
         if small.num_rows == 0 or pc.all(pc.equal(small[OP], "I")).as_py():  # inserts only: no Spark job
             small = small.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")]).select(out.names)
