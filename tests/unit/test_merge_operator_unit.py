@@ -281,6 +281,20 @@ def test_target_file_mb_reaches_the_job(fake_spark):
         PgcdcSparkMergeOperator(task_id="m2", store="s", slot="s", delta="d", target_file_mb=0)
 
 
+def test_driver_rows_reach_the_job(fake_spark):
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake", driver_rows=0)
+    op.execute({"outlet_events": _Events()})
+    args = (fake_spark / "args.txt").read_text().splitlines()
+    assert args[-2:] == ["--driver-rows", "0"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(args[args.index(op.application) + 1:]).driver_rows == 0
+    assert "--driver-rows" not in merge_application_args(store="s", slot="s", delta="d")
+    for bad in (-1, "10", True, 2.5):
+        with pytest.raises(ValueError, match="driver_rows must be an integer 0 or more"):
+            PgcdcSparkMergeOperator(task_id="m2", store="s", slot="s", delta="d", driver_rows=bad)
+
+
 def test_deletion_vectors_reach_the_job_with_delta_spark_only(fake_spark):
     op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
                                  engine="delta-spark", deletion_vectors=True)
