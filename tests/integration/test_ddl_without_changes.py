@@ -72,9 +72,10 @@ def _run(db, src, lake, client, slot, spark, **merge):
 
 
 @pytest.mark.slow
-def test_columns_added_without_a_change_reach_the_delta_table_in_their_window(fresh_db, slot_name, store, spark):
+def test_columns_added_without_a_change_reach_the_delta_table_in_their_window(fresh_db, slot_name, store, spark,
+                                                                            driver_rows):
     client, src, lake = store
-    _run(fresh_db, src, lake, client, slot_name(), spark)
+    _run(fresh_db, src, lake, client, slot_name(), spark, driver_rows=driver_rows)
 
 
 @pytest.mark.slow

@@ -232,7 +232,7 @@ def _numbered_writer(db, table, stop, counter, log_table=None):
 
 
 @pytest.mark.parametrize("case", ["new_table", "rebuild"])
-def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, spark):
+def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, spark, driver_rows):
     """``pgcdc resync`` of a table while a numbered writer changes it and drains run: for a
     table added to the publication after the snapshot (the merge refused it until then,
     naming resync) and for a table of the pipeline whose Delta table was damaged. The next
@@ -277,14 +277,14 @@ def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, 
         sql(db, "UPDATE b SET v = 'changed after joining' WHERE id <= 5")
         drain(db, src, slot, client)
         with pytest.raises(TablesFailed) as failed:
-            merge_slot(spark, store=src, slot=slot, delta=lake)
+            merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows)
         by = {t.table: t for t in failed.value.result.tables}
         assert by["public.a"].action == "bootstrapped" or by["public.a"].action.startswith("bootstrapped")
         assert by["public.b"].action == "failed" and NeedsSnapshot.__name__ in by["public.b"].error
         assert "pgcdc resync" in by["public.b"].hint and """--tables '"public"."b"'""" in by["public.b"].hint
     else:
         drain(db, src, slot, client)
-        merge_slot(spark, store=src, slot=slot, delta=lake)
+        merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows)
         DeltaTable(b_url, storage_options=storage).delete("id <= 150")  # the incident
     a_version = DeltaTable(delta_table_url(lake, "public", "a"), storage_options=storage).version()
 
@@ -357,7 +357,7 @@ def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, 
     straddling = [m for m in read_windows(client, src, slot) if m.start < point < m.end]
     assert straddling and any(t["table"] == "l" for t in straddling[0].tables), \
         "a window holds changes from both sides of the copy's consistent point"
-    out = merge_slot(spark, store=src, slot=slot, delta=lake)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows)
     by = {t.table: t for t in out.tables}
     assert by["public.b"].action == "resynced+merged", by["public.b"]
     assert by["public.l"].action == "resynced+merged", by["public.l"]
@@ -368,13 +368,13 @@ def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, 
     assert DeltaTable(delta_table_url(lake, "public", "a"), storage_options=storage).version() == a_version
     dt = DeltaTable(b_url, storage_options=storage)
     version = dt.version()
-    again = merge_slot(spark, store=src, slot=slot, delta=lake)
+    again = merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows)
     assert {t.table: t.action for t in again.tables}["public.b"] == "up-to-date"
     dt.update_incremental()
     assert dt.version() == version, "a replay commits nothing"
     sql(db, "UPDATE b SET v = 'after' WHERE id % 10 = 0; DELETE FROM b WHERE id = 7")
     drain(db, src, slot, client)
-    merge_slot(spark, store=src, slot=slot, delta=lake)
+    merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows)
     assert_equal(db, lake, "public.b", "id")
 
 
