@@ -35,7 +35,9 @@ _MISSING = unavailable_reason()
 needs_jars = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
 
 ENGINES = [
-    pytest.param([], id="delta-rs"),
+    # --driver-rows 0: these windows are small, and the driver would compact them itself;
+    # here the executors (which cannot import the installed package) must read and compact
+    pytest.param(["--driver-rows", "0"], id="delta-rs"),
     pytest.param(["--engine", "delta-spark", "--reader", "s3a"], id="delta-spark-s3a", marks=needs_jars),
 ]
 
