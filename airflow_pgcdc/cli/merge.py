@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
-        out = run_job(args)
+        out = run_job(args, lazy=True)  # no JVM when no table needs Spark
     except TablesFailed as e:  # the others were merged: print every table's outcome, then fail
         if e.result is not None:
             json.dump(e.result.to_dict(), sys.stdout, indent=2)

@@ -46,7 +46,8 @@ META = {f.name: f for f in META_FIELDS}
 
 @dataclass
 class JobContext:
-    spark: Any
+    # the Spark session, or a callable that starts it when a table first needs Spark (:attr:`spark`)
+    session: Any
     layout: Layout
     client: Any
     fs: Any
@@ -80,6 +81,13 @@ class JobContext:
     # (deltars.table_url), and each table's resolved location
     legacy_shared: frozenset = frozenset()
     urls: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    @property
+    def spark(self):
+        """The job's Spark session, started on first use when the job was given a starter."""
+        if callable(self.session) and not hasattr(self.session, "sparkContext"):
+            self.session = self.session()
+        return self.session
 
     def table_url(self, schema: str, table: str) -> str:
         """Where the Delta table of ``schema.table`` is (:func:`.deltars.table_url`), once per job."""

@@ -186,6 +186,8 @@ def merge_slot(
     driver_rows: int | None = None,
 ) -> MergeResult:
     """Bootstrap and merge every table of ``slot`` (or only ``tables``, ``schema.table``)
+    with the Spark session ``spark`` (or a callable that starts one, called only when a table
+    needs Spark: with delta-rs, a job whose batches are all small starts none)
     from the store at ``store`` (``s3://bucket/prefix``; ``source``, its 0.1 name, warns) into Delta tables under
     ``delta`` (``s3://bucket/lake``). ``keys`` overrides merge keys per table.
     ``engine``: ``delta-rs`` (default) or ``delta-spark`` (needs the Delta and hadoop-aws
@@ -227,21 +229,29 @@ def merge_slot(
     if delta.startswith("s3://"):  # delta-rs commits the Delta log with If-None-Match too
         root = s3store.S3Location.parse(delta)
         s3store.check_conditional_puts(client, root.bucket, root.prefix.rstrip("/") + "/" if root.prefix else "")
+    def prepared(session):  # what every table read through Spark needs of the session
+        register(session)
+        if engine == "delta-spark" or reader == "s3a":
+            from airflow_pgcdc.merge.jars import configure_s3a
+
+            configure_s3a(session, settings)
+            session.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # see SPARK_CONF
+        if reader == "s3a":  # Parquet TIME columns: read, then turned into int64 µs
+            session.conf.set("spark.sql.timeType.enabled", "true")
+        return session
+
+    # a session starter (spark_app.run) is called when a table first needs Spark: a job whose
+    # tables are all small starts no JVM (delta-rs); delta-spark and s3a need it anyway: now
+    lazy = callable(spark) and not hasattr(spark, "sparkContext")
+    if lazy and (engine == "delta-spark" or reader == "s3a"):
+        spark, lazy = spark(), False
     ctx = JobContext(
-        spark=spark, layout=layout, client=client, fs=s3store.make_pyarrow_fs(settings),
+        session=(lambda: prepared(spark())) if lazy else prepared(spark), layout=layout, client=client, fs=s3store.make_pyarrow_fs(settings),
         storage=s3store.delta_storage_options(settings), slot=slot, delta=delta,
         run_id=new_run_id(), s3_options=s3_options(settings), engine=engine, history=history,
         reader=reader, target_file_mb=target_file_mb, deletion_vectors=bool(deletion_vectors),
         driver_rows=driver_rows,
     )
-    register(spark)
-    if ctx.engine == "delta-spark" or ctx.reader == "s3a":
-        from airflow_pgcdc.merge.jars import configure_s3a
-
-        configure_s3a(spark, settings)
-        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # see SPARK_CONF
-    if ctx.reader == "s3a":  # Parquet TIME columns: read, then turned into int64 µs
-        spark.conf.set("spark.sql.timeType.enabled", "true")
     remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
     ctx.resyncs = committed_resyncs(client, layout, slot)

@@ -59,16 +59,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")
 
 
-def run(args: argparse.Namespace, spark=None) -> dict:
+def run(args: argparse.Namespace, spark=None, *, lazy: bool = False) -> dict:
     from airflow_pgcdc.merge.job import merge_slot
     from airflow_pgcdc.merge.session import needs_delta_jars, spark_session
 
     master = getattr(args, "master", None)
     if spark is None:
-        spark = spark_session(master, delta=needs_delta_jars(args.engine, args.reader),
-                              conf=dict(getattr(args, "conf", None) or ()))
-        if master and not master.startswith("local"):
-            ship_package(spark)
+        def start_spark():
+            session = spark_session(master, delta=needs_delta_jars(args.engine, args.reader),
+                                    conf=dict(getattr(args, "conf", None) or ()))
+            if master and not master.startswith("local"):
+                ship_package(session)
+            return session
+
+        # lazy (pgcdc merge in-process): the job starts Spark when a table first needs it, so
+        # a run whose batches are all small starts no JVM; under spark-submit the session is
+        # made at once (a cluster manager may expect the application's SparkContext)
+        spark = start_spark if lazy else start_spark()
     result = merge_slot(
         spark, store=args.store, slot=args.slot, delta=args.delta, tables=args.tables,
         keys=parse_keys(args.key), max_windows=args.max_windows, engine=args.engine,

@@ -176,6 +176,42 @@ def test_killed_merge_then_rerun_merges_exactly_once(fault, db18, slot_name, sto
     assert_equal(db, lake, "public.t", "id")
 
 
+def test_pgcdc_merge_of_small_batches_starts_no_spark(db18, slot_name, store, s3):
+    """``pgcdc merge`` whose tables are all small (bootstrap and window under --driver-rows)
+    starts no JVM: with ``SPARK_HOME`` pointing nowhere it still bootstraps and merges, and
+    the same run forced through Spark (``--driver-rows 0``) fails there, which shows the probe
+    would see a Spark start."""
+    import os
+    import subprocess
+    import sys
+
+    client, src, lake = store
+    db = db18
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE k (v text)")
+    sql(db, "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 50) g; INSERT INTO k VALUES ('a')")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t, k")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    sql(db, "UPDATE t SET v = 'changed' WHERE id <= 10; DELETE FROM t WHERE id > 40; INSERT INTO k VALUES ('b')")
+    drain(db, src, slot, client)
+    env = dict(os.environ, **s3.aws_env(), SPARK_HOME="/nonexistent/spark", SPARK_LOCAL_IP="127.0.0.1")
+
+    def pgcdc_merge(*extra):
+        return subprocess.run([sys.executable, "-m", "airflow_pgcdc.cli", "merge", "--from", src, "--slot", slot,
+                               *extra], env=env, capture_output=True, text=True, timeout=300)
+
+    forced = pgcdc_merge("--delta", lake + "-spark", "--driver-rows", "0")
+    assert forced.returncode != 0, "Spark started although SPARK_HOME points nowhere: the probe sees nothing"
+    done = pgcdc_merge("--delta", lake)
+    assert done.returncode == 0, done.stderr[-3000:]
+    by = {t["table"]: t for t in json.loads(done.stdout)["tables"]}
+    assert {n: t["action"] for n, t in by.items()} == {"public.t": "bootstrapped+merged",
+                                                       "public.k": "bootstrapped+merged"}, by
+    assert by["public.t"]["metrics"]["pgcdc_compacted_on"] == "driver"
+    assert_equal(db, lake, "public.t", "id")
+    assert sorted(r["v"] for r in delta_rows(delta_table_url(lake, "public", "k"), "v")) == ["a", "b"]
+
+
 def test_changelog_history_appends_every_change_once(db18, slot_name, store, spark):
     from airflow_pgcdc.merge.plan import changelog_url
 
