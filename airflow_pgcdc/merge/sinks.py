@@ -74,20 +74,25 @@ def _staged_in_order(paths: list[str]) -> list[str]:
     return sorted(paths, key=lambda p: p.rsplit("/", 1)[-1])
 
 
-def _copy_on_driver(ctx: JobContext, entry, parts: list[str], schema: pa.Schema, keys: Sequence[str]):
-    """A small copied table (``ctx.driver_rows`` rows, :data:`~.rows.arrow.DRIVER_BYTES`) read
-    by the driver and sorted by the key, as one Arrow table; ``None``: Spark reads it."""
+def _copy_rows(ctx: JobContext, entry, parts: list[str], schema: pa.Schema, keys: Sequence[str],
+               what: str) -> tuple[pa.RecordBatchReader, int]:
+    """A copied table's rows sorted by the key, and how many, for a delta-rs write: a small
+    table (``ctx.driver_rows`` rows, :data:`~.rows.arrow.DRIVER_BYTES`) read by the driver
+    (no Spark job, no staged file), a larger one read, sorted and staged by Spark."""
     from airflow_pgcdc.merge.rows.arrow import DRIVER_BYTES, read_table
 
-    if not 0 < ctx.driver_rows or entry.rows > ctx.driver_rows or sum(p.bytes for p in entry.parts) > DRIVER_BYTES:
-        return None
-    table = read_table(ctx.fs, [f"{ctx.layout.bucket}/{p}" for p in parts], schema)
-    if keys:
-        try:
-            table = table.sort_by([(k, "ascending") for k in keys])
-        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
-            pass  # a key type Arrow does not sort: the order only shapes the files, not what they hold
-    return table
+    if 0 < ctx.driver_rows and entry.rows <= ctx.driver_rows and sum(p.bytes for p in entry.parts) <= DRIVER_BYTES:
+        table = read_table(ctx.fs, [f"{ctx.layout.bucket}/{p}" for p in parts], schema)
+        if keys:
+            try:
+                table = table.sort_by([(k, "ascending") for k in keys])
+            except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
+                pass  # a key type Arrow does not sort: the order only shapes the files, not what they hold
+        return table.to_reader(), table.num_rows
+    staging = ctx.staging(entry.schema, entry.table, what)
+    stage(ctx, _sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
+    paths, rows = deltars.read_staged(ctx.fs, staging)
+    return deltars.staged_reader(ctx.fs, _staged_in_order(paths), schema), rows
 
 
 def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: int,
@@ -106,14 +111,7 @@ def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: 
     check_case(name, [c.name for c in entry.columns])
     fields = delta_fields(table_fields(part_schema(ctx, parts[0])))
     schema = pa.schema(fields)
-    small = _copy_on_driver(ctx, entry, parts, schema, keys)
-    if small is not None:
-        reader, rows = small.to_reader(), small.num_rows
-    else:
-        staging = ctx.staging(entry.schema, entry.table, "resync")
-        stage(ctx, _sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
-        paths, rows = deltars.read_staged(ctx.fs, staging)
-        reader = deltars.staged_reader(ctx.fs, _staged_in_order(paths), schema)
+    reader, rows = _copy_rows(ctx, entry, parts, schema, keys, "resync")
     fault_point("merge-after-stage", log)
     point = int(resync.consistent_point)
     deltars.replace(
@@ -146,18 +144,11 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
             from airflow_pgcdc.merge.compact import col
 
             files = pruning.file_count(sum(p.bytes for p in entry.parts), ctx.target_file_mb)
-            rows = deltaspark.bootstrap(ctx.spark, read_parts(ctx, parts, schema), path=deltaspark.s3a(url), metadata=metadata,
-                                        configuration=spark_configuration(ctx, fields),
+            rows = deltaspark.bootstrap(ctx.spark, read_parts(ctx, parts, schema), path=deltaspark.s3a(url),
+                                        metadata=metadata, configuration=spark_configuration(ctx, fields),
                                         sort_by=[col(k) for k in keys], files=files)
         else:
-            small = _copy_on_driver(ctx, entry, parts, schema, keys)
-            if small is not None:  # a small table: no Spark job, no staged files
-                reader, rows = small.to_reader(), small.num_rows
-            else:
-                staging = ctx.staging(entry.schema, entry.table, "bootstrap")
-                stage(ctx, _sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
-                paths, rows = deltars.read_staged(ctx.fs, staging)
-                reader = deltars.staged_reader(ctx.fs, _staged_in_order(paths), schema)
+            reader, rows = _copy_rows(ctx, entry, parts, schema, keys, "bootstrap")
             deltars.bootstrap(
                 url, reader, storage_options=ctx.storage,
                 configuration=table_configuration(fields), metadata=metadata,
