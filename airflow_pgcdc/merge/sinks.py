@@ -211,6 +211,7 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
                 compacted.unpersist()
         if bound_key is not None:
             metrics["pgcdc_key_ranges"] = len(ranges)
+        metrics["pgcdc_compacted_on"] = "spark"
         fault_point("merge-after-commit", log)
         return metrics, dt, added
     by_name = {f.name: f for f in fields}
