@@ -32,6 +32,7 @@ __all__ = [
     "read_changes_on_driver",
     "read_files",
     "read_parts",
+    "is_starter",
     "read_s3a",
     "remove_old_staging",
     "spark_commit_once",
@@ -85,7 +86,7 @@ class JobContext:
     @property
     def spark(self):
         """The job's Spark session, started on first use when the job was given a starter."""
-        if callable(self.session) and not hasattr(self.session, "sparkContext"):
+        if is_starter(self.session):
             self.session = self.session()
         return self.session
 
@@ -114,6 +115,10 @@ class JobContext:
         """``bucket/…/merge-staging/{run}/{segment}/{what}/`` (a pyarrow fs path)."""
         prefix = self.layout.merge_staging_prefix(self.slot, self.run_id)
         return f"{self.layout.bucket}/{prefix}{encode_table_segment(schema, table)}/{what}/"
+
+def is_starter(spark) -> bool:
+    """Whether ``spark`` is a callable that starts a session (not a session itself)."""
+    return callable(spark) and not hasattr(spark, "sparkContext")
 
 def window_metadata(ctx: JobContext, plan: TablePlan) -> dict[str, str]:
     return {

@@ -57,6 +57,7 @@ from airflow_pgcdc.merge.checks import (
 )
 from airflow_pgcdc.merge.context import (
     JobContext,
+    is_starter,
     remove_old_staging,
 )
 from airflow_pgcdc.merge.errors import (
@@ -242,7 +243,7 @@ def merge_slot(
 
     # a session starter (spark_app.run) is called when a table first needs Spark: a job whose
     # tables are all small starts no JVM (delta-rs); delta-spark and s3a need it anyway: now
-    lazy = callable(spark) and not hasattr(spark, "sparkContext")
+    lazy = is_starter(spark)
     if lazy and (engine == "delta-spark" or reader == "s3a"):
         spark, lazy = spark(), False
     ctx = JobContext(

@@ -79,9 +79,9 @@ def _copy_rows(ctx: JobContext, entry, parts: list[str], schema: pa.Schema, keys
     """A copied table's rows sorted by the key, and how many, for a delta-rs write: a small
     table (``ctx.driver_rows`` rows, :data:`~.rows.arrow.DRIVER_BYTES`) read by the driver
     (no Spark job, no staged file), a larger one read, sorted and staged by Spark."""
-    from airflow_pgcdc.merge.rows.arrow import DRIVER_BYTES, read_table
+    from airflow_pgcdc.merge.rows.arrow import read_table
 
-    if 0 < ctx.driver_rows and entry.rows <= ctx.driver_rows and sum(p.bytes for p in entry.parts) <= DRIVER_BYTES:
+    if _fits_driver(ctx, entry.rows, sum(p.bytes for p in entry.parts)):
         table = read_table(ctx.fs, [f"{ctx.layout.bucket}/{p}" for p in parts], schema)
         if keys:
             try:
@@ -250,19 +250,20 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     return metrics, dt, added
 
 
-def _small(ctx: JobContext, plan: TablePlan) -> bool:
-    """Whether the driver reads ``plan``'s batch itself (``--driver-rows``, :data:`~.rows.arrow.DRIVER_BYTES`)."""
+def _fits_driver(ctx: JobContext, rows: int, parquet_bytes: int) -> bool:
+    """Whether the driver reads a batch or copy of ``rows`` rows in ``parquet_bytes`` itself
+    (``--driver-rows``, 0: never; :data:`~.rows.arrow.DRIVER_BYTES`)."""
     from airflow_pgcdc.merge.rows.arrow import DRIVER_BYTES
 
-    return 0 < ctx.driver_rows and plan.rows <= ctx.driver_rows and plan.bytes <= DRIVER_BYTES
+    return 0 < ctx.driver_rows and rows <= ctx.driver_rows and parquet_bytes <= DRIVER_BYTES
 
 
 def _compacted_on_driver(ctx: JobContext, plan: TablePlan, read_schema: pa.Schema, args: dict):
     """The batch compacted on the driver (:mod:`.rows.arrow`) when it is small enough
-    (:func:`_small`), else ``None`` (Spark compacts it)."""
+    (:func:`_fits_driver`), else ``None`` (Spark compacts it)."""
     from airflow_pgcdc.merge.rows.arrow import NotOnDriver, compact_table
 
-    if not _small(ctx, plan):
+    if not _fits_driver(ctx, plan.rows, plan.bytes):
         return None
     try:
         return compact_table(read_changes_on_driver(ctx, plan, read_schema), **args)
@@ -286,7 +287,7 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     dt, added = evolve(ctx, plan, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
     meta = [META[OP], META[COMMIT_LSN], META[SEQ]]
     out = pa.schema(fields)
-    if ctx.engine == "delta-rs" and plan.truncate_at is None and _small(ctx, plan):
+    if ctx.engine == "delta-rs" and plan.truncate_at is None and _fits_driver(ctx, plan.rows, plan.bytes):
         small = read_changes_on_driver(ctx, plan, pa.schema(fields + meta))
         if small.num_rows == 0 or pc.all(pc.equal(small[OP], "I")).as_py():  # inserts only: no Spark job
             small = small.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")]).select(out.names)

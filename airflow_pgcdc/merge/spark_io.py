@@ -43,6 +43,7 @@ __all__ = [
     "PgcdcParquetSource",
     "PgcdcStagingSink",
     "conform",
+    "conformed_batches",
     "decode_schema",
     "encode_schema",
     "register",
@@ -77,6 +78,17 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
             a = pa.nulls(n, f.type)
         arrays.append(a)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def conformed_batches(fs, path: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The Parquet file at ``path`` (a ``bucket/key`` path on ``fs``) in batches conformed to
+    ``schema`` (:func:`conform`): what the reader's executors and the driver's small-batch
+    path (:mod:`.rows.arrow`) both read."""
+    import pyarrow.parquet as pq
+
+    with fs.open_input_file(path) as f:
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=READ_BATCH_ROWS):
+            yield conform(batch, schema)
 
 
 _S3_FIELDS = ("endpoint_url", "region", "addressing_style", "access_key_id",
@@ -130,13 +142,7 @@ class _PartsReader(DataSourceReader):
         return [_Part(p) for p in self.parts]
 
     def read(self, partition) -> Iterator[pa.RecordBatch]:
-        import pyarrow.parquet as pq
-
-        fs = _fs(self.options)
-        with fs.open_input_file(partition.path) as f:
-            pf = pq.ParquetFile(f)
-            for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS):
-                yield conform(batch, self.arrow_schema)
+        yield from conformed_batches(_fs(self.options), partition.path, self.arrow_schema)
 
 
 class PgcdcParquetSource(DataSource):

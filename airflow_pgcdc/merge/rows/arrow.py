@@ -20,13 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN as LSN
 from airflow_pgcdc.changes.columns import MATCH_PREFIX, OLD_PREFIX, OP, SEQ
 from airflow_pgcdc.changes.columns import UNCHANGED_TOAST as TOAST
 from airflow_pgcdc.merge.clauses import keep_column
-from airflow_pgcdc.merge.spark_io import conform
+from airflow_pgcdc.merge.spark_io import conformed_batches
 
 __all__ = ["DRIVER_BYTES", "DRIVER_ROWS", "NotOnDriver", "compact_table", "read_table"]
 
@@ -79,12 +78,7 @@ def _frozen(v):
 def read_table(fs, paths: Sequence[str], schema: pa.Schema) -> pa.Table:
     """Parquet files (``bucket/key`` paths) as one table conformed to ``schema`` (as the Spark
     reader does: missing columns NULL, types cast)."""
-    tables = []
-    for path in paths:
-        with fs.open_input_file(path) as f:
-            for batch in pq.ParquetFile(f).iter_batches():
-                tables.append(pa.Table.from_batches([conform(batch, schema)], schema=schema))
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+    return pa.Table.from_batches([b for path in paths for b in conformed_batches(fs, path, schema)], schema=schema)
 
 
 @dataclass(slots=True)
@@ -192,7 +186,7 @@ def _extended(table: pa.Table, cols: list[str], keys: list[str], full: bool, mov
         else:
             extra = pa.chunked_array([pa.nulls(len(moved_at), column.type)])
         out[x] = pa.chunked_array(list(column.chunks) + list(extra.chunks), type=column.type)
-    return pa.table(out) if cols else pa.table({})
+    return pa.table(out)
 
 
 def _drop_stale_moves(groups: dict[tuple, list[_Row]], ext: pa.Table, cols: list[str]) -> None:
