@@ -122,10 +122,11 @@ def executor_python_without_the_install(tmp_path) -> Path:
 
 
 def local_merge(spark, src, slot, lake, *engine) -> dict:
-    """The same merge in this process's local Spark session, for a step whose outcome the
-    driver decides before any executor works (a rerun that finds every window committed:
-    ``up-to-date``): on the cluster it would cost an application (~60 s on the loaded
-    2-core machine) and prove nothing a cluster changes."""
+    """The same merge in this process's local Spark session, for a step a cluster changes
+    nothing in (a rerun that finds every window committed: ``up-to-date``, decided before
+    any executor works; the later merges of Delta's Spark engine in
+    :func:`test_end_to_end_on_the_cluster`): on the cluster it would cost an application
+    (~60 s on the loaded 2-core machine, ~90 s with Delta's Spark engine)."""
     from airflow_pgcdc.merge.job import merge_slot
 
     opts = dict(zip(engine[::2], engine[1::2], strict=True))
@@ -136,21 +137,33 @@ def local_merge(spark, src, slot, lake, *engine) -> dict:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_end_to_end_on_the_cluster(engine, db, slot_name, s3, s3_bucket, spark_cluster, spark, monkeypatch,
                                    tmp_path):
-    """The two merges that write alternate between ``pgcdc merge --master`` and a
-    hand-typed ``spark-submit`` whose executors cannot import our installed package (only
-    the ``--py-files`` zip); the replay that must find nothing to do runs in-process
-    (:func:`local_merge`)."""
+    """The default engine: the two merges that write alternate between ``pgcdc merge
+    --master`` and a hand-typed ``spark-submit`` whose executors cannot import our installed
+    package (only the ``--py-files`` zip); the replay that must find nothing to do runs
+    in-process (:func:`local_merge`). Delta's Spark engine: the first merge (bootstrap, then
+    a MERGE whose executors read the windows and the table through s3a with the jars the job
+    shipped them) by hand-typed ``spark-submit``; the later ones in-process: what they add
+    (schema change, truncate, TOAST across windows) is planned and committed by the driver
+    alike on a cluster and in local mode, and ``pgcdc merge --master`` with this engine runs
+    on the cluster in the two tests below (a cluster application of this engine costs
+    ~90 s of the suite)."""
     for k, v in s3.aws_env().items():
         monkeypatch.setenv(k, v)
     src, lake = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
     slot = slot_name()
     apps = len(spark_cluster.status()["completedapps"])
-    runs = iter([lambda *a: cli_merge(spark_cluster, s3, *a), lambda *a: submit_merge(spark_cluster, s3, *a, tmp_path=tmp_path),
-                 lambda *a: local_merge(spark, *a)])
+    merges = {
+        "cli": lambda *a: cli_merge(spark_cluster, s3, *a),
+        "submit": lambda *a: submit_merge(spark_cluster, s3, *a, tmp_path=tmp_path),
+        "local": lambda *a: local_merge(spark, *a),
+    }
+    plan = ["submit", "local", "local"] if "delta-spark" in engine else ["cli", "submit", "local"]
+    runs = iter(merges[step] for step in plan)
     end_to_end(db, s3.client(), src, lake, slot, lambda: next(runs)(src, slot, lake, *engine))
     done = spark_cluster.status()["completedapps"]
-    assert len(done) - apps == 2, "each merge that wrote ran as an application of the cluster"
-    assert all(a["cores"] == 2 for a in done[-2:]), "on both workers' executors"
+    written = len(plan) - plan.count("local")
+    assert len(done) - apps == written, "each merge that wrote ran as an application of the cluster"
+    assert all(a["cores"] == 2 for a in done[-written:]), "on both workers' executors"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
