@@ -2,8 +2,11 @@
 window) into a fresh location, optionally verify, then swap them in.
 
 When: a Delta table was damaged or deleted, a merge bug was fixed, or a table's layout
-must change. The change store is the source of truth: the snapshot plus the windows,
-which the drain never deletes, replay the whole history of the slot.
+must change. The change store is the source of truth: the snapshot plus the windows
+replay the history of the slot, for as long as the store keeps every window since the
+snapshot. Upkeep (``pgcdc_maintenance``, ``pgcdc maintain``) deletes merged windows older
+than its retention (``PGCDC_RETENTION_HOURS``, default 168 h): past that, a rebuild fails
+(the job refuses the gap) and ``mode=resync`` (a fresh copy from PostgreSQL) is the way.
 
 Consistency rule: the rebuilt table equals the source as of its last merged window's
 ``end_lsn`` (the job refuses gaps, as always). The swap is one overwrite commit on the
@@ -19,10 +22,18 @@ and gets only the changes committed after it. For a table added to the publicati
 the initial load (add it to the publication first), or one whose history in the store
 cannot rebuild it. The other params of the rebuild mode are ignored.
 
+Asset events: the swap emits one per live table it replaced (through the ``pgcdc-delta``
+alias, as the merges do), so consumers scheduled on a live table run after a rebuild; the
+rebuild's own location is scratch and gets none. After every table is swapped in, the run's
+rebuild folder is removed (with ``swap`` false it is kept, for a look before swapping).
+
+Runs of this DAG are triggered (no schedule; with or without a logical date): an Airflow
+backfill of ``pgcdc_incremental`` is refused by its first task, pointing here.
+
 Params: ``mode`` (``rebuild``, the default, or ``resync``), ``tables`` (which tables;
-default all of the slot; ``resync`` needs them), ``store``, ``slot``,
+null, the default: every table of the slot; ``resync`` needs them), ``store``, ``slot``,
 ``delta`` (the live root), ``rebuild_root`` (default ``{delta}_rebuild``; each run
-builds under ``{rebuild_root}/{ts_nodash}``), ``max_windows`` (stop after N windows;
+builds under ``{rebuild_root}/{run id}``), ``max_windows`` (stop after N windows;
 null: all), ``verify`` (compare the rebuilt tables with PostgreSQL: only meaningful on a
 quiet source), ``swap`` (default true).
 """
@@ -30,15 +41,27 @@ quiet source), ``swap`` (default true).
 from __future__ import annotations
 
 import datetime
+import re
 
 from _pgcdc_defaults import AWS_CONN_ID, PARAMS, POSTGRES_CONN_ID, SPARK_CONN_ID
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Asset, Param, task
 
-from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
+from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator, delta_alias
 from airflow_pgcdc.operators.resync import PgcdcResyncOperator
 from airflow_pgcdc.operators.verify import PgcdcVerifyOperator
 
-REBUILT = "{{ (params.rebuild_root or params.delta ~ '_rebuild') ~ '/' ~ ts_nodash }}"
+REBUILT = "{{ (params.rebuild_root or params.delta ~ '_rebuild') ~ '/' ~ path_segment(run_id) }}"
+
+
+def rebuild_folder(params, run_id: str) -> str:
+    """:data:`REBUILT` in Python."""
+    return (params["rebuild_root"] or params["delta"] + "_rebuild").rstrip("/") + "/" + path_segment(run_id)
+
+
+def path_segment(run_id: str) -> str:
+    """A run id as one folder name (run ids may hold ``:``, ``+`` or ``/``)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
+
 
 with DAG(
     "pgcdc_backfill",
@@ -47,8 +70,11 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     render_template_as_native_obj=True,
+    user_defined_macros={"path_segment": path_segment},
     params={
         **PARAMS,
+        "tables": Param(None, type=["null", "array"],
+                        description="schema.table names (null: every table of the slot; resync needs them)"),
         "mode": Param("rebuild", enum=["rebuild", "resync"],
                       description="rebuild from the store, or resync the tables from PostgreSQL"),
         "rebuild_root": Param(None, type=["null", "string"],
@@ -63,6 +89,11 @@ with DAG(
 ) as dag:
     @task.branch
     def choose(params=None) -> str:
+        if params["mode"] == "resync" and not params["tables"]:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException("mode=resync copies the tables named in params.tables: give them "
+                                       "(e.g. [\"public.orders\"]); a whole-slot copy is a new initial load")
         return "resync" if params["mode"] == "resync" else "rebuild"
 
     resync = PgcdcResyncOperator(
@@ -92,33 +123,42 @@ with DAG(
         max_windows="{{ params.max_windows }}",
         aws_conn_id=AWS_CONN_ID,
         conn_id=SPARK_CONN_ID,
+        outlets=[],  # scratch: the swap emits the live tables' events
     )
     verify = PgcdcVerifyOperator(
         task_id="verify",
         delta=REBUILT,
-        tables="{{ params.tables if params.verify else [] }}",
+        tables="{{ (params.tables or ti.xcom_pull(task_ids='rebuild')['tables'] | map(attribute='table') | list)"
+               " if params.verify else [] }}",
         postgres_conn_id=POSTGRES_CONN_ID,
         aws_conn_id=AWS_CONN_ID,
     )
 
-    @task
-    def swap(merge_result: dict, params=None, ts_nodash=None) -> list[dict]:
-        """One overwrite commit per live table from its rebuilt table."""
+    @task(outlets=[delta_alias()])
+    def swap(merge_result: dict, params=None, run_id=None, outlet_events=None) -> list[dict]:
+        """One overwrite commit per live table from its rebuilt table, an Asset event for each
+        live table; then the run's rebuild folder is removed."""
         from airflow_pgcdc.hooks.pgcdc import PgcdcHook
         from airflow_pgcdc.merge import deltars
-        from airflow_pgcdc.store.s3 import delta_storage_options
+        from airflow_pgcdc.store import s3
 
         if not params["swap"]:
             return []
-        storage = delta_storage_options(PgcdcHook(POSTGRES_CONN_ID, AWS_CONN_ID).s3_settings())
+        settings = PgcdcHook(POSTGRES_CONN_ID, AWS_CONN_ID).s3_settings()
+        storage = s3.delta_storage_options(settings)
         out = []
         for t in merge_result["tables"]:
             segment = t["delta_url"].rstrip("/").rsplit("/", 1)[1]  # {schema}.{table}, encoded
-            out.append(deltars.swap(
-                t["delta_url"], params["delta"].rstrip("/") + "/" + segment,
-                app=t["app_id"], storage_options=storage,
-                metadata={"pgcdc.swapped_from": t["delta_url"], "pgcdc.backfill": ts_nodash},
-            ))
+            live = params["delta"].rstrip("/") + "/" + segment
+            done = deltars.swap(t["delta_url"], live, app=t["app_id"], storage_options=storage,
+                                metadata={"pgcdc.swapped_from": t["delta_url"], "pgcdc.backfill": run_id})
+            outlet_events[delta_alias()].add(Asset(uri=live), extra={
+                "window_seq": done["window"], "delta_version": done["live_version"], "action": "rebuilt",
+                "end_lsn": t.get("end_lsn")})
+            out.append(done)
+        folder = s3.S3Location.parse(rebuild_folder(params, run_id))
+        removed = s3.delete_prefix(s3.make_s3_client(settings), folder.bucket, folder.prefix + "/")
+        print(f"removed the rebuild folder {folder} ({removed} objects)")
         return out
 
     branch = choose()

@@ -15,6 +15,11 @@ committed window not merged yet (so a run after an outage, or after a failed mer
 catches up in one go, exactly once). A run whose sensor times out (nothing worth a
 window within ``SENSOR_TIMEOUT``) is skipped, not failed.
 
+Backfill: a run drains what the slot holds when it runs, whatever its logical date, so an
+Airflow backfill of this DAG (``airflow backfill create``) could load nothing of the
+intervals it names: its first task refuses each backfill run, pointing to ``pgcdc_backfill``
+(rebuild the Delta tables from the store) and ``pgcdc resync`` (re-copy a table).
+
 Thresholds (environment of the DAG processor; the defaults suit a busy source):
 ``PGCDC_MIN_BYTES`` (pending WAL that makes a window worth it, default 16 MiB),
 ``PGCDC_MAX_DELAY`` (seconds the oldest change may wait, default 600),

@@ -10,6 +10,7 @@ from airflow.sdk import Asset, BaseOperator
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
 from airflow_pgcdc.operators.renamed import renamed_argument
+from airflow_pgcdc.operators.runs import refuse_backfill_run
 
 
 def changes_asset(to: str, slot: str) -> Asset:
@@ -122,6 +123,7 @@ class PgcdcDrainOperator(BaseOperator):
 
         from airflow_pgcdc.drain.drain import DrainBusy, drain_window
 
+        refuse_backfill_run(context, f"drain {self.task_id} (slot {self.slot})")
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
         publications = [self.publication] if isinstance(self.publication, str) else list(self.publication)
         until = self._window_end(context)

@@ -271,7 +271,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     ``{window_seq: last_window, start_lsn, end_lsn, delta_version, action}``
     (window fields ``None`` for a bootstrap without windows). They are emitted through
     the operator's AssetAlias outlet (default :func:`delta_alias`), or directly on an
-    ``Asset`` given in ``outlets`` with the same uri. Consumers schedule on
+    ``Asset`` given in ``outlets`` with the same uri; none with ``outlets=[]`` (a merge
+    into a scratch location, as a rebuild's). Consumers schedule on
     ``Asset("s3://bucket/lake/public.orders")`` or on the alias.
 
     When the job fails some tables and merges the others (``TablesFailed``), see
@@ -530,6 +531,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         raise PgcdcTablesFailed(message)
 
     def _emit_asset_events(self, context, result: Mapping[str, Any]) -> None:
+        if not self.outlets:  # outlets=[]: a scratch location (a rebuild), nothing to announce
+            self.log.info("outlets=[]: no Asset event for the tables of this merge")
+            return
         for t in result.get("tables", ()):
             if t.get("action") not in MERGED_ACTIONS:
                 continue

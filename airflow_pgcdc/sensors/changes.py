@@ -33,6 +33,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.operators.runs import refuse_backfill_run
 from airflow_pgcdc.pg.slots import PendingClock, PublicationMissing, SlotError
 from airflow_pgcdc.triggers.changes import (
     DEFAULT_MAX_DELAY,
@@ -165,6 +166,7 @@ class PgcdcChangesSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=True, xcom_value=ready) if ready else False
 
     def execute(self, context) -> Any:
+        refuse_backfill_run(context, f"sensor {self.task_id} (slot {self.slot})")
         if not self.deferrable:
             return super().execute(context)
         ready = self._check()

@@ -22,13 +22,28 @@ from pathlib import Path
 
 _CHILD = r"""
 import importlib.util, json, os, sys
-path, dag_id, conf = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+path, dag_id, conf, run_type = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # as Airflow does for the dags folder
 spec = importlib.util.spec_from_file_location("dagfile", path)
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 dag = next(v for v in vars(mod).values() if getattr(v, "dag_id", None) == dag_id)
-run = dag.test(run_conf=conf or None)
+test_args = {}
+if run_type:  # dag.test() makes manual runs: make this one of the given type, as a scheduler would
+    import datetime
+    import airflow.models.dagrun as dagrun_module
+    from airflow.utils.types import DagRunType
+
+    def typed_run(*, dag, run_id, logical_date, run_after, **kw):
+        kind = DagRunType(run_type)
+        return dag.create_dagrun(
+            run_id=dagrun_module.DagRun.generate_run_id(run_type=kind, logical_date=logical_date, run_after=run_after),
+            logical_date=logical_date, run_after=run_after, run_type=kind,
+            state=dagrun_module.DagRunState.RUNNING, **kw)
+
+    dagrun_module.get_or_create_dagrun = typed_run
+    test_args["logical_date"] = datetime.datetime(2024, 6, 1, tzinfo=datetime.timezone.utc)  # a past interval
+run = dag.test(run_conf=conf or None, **test_args)
 tasks = {}
 for ti in run.get_task_instances():
     try:
@@ -95,10 +110,14 @@ def migrate(env: dict[str, str]) -> None:
         _migrated_db.append(keep)
 
 
-def run_dag(dag_file: Path, dag_id: str, env: dict[str, str], conf: dict | None = None, timeout: float = 900) -> DagRunResult:
+def run_dag(dag_file: Path, dag_id: str, env: dict[str, str], conf: dict | None = None, timeout: float = 900, *,
+            run_type: str | None = None) -> DagRunResult:
+    """``dag.test()`` of ``dag_id`` in a child process; ``run_type`` (e.g. ``backfill``): the
+    run is of that type (logical date 2024-06-01), as the scheduler makes it for
+    ``airflow backfill create``, instead of ``dag.test()``'s manual run."""
     migrate(env)
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(dag_file), dag_id, json.dumps(conf or {})],
+        [sys.executable, "-c", _CHILD, str(dag_file), dag_id, json.dumps(conf or {}), run_type or ""],
         env=env, capture_output=True, text=True, timeout=timeout,
     )
     output = proc.stdout + proc.stderr

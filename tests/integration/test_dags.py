@@ -109,13 +109,24 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     merged_uris = {e["uri"] for e in events if e["task"] == "merge"}
     assert merged_uris == {delta_table_url(delta, *t.split(".")) for t in TABLES}
 
-    back = run_dag(DAGS / "pgcdc_backfill.py", "pgcdc_backfill", env, {**conf, "verify": True})
+    # the backfill DAG with its defaults: every table of the slot (no `tables` given)
+    back = run_dag(DAGS / "pgcdc_backfill.py", "pgcdc_backfill", env,
+                   {**{k: v for k, v in conf.items() if k != "tables"}, "verify": True})
     ps.__exit__(None, None, None)
     assert ps.scans > 10 and ps.hits == [], ps.hits[:3]
     assert back.state == "success", back.output[-5000:]
     swapped = back.xcom("swap")
     assert {s["window"] for s in swapped} == {0}
+    live_urls = {delta_table_url(delta, *t.split(".")) for t in TABLES}
+    assert {s["live"] for s in swapped} == live_urls
+    assert set(back.xcom("verify")["tables"]) == set(TABLES)
     assert_all_equal(db, delta)
+    # Asset events for the live tables (from the swap), none for the scratch rebuild; the
+    # run's rebuild folder is gone
+    events = [e for e in asset_events(tmp_path / "airflow") if e["task"] in ("rebuild", "swap")]
+    assert sorted(e["uri"] for e in events) == sorted(live_urls), events
+    assert all(e["task"] == "swap" and e["extra"]["action"] == "rebuilt" for e in events), events
+    assert list(s3store.list_keys(s3.client(), s3_bucket, "delta_rebuild/")) == []
     live = DeltaTable(delta_table_url(delta, "shop", "orders"), storage_options=s3store.delta_storage_options())
     assert live.transaction_version(app_id(slot, "shop", "orders")) == 0, "the swap keeps the merge position"
     # secrets never reach the task logs
@@ -150,3 +161,27 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     r = verify_table(db, delta, "shop", "refunds", storage_options=s3store.delta_storage_options())
     assert r.equal and r.to_dict()["postgres"]["rows"] == 49, r.to_dict()
     assert s3.secret_key not in res.output and password not in res.output
+
+
+def test_an_airflow_backfill_of_the_incremental_dag_is_refused(db, slot_name, s3, s3_bucket, tmp_path):
+    """A backfill run of ``pgcdc_incremental`` (as ``airflow backfill create`` makes them: run
+    type ``backfill``, a past logical date) is refused by its first task, naming what to use
+    instead; nothing is drained although changes are pending (a manual run would drain them:
+    ``PGCDC_MIN_BYTES=1``)."""
+    from airflow_pgcdc.snapshot.export import snapshot_to_s3
+
+    sql(db, "CREATE SCHEMA shop; CREATE TABLE shop.orders (id bigint PRIMARY KEY, total numeric(12,2))")
+    sql(db, "INSERT INTO shop.orders VALUES (1, 1.5)")
+    sql(db, "CREATE PUBLICATION demo_pub FOR TABLE shop.orders")
+    slot = slot_name()
+    store, delta = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/delta"
+    snapshot_to_s3(db, store, slot=slot, publication="demo_pub", s3_client=s3.client())
+    sql(db, "INSERT INTO shop.orders VALUES (2, 2.5)")
+    env = airflow_env(tmp_path / "airflow", DAGS, connections(db, s3))
+    conf = {"slot": slot, "publication": "demo_pub", "tables": ["shop.orders"], "store": store, "delta": delta}
+    run = run_dag(DAGS / "pgcdc_incremental.py", "pgcdc_incremental", env, conf, run_type="backfill")
+    assert run.state == "failed", run.output[-3000:]
+    assert run.tasks["wait_for_changes"]["state"] == "failed", run.tasks
+    assert {run.tasks[t]["state"] for t in ("drain", "merge")} == {"upstream_failed"}, run.tasks
+    assert "Airflow backfill run" in run.output and "pgcdc_backfill" in run.output and "pgcdc resync" in run.output
+    assert not [k for k in s3store.list_keys(s3.client(), s3_bucket, "cdc/") if "/changes/" in k], "nothing drained"
