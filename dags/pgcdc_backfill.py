@@ -5,8 +5,9 @@ When: a Delta table was damaged or deleted, a merge bug was fixed, or a table's 
 must change. The change store is the source of truth: the snapshot plus the windows
 replay the history of the slot, for as long as the store keeps every window since the
 snapshot. Upkeep (``pgcdc_maintenance``, ``pgcdc maintain``) deletes merged windows older
-than its retention (``PGCDC_RETENTION_HOURS``, default 168 h): past that, a rebuild fails
-(the job refuses the gap) and ``mode=resync`` (a fresh copy from PostgreSQL) is the way.
+than its retention (``retention_hours``, default 168 h): past that, a rebuild fails those
+tables (``WindowsExpired``, ``CopyExpired``) and ``mode=resync`` (a fresh copy from
+PostgreSQL) is the way.
 
 Consistency rule: the rebuilt table equals the source as of its last merged window's
 ``end_lsn`` (the job refuses gaps, as always). The swap is one overwrite commit on the
