@@ -37,6 +37,10 @@ null, the default: every table of the slot; ``resync`` needs them), ``store``, `
 builds under ``{rebuild_root}/{run id}``), ``max_windows`` (stop after N windows;
 null: all), ``verify`` (compare the rebuilt tables with PostgreSQL: only meaningful on a
 quiet source), ``swap`` (default true).
+
+Not here yet: layout options for the rebuilt tables (file size, engine, deletion vectors):
+the swap copies the rebuilt rows into the live table through delta-rs' writer in one
+commit, so the live files would not keep a rebuild's layout.
 """
 
 from __future__ import annotations

@@ -111,6 +111,36 @@ def delta_alias(slot: str | None = None) -> AssetAlias:
     return assets.alias("delta", slot)
 
 
+def _templated(*values: Any) -> bool:
+    return any(isinstance(v, str) and "{{" in v for v in values)
+
+
+def _number(value: Any, kind, name: str):
+    """A numeric argument as given or rendered from a template (``None``/``""``/``"None"``:
+    unset); an integer one must be whole (``"10"`` yes, ``2.5`` and ``True`` no)."""
+    if value is None or value == "" or value == "None":
+        return None
+    what = "an integer 0 or more" if kind is int else "a positive number"
+    if isinstance(value, bool) or (kind is int and isinstance(value, float)):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    try:
+        return kind(str(value).strip()) if isinstance(value, str) else kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
+
+
+def _flag(value: Any, name: str) -> bool:
+    """A boolean argument as given or rendered from a template."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("true", "1", "yes"):
+            return True
+        if text in ("false", "0", "no", "", "none"):
+            return False
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return bool(value)
+
+
 def merge_application_args(
     *,
     store: str,
@@ -297,13 +327,14 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         :mod:`airflow_pgcdc.merge.jars`, or given by the cluster)
     :param reader: ``python`` (default) or ``s3a`` (templated; Spark's Parquet reader, needs hadoop-aws)
     :param target_file_mb: data file size when a table is bootstrapped or replaced by a
-        resync, rows sorted by the key (``--target-file-mb``; default the job's, 32 MB)
+        resync, rows sorted by the key (``--target-file-mb``; default the job's, 32 MB; templated)
     :param deletion_vectors: with ``engine="delta-spark"``: the Delta tables get deletion
         vectors, so a merge of scattered updates writes the changed rows, not every file
-        they touch (``--deletion-vectors``; readers must support the feature)
+        they touch (``--deletion-vectors``; readers must support the feature; templated:
+        ``"true"``/``"false"``)
     :param driver_rows: with the delta-rs engine, a table's batch of at most this many change
         rows is compacted on the driver in Arrow, without a Spark job (``--driver-rows``;
-        default the job's, 20,000; 0: every batch through Spark)
+        default the job's, 20,000; 0: every batch through Spark; templated)
     :param aws_conn_id: Airflow ``aws`` connection for S3 (login = access key id,
         password = secret key, extras ``endpoint_url``, ``region_name``); ``None``: the
         worker's environment (boto3's conventions) is inherited by spark-submit
@@ -329,7 +360,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
 
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "max_windows",
-        "history", "engine", "reader",
+        "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows",
     )
     ui_color = "#fdebd0"
 
@@ -383,16 +414,17 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.engine = engine
         self.reader = reader
         self.target_file_mb = target_file_mb
-        self.deletion_vectors = bool(deletion_vectors)
+        self.deletion_vectors = deletion_vectors
         self.driver_rows = driver_rows
         self.aws_conn_id = aws_conn_id
         self.py_files_dir = py_files_dir
         self.on_failed_tables = on_failed_tables
-        # bad keys or file size fail at parse time
-        merge_application_args(store=store, slot=slot, delta=delta, keys=self.keys, target_file_mb=target_file_mb,
-                               driver_rows=driver_rows,
-                               engine=None if engine in (None, "", "None") or "{{" in str(engine) else engine,
-                               deletion_vectors=self.deletion_vectors and not (engine and "{{" in str(engine)))
+        # bad keys, file size or driver rows fail at parse time (templated ones when rendered)
+        merge_application_args(store=store, slot=slot, delta=delta, keys=self.keys,
+                               target_file_mb=None if _templated(target_file_mb) else _number(target_file_mb, float, "target_file_mb"),
+                               driver_rows=None if _templated(driver_rows) else _number(driver_rows, int, "driver_rows"),
+                               engine=None if engine in (None, "", "None") or _templated(engine) else engine,
+                               deletion_vectors=not _templated(engine, deletion_vectors) and _flag(deletion_vectors, "deletion_vectors"))
 
     # ------------------------------------------------------------------ building
 
@@ -473,8 +505,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             history=None if self.history in (None, "", "None") else self.history,
             engine=None if self.engine in (None, "", "None") else self.engine,
             reader=None if self.reader in (None, "", "None") else self.reader,
-            target_file_mb=self.target_file_mb, deletion_vectors=self.deletion_vectors,
-            driver_rows=self.driver_rows,
+            target_file_mb=_number(self.target_file_mb, float, "target_file_mb"),
+            deletion_vectors=_flag(self.deletion_vectors, "deletion_vectors"),
+            driver_rows=_number(self.driver_rows, int, "driver_rows"),
         )
         user_jars = self.jars
         self.jars = self._merge_jars()

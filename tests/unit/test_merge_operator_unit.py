@@ -290,9 +290,37 @@ def test_driver_rows_reach_the_job(fake_spark):
     add_arguments(parser)
     assert parser.parse_args(args[args.index(op.application) + 1:]).driver_rows == 0
     assert "--driver-rows" not in merge_application_args(store="s", slot="s", delta="d")
-    for bad in (-1, "10", True, 2.5):
+    for bad in (-1, "ten", True, 2.5, "-3"):
         with pytest.raises(ValueError, match="driver_rows must be an integer 0 or more"):
             PgcdcSparkMergeOperator(task_id="m2", store="s", slot="s", delta="d", driver_rows=bad)
+
+
+def test_layout_and_path_options_are_templated(fake_spark):
+    """``target_file_mb``, ``deletion_vectors`` and ``driver_rows`` from a run's params (a
+    template renders to a string): checked when rendered, not at parse time."""
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
+                                 engine="{{ params.engine }}", target_file_mb="{{ params.mb }}",
+                                 deletion_vectors="{{ params.dv }}", driver_rows="{{ params.rows }}")
+    assert {"target_file_mb", "deletion_vectors", "driver_rows"} <= set(op.template_fields)
+    op.engine, op.target_file_mb, op.deletion_vectors, op.driver_rows = "delta-spark", "8", "true", "10"
+    op.execute({"outlet_events": _Events()})
+    args = (fake_spark / "args.txt").read_text().splitlines()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parsed = parser.parse_args(args[args.index(op.application) + 1:])
+    assert (parsed.target_file_mb, parsed.deletion_vectors, parsed.driver_rows) == (8.0, True, 10)
+    op.deletion_vectors, op.target_file_mb = "false", "None"
+    op._hook = None  # SparkSubmitOperator keeps its first hook (one execute per task instance)
+    op.execute({"outlet_events": _Events()})
+    args = (fake_spark / "args.txt").read_text().splitlines()
+    assert "--deletion-vectors" not in args and "--target-file-mb" not in args
+    for field, bad, message in (("deletion_vectors", "maybe", "deletion_vectors must be true or false"),
+                                ("target_file_mb", "big", "target_file_mb must be a positive number"),
+                                ("driver_rows", "1.5", "driver_rows must be an integer 0 or more")):
+        setattr(op, field, bad)
+        with pytest.raises(ValueError, match=message):
+            op.execute({"outlet_events": _Events()})
+        setattr(op, field, None)
 
 
 def test_deletion_vectors_reach_the_job_with_delta_spark_only(fake_spark):
