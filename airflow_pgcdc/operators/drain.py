@@ -11,6 +11,7 @@ from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.runs import refuse_backfill_run
+from airflow_pgcdc.operators.values import checked, number
 
 
 def changes_asset(to: str, slot: str) -> Asset:
@@ -55,11 +56,16 @@ class PgcdcDrainOperator(BaseOperator):
 
     Another run of the slot (an overlapping DAG run, a manual ``pgcdc drain``) makes the task
     skip (``AirflowSkipException``): it wrote and acknowledged nothing, the other run drains.
-    :param postgres_conn_id: Airflow ``postgres`` connection
-    :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
+    :param max_rows: end the window at the first transaction boundary past this many rows
+        (templated)
+    :param max_bytes: … past this many bytes of changes received (templated)
+    :param max_seconds: … once it has drained this long (templated)
+    :param postgres_conn_id: Airflow ``postgres`` connection (templated)
+    :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment (templated)
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publication", "until_lsn", "as_text")
+    template_fields: Sequence[str] = ("store", "slot", "publication", "until_lsn", "as_text", "max_rows", "max_bytes",
+                                      "max_seconds", "postgres_conn_id", "aws_conn_id")
     ui_color = "#d5f5e3"
 
     def __init__(
@@ -93,9 +99,9 @@ class PgcdcDrainOperator(BaseOperator):
         self.publication = publication
         self.until_lsn = until_lsn
         self.sensor_task_id = sensor_task_id
-        self.max_rows = max_rows
-        self.max_bytes = max_bytes
-        self.max_seconds = max_seconds
+        self.max_rows = checked(max_rows, number, int, "max_rows", minimum=0)
+        self.max_bytes = checked(max_bytes, number, int, "max_bytes", minimum=0)
+        self.max_seconds = checked(max_seconds, number, float, "max_seconds", minimum=0)
         self.skip_origins = list(skip_origins)
         self.message_prefixes = list(message_prefixes) if message_prefixes is not None else None
         self.binary = binary
@@ -149,9 +155,9 @@ class PgcdcDrainOperator(BaseOperator):
             slot=self.slot,
             publications=publications,
             until_lsn=until,
-            max_rows=self.max_rows,
-            max_bytes=self.max_bytes,
-            max_seconds=self.max_seconds,
+            max_rows=number(self.max_rows, int, "max_rows", minimum=0),
+            max_bytes=number(self.max_bytes, int, "max_bytes", minimum=0),
+            max_seconds=number(self.max_seconds, float, "max_seconds", minimum=0),
             skip_origins=self.skip_origins,
             message_prefixes=self.message_prefixes,
             binary=self.binary,

@@ -50,6 +50,7 @@ from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators import assets
 from airflow_pgcdc.operators.renamed import renamed_argument
+from airflow_pgcdc.operators.values import flag, number, templated
 
 __all__ = [
     "MERGED_ACTIONS",
@@ -111,36 +112,6 @@ def delta_alias(slot: str | None = None) -> AssetAlias:
     return assets.alias("delta", slot)
 
 
-def _templated(*values: Any) -> bool:
-    return any(isinstance(v, str) and "{{" in v for v in values)
-
-
-def _number(value: Any, kind, name: str):
-    """A numeric argument as given or rendered from a template (``None``/``""``/``"None"``:
-    unset); an integer one must be whole (``"10"`` yes, ``2.5`` and ``True`` no)."""
-    if value is None or value == "" or value == "None":
-        return None
-    what = "an integer 0 or more" if kind is int else "a positive number"
-    if isinstance(value, bool) or (kind is int and isinstance(value, float)):
-        raise ValueError(f"{name} must be {what}, got {value!r}")
-    try:
-        return kind(str(value).strip()) if isinstance(value, str) else kind(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be {what}, got {value!r}") from None
-
-
-def _flag(value: Any, name: str) -> bool:
-    """A boolean argument as given or rendered from a template."""
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("true", "1", "yes"):
-            return True
-        if text in ("false", "0", "no", "", "none"):
-            return False
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return bool(value)
-
-
 def merge_application_args(
     *,
     store: str,
@@ -158,9 +129,9 @@ def merge_application_args(
 ) -> list[str]:
     """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`)."""
     args = ["--store", store, "--slot", slot, "--delta", delta]
-    for flag, value in (("--history", history), ("--engine", engine), ("--reader", reader)):
+    for option, value in (("--history", history), ("--engine", engine), ("--reader", reader)):
         if value:
-            args += [flag, value]
+            args += [option, value]
     if tables:
         args += ["--tables", *tables]
     for table, cols in (keys or {}).items():
@@ -420,11 +391,12 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.py_files_dir = py_files_dir
         self.on_failed_tables = on_failed_tables
         # bad keys, file size or driver rows fail at parse time (templated ones when rendered)
-        merge_application_args(store=store, slot=slot, delta=delta, keys=self.keys,
-                               target_file_mb=None if _templated(target_file_mb) else _number(target_file_mb, float, "target_file_mb"),
-                               driver_rows=None if _templated(driver_rows) else _number(driver_rows, int, "driver_rows"),
-                               engine=None if engine in (None, "", "None") or _templated(engine) else engine,
-                               deletion_vectors=not _templated(engine, deletion_vectors) and _flag(deletion_vectors, "deletion_vectors"))
+        merge_application_args(
+            store=store, slot=slot, delta=delta, keys=self.keys,
+            target_file_mb=None if templated(target_file_mb) else number(target_file_mb, float, "target_file_mb"),
+            driver_rows=None if templated(driver_rows) else number(driver_rows, int, "driver_rows"),
+            engine=None if engine in (None, "", "None") or templated(engine) else engine,
+            deletion_vectors=not templated(engine, deletion_vectors) and flag(deletion_vectors, "deletion_vectors"))
 
     # ------------------------------------------------------------------ building
 
@@ -505,9 +477,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             history=None if self.history in (None, "", "None") else self.history,
             engine=None if self.engine in (None, "", "None") else self.engine,
             reader=None if self.reader in (None, "", "None") else self.reader,
-            target_file_mb=_number(self.target_file_mb, float, "target_file_mb"),
-            deletion_vectors=_flag(self.deletion_vectors, "deletion_vectors"),
-            driver_rows=_number(self.driver_rows, int, "driver_rows"),
+            target_file_mb=number(self.target_file_mb, float, "target_file_mb"),
+            deletion_vectors=flag(self.deletion_vectors, "deletion_vectors"),
+            driver_rows=number(self.driver_rows, int, "driver_rows"),
         )
         user_jars = self.jars
         self.jars = self._merge_jars()

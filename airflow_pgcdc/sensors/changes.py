@@ -34,6 +34,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.runs import refuse_backfill_run
+from airflow_pgcdc.operators.values import checked, number
 from airflow_pgcdc.pg.slots import PendingClock, PublicationMissing, SlotError
 from airflow_pgcdc.triggers.changes import (
     DEFAULT_MAX_DELAY,
@@ -83,20 +84,20 @@ class PgcdcChangesSensor(BaseSensorOperator):
 
     :param slot: logical replication slot (templated)
     :param publication: fail if this publication is missing (templated; None: not checked)
-    :param min_bytes: pending WAL that makes a window worth draining (default 16 MiB).
+    :param min_bytes: pending WAL that makes a window worth draining (default 16 MiB; templated).
         WAL is per cluster: this counts other databases' WAL too (an upper bound on
         what the slot decodes)
     :param max_delay: how long the oldest unacknowledged change may wait (timedelta or
-        seconds; default 10 minutes; None: no limit). Measured as a lower bound (see
+        seconds; default 10 minutes; None: no limit; templated). Measured as a lower bound (see
         :mod:`airflow_pgcdc.pg.slots`): at most ``max_delay`` after the sensor started
     :param warn_retained_bytes: warn in the log when the slot retains more WAL (default 1 GiB)
     :param plugin: output plugin the slot must use (default pgoutput; None: any)
-    :param postgres_conn_id: Airflow ``postgres`` connection of the slot's database
+    :param postgres_conn_id: Airflow ``postgres`` connection of the slot's database (templated)
     :param deferrable: wait in the triggerer (default True)
     :param poke_interval: seconds between polls (the trigger's poll interval too)
     """
 
-    template_fields: Sequence[str] = ("slot", "publication")
+    template_fields: Sequence[str] = ("slot", "publication", "min_bytes", "max_delay", "postgres_conn_id")
     ui_color = "#d5f5e3"
 
     def __init__(
@@ -116,14 +117,21 @@ class PgcdcChangesSensor(BaseSensorOperator):
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.slot = slot
         self.publication = publication
-        self.min_bytes = int(min_bytes)
-        self.max_delay = seconds(max_delay)
+        self.min_bytes = checked(min_bytes, number, int, "min_bytes", minimum=0)
+        self.max_delay = checked(seconds(max_delay) if isinstance(max_delay, timedelta) else max_delay,
+                                 number, float, "max_delay", minimum=0)
         self.warn_retained_bytes = warn_retained_bytes
         self.plugin = plugin
         self.postgres_conn_id = postgres_conn_id
         self.deferrable = deferrable
         self._clock = PendingClock()
         self._warner = RetainedWalWarning(warn_retained_bytes)
+
+    def _min_bytes(self) -> int:  # templated: a string once rendered
+        return number(self.min_bytes, int, "min_bytes", minimum=0) or 0
+
+    def _max_delay(self) -> float | None:
+        return number(self.max_delay, float, "max_delay", minimum=0)
 
     # -- one check, in the worker
 
@@ -144,7 +152,7 @@ class PgcdcChangesSensor(BaseSensorOperator):
             ) from None
         try:
             ready = changes_ready(
-                health, self._clock, min_bytes=self.min_bytes, max_delay=self.max_delay,
+                health, self._clock, min_bytes=self._min_bytes(), max_delay=self._max_delay(),
                 plugin=self.plugin,
             )
         except (SlotError, PublicationMissing) as e:
@@ -178,8 +186,8 @@ class PgcdcChangesSensor(BaseSensorOperator):
                 slot=self.slot,
                 publication=self.publication,
                 postgres_conn_id=self.postgres_conn_id,
-                min_bytes=self.min_bytes,
-                max_delay=self.max_delay,
+                min_bytes=self._min_bytes(),
+                max_delay=self._max_delay(),
                 poll_interval=self.poke_interval,
                 warn_retained_bytes=self.warn_retained_bytes,
                 plugin=self.plugin,

@@ -1,0 +1,56 @@
+"""Operator arguments as given in the DAG file or rendered from a template.
+
+A templated argument (``"{{ params.max_rows }}"``) is a string until the task runs, and a
+rendered one is a string too unless the DAG renders native objects: the operators check
+what they can when the DAG is parsed and convert and check the rest when the task runs,
+with the argument's name in the error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+UNSET = (None, "", "None")
+
+
+def templated(*values: Any) -> bool:
+    """Whether any of ``values`` is a template not rendered yet."""
+    return any(isinstance(v, str) and "{{" in v for v in values)
+
+
+def number(value: Any, kind: type, name: str, *, minimum: float | None = None) -> Any:
+    """``value`` as ``kind`` (``int`` or ``float``); ``None``, ``""`` or ``"None"``: ``None``.
+    An integer must be whole (``"10"`` yes, ``2.5`` and ``True`` no); ``minimum``: the
+    least value allowed."""
+    if value is None or (isinstance(value, str) and value.strip() in UNSET):
+        return None
+    what = "an integer" if kind is int else "a number"
+    if minimum is not None:
+        what += f" of at least {minimum:g}"
+    if isinstance(value, bool) or (kind is int and isinstance(value, float)):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    try:
+        out = kind(value.strip()) if isinstance(value, str) else kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
+    if minimum is not None and out < minimum:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return out
+
+
+def flag(value: Any, name: str) -> bool:
+    """``value`` as a boolean: ``True``/``False``, or ``"true"``/``"false"`` (``"1"``,
+    ``"yes"``, ``"0"``, ``"no"``; ``""`` and ``"None"`` are false)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("true", "1", "yes"):
+            return True
+        if text in ("false", "0", "no", "", "none"):
+            return False
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return bool(value)
+
+
+def checked(value: Any, convert, *args, **kwargs) -> Any:
+    """``convert(value, …)`` now, when ``value`` is not a template; a template is kept (it
+    is converted when the task runs)."""
+    return value if templated(value) else convert(value, *args, **kwargs)

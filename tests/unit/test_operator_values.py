@@ -1,0 +1,57 @@
+"""Operator arguments from templates (``airflow_pgcdc.operators.values``): thresholds and
+connection ids can come from a DAG run's params; values given as such are checked when the
+DAG is parsed, rendered ones when the task runs, naming the argument."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from airflow_pgcdc.operators.drain import PgcdcDrainOperator
+from airflow_pgcdc.operators.values import flag, number, templated
+from airflow_pgcdc.sensors.changes import PgcdcChangesSensor
+
+
+def test_number_and_flag():
+    assert number("10", int, "n") == 10 and number(" 2.5 ", float, "x") == 2.5 and number(7, float, "x") == 7.0
+    assert number(None, int, "n") is None and number("", int, "n") is None and number("None", int, "n") is None
+    for bad in ("ten", 2.5, True, "1.5"):
+        with pytest.raises(ValueError, match="n must be an integer, got"):
+            number(bad, int, "n")
+    with pytest.raises(ValueError, match="n must be an integer of at least 0, got '-1'"):
+        number("-1", int, "n", minimum=0)
+    assert [flag(v, "f") for v in ("true", "False", "1", "no", "", "None", True, 0)] == [
+        True, False, True, False, False, False, True, False]
+    with pytest.raises(ValueError, match="f must be true or false, got 'maybe'"):
+        flag("maybe", "f")
+    assert templated(1, "{{ params.x }}") and not templated(1, "x", None)
+
+
+def test_the_drain_takes_its_limits_and_connections_from_templates():
+    op = PgcdcDrainOperator(task_id="d", store="s3://b/cdc", slot="s", publication="p",
+                            max_rows="{{ params.max_rows }}", max_bytes=1000, max_seconds="{{ params.s }}",
+                            postgres_conn_id="{{ params.pg }}", aws_conn_id="{{ params.aws }}")
+    assert {"max_rows", "max_bytes", "max_seconds", "postgres_conn_id", "aws_conn_id"} <= set(op.template_fields)
+    assert op.max_rows == "{{ params.max_rows }}" and op.max_bytes == 1000  # kept until rendered
+    with pytest.raises(ValueError, match="max_rows must be an integer of at least 0, got 'many'"):
+        PgcdcDrainOperator(task_id="d2", store="s3://b/cdc", slot="s", publication="p", max_rows="many")
+    with pytest.raises(ValueError, match="max_seconds must be a number of at least 0, got -5"):
+        PgcdcDrainOperator(task_id="d3", store="s3://b/cdc", slot="s", publication="p", max_seconds=-5)
+
+
+def test_the_sensor_takes_its_thresholds_and_connection_from_templates():
+    sensor = PgcdcChangesSensor(task_id="w", slot="s", min_bytes="{{ params.min_bytes }}",
+                                max_delay="{{ params.max_delay }}", postgres_conn_id="{{ params.pg }}")
+    assert {"min_bytes", "max_delay", "postgres_conn_id"} <= set(sensor.template_fields)
+    sensor.min_bytes, sensor.max_delay = "1048576", "600"  # as rendered
+    assert (sensor._min_bytes(), sensor._max_delay()) == (1 << 20, 600.0)
+    sensor.max_delay = "None"
+    assert sensor._max_delay() is None
+    sensor.min_bytes = "lots"
+    with pytest.raises(ValueError, match="min_bytes must be an integer of at least 0, got 'lots'"):
+        sensor._min_bytes()
+    given = PgcdcChangesSensor(task_id="w2", slot="s", min_bytes=5, max_delay=datetime.timedelta(minutes=2))
+    assert (given._min_bytes(), given._max_delay()) == (5, 120.0)
+    with pytest.raises(ValueError, match="min_bytes must be an integer of at least 0"):
+        PgcdcChangesSensor(task_id="w3", slot="s", min_bytes=-1)
