@@ -308,7 +308,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         default the job's, 20,000; 0: every batch through Spark; templated)
     :param aws_conn_id: Airflow ``aws`` connection for S3 (login = access key id,
         password = secret key, extras ``endpoint_url``, ``region_name``); ``None``: the
-        worker's environment (boto3's conventions) is inherited by spark-submit
+        worker's environment (boto3's conventions) is inherited by spark-submit (templated)
     :param conn_id: Airflow Spark connection (default ``spark_default``); for local
         mode: ``{"conn_type": "spark", "host": "local[*]"}``
     :param py_files_dir: where to keep the ``airflow_pgcdc.zip`` shipped with
@@ -331,7 +331,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
 
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "max_windows",
-        "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows",
+        "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows", "aws_conn_id",
     )
     ui_color = "#fdebd0"
 
