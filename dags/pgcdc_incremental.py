@@ -20,10 +20,12 @@ Airflow backfill of this DAG (``airflow backfill create``) could load nothing of
 intervals it names: its first task refuses each backfill run, pointing to ``pgcdc_backfill``
 (rebuild the Delta tables from the store) and ``pgcdc resync`` (re-copy a table).
 
-Thresholds (environment of the DAG processor; the defaults suit a busy source):
-``PGCDC_MIN_BYTES`` (pending WAL that makes a window worth it, default 16 MiB),
-``PGCDC_MAX_DELAY`` (seconds the oldest change may wait, default 600),
-``PGCDC_MAX_ROWS`` / ``PGCDC_MAX_BYTES`` / ``PGCDC_MAX_SECONDS`` (window limits, default none).
+Thresholds (DAG params, so a run's conf can set them; their defaults come from the DAG
+processor's environment, then the values that suit a busy source): ``min_bytes``
+(``PGCDC_MIN_BYTES``: pending WAL that makes a window worth it, default 16 MiB),
+``max_delay`` (``PGCDC_MAX_DELAY``: seconds the oldest change may wait, default 600),
+``max_rows`` / ``max_bytes`` / ``max_seconds`` (``PGCDC_MAX_ROWS`` / ``PGCDC_MAX_BYTES`` /
+``PGCDC_MAX_SECONDS``: window limits, default none).
 Params (defaults: the embedded sandbox): ``slot``, ``publication``, ``tables``
 (unused here: every published table is merged), ``store``, ``delta``.
 """
@@ -34,7 +36,7 @@ import datetime
 import os
 
 from _pgcdc_defaults import AWS_CONN_ID, PARAMS, POSTGRES_CONN_ID, SPARK_CONN_ID
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Param
 
 from airflow_pgcdc.operators.drain import PgcdcDrainOperator
 from airflow_pgcdc.operators.merge import PgcdcMergeCheckOperator, PgcdcSparkMergeOperator
@@ -55,7 +57,19 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     render_template_as_native_obj=True,
-    params=PARAMS,
+    params={
+        **PARAMS,
+        "min_bytes": Param(_env_number("PGCDC_MIN_BYTES", 16 << 20), type="integer", minimum=0,
+                           description="pending WAL (bytes) that makes a window worth draining"),
+        "max_delay": Param(_env_number("PGCDC_MAX_DELAY", 600.0, float), type=["null", "number"], minimum=0,
+                           description="seconds the oldest change may wait (null: no limit)"),
+        "max_rows": Param(_env_number("PGCDC_MAX_ROWS", None), type=["null", "integer"], minimum=0,
+                          description="end a window after this many change rows (null: no limit)"),
+        "max_bytes": Param(_env_number("PGCDC_MAX_BYTES", None), type=["null", "integer"], minimum=0,
+                           description="end a window after this many bytes of changes (null: no limit)"),
+        "max_seconds": Param(_env_number("PGCDC_MAX_SECONDS", None, float), type=["null", "number"], minimum=0,
+                             description="end a window after this many seconds (null: no limit)"),
+    },
     tags=["pgcdc"],
     doc_md=__doc__,
 ) as dag:
@@ -63,8 +77,8 @@ with DAG(
         task_id="wait_for_changes",
         slot="{{ params.slot }}",
         publication="{{ params.publication }}",
-        min_bytes=_env_number("PGCDC_MIN_BYTES", 16 << 20),
-        max_delay=_env_number("PGCDC_MAX_DELAY", 600.0, float),
+        min_bytes="{{ params.min_bytes }}",
+        max_delay="{{ params.max_delay }}",
         postgres_conn_id=POSTGRES_CONN_ID,
         deferrable=True,
         poke_interval=15,
@@ -77,9 +91,9 @@ with DAG(
         slot="{{ params.slot }}",
         publication="{{ params.publication }}",
         sensor_task_id="wait_for_changes",
-        max_rows=_env_number("PGCDC_MAX_ROWS", None),
-        max_bytes=_env_number("PGCDC_MAX_BYTES", None),
-        max_seconds=_env_number("PGCDC_MAX_SECONDS", None, float),
+        max_rows="{{ params.max_rows }}",
+        max_bytes="{{ params.max_bytes }}",
+        max_seconds="{{ params.max_seconds }}",
         postgres_conn_id=POSTGRES_CONN_ID,
         aws_conn_id=AWS_CONN_ID,
     )
