@@ -46,6 +46,7 @@ commit, so the live files would not keep a rebuild's layout.
 from __future__ import annotations
 
 import datetime
+import logging
 import re
 
 from _pgcdc_defaults import AWS_CONN_ID, PARAMS, POSTGRES_CONN_ID, SPARK_CONN_ID
@@ -163,7 +164,7 @@ with DAG(
             out.append(done)
         folder = s3.S3Location.parse(rebuild_folder(params, run_id))
         removed = s3.delete_prefix(s3.make_s3_client(settings), folder.bucket, folder.prefix + "/")
-        print(f"removed the rebuild folder {folder} ({removed} objects)")
+        logging.getLogger(__name__).info("removed the rebuild folder %s (%s objects)", folder, removed)
         return out
 
     branch = choose()
