@@ -81,26 +81,21 @@ TEST_SPARK_DEFAULTS = {
     # Delta Spark merge. Measured, the in-process deletion-vector test 157 s -> 114 s.
     "spark.databricks.delta.snapshotPartitions": "2",
 }
-"""Spark defaults of every Spark application the tests start (the in-process sessions,
-``pgcdc merge`` and ``spark-submit`` children, the DAG runs' Spark tasks): a
-``spark-defaults.conf`` in a test-run ``SPARK_CONF_DIR``, which ``spark-submit`` reads when
-it launches any driver. Sized for test tables of a few commits: they change no result,
-only how many tasks small work is split into. Not the product's setting (a user's table has
-a long log); a ``SPARK_CONF_DIR`` set by the caller is kept."""
+"""Spark defaults of every Spark driver the tests start (the in-process sessions,
+``pgcdc merge`` and ``spark-submit`` children, the DAG runs' Spark tasks): Java system
+properties in ``SPARK_SUBMIT_OPTS``, which ``spark-submit`` gives every driver JVM it
+launches and Spark reads as defaults (a ``spark-defaults.conf`` in a ``SPARK_CONF_DIR``
+would put a non-empty folder on the class path, where no class archive can be recorded or
+used). Sized for test tables of a few commits: they change no result, only how many tasks
+small work is split into. Not the product's setting (a user's table has a long log); a
+property the caller already set in ``SPARK_SUBMIT_OPTS`` is kept."""
 
 
-def _test_spark_conf_dir() -> None:
-    if "SPARK_CONF_DIR" in os.environ:
-        return
-    where = Path(__file__).resolve().parents[1] / ".pgcdc" / "spark-conf"
-    where.mkdir(parents=True, exist_ok=True)
-    text = "".join(f"{k} {v}\n" for k, v in TEST_SPARK_DEFAULTS.items())
-    target = where / "spark-defaults.conf"
-    if not target.exists() or target.read_text() != text:
-        tmp = where / f".spark-defaults.{os.getpid()}"
-        tmp.write_text(text)
-        tmp.replace(target)  # atomic: xdist workers may write at once
-    os.environ["SPARK_CONF_DIR"] = str(where)
+def _test_spark_defaults() -> None:
+    given = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    extra = [f"-D{k}={v}" for k, v in TEST_SPARK_DEFAULTS.items() if f"-D{k}=" not in given]
+    if extra:
+        os.environ["SPARK_SUBMIT_OPTS"] = " ".join([given, *extra]).strip()
 
 
 _CDS_ARCHIVE = "PGCDC_TEST_CDS_ARCHIVE"
@@ -167,7 +162,7 @@ def _use_cds() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("JAVA_TOOL_OPTIONS", TEST_JVM_OPTIONS)
-    _test_spark_conf_dir()
+    _test_spark_defaults()
     _start_cds_recording(config)
     declared = {line.split(":")[0].strip() for line in config.getini("markers")}
     for name, doc in (

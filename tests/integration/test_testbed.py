@@ -528,20 +528,19 @@ def test_spark_jvms_map_the_class_archive(tmp_path: Path):
 
 
 def test_spark_applications_get_the_test_runs_spark_defaults(spark, tmp_path: Path):
-    """``tests/conftest.py``'s ``TEST_SPARK_DEFAULTS`` reach every Spark application a test
-    starts: the in-process session and a child process's driver (as ``pgcdc merge``,
-    ``spark-submit`` and the DAG runs' Spark tasks start them), through the run's
-    ``SPARK_CONF_DIR``; a setting lost on the way would only cost time, silently."""
-    conf_file = Path(os.environ["SPARK_CONF_DIR"]) / "spark-defaults.conf"
-    defaults = dict(line.split(" ", 1) for line in conf_file.read_text().splitlines())
-    assert defaults.get("spark.databricks.delta.snapshotPartitions") == "2", defaults
-    for key, value in defaults.items():
+    """``tests/conftest.py``'s ``TEST_SPARK_DEFAULTS`` reach every Spark driver a test starts:
+    the in-process session and a child process's driver (as ``pgcdc merge``,
+    ``spark-submit`` and the DAG runs' Spark tasks start them), through ``SPARK_SUBMIT_OPTS``;
+    a setting lost on the way would only cost time, silently."""
+    props = dict(opt[2:].split("=", 1) for opt in os.environ["SPARK_SUBMIT_OPTS"].split() if opt.startswith("-Dspark."))
+    assert props.get("spark.databricks.delta.snapshotPartitions") == "2", props
+    for key, value in props.items():
         assert spark.sparkContext.getConf().get(key) == value, key
     probe = ("import json, sys; from pyspark.sql import SparkSession; "
              "s = SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false').getOrCreate(); "
              "print(json.dumps({k: s.sparkContext.getConf().get(k) for k in json.loads(sys.argv[1])})); s.stop()")
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_SUBMIT_ARGS": "pyspark-shell"}
-    done = subprocess.run([sys.executable, "-c", probe, json.dumps(list(defaults))], env=env,
+    done = subprocess.run([sys.executable, "-c", probe, json.dumps(list(props))], env=env,
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == defaults
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == props
