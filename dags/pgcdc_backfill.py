@@ -59,11 +59,6 @@ from airflow_pgcdc.operators.verify import PgcdcVerifyOperator
 REBUILT = "{{ (params.rebuild_root or params.delta ~ '_rebuild') ~ '/' ~ path_segment(run_id) }}"
 
 
-def rebuild_folder(params, run_id: str) -> str:
-    """:data:`REBUILT` in Python."""
-    return (params["rebuild_root"] or params["delta"] + "_rebuild").rstrip("/") + "/" + path_segment(run_id)
-
-
 def path_segment(run_id: str) -> str:
     """A run id as one folder name (run ids may hold ``:``, ``+`` or ``/``)."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
@@ -162,7 +157,7 @@ with DAG(
                 "window_seq": done["window"], "delta_version": done["live_version"], "action": "rebuilt",
                 "end_lsn": t.get("end_lsn")})
             out.append(done)
-        folder = s3.S3Location.parse(rebuild_folder(params, run_id))
+        folder = s3.S3Location.parse(merge_result["delta"])  # the run's rebuild root (REBUILT, rendered)
         removed = s3.delete_prefix(s3.make_s3_client(settings), folder.bucket, folder.prefix + "/")
         logging.getLogger(__name__).info("removed the rebuild folder %s (%s objects)", folder, removed)
         return out

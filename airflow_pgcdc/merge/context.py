@@ -116,9 +116,11 @@ class JobContext:
         prefix = self.layout.merge_staging_prefix(self.slot, self.run_id)
         return f"{self.layout.bucket}/{prefix}{encode_table_segment(schema, table)}/{what}/"
 
+
 def is_starter(spark) -> bool:
     """Whether ``spark`` is a callable that starts a session (not a session itself)."""
     return callable(spark) and not hasattr(spark, "sparkContext")
+
 
 def window_metadata(ctx: JobContext, plan: TablePlan) -> dict[str, str]:
     return {

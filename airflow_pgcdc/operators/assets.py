@@ -16,9 +16,7 @@ from typing import Any
 
 from airflow.sdk import Asset, AssetAlias
 
-
-def templated(*values: str | None) -> bool:
-    return any(v is not None and "{{" in v for v in values)
+from airflow_pgcdc.operators.values import templated
 
 
 def alias(kind: str, slot: str | None = None) -> AssetAlias:
