@@ -15,7 +15,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["SPARK_CONF", "build_py_files", "needs_delta_jars", "spark_session"]
+__all__ = ["SPARK_CONF", "build_py_files", "is_local", "needs_delta_jars", "spark_session"]
 
 SPARK_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
@@ -39,22 +39,25 @@ def spark_session(master: str | None = None, *, app_name: str = "pgcdc-merge",
     conf come from the command line; ``master`` here is for in-process use).
 
     ``delta``: with Delta Lake's Spark engine and S3A (:mod:`.jars`): the jars ``make
-    setup`` fetched (or ``PGCDC_SPARK_JARS``) go into ``spark.jars`` (shipped to the
-    executors) and, under ``spark-submit`` whose driver JVM is already up without them,
-    onto the driver's class loader; nothing is added when the driver already has Delta
-    (``--packages``/``--jars`` given, or a cluster that installs it)."""
+    setup`` fetched (or ``PGCDC_SPARK_JARS``) go onto the driver's class loader and, on a
+    cluster, into ``spark.jars`` (shipped to the executors); nothing is added when the
+    driver already has Delta (``--packages``/``--jars`` given, or a cluster that installs
+    it). In local mode the executor is the driver's JVM: the jars go onto its class loader
+    only (the driver JVM is started first when it is not up yet), because ``spark.jars``
+    would make that executor copy every jar (the AWS SDK bundle alone is 686 MB) into the
+    application's temporary folder at its first task, on every run."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    settings = {**SPARK_CONF}
-    if delta:
-        settings.update(_delta_settings())
-    builder = SparkSession.builder.appName(app_name)
+    settings = {"spark.app.name": app_name, **SPARK_CONF}
     if master:
-        builder = builder.master(master)
-        if master.startswith("local"):
-            builder = builder.config("spark.ui.enabled", "false")
+        settings["spark.master"] = master
+        if is_local(master):
+            settings["spark.ui.enabled"] = "false"
+    if delta:
+        settings.update(_delta_settings(master, {**settings, **(conf or {})}))
+    builder = SparkSession.builder
     for k, v in {**settings, **(conf or {})}.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -96,8 +99,25 @@ def _running_driver_jvm():
     return SparkContext._jvm
 
 
-def _delta_settings() -> dict[str, str]:
-    """The session conf for delta-spark and s3a; adds the jars to a running driver JVM."""
+def is_local(master: str | None) -> bool:
+    """Whether ``master`` runs the executor inside the driver's JVM (``local``, ``local[4]``,
+    ``local[*, 2]``, ``local-cluster`` excluded: its executors are JVMs of their own)."""
+    return bool(master) and (master == "local" or master.startswith("local["))
+
+
+def _start_driver_jvm(settings: Mapping[str, str]):
+    """Start this process's driver JVM with ``settings`` (what the session builder would
+    hand it: JVM options take effect only at launch), without a SparkContext yet."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(list(settings.items())))
+    return SparkContext._jvm
+
+
+def _delta_settings(master: str | None, settings: Mapping[str, str]) -> dict[str, str]:
+    """The session conf for delta-spark and s3a; the jars go onto the driver JVM's class
+    loader (started here for a local master, as :func:`spark_session` says why) and, for
+    a cluster, into ``spark.jars``."""
     from airflow_pgcdc.merge import jars as jarlib
     from airflow_pgcdc.merge.plan import MergeError
 
@@ -112,10 +132,18 @@ def _delta_settings() -> dict[str, str]:
         raise MergeError(jarlib.unavailable_reason() or "no Delta jars",
                          hint="run `make setup`, or give the jars with PGCDC_SPARK_JARS")
     if jvm is not None:
+        master = master or jvm.System.getProperty("spark.master")
+    # jars at URLs (PGCDC_SPARK_JARS=s3://...) are fetched by Spark's own file systems
+    local = is_local(master) and all("://" not in j or j.startswith("file:") for j in found)
+    if jvm is None and local:
+        jvm = _start_driver_jvm(settings)
+    if jvm is not None:
         loader = jvm.Thread.currentThread().getContextClassLoader()
         for jar in found:
             url = jar if "://" in jar else jvm.java.io.File(jar).toURI().toString()
             loader.addURL(jvm.java.net.URI(url).toURL())
+        if local:
+            return conf
         given = jvm.System.getProperty("spark.jars")
         if given:
             found = [*[j for j in str(given).split(",") if j], *found]

@@ -61,14 +61,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, spark=None, *, lazy: bool = False) -> dict:
     from airflow_pgcdc.merge.job import merge_slot
-    from airflow_pgcdc.merge.session import needs_delta_jars, spark_session
+    from airflow_pgcdc.merge.session import is_local, needs_delta_jars, spark_session
 
     master = getattr(args, "master", None)
     if spark is None:
         def start_spark():
             session = spark_session(master, delta=needs_delta_jars(args.engine, args.reader),
                                     conf=dict(getattr(args, "conf", None) or ()))
-            if master and not master.startswith("local"):
+            if master and not is_local(master):
                 ship_package(session)
             return session
 

@@ -47,6 +47,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.merge.session import is_local
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators import assets
 from airflow_pgcdc.operators.renamed import renamed_argument
@@ -417,10 +418,13 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             raise ValueError(f"max_windows must be at least 1, got {n}")
         return n
 
-    def _merge_jars(self) -> str | None:
+    def _merge_jars(self, master: str | None = None) -> str | None:
         """``--jars``: the user's, plus for delta-spark/s3a the jars ``make setup`` fetched
         (:func:`airflow_pgcdc.merge.jars.find_jars`), unless ``packages``,
-        ``spark.jars.packages`` or ``PGCDC_SPARK_JARS=none`` say the cluster brings them."""
+        ``spark.jars.packages`` or ``PGCDC_SPARK_JARS=none`` say the cluster brings them, or
+        ``master`` is local: the job then puts them on its driver's class loader itself
+        (:func:`airflow_pgcdc.merge.session.spark_session`), where ``--jars`` would have its
+        in-driver executor copy them (686 MB) at every run."""
         from airflow_pgcdc.merge import jars as jarlib
         from airflow_pgcdc.merge.session import needs_delta_jars
 
@@ -429,7 +433,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         given = [j for j in (self.jars or "").split(",") if j]
         if not needs_delta_jars(engine, reader) or self.packages or "spark.jars.packages" in (self.conf or {}):
             return ",".join(given) or None
-        if any("delta-spark" in j for j in given) or jarlib.provided_by_cluster():
+        if any("delta-spark" in j for j in given) or jarlib.provided_by_cluster() or is_local(master):
             return ",".join(given) or None
         return ",".join([*given, *jarlib.find_jars()]) or None
 
@@ -446,7 +450,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                 "PgcdcSparkMergeOperator reads the merge result from the driver's stdout, which "
                 "spark-submit only streams back in client deploy mode; use deploy_mode='client'"
             )
-        if str(hook._connection["master"]).startswith("local") and "spark.ui.enabled" not in hook._conf:
+        master = str(hook._connection["master"])
+        hook._jars = self._merge_jars(master)
+        if is_local(master) and "spark.ui.enabled" not in hook._conf:
             hook._conf["spark.ui.enabled"] = "false"
         env = self._s3_env()
         if env:
@@ -481,8 +487,6 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             deletion_vectors=flag(self.deletion_vectors, "deletion_vectors"),
             driver_rows=number(self.driver_rows, int, "driver_rows"),
         )
-        user_jars = self.jars
-        self.jars = self._merge_jars()
         user_py_files = [p for p in (self.py_files or "").split(",") if p]
         with tempfile.TemporaryDirectory(prefix="pgcdc-merge-") as tmp:
             zip_path = build_py_files(self.py_files_dir or tmp)
@@ -496,7 +500,6 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                 submit_error = e
             finally:
                 self.py_files = ",".join(user_py_files) or None
-                self.jars = user_jars
         hook = self._hook
         result = getattr(hook, "merge_result", None)
         if submit_error is not None and not failed_tables(result):

@@ -52,8 +52,8 @@ def db(pg18, request):
 
 def start_merge(cluster, s3, src, slot, lake, *extra, **env_extra) -> subprocess.Popen:
     """``pgcdc merge --master spark://…`` started in its own process (output in pipes)."""
-    env = dict(os.environ, **s3.aws_env(), SPARK_LOCAL_IP="127.0.0.1", **env_extra)
-    env.pop("PGCDC_SPARK_JARS", None)  # the jars are found, not given
+    env = {k: v for k, v in os.environ.items() if k != "PGCDC_SPARK_JARS"}  # found, not given
+    env.update(s3.aws_env(), SPARK_LOCAL_IP="127.0.0.1", **env_extra)
     return subprocess.Popen(
         [sys.executable, "-m", "airflow_pgcdc.cli", "merge", "--from", src, "--slot", slot, "--delta", lake,
          "--master", cluster.master_url, *extra],
@@ -69,9 +69,32 @@ def finish_merge(proc: subprocess.Popen) -> dict:
     return json.loads(stdout[stdout.index("{"):]) | {"_stderr": stderr}
 
 
-def cli_merge(cluster, s3, src, slot, lake, *extra):
+def jars_on_the_nodes() -> tuple[tuple[str, ...], dict[str, str]]:
+    """The arguments and environment of a ``pgcdc merge`` on a cluster whose nodes have the
+    Delta and S3A jars installed (as a cluster image does: on Spark's class path through
+    ``SPARK_DIST_CLASSPATH``, the way Spark's Hadoop-free build takes Hadoop's jars), so the
+    job ships none: ``PGCDC_SPARK_JARS=none``. What ``spark.jars`` costs instead: each
+    application's executors fetch and copy all of them (the AWS SDK bundle is 686 MB) at
+    their first task, ~13 s per application here. On the driver's class path the jars come
+    after Spark's, as in the executors', so the test bed's class archive still maps."""
+    from airflow_pgcdc.merge.jars import find_jars
+
+    installed = os.pathsep.join(find_jars())
+    return (("--conf", f"spark.executorEnv.SPARK_DIST_CLASSPATH={installed}"),
+            {"PGCDC_SPARK_JARS": "none", "SPARK_DIST_CLASSPATH": installed})
+
+
+def jars_in_app_folders(cluster, apps_before: int) -> list[str]:
+    """The jars the executors of the applications completed since ``apps_before`` were
+    shipped (copied into their folders under the workers' work directories)."""
+    ids = [a["id"] for a in cluster.status()["completedapps"][apps_before:]]
+    assert ids, "no application completed"
+    return [p.name for i in ids for p in cluster.base_dir.glob(f"work/*/{i}/*/*.jar")]
+
+
+def cli_merge(cluster, s3, src, slot, lake, *extra, **env_extra):
     """``pgcdc merge --master spark://…`` in its own process; returns its JSON result."""
-    out = finish_merge(start_merge(cluster, s3, src, slot, lake, *extra))
+    out = finish_merge(start_merge(cluster, s3, src, slot, lake, *extra, **env_extra))
     stderr = out.pop("_stderr")
     if os.environ.get("PGCDC_DEBUG_TIMES"):
         print("MERGE", extra, out["seconds"], [(t["table"], t["seconds"]) for t in out["tables"]])
@@ -164,6 +187,8 @@ def test_end_to_end_on_the_cluster(engine, db, slot_name, s3, s3_bucket, spark_c
     written = len(plan) - plan.count("local")
     assert len(done) - apps == written, "each merge that wrote ran as an application of the cluster"
     assert all(a["cores"] == 2 for a in done[-written:]), "on both workers' executors"
+    if "delta-spark" in engine:  # the job shipped the jars its executors need
+        assert "delta-spark_4.2_2.13-4.4.0.jar" in jars_in_app_folders(spark_cluster, apps)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -173,7 +198,9 @@ def test_killed_and_overlapping_jobs_on_the_cluster(engine, db, slot_name, s3, s
     reruns to ``up-to-date`` (in-process: :func:`local_merge`) with no second commit; then
     two jobs started together on the
     cluster (one core each, so both run at once) both succeed and the windows are committed
-    once; the table equals PostgreSQL."""
+    once; the table equals PostgreSQL. Delta's Spark engine runs here on a cluster that has
+    the jars installed (:func:`jars_on_the_nodes`); shipping them is proven by
+    :func:`test_end_to_end_on_the_cluster`."""
     for k, v in s3.aws_env().items():
         monkeypatch.setenv(k, v)
     client = s3.client()
@@ -188,10 +215,14 @@ def test_killed_and_overlapping_jobs_on_the_cluster(engine, db, slot_name, s3, s
     assert drain(db, src, slot, client).window_seq == 0
     url = delta_table_url(lake, "public", "t")
     app = app_id(slot, "public", "t")
+    nodes_args, nodes_env = jars_on_the_nodes() if "delta-spark" in engine else ((), {})
+    engine = [*engine, *nodes_args]
 
-    killed = start_merge(spark_cluster, s3, src, slot, lake, *engine, PGCDC_FAULT="merge-after-commit")
+    apps = len(spark_cluster.status()["completedapps"])
+    killed = start_merge(spark_cluster, s3, src, slot, lake, *engine, PGCDC_FAULT="merge-after-commit", **nodes_env)
     _, err = killed.communicate(timeout=600)
     assert killed.returncode == -9, err[-3000:]
+    assert jars_in_app_folders(spark_cluster, apps) == [], "nothing shipped"
     dt = DeltaTable(url, storage_options=s3store.delta_storage_options())
     assert dt.transaction_version(app) == 0, "killed after its commit: window 0 is in"
     version = dt.version()
@@ -206,7 +237,7 @@ def test_killed_and_overlapping_jobs_on_the_cluster(engine, db, slot_name, s3, s
     sql(db, "DELETE FROM t WHERE id % 11 = 0; UPDATE t SET id = id + 100000 WHERE id % 13 = 0")
     assert drain(db, src, slot, client).window_seq == 2
     one_core = ("--conf", "spark.cores.max=1")
-    jobs = [start_merge(spark_cluster, s3, src, slot, lake, *engine, *one_core) for _ in range(2)]
+    jobs = [start_merge(spark_cluster, s3, src, slot, lake, *engine, *one_core, **nodes_env) for _ in range(2)]
     results = [finish_merge(j) for j in jobs]
     actions = [r["tables"][0]["action"] for r in results]
     assert actions.count("merged") == 1, actions
@@ -222,10 +253,13 @@ def test_a_window_larger_than_the_driver_memory_merges_on_the_cluster(db, slot_n
                                                                       monkeypatch):
     """With Delta's Spark engine and the s3a reader, executors read, compact and merge the
     change rows; the driver only plans and commits. With ``spark.driver.memory=512m`` a
-    window of 1,200,000 rows of ~560 bytes (about 670 MB as rows: more than the driver's
+    window of 380,000 rows of ~1,800 bytes (about 680 MB as rows: more than the driver's
     whole heap, over five times the ~127 MB Spark may use of it) merges on the cluster and
-    the table holds every row. (3,000,000 rows until session 17: 329 s of the suite, and no
-    more proof: a window past the heap is one the driver cannot hold.)"""
+    the table holds every row. The rows are wide and few because the proof is the bytes:
+    the same ~670 MB as 1,200,000 rows of ~560 bytes (until session 22) or 3,000,000 (until
+    session 17) cost the drain and the merge per row, and proved nothing more. The values
+    stay under PostgreSQL's TOAST threshold (~2 kB a row), so they travel inline in the
+    change stream. The cluster has the jars installed (:func:`jars_on_the_nodes`)."""
     for k, v in s3.aws_env().items():
         monkeypatch.setenv(k, v)
     client = s3.client()
@@ -235,22 +269,25 @@ def test_a_window_larger_than_the_driver_memory_merges_on_the_cluster(db, slot_n
     sql(db, "INSERT INTO big SELECT g, 'first' FROM generate_series(1, 1000) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE big")
     snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
-    n = 1_200_000
-    for first in range(1001, n + 1, 200_000):  # 6 transactions
-        sql(db, "INSERT INTO big SELECT g, repeat(md5(g::text), 17) FROM generate_series(%s, %s) g",
-            (first, min(first + 199_999, n)))
+    n = 380_000
+    for first in range(1001, n + 1, 100_000):  # 4 transactions
+        sql(db, "INSERT INTO big SELECT g, repeat(md5(g::text), 56) FROM generate_series(%s, %s) g",
+            (first, min(first + 99_999, n)))
     sql(db, "UPDATE big SET pad = 'updated' WHERE id <= 500")
     w = drain(db, src, slot, client)
     assert w.window_seq == 0 and w.rows == n - 1000 + 500
+    nodes_args, nodes_env = jars_on_the_nodes()
+    apps = len(spark_cluster.status()["completedapps"])
     out = cli_merge(spark_cluster, s3, src, slot, lake, "--engine", "delta-spark", "--reader", "s3a",
-                    "--conf", "spark.driver.memory=512m")
+                    "--conf", "spark.driver.memory=512m", *nodes_args, **nodes_env)
     t = out["tables"][0]
     assert t["action"] == "bootstrapped+merged" and t["change_rows"] == w.rows, t
+    assert jars_in_app_folders(spark_cluster, apps) == [], "nothing shipped"
     dt = DeltaTable(delta_table_url(lake, "public", "big"), storage_options=s3store.delta_storage_options())
     assert dt.to_pyarrow_dataset().count_rows() == n
     sample = dt.to_pyarrow_dataset().to_table(filter=(pc.field("id") <= 501) | (pc.field("id") == n)).to_pylist()
     pads = {r["id"]: r["pad"] for r in sample}
-    assert pads[1] == pads[500] == "updated" and pads[501] == "first" and len(pads[n]) == 32 * 17
+    assert pads[1] == pads[500] == "updated" and pads[501] == "first" and len(pads[n]) == 32 * 56
     print(f"window of {w.rows:,} rows, {w.bytes / 1e6:.0f} MB of Parquet, merged in {t['seconds']:.0f}s")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from airflow_pgcdc.merge import jars
@@ -92,5 +94,37 @@ def test_the_operator_passes_the_jars_only_when_needed(engine, reader, packages,
         monkeypatch.delenv(jars.JARS_ENV, raising=False)
     op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/c", slot="s", delta="s3://b/l", engine=engine,
                                  reader=reader, packages=packages, jars="/mine.jar")
-    got = op._merge_jars()
+    got = op._merge_jars("spark://m:7077")
     assert got == ("/mine.jar,/j/delta.jar,/j/aws.jar" if expect else "/mine.jar")
+    # local mode: the job puts them on its driver's class loader itself (--jars would have
+    # the in-driver executor copy them at every run)
+    assert op._merge_jars("local[*]") == "/mine.jar"
+
+
+@pytest.mark.parametrize("master, local", [
+    ("local", True), ("local[2]", True), ("local[*]", True), ("local[4, 3]", True),
+    ("local-cluster[2, 1, 1024]", False), ("spark://h:7077", False), ("yarn", False), ("k8s://https://h", False),
+    (None, False), ("", False),
+])
+def test_which_masters_run_the_executor_in_the_driver(master, local):
+    from airflow_pgcdc.merge.session import is_local
+
+    assert is_local(master) is local
+
+
+def test_the_operator_gives_jars_to_a_cluster_and_not_to_local_mode(monkeypatch):
+    """The spark-submit command the operator builds: ``--jars`` for a cluster master, none of
+    ours for a local one."""
+    from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
+
+    monkeypatch.setattr(jars, "find_jars", lambda: ["/j/delta.jar", "/j/aws.jar"])
+    monkeypatch.delenv(jars.JARS_ENV, raising=False)
+    commands = {}
+    for master in ("local[2]", "spark://m:7077"):
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": master}))
+        op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/c", slot="s", delta="s3://b/l",
+                                     engine="delta-spark")
+        commands[master] = op._get_hook()._build_spark_submit_command("app.py")
+    assert "--jars" not in commands["local[2]"]
+    cluster = commands["spark://m:7077"]
+    assert cluster[cluster.index("--jars") + 1] == "/j/delta.jar,/j/aws.jar"
