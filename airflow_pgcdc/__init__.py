@@ -48,7 +48,20 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
+def package_version() -> str:
+    """The installed distribution's version: ``pyproject.toml``'s, the one version the
+    provider metadata, ``pgcdc --version`` and ``airflow_pgcdc.__version__`` show."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("airflow-pgcdc")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return package_version()
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'airflow_pgcdc' has no attribute {name!r}")

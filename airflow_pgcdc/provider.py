@@ -4,11 +4,13 @@ from __future__ import annotations
 
 
 def get_provider_info() -> dict:
+    from airflow_pgcdc import package_version
+
     return {
         "package-name": "airflow-pgcdc",
         "name": "PostgreSQL CDC (airflow-pgcdc)",
         "description": "PostgreSQL snapshot-plus-CDC pipelines into Delta Lake on S3.",
-        "versions": ["0.1.0"],
+        "versions": [package_version()],
         "integrations": [
             {
                 "integration-name": "PostgreSQL CDC",

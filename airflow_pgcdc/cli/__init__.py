@@ -93,12 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true",
         help="show tracebacks on errors (also: PGCDC_VERBOSE=1; --verbose may follow the subcommand)",
     )
-    try:
-        from importlib.metadata import version
+    from airflow_pgcdc import package_version
 
-        parser.add_argument("--version", action="version", version=f"%(prog)s {version('airflow-pgcdc')}")
-    except Exception:  # not installed as a distribution: no --version
-        pass
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     subparsers.required = True
     for name in COMMANDS:

@@ -5,8 +5,9 @@ and time, retained WAL, ``wal_status``) and, with a store URL, the last committe
 and the windows not yet merged, read from the committed window manifests under
 ``{prefix}/{slot}/changes/`` (a window exists if and only if its ``_manifest.json``
 does). Merge progress is each Delta table's app transaction: with ``--delta``,
-``merged_through`` is the lowest last-merged window over the slot's tables; without it
-(or when a table has none merged), every committed window counts as not merged. With
+``merged_through`` is the lowest last-merged window over the slot's tables (a table with
+none merged: every committed window counts as not merged); without it the store cannot
+tell, and ``windows_not_merged`` is ``null`` (unknown) once a window is committed. With
 ``--delta``, ``delta_tables`` lists every Delta table of the pipeline (history tables
 included) with its latest version, the versions its log keeps, its live data files and
 bytes, and the last ``pgcdc maintain`` of it (:func:`airflow_pgcdc.ops.status.delta_tables`).
@@ -173,7 +174,8 @@ def register(subparsers) -> None:
         description=(
             "Show a slot's lag (bytes of WAL not yet acknowledged, and how long the oldest "
             "change has waited when the server can tell), retained WAL, wal_status and, with "
-            "--from, the last committed window and the windows not yet merged. Exits 1 if the "
+            "--store, the last committed window and, with --delta too, the windows not yet "
+            "merged into the Delta tables. Exits 1 if the "
             "slot is lost, about to be (unreserved) or missing. S3 settings come from the "
             "environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)."
         ),
@@ -334,8 +336,10 @@ def _print_status(status: dict[str, Any]) -> None:
             else f"{last['window_seq']} [{last.get('start_lsn')}, {last.get('end_lsn')})",
         ))
         merged = store.get("merged_through")
+        not_merged = store["windows_not_merged"]
         lines.append(("windows", f"{store['windows_committed']} committed, "
-                      f"{store['windows_not_merged']} not yet merged"
+                      + ("how many merged: unknown without --delta" if not_merged is None
+                         else f"{not_merged} not yet merged")
                       + (f" (merged through window {merged})" if merged is not None else "")))
         if store["uncommitted_folders"]:
             lines.append(("uncommitted", ", ".join(map(str, store["uncommitted_folders"]))

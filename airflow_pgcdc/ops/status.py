@@ -20,7 +20,8 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
     newest committed manifest's ``window_seq``, ``start_lsn``, ``end_lsn`` and the rest of
     its top-level scalar fields), ``uncommitted_folders`` (window folders without a
     manifest: a window being written, or one a crashed drain left), ``merged_through``
-    and ``windows_not_merged``.
+    and ``windows_not_merged`` (``None`` without ``delta_url`` once a window is committed:
+    the merge progress is in the Delta tables, not in the store).
 
     Windows are written one at a time, in order, so every window folder before the
     newest committed one is committed: the manifests are checked from the newest back.
@@ -70,7 +71,13 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
             t["delta_url"] = _delta_url(delta_url, t["schema"], t["name"])
         done = [w for name, w in per_table.items() if name not in gone]
         merged_through = None if not done or None in done else min(done)
-    not_merged = committed if merged_through is None else max(last["window_seq"] - merged_through, 0)
+    if merged_through is not None:
+        not_merged: int | None = max(last["window_seq"] - merged_through, 0)
+    elif delta_url or not committed:
+        not_merged = committed  # a table with none merged yet (or nothing to merge)
+    else:
+        not_merged = None  # unknown: the merge progress is in the Delta tables
+
     out = {
         "store": layout.root.url,
         "windows_committed": committed,

@@ -96,7 +96,10 @@ def test_delta_rs_and_delta_spark_take_turns_on_one_table(db18, slot_name, store
     delta-spark again, then delta-rs; each engine's readers (deltalake/pyarrow and Spark's
     own Delta reader) see PostgreSQL's rows after every turn. ±infinity dates and
     timestamps included (delta-rs computes no statistics for them: the table property
-    survives either engine's writes)."""
+    survives either engine's writes). The local session has the Delta and S3A jars on its
+    driver's class loader, not in ``spark.jars``: after these Delta statements no jar was
+    copied into the application's ``SparkFiles`` folder (with ``spark.jars`` its in-driver
+    executor copied all 671 MB there at its first task, at every run)."""
     from lake_helpers import drain
 
     from airflow_pgcdc.merge.deltaspark import s3a
@@ -141,25 +144,15 @@ def test_delta_rs_and_delta_spark_take_turns_on_one_table(db18, slot_name, store
     assert set(proto.writer_features or []) <= {"timestampNtz", "appendOnly", "invariants"}, proto
     assert set(detail["tableFeatures"]) == {"appendOnly", "invariants", "timestampNtz"}, detail
 
-
-def test_a_local_session_keeps_the_jars_on_its_class_loader(spark_with_delta, tmp_path):
-    """In local mode the executor is the driver's JVM: the Delta and S3A jars go onto the
-    driver's class loader, not into ``spark.jars``, so a Delta write and MERGE run and no jar
-    was copied into the application's ``SparkFiles`` folder (with ``spark.jars`` its
-    in-driver executor copied all 671 MB there at its first task, at every run)."""
     import os
 
     from pyspark import SparkFiles
 
     from airflow_pgcdc.merge import jars
 
-    path = str(tmp_path / "t")
-    spark_with_delta.range(10).write.format("delta").save(path)
-    spark_with_delta.sql(f"MERGE INTO delta.`{path}` t USING (SELECT id FROM range(5, 15)) s ON t.id = s.id "
-                         "WHEN NOT MATCHED THEN INSERT *")
-    assert spark_with_delta.read.format("delta").load(path).count() == 15
     shipped = spark_with_delta.sparkContext.getConf().get("spark.jars", "")
     assert not any(j in shipped for j in jars.find_jars()), shipped
     root = SparkFiles.getRootDirectory()
     copied = [f for _, _, files in os.walk(root) for f in files if f.endswith(".jar")]
     assert copied == [], f"jars copied into {root}: {copied}"
+

@@ -98,3 +98,21 @@ def test_missing_connection_is_an_error():
 
     with pytest.raises(Exception, match="no_such_conn"):
         PgcdcHook("no_such_conn").get_dsn()
+
+
+def test_one_version_everywhere():
+    """pyproject.toml's version is the provider's, ``pgcdc --version``'s and
+    ``airflow_pgcdc.__version__``."""
+    import subprocess
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    import airflow_pgcdc
+
+    declared = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["version"]
+    assert get_provider_info()["versions"] == [declared]
+    assert airflow_pgcdc.__version__ == declared
+    out = subprocess.run([sys.executable, "-m", "airflow_pgcdc.cli", "--version"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.split() == ["pgcdc", declared], out
