@@ -67,6 +67,29 @@ class PgcdcHook(BaseHook):
                 params[key] = str(extra[key])
         return make_conninfo("", **{k: v for k, v in params.items() if v is not None})
 
+    def test_connection(self) -> tuple[bool, str]:
+        """The Airflow UI's Test button and ``airflow connections test`` (with ``[core]
+        test_connection = Enabled``): connects and checks what a pipeline needs of the
+        server and the role (:func:`airflow_pgcdc.pg.readiness.logical_readiness`); the
+        message never holds the password."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        from airflow_pgcdc.pg.readiness import logical_readiness
+
+        try:
+            dsn = self.get_dsn()
+        except Exception as e:  # noqa: BLE001 - the test reports, it does not raise
+            return False, f"connection {self.postgres_conn_id!r}: {e}"
+        try:
+            found = logical_readiness(dsn)
+        except Exception as e:  # noqa: BLE001
+            text = str(e).strip() or type(e).__name__
+            password = conninfo_to_dict(dsn).get("password")
+            if password:
+                text = text.replace(str(password), "***")
+            return False, f"cannot connect to {redact(dsn)}: {text}"
+        return found.ready, found.summary()
+
     def safe_dsn(self) -> str:
         """The DSN with the password replaced by ``***``."""
         return redact(self.get_dsn())
@@ -92,11 +115,3 @@ class PgcdcHook(BaseHook):
 
     def s3_client(self):
         return make_s3_client(self.s3_settings())
-
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden-fields": [],
-            "relabeling": {"schema": "Database"},
-            "placeholders": {"extra": '{"sslmode": "verify-full", "sslrootcert": "/path/ca.pem"}'},
-        }
