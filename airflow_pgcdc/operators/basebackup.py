@@ -30,7 +30,7 @@ class PgcdcBaseBackupOperator(BaseOperator):
     :param manifest: ``yes``, ``force-encode`` or ``no``
     """
 
-    template_fields: Sequence[str] = ("to", "backup_id", "backup_label")
+    template_fields: Sequence[str] = ("to", "backup_id", "backup_label", "postgres_conn_id", "aws_conn_id")
     ui_color = "#d5f5e3"
 
     def __init__(

@@ -10,6 +10,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.renamed import renamed_argument
+from airflow_pgcdc.operators.values import flag, number
 
 
 class PgcdcMaintainOperator(BaseOperator):
@@ -34,7 +35,7 @@ class PgcdcMaintainOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "delta", "tables", "retention_hours", "zorder")
+    template_fields: Sequence[str] = ("store", "slot", "delta", "tables", "retention_hours", "zorder", "aws_conn_id")
     ui_color = "#e8f6f3"
 
     def __init__(
@@ -66,11 +67,11 @@ class PgcdcMaintainOperator(BaseOperator):
 
         tables = [self.tables] if isinstance(self.tables, str) else (list(self.tables) if self.tables else None)
         settings = PgcdcHook(aws_conn_id=self.aws_conn_id).s3_settings()
-        retention = None if self.retention_hours in (None, "") else float(self.retention_hours)
+        retention = number(self.retention_hours, float, "retention_hours", minimum=0)
         try:
             result = maintain_slot(
                 store=self.store, slot=self.slot, delta=self.delta, tables=tables,
-                retention_hours=retention, zorder=self.zorder in (True, "True", "true", "1"), dry_run=self.dry_run, settings=settings,
+                retention_hours=retention, zorder=flag(self.zorder, "zorder"), dry_run=flag(self.dry_run, "dry_run"), settings=settings,
             ).to_dict()
         except TablesFailed as e:
             self.log.error("maintain result: %s", e.result.to_dict())

@@ -51,7 +51,7 @@ from airflow_pgcdc.merge.session import is_local
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators import assets
 from airflow_pgcdc.operators.renamed import renamed_argument
-from airflow_pgcdc.operators.values import flag, number, templated
+from airflow_pgcdc.operators.values import columns_per_table, flag, number, templated
 
 __all__ = [
     "MERGED_ACTIONS",
@@ -291,7 +291,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     :param tables: only these ``schema.table`` (templated; a list, or one string of
         names separated by commas/spaces)
     :param keys: merge key per table without primary key / replica identity index,
-        ``{"schema.table": ["col1", "col2"]}``
+        ``{"schema.table": ["col1", "col2"]}`` (templated: a template may render the
+        mapping as JSON or as a Python literal, e.g. ``"{{ params.keys }}"``)
     :param max_windows: merge at most N windows per table in this run (templated)
     :param history: also keep a history table per table: ``changelog`` or ``scd2`` (templated)
     :param engine: ``delta-rs`` (default) or ``delta-spark`` (templated; needs the Delta and
@@ -311,7 +312,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         password = secret key, extras ``endpoint_url``, ``region_name``); ``None``: the
         worker's environment (boto3's conventions) is inherited by spark-submit (templated)
     :param conn_id: Airflow Spark connection (default ``spark_default``); for local
-        mode: ``{"conn_type": "spark", "host": "local[*]"}``
+        mode: ``{"conn_type": "spark", "host": "local[*]"}`` (templated)
     :param py_files_dir: where to keep the ``airflow_pgcdc.zip`` shipped with
         ``--py-files`` (rebuilt when a source is newer); default: a temporary directory
         per run, removed afterwards
@@ -331,8 +332,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     """
 
     template_fields: Sequence[str] = (
-        *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "max_windows",
-        "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows", "aws_conn_id",
+        *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "keys", "max_windows",
+        "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows", "aws_conn_id", "conn_id",
     )
     ui_color = "#fdebd0"
 
@@ -380,7 +381,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.slot = slot
         self.delta = delta
         self.tables = tables
-        self.keys = {t: list(c) for t, c in (keys or {}).items()}
+        self.keys = keys if templated(keys) else columns_per_table(keys, "keys")
+        self.conn_id = conn_id  # the provider keeps it private (_conn_id), untemplated
         self.max_windows = max_windows
         self.history = history
         self.engine = engine
@@ -393,7 +395,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.on_failed_tables = on_failed_tables
         # bad keys, file size or driver rows fail at parse time (templated ones when rendered)
         merge_application_args(
-            store=store, slot=slot, delta=delta, keys=self.keys,
+            store=store, slot=slot, delta=delta, keys=None if templated(keys) else self.keys,
             target_file_mb=None if templated(target_file_mb) else number(target_file_mb, float, "target_file_mb"),
             driver_rows=None if templated(driver_rows) else number(driver_rows, int, "driver_rows"),
             engine=None if engine in (None, "", "None") or templated(engine) else engine,
@@ -438,6 +440,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         return ",".join([*given, *jarlib.find_jars()]) or None
 
     def _get_hook(self) -> PgcdcMergeSubmitHook:
+        self._conn_id = self.conn_id  # rendered
         hook = super()._get_hook()
         # The provider's _get_hook builds a SparkSubmitHook from ~35 operator attributes;
         # rebuilding it here would silently drop any it adds later. Our subclass only adds
@@ -479,7 +482,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
 
         self.application_args = merge_application_args(
             store=self.store, slot=self.slot, delta=self.delta, tables=self._tables(),
-            keys=self.keys, max_windows=self._max_windows(),
+            keys=columns_per_table(self.keys, "keys"), max_windows=self._max_windows(),
             history=None if self.history in (None, "", "None") else self.history,
             engine=None if self.engine in (None, "", "None") else self.engine,
             reader=None if self.reader in (None, "", "None") else self.reader,

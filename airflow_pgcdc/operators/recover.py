@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
 from airflow_pgcdc.operators.resync import resync_asset
+from airflow_pgcdc.operators.values import number
 
 
 class PgcdcRecoverOperator(BaseOperator):
@@ -37,7 +38,8 @@ class PgcdcRecoverOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publications", "workers", "as_text")
+    template_fields: Sequence[str] = ("store", "slot", "publications", "workers", "rows_per_part", "as_text",
+                                      "postgres_conn_id", "aws_conn_id")
     ui_color = "#f5b7b1"
 
     def __init__(
@@ -74,7 +76,8 @@ class PgcdcRecoverOperator(BaseOperator):
         self.log.info("recovery of slot %s from %s into %s", self.slot, hook.safe_dsn(), self.store)
         done = recover_pipeline(
             hook.get_dsn(), self.store, slot=self.slot, publications=self.publications or None,
-            workers=int(self.workers), rows_per_part=self.rows_per_part, s3_client=hook.s3_client(),
+            workers=number(self.workers, int, "workers", minimum=1),
+            rows_per_part=number(self.rows_per_part, int, "rows_per_part", minimum=1), s3_client=hook.s3_client(),
             as_text=self.as_text, two_phase=self.two_phase,
         )
         result = {**done.recovery.to_dict(), "record": done.url}

@@ -11,6 +11,7 @@ from airflow.sdk import Asset, BaseOperator
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
 from airflow_pgcdc.operators.renamed import renamed_argument
+from airflow_pgcdc.operators.values import number
 
 
 def resync_asset(to: str, slot: str) -> Asset:
@@ -38,7 +39,8 @@ class PgcdcResyncOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers", "as_text")
+    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers", "rows_per_part", "as_text",
+                                      "postgres_conn_id", "aws_conn_id")
     ui_color = "#d6eaf8"
 
     def __init__(
@@ -77,7 +79,8 @@ class PgcdcResyncOperator(BaseOperator):
         self.log.info("resync of %s from %s into %s, slot %s", tables, hook.safe_dsn(), self.store, self.slot)
         done = resync_tables(
             hook.get_dsn(), self.store, slot=self.slot, publication=self.publication, tables=tables,
-            workers=int(self.workers), rows_per_part=self.rows_per_part, s3_client=hook.s3_client(),
+            workers=number(self.workers, int, "workers", minimum=1),
+            rows_per_part=number(self.rows_per_part, int, "rows_per_part", minimum=1), s3_client=hook.s3_client(),
             as_text=self.as_text,
         )
         m = done.manifest

@@ -12,6 +12,7 @@ from airflow.sdk import Asset, BaseOperator
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
 from airflow_pgcdc.operators.renamed import renamed_argument
+from airflow_pgcdc.operators.values import number
 
 
 def snapshot_asset(to: str, slot: str) -> Asset:
@@ -46,7 +47,8 @@ class PgcdcSnapshotOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers", "as_text")
+    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers", "rows_per_part", "as_text",
+                                      "postgres_conn_id", "aws_conn_id")
     ui_color = "#d6eaf8"
 
     def __init__(
@@ -91,8 +93,8 @@ class PgcdcSnapshotOperator(BaseOperator):
             slot=self.slot,
             publication=self.publication,
             tables=self.tables,
-            workers=int(self.workers),
-            rows_per_part=self.rows_per_part,
+            workers=number(self.workers, int, "workers", minimum=1),
+            rows_per_part=number(self.rows_per_part, int, "rows_per_part", minimum=1),
             two_phase=self.two_phase,
             s3_client=hook.s3_client(),
             as_text=self.as_text,

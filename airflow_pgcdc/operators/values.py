@@ -7,6 +7,7 @@ with the argument's name in the error."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 UNSET = (None, "", "None")
@@ -54,3 +55,25 @@ def checked(value: Any, convert, *args, **kwargs) -> Any:
     """``convert(value, …)`` now, when ``value`` is not a template; a template is kept (it
     is converted when the task runs)."""
     return value if templated(value) else convert(value, *args, **kwargs)
+
+
+def columns_per_table(value: Any, name: str) -> dict[str, list[str]]:
+    """``value`` as ``{"schema.table": ["col", ...]}``: a mapping, or its rendering as text
+    (JSON, or the Python literal a Jinja template renders a dict param to); a table's
+    columns may be one name. ``None`` / ``""``: ``{}``."""
+    if value is None or (isinstance(value, str) and value.strip() in UNSET):
+        return {}
+    if isinstance(value, str):
+        import ast
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError:
+            try:
+                value = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                raise ValueError(f"{name} must be a mapping of table to key columns, got {value!r}") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a mapping of table to key columns, got {value!r}")
+    return {str(t): [c] if isinstance(c, str) else [str(x) for x in c] for t, c in value.items()}

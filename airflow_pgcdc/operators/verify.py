@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.operators.values import number
 
 
 class PgcdcTablesDiffer(AirflowFailException):
@@ -33,7 +34,7 @@ class PgcdcVerifyOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("delta", "tables")
+    template_fields: Sequence[str] = ("delta", "tables", "max_diffs", "postgres_conn_id", "aws_conn_id")
     ui_color = "#e8daef"
 
     def __init__(
@@ -76,7 +77,7 @@ class PgcdcVerifyOperator(BaseOperator):
             [(schema, table)] = parse_table_names([name])
             result = verify_table(
                 hook.get_dsn(), self.delta, schema, table, key=self.keys.get(name),
-                max_diffs=self.max_diffs, storage_options=storage,
+                max_diffs=number(self.max_diffs, int, "max_diffs", minimum=0), storage_options=storage,
                 progress=lambda m: self.log.info("%s", m),
             )
             report = result.to_dict()

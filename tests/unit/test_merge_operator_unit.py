@@ -323,6 +323,29 @@ def test_layout_and_path_options_are_templated(fake_spark):
         setattr(op, field, None)
 
 
+def test_keys_and_the_spark_connection_are_templated(fake_spark, monkeypatch):
+    """``keys`` from a run's params (a dict param renders to its Python literal, or JSON) and
+    ``conn_id`` rendered per run: the job gets ``--key`` and the rendered connection's master."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_SECOND", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
+                                 keys="{{ params.keys }}", conn_id="{{ params.spark }}")
+    assert {"keys", "conn_id"} <= set(op.template_fields)
+    op.keys, op.conn_id = "{'public.nokey': ['k', 'v'], 'public.other': 'id'}", "spark_second"
+    op.execute({"outlet_events": _Events()})
+    args = (fake_spark / "args.txt").read_text().splitlines()
+    assert args[args.index("--master") + 1] == "local[1]"
+    keys = [args[i + 1] for i, a in enumerate(args) if a == "--key"]
+    assert keys == ["public.nokey=k,v", "public.other=id"]
+    op._hook = None
+    op.keys = '{"public.nokey": ["k"]}'
+    op.execute({"outlet_events": _Events()})
+    args = (fake_spark / "args.txt").read_text().splitlines()
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--key"] == ["public.nokey=k"]
+    op._hook, op.keys = None, "public.nokey"
+    with pytest.raises(ValueError, match="keys must be a mapping of table to key columns"):
+        op.execute({"outlet_events": _Events()})
+
+
 def test_deletion_vectors_reach_the_job_with_delta_spark_only(fake_spark):
     op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
                                  engine="delta-spark", deletion_vectors=True)

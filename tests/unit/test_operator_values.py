@@ -55,3 +55,31 @@ def test_the_sensor_takes_its_thresholds_and_connection_from_templates():
     assert (given._min_bytes(), given._max_delay()) == (5, 120.0)
     with pytest.raises(ValueError, match="min_bytes must be an integer of at least 0"):
         PgcdcChangesSensor(task_id="w3", slot="s", min_bytes=-1)
+
+
+def test_every_operators_connection_ids_and_numbers_are_templated():
+    """A DAG written once for several databases renders each operator's connections (and
+    its numeric knobs) per run."""
+    from airflow_pgcdc.operators.basebackup import PgcdcBaseBackupOperator
+    from airflow_pgcdc.operators.drain import PgcdcDrainOperator
+    from airflow_pgcdc.operators.maintain import PgcdcMaintainOperator
+    from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
+    from airflow_pgcdc.operators.recover import PgcdcRecoverOperator
+    from airflow_pgcdc.operators.resync import PgcdcResyncOperator
+    from airflow_pgcdc.operators.snapshot import PgcdcSnapshotOperator
+    from airflow_pgcdc.operators.verify import PgcdcVerifyOperator
+    from airflow_pgcdc.sensors.changes import PgcdcChangesSensor
+
+    expected = {
+        PgcdcSnapshotOperator: {"postgres_conn_id", "aws_conn_id", "workers", "rows_per_part"},
+        PgcdcResyncOperator: {"postgres_conn_id", "aws_conn_id", "workers", "rows_per_part"},
+        PgcdcRecoverOperator: {"postgres_conn_id", "aws_conn_id", "workers", "rows_per_part"},
+        PgcdcBaseBackupOperator: {"postgres_conn_id", "aws_conn_id"},
+        PgcdcDrainOperator: {"postgres_conn_id", "aws_conn_id", "max_rows", "max_bytes", "max_seconds"},
+        PgcdcChangesSensor: {"postgres_conn_id", "min_bytes", "max_delay"},
+        PgcdcSparkMergeOperator: {"aws_conn_id", "conn_id", "keys", "target_file_mb", "driver_rows"},
+        PgcdcVerifyOperator: {"postgres_conn_id", "aws_conn_id", "max_diffs"},
+        PgcdcMaintainOperator: {"aws_conn_id", "retention_hours", "zorder"},
+    }
+    for cls, fields in expected.items():
+        assert fields <= set(cls.template_fields), (cls.__name__, fields - set(cls.template_fields))
