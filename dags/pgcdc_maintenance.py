@@ -1,49 +1,8 @@
-"""``pgcdc_maintenance``: daily lake upkeep (``pgcdc maintain``): compaction of the small
-files the merges leave, VACUUM of the files older than the retention, a Delta log
-checkpoint and log cleanup, per Delta table of the slot; then the parts of the change
-windows every table merged (and older than the retention) are removed from the store, and
-old merge staging debris.
+"""``pgcdc_maintenance``: the sandbox pipeline's maintenance DAG, built by the DAG factory
+(:mod:`airflow_pgcdc.dags.maintenance`, whose docstring is the DAG's documentation)."""
 
-It runs alongside ``pgcdc_incremental``: a merge that loses a commit race to the
-compaction commits nothing and is merged by the next run (its windows stay pending), so
-nothing is lost or doubled. ``max_active_runs=1`` (and ``max_active_tis_per_dag=1`` on
-the task, for manual runs) keep it from racing itself. Params: ``slot``, ``store``, ``delta``, ``retention_hours`` (default 168: time
-travel reaches a week back), ``zorder``.
-"""
+from _pgcdc_defaults import DEMO
 
-from __future__ import annotations
+from airflow_pgcdc.dags import pipeline_dags
 
-import datetime
-
-from _pgcdc_defaults import AWS_CONN_ID, PARAMS
-from airflow.sdk import DAG, Param
-
-from airflow_pgcdc.operators.maintain import PgcdcMaintainOperator
-
-with DAG(
-    "pgcdc_maintenance",
-    schedule="@daily",
-    start_date=datetime.datetime(2024, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    render_template_as_native_obj=True,
-    params={
-        **{k: PARAMS[k] for k in ("slot", "store", "delta")},
-        "retention_hours": Param(168, type="number", minimum=0,
-                                 description="keep removed Delta files and merged windows this long"),
-        "zorder": Param(False, type="boolean", description="Z-order on the key columns (rewrites every file)"),
-    },
-    tags=["pgcdc"],
-    doc_md=__doc__,
-) as dag:
-    PgcdcMaintainOperator(
-        task_id="maintain",
-        store="{{ params.store }}",
-        slot="{{ params.slot }}",
-        delta="{{ params.delta }}",
-        retention_hours="{{ params.retention_hours }}",
-        zorder="{{ params.zorder }}",
-        aws_conn_id=AWS_CONN_ID,
-        max_active_tis_per_dag=1,
-        execution_timeout=datetime.timedelta(hours=6),
-    )
+globals().update(pipeline_dags(DEMO, ["maintenance"]))

@@ -12,7 +12,7 @@ import airflow_pgcdc
 
 ROOT = Path(airflow_pgcdc.__file__).parent
 PROVIDER = ("airflow_pgcdc.operators", "airflow_pgcdc.sensors", "airflow_pgcdc.triggers", "airflow_pgcdc.hooks",
-            "airflow_pgcdc.provider")
+            "airflow_pgcdc.provider", "airflow_pgcdc.dags")
 
 
 def _modules() -> dict[str, Path]:

@@ -1,0 +1,174 @@
+"""``{name}_backfill``: rebuild Delta tables from S3 (the snapshot, then every committed
+window) into a fresh location, optionally verify, then swap them in.
+
+When: a Delta table was damaged or deleted, a merge bug was fixed, or a table's layout
+must change. The change store is the source of truth: the snapshot plus the windows
+replay the history of the slot, for as long as the store keeps every window since the
+snapshot. Upkeep (``{name}_maintenance``, ``pgcdc maintain``) deletes merged windows older
+than its retention (``retention_hours``, default 168 h): past that, a rebuild fails those
+tables (``WindowsExpired``, ``CopyExpired``) and ``mode=resync`` (a fresh copy from
+PostgreSQL) is the way.
+
+Consistency rule: the rebuilt table equals the source as of its last merged window's
+``end_lsn`` (the job refuses gaps, as always). The swap is one overwrite commit on the
+live table carrying the rebuilt table's app transaction version: readers see the old
+contents or the new, never a mix, and time travel keeps the old versions. Windows the
+live table merged while the rebuild ran are merged again by the next ``{name}_incremental``
+run (merging is idempotent per key, and windows are applied in order).
+
+Mode ``resync`` (``params.mode``): copy ``tables`` again from PostgreSQL while the slot
+keeps streaming (``PgcdcResyncOperator``: a temporary slot's exported snapshot), then
+merge them into the live root: each Delta table is replaced from the copy in one commit
+and gets only the changes committed after it. For a table added to the publication after
+the initial load (add it to the publication first), or one whose history in the store
+cannot rebuild it. The other params of the rebuild mode are ignored.
+
+Asset events: the swap emits one per live table it replaced (through the ``pgcdc-delta``
+alias, as the merges do), so consumers scheduled on a live table run after a rebuild; the
+rebuild's own location is scratch and gets none. After every table is swapped in, the run's
+rebuild folder is removed (with ``swap`` false it is kept, for a look before swapping).
+
+Runs of this DAG are triggered (no schedule; with or without a logical date): an Airflow
+backfill of ``{name}_incremental`` is refused by its first task, pointing here.
+
+Params: ``mode`` (``rebuild``, the default, or ``resync``), ``tables`` (which tables;
+null, the default: every table of the slot; ``resync`` needs them), ``store``, ``slot``,
+``delta`` (the live root), ``rebuild_root`` (default ``{delta}_rebuild``; each run
+builds under ``{rebuild_root}/{run id}``), ``max_windows`` (stop after N windows;
+null: all), ``verify`` (compare the rebuilt tables with PostgreSQL: only meaningful on a
+quiet source), ``swap`` (default true).
+
+Not here yet: layout options for the rebuilt tables (file size, engine, deletion vectors):
+the swap copies the rebuilt rows into the live table through delta-rs' writer in one
+commit, so the live files would not keep a rebuild's layout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import re
+
+from airflow.sdk import DAG, Asset, Param, task
+
+from airflow_pgcdc.dags.params import common_params, dag_tags
+from airflow_pgcdc.dags.pipeline import Pipeline
+from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator, delta_alias
+from airflow_pgcdc.operators.resync import PgcdcResyncOperator
+from airflow_pgcdc.operators.verify import PgcdcVerifyOperator
+
+REBUILT = "{{ (params.rebuild_root or params.delta ~ '_rebuild') ~ '/' ~ path_segment(run_id) }}"
+
+
+def path_segment(run_id: str) -> str:
+    """A run id as one folder name (run ids may hold ``:``, ``+`` or ``/``)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
+
+
+def build(p: Pipeline) -> DAG:
+    with DAG(
+        p.dag_id("backfill"),
+        schedule=None,
+        start_date=datetime.datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        render_template_as_native_obj=True,
+        user_defined_macros={"path_segment": path_segment},
+        params={
+            **common_params(p),
+            "tables": Param(None, type=["null", "array"],
+                            description="schema.table names (null: every table of the slot; resync needs them)"),
+            "mode": Param("rebuild", enum=["rebuild", "resync"],
+                          description="rebuild from the store, or resync the tables from PostgreSQL"),
+            "rebuild_root": Param(None, type=["null", "string"],
+                                  description="where to rebuild (default {delta}_rebuild)"),
+            "max_windows": Param(None, type=["null", "integer"], minimum=0,
+                                 description="merge at most N windows (null: all)"),
+            "verify": Param(False, type="boolean", description="verify the rebuilt tables (quiet source only)"),
+            "swap": Param(True, type="boolean", description="swap the rebuilt tables in"),
+        },
+        tags=dag_tags(p),
+        doc_md=__doc__.replace("{name}", p.name),
+    ) as dag:
+        @task.branch
+        def choose(params=None) -> str:
+            if params["mode"] == "resync" and not params["tables"]:
+                from airflow.sdk.exceptions import AirflowFailException
+
+                raise AirflowFailException("mode=resync copies the tables named in params.tables: give them "
+                                           "(e.g. [\"public.orders\"]); a whole-slot copy is a new initial load")
+            return "resync" if params["mode"] == "resync" else "rebuild"
+
+        resync = PgcdcResyncOperator(
+            task_id="resync",
+            store="{{ params.store }}",
+            slot="{{ params.slot }}",
+            publication="{{ params.publication }}",
+            tables="{{ params.tables }}",
+            workers=p.workers,
+            as_text=p.as_text,
+            postgres_conn_id=p.postgres_conn_id,
+            aws_conn_id=p.aws_conn_id,
+        )
+        merge_resynced = PgcdcSparkMergeOperator(
+            task_id="merge_resynced",
+            store="{{ params.store }}",
+            slot="{{ params.slot }}",
+            delta="{{ params.delta }}",
+            tables="{{ params.tables }}",
+            engine=p.engine,
+            aws_conn_id=p.aws_conn_id,
+            conn_id=p.spark_conn_id,
+        )
+        rebuild = PgcdcSparkMergeOperator(
+            task_id="rebuild",
+            store="{{ params.store }}",
+            slot="{{ params.slot }}",
+            delta=REBUILT,
+            tables="{{ params.tables }}",
+            max_windows="{{ params.max_windows }}",
+            engine=p.engine,
+            aws_conn_id=p.aws_conn_id,
+            conn_id=p.spark_conn_id,
+            outlets=[],  # scratch: the swap emits the live tables' events
+        )
+        verify = PgcdcVerifyOperator(
+            task_id="verify",
+            delta=REBUILT,
+            tables="{{ (params.tables or ti.xcom_pull(task_ids='rebuild')['tables'] | map(attribute='table') | list)"
+                   " if params.verify else [] }}",
+            postgres_conn_id=p.postgres_conn_id,
+            aws_conn_id=p.aws_conn_id,
+        )
+
+        @task(outlets=[delta_alias()])
+        def swap(merge_result: dict, params=None, run_id=None, outlet_events=None) -> list[dict]:
+            """One overwrite commit per live table from its rebuilt table, an Asset event for
+            each live table; then the run's rebuild folder is removed."""
+            from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+            from airflow_pgcdc.merge import deltars
+            from airflow_pgcdc.store import s3
+
+            if not params["swap"]:
+                return []
+            settings = PgcdcHook(aws_conn_id=p.aws_conn_id).s3_settings()
+            storage = s3.delta_storage_options(settings)
+            out = []
+            for t in merge_result["tables"]:
+                segment = t["delta_url"].rstrip("/").rsplit("/", 1)[1]  # {schema}.{table}, encoded
+                live = params["delta"].rstrip("/") + "/" + segment
+                done = deltars.swap(t["delta_url"], live, app=t["app_id"], storage_options=storage,
+                                    metadata={"pgcdc.swapped_from": t["delta_url"], "pgcdc.backfill": run_id})
+                outlet_events[delta_alias()].add(Asset(uri=live), extra={
+                    "window_seq": done["window"], "delta_version": done["live_version"], "action": "rebuilt",
+                    "end_lsn": t.get("end_lsn")})
+                out.append(done)
+            folder = s3.S3Location.parse(merge_result["delta"])  # the run's rebuild root (REBUILT, rendered)
+            removed = s3.delete_prefix(s3.make_s3_client(settings), folder.bucket, folder.prefix + "/")
+            logging.getLogger(__name__).info("removed the rebuild folder %s (%s objects)", folder, removed)
+            return out
+
+        branch = choose()
+        branch >> resync >> merge_resynced
+        branch >> rebuild >> verify >> swap(rebuild.output)
+    return dag

@@ -1,0 +1,101 @@
+"""The DAG factory (airflow_pgcdc.dags): a pipeline's settings checked with the field
+named, read from JSON and YAML, and turned into four DAGs whose tasks use the pipeline's
+connections and knobs (no servers: the DAGs are built, not run; test_dag_factory in
+tests/integration runs one)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+
+from airflow_pgcdc.dags import (
+    KINDS,
+    Pipeline,
+    PipelineConfigError,
+    load_pipelines,
+    pipeline_dags,
+    register,
+)
+
+BASE = {"slot": "sales", "publication": "sales_pub", "store": "s3://lake/cdc", "delta": "s3://lake/delta"}
+
+
+def test_a_pipelines_four_dags_use_its_connections_and_knobs():
+    p = Pipeline(name="sales", tables=["s.orders"], postgres_conn_id="sales_pg", aws_conn_id="sales_s3",
+                 spark_conn_id="sales_spark", schedule=15, min_bytes=1024, max_rows=5000, engine="delta-spark",
+                 as_text={"s.orders": ["odd"]}, retention_hours=720, tags=["team-a"], **BASE)
+    dags = pipeline_dags(p)
+    assert sorted(dags) == sorted(f"sales_{k}" for k in KINDS)
+    inc = dags["sales_incremental"]
+    assert inc.timetable.delta == datetime.timedelta(minutes=15)
+    assert "team-a" in inc.tags and "sales" in inc.tags
+    tasks = inc.task_dict
+    assert tasks["wait_for_changes"].postgres_conn_id == "sales_pg"
+    assert (tasks["drain"].postgres_conn_id, tasks["drain"].aws_conn_id) == ("sales_pg", "sales_s3")
+    assert tasks["drain"].as_text == {"s.orders": ["odd"]}
+    assert (tasks["merge"].conn_id, tasks["merge"].aws_conn_id, tasks["merge"].engine) == (
+        "sales_spark", "sales_s3", "delta-spark")
+    params = inc.params.dump()
+    assert (params["slot"], params["store"], params["min_bytes"], params["max_rows"]) == (
+        "sales", "s3://lake/cdc", 1024, 5000)
+    load = dags["sales_initial_load"].task_dict
+    assert load["snapshot"].postgres_conn_id == "sales_pg" and load["snapshot"].as_text == {"s.orders": ["odd"]}
+    assert dags["sales_initial_load"].params.dump()["tables"] == ["s.orders"]
+    back = dags["sales_backfill"].task_dict
+    assert back["resync"].as_text == {"s.orders": ["odd"]} and back["rebuild"].conn_id == "sales_spark"
+    assert dags["sales_maintenance"].params.dump()["retention_hours"] == 720
+    assert dags["sales_maintenance"].task_dict["maintain"].aws_conn_id == "sales_s3"
+
+
+def test_the_default_name_keeps_the_example_dag_ids():
+    assert sorted(pipeline_dags(Pipeline(**BASE))) == sorted(f"pgcdc_{k}" for k in KINDS)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"slot": "Sales"}, "slot must be 1-63 lower-case"),
+    ({"store": "/tmp/x"}, "store must be an s3://bucket/prefix URL"),
+    ({"name": "a b"}, "name must be letters"),
+    ({"tables": "s.orders"}, "tables must be a list of schema.table names"),
+    ({"tables": ["orders"]}, "tables must be a list of schema.table names"),
+    ({"min_bytes": -1}, "min_bytes must be an integer of at least 0"),
+    ({"workers": 0}, "workers must be an integer of at least 1"),
+    ({"max_delay": "soon"}, "max_delay must be a number"),
+    ({"as_text": {"s.t": []}}, "as_text must map schema.table to a list of column names"),
+])
+def test_bad_settings_are_named(change, message):
+    with pytest.raises(PipelineConfigError, match=message):
+        Pipeline(**{**BASE, **change})
+
+
+def test_pipelines_from_json_and_yaml(tmp_path):
+    entries = [{**BASE, "name": "sales"}, {**BASE, "name": "billing", "slot": "billing",
+                                           "postgres_conn_id": "billing_pg", "schedule": "*/10 * * * *"}]
+    (tmp_path / "p.json").write_text(json.dumps({"pipelines": entries}))
+    got = load_pipelines(tmp_path / "p.json")
+    assert [p.name for p in got] == ["sales", "billing"] and got[1].postgres_conn_id == "billing_pg"
+    (tmp_path / "p.yaml").write_text(
+        "- name: sales\n  slot: sales\n  publication: sales_pub\n  store: s3://lake/cdc\n  delta: s3://lake/delta\n"
+        "  tables: [s.orders, s.items]\n  schedule: 10\n")
+    (p,) = load_pipelines(tmp_path / "p.yaml")
+    assert p.tables == ("s.orders", "s.items") and p.schedule == datetime.timedelta(minutes=10)
+    namespace: dict = {}
+    ids = register(namespace, got)
+    assert len(ids) == 8 and set(ids) == set(namespace) and "billing_backfill" in namespace
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[]", "expected a non-empty list of pipelines"),
+    ("{not json", "not valid JSON"),
+    (json.dumps([{**BASE, "colour": "red"}]), r"pipeline 1: unknown setting\(s\) colour"),
+    (json.dumps([{"slot": "x"}]), r"pipeline 1: missing setting\(s\) delta, publication, store"),
+    (json.dumps([BASE, BASE]), "pipeline name\\(s\\) pgcdc used more than once"),
+    (json.dumps([{**BASE, "slot": "BAD"}]), "pipeline 1: pipeline 'pgcdc': slot must be"),
+])
+def test_a_bad_file_names_the_file_and_the_entry(tmp_path, text, message):
+    path = tmp_path / "pipelines.json"
+    path.write_text(text)
+    with pytest.raises(PipelineConfigError, match=message) as err:
+        load_pipelines(path)
+    assert str(path) in str(err.value)
