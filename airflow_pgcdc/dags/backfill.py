@@ -51,9 +51,9 @@ import re
 
 from airflow.sdk import DAG, Asset, Param, task
 
-from airflow_pgcdc.dags.params import common_params, dag_tags
+from airflow_pgcdc.dags.params import common_params, dag_tags, merge_task
 from airflow_pgcdc.dags.pipeline import Pipeline
-from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator, delta_alias
+from airflow_pgcdc.operators.merge import delta_alias
 from airflow_pgcdc.operators.resync import PgcdcResyncOperator
 from airflow_pgcdc.operators.verify import PgcdcVerifyOperator
 
@@ -110,28 +110,10 @@ def build(p: Pipeline) -> DAG:
             postgres_conn_id=p.postgres_conn_id,
             aws_conn_id=p.aws_conn_id,
         )
-        merge_resynced = PgcdcSparkMergeOperator(
-            task_id="merge_resynced",
-            store="{{ params.store }}",
-            slot="{{ params.slot }}",
-            delta="{{ params.delta }}",
-            tables="{{ params.tables }}",
-            engine=p.engine,
-            aws_conn_id=p.aws_conn_id,
-            conn_id=p.spark_conn_id,
-        )
-        rebuild = PgcdcSparkMergeOperator(
-            task_id="rebuild",
-            store="{{ params.store }}",
-            slot="{{ params.slot }}",
-            delta=REBUILT,
-            tables="{{ params.tables }}",
-            max_windows="{{ params.max_windows }}",
-            engine=p.engine,
-            aws_conn_id=p.aws_conn_id,
-            conn_id=p.spark_conn_id,
-            outlets=[],  # scratch: the swap emits the live tables' events
-        )
+        merge_resynced = merge_task(p, "merge_resynced", tables="{{ params.tables }}")
+        rebuild = merge_task(p, "rebuild", delta=REBUILT, tables="{{ params.tables }}",
+                             max_windows="{{ params.max_windows }}",
+                             outlets=[])  # scratch: the swap emits the live tables' events
         verify = PgcdcVerifyOperator(
             task_id="verify",
             delta=REBUILT,

@@ -34,10 +34,10 @@ import datetime
 
 from airflow.sdk import DAG, Param
 
-from airflow_pgcdc.dags.params import common_params, dag_tags
+from airflow_pgcdc.dags.params import common_params, dag_tags, merge_task
 from airflow_pgcdc.dags.pipeline import Pipeline
 from airflow_pgcdc.operators.drain import PgcdcDrainOperator
-from airflow_pgcdc.operators.merge import PgcdcMergeCheckOperator, PgcdcSparkMergeOperator
+from airflow_pgcdc.operators.merge import PgcdcMergeCheckOperator
 from airflow_pgcdc.sensors.changes import PgcdcChangesSensor
 
 SENSOR_TIMEOUT = datetime.timedelta(minutes=4)
@@ -92,16 +92,7 @@ def build(p: Pipeline) -> DAG:
             postgres_conn_id=p.postgres_conn_id,
             aws_conn_id=p.aws_conn_id,
         )
-        merge = PgcdcSparkMergeOperator(
-            task_id="merge",
-            store="{{ params.store }}",
-            slot="{{ params.slot }}",
-            delta="{{ params.delta }}",
-            engine=p.engine,
-            aws_conn_id=p.aws_conn_id,
-            conn_id=p.spark_conn_id,
-            on_failed_tables="succeed",
-        )
+        merge = merge_task(p, "merge", on_failed_tables="succeed")
         check = PgcdcMergeCheckOperator(task_id="check_tables", merge_task_id="merge")
         wait >> drain >> merge >> check
     return dag

@@ -14,9 +14,8 @@ import datetime
 
 from airflow.sdk import DAG, Param, task
 
-from airflow_pgcdc.dags.params import common_params, dag_tags
+from airflow_pgcdc.dags.params import common_params, dag_tags, merge_task
 from airflow_pgcdc.dags.pipeline import Pipeline
-from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
 from airflow_pgcdc.operators.snapshot import PgcdcSnapshotOperator
 from airflow_pgcdc.operators.verify import PgcdcVerifyOperator
 
@@ -61,15 +60,7 @@ def build(p: Pipeline) -> DAG:
             postgres_conn_id=p.postgres_conn_id,
             aws_conn_id=p.aws_conn_id,
         )
-        bootstrap = PgcdcSparkMergeOperator(
-            task_id="bootstrap",
-            store="{{ params.store }}",
-            slot="{{ params.slot }}",
-            delta="{{ params.delta }}",
-            engine=p.engine,
-            aws_conn_id=p.aws_conn_id,
-            conn_id=p.spark_conn_id,
-        )
+        bootstrap = merge_task(p, "bootstrap")
         verify = PgcdcVerifyOperator(
             task_id="verify",
             delta="{{ params.delta }}",

@@ -25,3 +25,13 @@ def common_params(p: Pipeline, *names: str) -> dict[str, Any]:
 
 def dag_tags(p: Pipeline) -> list[str]:
     return ["pgcdc", *([p.name] if p.name != "pgcdc" else []), *p.tags]
+
+
+def merge_task(p: Pipeline, task_id: str, *, delta: str = "{{ params.delta }}", **kwargs: Any):
+    """The pipeline's Spark merge of the run's slot and store into ``delta`` (default: the
+    live Delta root), on its engine and connections."""
+    from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
+
+    return PgcdcSparkMergeOperator(task_id=task_id, store="{{ params.store }}", slot="{{ params.slot }}",
+                                   delta=delta, engine=p.engine, aws_conn_id=p.aws_conn_id,
+                                   conn_id=p.spark_conn_id, **kwargs)
