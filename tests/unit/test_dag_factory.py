@@ -1,6 +1,6 @@
 """The DAG factory (airflow_pgcdc.dags): a pipeline's settings checked with the field
 named, read from JSON and YAML, and turned into four DAGs whose tasks use the pipeline's
-connections and knobs (no servers: the DAGs are built, not run; test_dag_factory in
+connections and knobs (no servers: the DAGs are built, not run; test_dag_factory_airflow in
 tests/integration runs one)."""
 
 from __future__ import annotations

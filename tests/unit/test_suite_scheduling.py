@@ -53,3 +53,15 @@ def test_an_xdist_group_runs_on_one_worker(tmp_path):
     assert len(workers) == 6 and workers[0].startswith("gw"), workers
     assert len(set(workers)) == 1, f"one xdist_group ran on several workers: {sorted(workers)}"
     assert "@together" in proc.stdout, "the group is in the reported node ids"
+
+
+def test_test_module_basenames_are_unique():
+    """The test folders are not packages (rootdir-based module names): two test files with
+    one basename make pytest fail to collect the second (a whole CI run lost to
+    tests/unit/test_dag_factory.py beside tests/integration/test_dag_factory.py)."""
+    from collections import Counter
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1]
+    names = Counter(p.name for p in tests.rglob("test_*.py") if "__pycache__" not in p.parts)
+    assert [n for n, c in names.items() if c > 1] == []
