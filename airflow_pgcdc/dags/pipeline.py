@@ -34,7 +34,9 @@ class Pipeline:
         ``{name}_backfill``, ``{name}_maintenance``) and a tag of each DAG
     :param slot: the logical replication slot (created by the initial load)
     :param publication: the publication to stream (created or widened by the initial load)
-    :param tables: ``schema.table`` names the initial load publishes and copies
+    :param tables: ``schema.table`` names the initial load adds to the publication (it
+        never narrows one); empty: the publication as it is (say, one a DBA made ``FOR ALL
+        TABLES``). The snapshot copies whatever the publication publishes
     :param store: the change store, ``s3://bucket/prefix``
     :param delta: the Delta root, ``s3://bucket/lake``
     :param postgres_conn_id: the source database's Airflow connection (``postgres`` or ``pgcdc``)
