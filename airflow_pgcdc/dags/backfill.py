@@ -45,13 +45,12 @@ commit, so the live files would not keep a rebuild's layout.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import re
 
 from airflow.sdk import DAG, Asset, Param, task
 
-from airflow_pgcdc.dags.params import common_params, dag_tags, merge_task
+from airflow_pgcdc.dags.params import common_params, merge_task, pipeline_dag
 from airflow_pgcdc.dags.pipeline import Pipeline
 from airflow_pgcdc.operators.merge import delta_alias
 from airflow_pgcdc.operators.resync import PgcdcResyncOperator
@@ -66,30 +65,21 @@ def path_segment(run_id: str) -> str:
 
 
 def build(p: Pipeline) -> DAG:
-    with DAG(
-        p.dag_id("backfill"),
-        schedule=None,
-        start_date=datetime.datetime(2024, 1, 1),
-        catchup=False,
-        max_active_runs=1,
-        render_template_as_native_obj=True,
-        user_defined_macros={"path_segment": path_segment},
-        params={
-            **common_params(p),
-            "tables": Param(None, type=["null", "array"],
-                            description="schema.table names (null: every table of the slot; resync needs them)"),
-            "mode": Param("rebuild", enum=["rebuild", "resync"],
-                          description="rebuild from the store, or resync the tables from PostgreSQL"),
-            "rebuild_root": Param(None, type=["null", "string"],
-                                  description="where to rebuild (default {delta}_rebuild)"),
-            "max_windows": Param(None, type=["null", "integer"], minimum=0,
-                                 description="merge at most N windows (null: all)"),
-            "verify": Param(False, type="boolean", description="verify the rebuilt tables (quiet source only)"),
-            "swap": Param(True, type="boolean", description="swap the rebuilt tables in"),
-        },
-        tags=dag_tags(p),
-        doc_md=__doc__.replace("{name}", p.name),
-    ) as dag:
+    params = {
+        **common_params(p),
+        "tables": Param(None, type=["null", "array"],
+                        description="schema.table names (null: every table of the slot; resync needs them)"),
+        "mode": Param("rebuild", enum=["rebuild", "resync"],
+                      description="rebuild from the store, or resync the tables from PostgreSQL"),
+        "rebuild_root": Param(None, type=["null", "string"],
+                              description="where to rebuild (default {delta}_rebuild)"),
+        "max_windows": Param(None, type=["null", "integer"], minimum=0,
+                             description="merge at most N windows (null: all)"),
+        "verify": Param(False, type="boolean", description="verify the rebuilt tables (quiet source only)"),
+        "swap": Param(True, type="boolean", description="swap the rebuilt tables in"),
+    }
+    with pipeline_dag(p, "backfill", __doc__, schedule=None, params=params,
+                      user_defined_macros={"path_segment": path_segment}) as dag:
         @task.branch
         def choose(params=None) -> str:
             if params["mode"] == "resync" and not params["tables"]:

@@ -34,7 +34,7 @@ import datetime
 
 from airflow.sdk import DAG, Param
 
-from airflow_pgcdc.dags.params import common_params, dag_tags, merge_task
+from airflow_pgcdc.dags.params import common_params, merge_task, pipeline_dag
 from airflow_pgcdc.dags.pipeline import Pipeline
 from airflow_pgcdc.operators.drain import PgcdcDrainOperator
 from airflow_pgcdc.operators.merge import PgcdcMergeCheckOperator
@@ -44,29 +44,20 @@ SENSOR_TIMEOUT = datetime.timedelta(minutes=4)
 
 
 def build(p: Pipeline) -> DAG:
-    with DAG(
-        p.dag_id("incremental"),
-        schedule=p.schedule,
-        start_date=datetime.datetime(2024, 1, 1),
-        catchup=False,
-        max_active_runs=1,
-        render_template_as_native_obj=True,
-        params={
-            **common_params(p),
-            "min_bytes": Param(p.min_bytes, type="integer", minimum=0,
-                               description="pending WAL (bytes) that makes a window worth draining"),
-            "max_delay": Param(p.max_delay, type=["null", "number"], minimum=0,
-                               description="seconds the oldest change may wait (null: no limit)"),
-            "max_rows": Param(p.max_rows, type=["null", "integer"], minimum=0,
-                              description="end a window after this many change rows (null: no limit)"),
-            "max_bytes": Param(p.max_bytes, type=["null", "integer"], minimum=0,
-                               description="end a window after this many bytes of changes (null: no limit)"),
-            "max_seconds": Param(p.max_seconds, type=["null", "number"], minimum=0,
-                                 description="end a window after this many seconds (null: no limit)"),
-        },
-        tags=dag_tags(p),
-        doc_md=__doc__.replace("{name}", p.name),
-    ) as dag:
+    params = {
+        **common_params(p),
+        "min_bytes": Param(p.min_bytes, type="integer", minimum=0,
+                           description="pending WAL (bytes) that makes a window worth draining"),
+        "max_delay": Param(p.max_delay, type=["null", "number"], minimum=0,
+                           description="seconds the oldest change may wait (null: no limit)"),
+        "max_rows": Param(p.max_rows, type=["null", "integer"], minimum=0,
+                          description="end a window after this many change rows (null: no limit)"),
+        "max_bytes": Param(p.max_bytes, type=["null", "integer"], minimum=0,
+                           description="end a window after this many bytes of changes (null: no limit)"),
+        "max_seconds": Param(p.max_seconds, type=["null", "number"], minimum=0,
+                             description="end a window after this many seconds (null: no limit)"),
+    }
+    with pipeline_dag(p, "incremental", __doc__, schedule=p.schedule, params=params) as dag:
         wait = PgcdcChangesSensor(
             task_id="wait_for_changes",
             slot="{{ params.slot }}",

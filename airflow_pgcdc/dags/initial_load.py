@@ -10,32 +10,21 @@ the demo; a busy source differs by the changes since the snapshot).
 
 from __future__ import annotations
 
-import datetime
-
 from airflow.sdk import DAG, Param, task
 
-from airflow_pgcdc.dags.params import common_params, dag_tags, merge_task
+from airflow_pgcdc.dags.params import common_params, merge_task, pipeline_dag
 from airflow_pgcdc.dags.pipeline import Pipeline
 from airflow_pgcdc.operators.snapshot import PgcdcSnapshotOperator
 from airflow_pgcdc.operators.verify import PgcdcVerifyOperator
 
 
 def build(p: Pipeline) -> DAG:
-    with DAG(
-        p.dag_id("initial_load"),
-        schedule=None,
-        start_date=datetime.datetime(2024, 1, 1),
-        catchup=False,
-        max_active_runs=1,
-        render_template_as_native_obj=True,
-        params={
-            **common_params(p),
-            "workers": Param(p.workers, type="integer", minimum=1, description="snapshot worker connections"),
-            "verify": Param(True, type="boolean", description="verify Delta = PostgreSQL at the end"),
-        },
-        tags=dag_tags(p),
-        doc_md=__doc__.replace("{name}", p.name),
-    ) as dag:
+    params = {
+        **common_params(p),
+        "workers": Param(p.workers, type="integer", minimum=1, description="snapshot worker connections"),
+        "verify": Param(True, type="boolean", description="verify Delta = PostgreSQL at the end"),
+    }
+    with pipeline_dag(p, "initial_load", __doc__, schedule=None, params=params) as dag:
 
         @task
         def ensure_publication(params=None) -> dict:

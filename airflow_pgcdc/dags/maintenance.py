@@ -19,28 +19,19 @@ import datetime
 
 from airflow.sdk import DAG, Param
 
-from airflow_pgcdc.dags.params import common_params, dag_tags
+from airflow_pgcdc.dags.params import common_params, pipeline_dag
 from airflow_pgcdc.dags.pipeline import Pipeline
 from airflow_pgcdc.operators.maintain import PgcdcMaintainOperator
 
 
 def build(p: Pipeline) -> DAG:
-    with DAG(
-        p.dag_id("maintenance"),
-        schedule=p.maintenance_schedule,
-        start_date=datetime.datetime(2024, 1, 1),
-        catchup=False,
-        max_active_runs=1,
-        render_template_as_native_obj=True,
-        params={
-            **common_params(p, "slot", "store", "delta"),
-            "retention_hours": Param(p.retention_hours, type="number", minimum=0,
-                                     description="keep removed Delta files and merged windows this long"),
-            "zorder": Param(False, type="boolean", description="Z-order on the key columns (rewrites every file)"),
-        },
-        tags=dag_tags(p),
-        doc_md=__doc__.replace("{name}", p.name),
-    ) as dag:
+    params = {
+        **common_params(p, "slot", "store", "delta"),
+        "retention_hours": Param(p.retention_hours, type="number", minimum=0,
+                                 description="keep removed Delta files and merged windows this long"),
+        "zorder": Param(False, type="boolean", description="Z-order on the key columns (rewrites every file)"),
+    }
+    with pipeline_dag(p, "maintenance", __doc__, schedule=p.maintenance_schedule, params=params) as dag:
         PgcdcMaintainOperator(
             task_id="maintain",
             store="{{ params.store }}",

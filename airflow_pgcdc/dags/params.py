@@ -3,6 +3,7 @@ triggered run's conf may override them)."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from airflow.sdk import Param
@@ -23,8 +24,24 @@ def common_params(p: Pipeline, *names: str) -> dict[str, Any]:
     return {k: params[k] for k in (names or params)}
 
 
-def dag_tags(p: Pipeline) -> list[str]:
-    return ["pgcdc", *([p.name] if p.name != "pgcdc" else []), *p.tags]
+def pipeline_dag(p: Pipeline, kind: str, doc: str, *, schedule: Any, params: dict[str, Any], **extra: Any):
+    """The pipeline's DAG ``{name}_{kind}``: what every one of its DAGs shares (no catch-up,
+    one run at a time, native rendering of params, the pipeline's tags, ``doc`` with
+    ``{name}`` filled in); use it as ``with pipeline_dag(...) as dag:``."""
+    from airflow.sdk import DAG
+
+    return DAG(
+        p.dag_id(kind),
+        schedule=schedule,
+        start_date=datetime.datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        render_template_as_native_obj=True,
+        params=params,
+        tags=["pgcdc", *([p.name] if p.name != "pgcdc" else []), *p.tags],
+        doc_md=doc.replace("{name}", p.name),
+        **extra,
+    )
 
 
 def merge_task(p: Pipeline, task_id: str, *, delta: str = "{{ params.delta }}", **kwargs: Any):

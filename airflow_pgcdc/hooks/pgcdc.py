@@ -12,6 +12,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from airflow_pgcdc.errors import redact as redact_text
 from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.store.s3 import S3Settings, make_s3_client
 
@@ -83,10 +84,8 @@ class PgcdcHook(BaseHook):
         try:
             found = logical_readiness(dsn)
         except Exception as e:  # noqa: BLE001
-            text = str(e).strip() or type(e).__name__
-            password = conninfo_to_dict(dsn).get("password")
-            if password:
-                text = text.replace(str(password), "***")
+            params = conninfo_to_dict(dsn)
+            text = redact_text(str(e).strip() or type(e).__name__, [params.get("password"), params.get("sslpassword")])
             return False, f"cannot connect to {redact(dsn)}: {text}"
         return found.ready, found.summary()
 

@@ -51,7 +51,7 @@ from airflow_pgcdc.merge.session import is_local
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators import assets
 from airflow_pgcdc.operators.renamed import renamed_argument
-from airflow_pgcdc.operators.values import columns_per_table, flag, number, templated
+from airflow_pgcdc.operators.values import checked, columns_per_table, flag, number, templated
 
 __all__ = [
     "MERGED_ACTIONS",
@@ -381,7 +381,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.slot = slot
         self.delta = delta
         self.tables = tables
-        self.keys = keys if templated(keys) else columns_per_table(keys, "keys")
+        self.keys = checked(keys, columns_per_table, "keys")
         self.conn_id = conn_id  # the provider keeps it private (_conn_id), untemplated
         self.max_windows = max_windows
         self.history = history
