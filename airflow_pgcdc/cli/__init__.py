@@ -42,6 +42,7 @@ COMMANDS: list[str] = [
     "airflow_pgcdc.cli.slots",
     "airflow_pgcdc.cli.verify",
     "airflow_pgcdc.cli.merge",
+    "airflow_pgcdc.cli.rebuild",
     "airflow_pgcdc.cli.maintain",
 ]
 

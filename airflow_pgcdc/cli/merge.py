@@ -23,11 +23,16 @@ def register(subparsers) -> None:
         ),
     )
     add_arguments(p)
+    add_spark_arguments(p)
+    p.set_defaults(handler=run)
+
+
+def add_spark_arguments(p: argparse.ArgumentParser) -> None:
+    """``--master`` and ``--conf`` of a job run in-process (``pgcdc merge``, ``pgcdc rebuild``)."""
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", type=_conf_pair,
                    help="a Spark setting for this job's session, as spark-submit --conf "
                         "(repeat; e.g. spark.cores.max=4, spark.executor.memory=8g)")
-    p.set_defaults(handler=run)
 
 
 def _conf_pair(text: str) -> tuple[str, str]:
@@ -45,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         out = run_job(args, lazy=True)  # no JVM when no table needs Spark
     except TablesFailed as e:  # the others were merged: print every table's outcome, then fail
-        if e.result is not None:
-            json.dump(e.result.to_dict(), sys.stdout, indent=2)
+        if e.outcome_dict() is not None:
+            json.dump(e.outcome_dict(), sys.stdout, indent=2)
             sys.stdout.write("\n")
         raise
     json.dump(out, sys.stdout, indent=2)

@@ -38,9 +38,10 @@ builds under ``{rebuild_root}/{run id}``), ``max_windows`` (stop after N windows
 null: all), ``verify`` (compare the rebuilt tables with PostgreSQL: only meaningful on a
 quiet source), ``swap`` (default true).
 
-Not here yet: layout options for the rebuilt tables (file size, engine, deletion vectors):
-the swap copies the rebuilt rows into the live table through delta-rs' writer in one
-commit, so the live files would not keep a rebuild's layout.
+Layout (what a rebuild is often for): ``target_file_mb`` and ``deletion_vectors`` (with
+the pipeline's ``engine="delta-spark"``) shape the rebuilt tables; the swap keeps their
+properties, their rows' order and that file size (:func:`airflow_pgcdc.merge.rebuild.swap_in`).
+The same rebuild outside Airflow: ``pgcdc rebuild``; as one task: ``PgcdcRebuildOperator``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ def build(p: Pipeline) -> DAG:
                               description="where to rebuild (default {delta}_rebuild)"),
         "max_windows": Param(None, type=["null", "integer"], minimum=0,
                              description="merge at most N windows (null: all)"),
+        "target_file_mb": Param(None, type=["null", "number"], exclusiveMinimum=0,
+                                description="the rebuilt tables' data file size in MB (null: the job's default, 32)"),
+        "deletion_vectors": Param(False, type="boolean",
+                                  description="rebuilt tables with deletion vectors (needs the delta-spark engine)"),
         "verify": Param(False, type="boolean", description="verify the rebuilt tables (quiet source only)"),
         "swap": Param(True, type="boolean", description="swap the rebuilt tables in"),
     }
@@ -102,7 +107,8 @@ def build(p: Pipeline) -> DAG:
         )
         merge_resynced = merge_task(p, "merge_resynced", tables="{{ params.tables }}")
         rebuild = merge_task(p, "rebuild", delta=REBUILT, tables="{{ params.tables }}",
-                             max_windows="{{ params.max_windows }}",
+                             max_windows="{{ params.max_windows }}", target_file_mb="{{ params.target_file_mb }}",
+                             deletion_vectors="{{ params.deletion_vectors }}",
                              outlets=[])  # scratch: the swap emits the live tables' events
         verify = PgcdcVerifyOperator(
             task_id="verify",
@@ -118,23 +124,21 @@ def build(p: Pipeline) -> DAG:
             """One overwrite commit per live table from its rebuilt table, an Asset event for
             each live table; then the run's rebuild folder is removed."""
             from airflow_pgcdc.hooks.pgcdc import PgcdcHook
-            from airflow_pgcdc.merge import deltars
+            from airflow_pgcdc.merge.rebuild import swap_in
             from airflow_pgcdc.store import s3
 
             if not params["swap"]:
                 return []
             settings = PgcdcHook(aws_conn_id=p.aws_conn_id).s3_settings()
-            storage = s3.delta_storage_options(settings)
-            out = []
-            for t in merge_result["tables"]:
-                segment = t["delta_url"].rstrip("/").rsplit("/", 1)[1]  # {schema}.{table}, encoded
-                live = params["delta"].rstrip("/") + "/" + segment
-                done = deltars.swap(t["delta_url"], live, app=t["app_id"], storage_options=storage,
-                                    metadata={"pgcdc.swapped_from": t["delta_url"], "pgcdc.backfill": run_id})
-                outlet_events[delta_alias()].add(Asset(uri=live), extra={
+            out = swap_in(merge_result, params["delta"], storage_options=s3.delta_storage_options(settings),
+                          run=run_id, target_file_mb=params["target_file_mb"])
+            ends = {t["table"]: t.get("end_lsn") for t in merge_result["tables"]}
+            for done in out:
+                if done["live"].endswith(("__changelog", "__scd2")):
+                    continue  # a history table: its table's event stands for it
+                outlet_events[delta_alias()].add(Asset(uri=done["live"]), extra={
                     "window_seq": done["window"], "delta_version": done["live_version"], "action": "rebuilt",
-                    "end_lsn": t.get("end_lsn")})
-                out.append(done)
+                    "end_lsn": ends.get(done["table"])})
             folder = s3.S3Location.parse(merge_result["delta"])  # the run's rebuild root (REBUILT, rendered)
             removed = s3.delete_prefix(s3.make_s3_client(settings), folder.bucket, folder.prefix + "/")
             logging.getLogger(__name__).info("removed the rebuild folder %s (%s objects)", folder, removed)

@@ -368,13 +368,16 @@ def add_filled_columns(table, fields: list[pa.Field], values: dict[str, Any], *,
 
 
 def swap(rebuilt_url: str, live_url: str, *, app: str, storage_options: dict[str, str],
-         metadata: dict[str, str]) -> dict[str, Any]:
+         metadata: dict[str, str], target_file_size: int | None = None) -> dict[str, Any]:
     """Make the live table hold what a rebuilt table holds, in ONE commit on the live table
     (an overwrite: readers see the old contents or the new, never a mix, and time travel
     keeps the old versions). The commit carries the rebuilt table's app transaction
     version, so the next merge continues from the window the rebuild reached (windows the
     live table had merged beyond it are merged again: a merge is idempotent per key).
-    A live table that does not exist is created."""
+    A live table that does not exist is created. The rebuilt table's layout is kept: its
+    properties (``configuration``: deletion vectors, column mapping, data skipping), its
+    rows in its files' order (sorted by the key when the rebuild sorted them), in files of
+    ``target_file_size`` bytes (delta-rs' default when None)."""
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
     rebuilt = DeltaTable(rebuilt_url, storage_options=storage_options)
@@ -383,6 +386,7 @@ def swap(rebuilt_url: str, live_url: str, *, app: str, storage_options: dict[str
     txns = [Transaction(app, version)] if version is not None else None
     write_deltalake(
         live_url, reader, mode="overwrite", schema_mode="overwrite", storage_options=storage_options,
+        configuration=dict(rebuilt.metadata().configuration) or None, target_file_size=target_file_size,
         commit_properties=CommitProperties(app_transactions=txns, custom_metadata=metadata),
     )
     live = DeltaTable(live_url, storage_options=storage_options)

@@ -118,3 +118,10 @@ class TablesFailed(MergeError):
     def __init__(self, message: str, *, hint: str | None = None, result: MergeResult | None = None) -> None:
         super().__init__(message, hint=hint)
         self.result = result
+        self.outcome: dict | None = None  # a composed job's own result (a rebuild's), printed instead
+
+    def outcome_dict(self) -> dict | None:
+        """What the job prints for the tables that were done: ``outcome`` or ``result``."""
+        if self.outcome is not None:
+            return self.outcome
+        return self.result.to_dict() if self.result is not None else None

@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 RESULT_PREFIX = "PGCDC_MERGE_RESULT "
+
+log = logging.getLogger(__name__)
 
 
 def parse_keys(items: list[str] | None) -> dict[str, list[str]]:
@@ -59,6 +62,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")
 
 
+def add_rebuild_arguments(p: argparse.ArgumentParser, *, flag: bool) -> None:
+    """The options of a rebuild (``pgcdc rebuild``; ``spark_app.py --rebuild``)."""
+    if flag:
+        p.add_argument("--rebuild", action="store_true",
+                       help="rebuild the tables under --delta from the store and swap them in (pgcdc rebuild)")
+    p.add_argument("--scratch", metavar="S3URL",
+                   help="where to rebuild (default {delta}_rebuild/{run id}); removed after the swap")
+    p.add_argument("--no-swap", dest="swap", action="store_false",
+                   help="rebuild only: leave the live tables alone and keep the rebuilt ones for a look")
+    p.add_argument("--keep-scratch", action="store_true", help="keep the rebuild root after the swap")
+
+
 def run(args: argparse.Namespace, spark=None, *, lazy: bool = False) -> dict:
     from airflow_pgcdc.merge.job import merge_slot
     from airflow_pgcdc.merge.session import is_local, needs_delta_jars, spark_session
@@ -66,24 +81,31 @@ def run(args: argparse.Namespace, spark=None, *, lazy: bool = False) -> dict:
     master = getattr(args, "master", None)
     if spark is None:
         def start_spark():
+            log.info("starting the Spark session (master %s)", master or "from spark-submit")
             session = spark_session(master, delta=needs_delta_jars(args.engine, args.reader),
                                     conf=dict(getattr(args, "conf", None) or ()))
             if master and not is_local(master):
                 ship_package(session)
             return session
 
-        # lazy (pgcdc merge in-process): the job starts Spark when a table first needs it, so
-        # a run whose batches are all small starts no JVM; under spark-submit the session is
-        # made at once (a cluster manager may expect the application's SparkContext)
+        # lazy (pgcdc merge in-process, or spark-submit to a local master): the job starts
+        # Spark when a table first needs it, so a run whose batches are all small starts no
+        # JVM (in-process) or no SparkContext (under spark-submit); under spark-submit to a
+        # cluster the session is made at once (its manager waits for the application's
+        # SparkContext)
         spark = start_spark if lazy else start_spark()
-    result = merge_slot(
-        spark, store=args.store, slot=args.slot, delta=args.delta, tables=args.tables,
+    options = dict(
+        store=args.store, slot=args.slot, delta=args.delta, tables=args.tables,
         keys=parse_keys(args.key), max_windows=args.max_windows, engine=args.engine,
         history=args.history, reader=args.reader, target_file_mb=getattr(args, "target_file_mb", None),
         deletion_vectors=bool(getattr(args, "deletion_vectors", False)),
         driver_rows=getattr(args, "driver_rows", None),
     )
-    return result.to_dict()
+    if getattr(args, "rebuild", False):
+        from airflow_pgcdc.merge.rebuild import rebuild_slot
+
+        return rebuild_slot(spark, scratch=args.scratch, swap=args.swap, keep_scratch=args.keep_scratch, **options)
+    return merge_slot(spark, **options).to_dict()
 
 
 def ship_package(spark) -> None:
@@ -96,20 +118,37 @@ def ship_package(spark) -> None:
     spark.sparkContext.addPyFile(build_py_files(tempfile.mkdtemp(prefix="pgcdc-pyfiles-")))
 
 
+def _submitted_to_a_local_master() -> bool:
+    """Whether this is ``spark-submit --master local[…]`` (the master read from the
+    launching JVM, which spark-submit started; no SparkContext is made for it): nothing
+    waits for the application's SparkContext there, so the job may start it only when a
+    table needs Spark, as ``pgcdc merge`` does. Measured on a DAG run's small merge: the
+    SparkContext's start is most of the task's time after the JVM's."""
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # not launched by spark-submit
+        return False
+    from pyspark import SparkConf, SparkContext
+
+    from airflow_pgcdc.merge.session import is_local
+
+    SparkContext._ensure_initialized()  # the gateway to spark-submit's JVM, no SparkContext
+    return is_local(SparkConf().get("spark.master", None))
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s",
                         stream=sys.stderr)
     p = argparse.ArgumentParser(prog="spark_app.py", description="airflow-pgcdc merge job")
     add_arguments(p)
+    add_rebuild_arguments(p, flag=True)
     args = p.parse_args(argv)
     from airflow_pgcdc.errors import PgcdcError
     from airflow_pgcdc.merge.job import TablesFailed
 
     try:
-        out = run(args)
+        out = run(args, lazy=_submitted_to_a_local_master())
     except TablesFailed as e:  # the healthy tables were merged: their result still counts
-        if e.result is not None:
-            print(RESULT_PREFIX + json.dumps(e.result.to_dict()), flush=True)
+        if e.outcome_dict() is not None:
+            print(RESULT_PREFIX + json.dumps(e.outcome_dict()), flush=True)
         print(f"pgcdc merge: error: {e}", file=sys.stderr)
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)

@@ -475,12 +475,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                 mask_secret(secret)
         return s3_env(settings)
 
-    # ------------------------------------------------------------------ running
-
-    def execute(self, context) -> dict[str, Any]:
-        from airflow_pgcdc.merge.session import build_py_files
-
-        self.application_args = merge_application_args(
+    def _application_args(self) -> list[str]:
+        """``spark_app.py``'s arguments, from the rendered fields."""
+        return merge_application_args(
             store=self.store, slot=self.slot, delta=self.delta, tables=self._tables(),
             keys=columns_per_table(self.keys, "keys"), max_windows=self._max_windows(),
             history=None if self.history in (None, "", "None") else self.history,
@@ -490,6 +487,13 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             deletion_vectors=flag(self.deletion_vectors, "deletion_vectors"),
             driver_rows=number(self.driver_rows, int, "driver_rows"),
         )
+
+    # ------------------------------------------------------------------ running
+
+    def execute(self, context) -> dict[str, Any]:
+        from airflow_pgcdc.merge.session import build_py_files
+
+        self.application_args = self._application_args()
         user_py_files = [p for p in (self.py_files or "").split(",") if p]
         with tempfile.TemporaryDirectory(prefix="pgcdc-merge-") as tmp:
             zip_path = build_py_files(self.py_files_dir or tmp)

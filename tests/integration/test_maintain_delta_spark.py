@@ -35,7 +35,7 @@ def test_maintain_then_delta_spark_merges_on(pg18, request, slot_name, s3, s3_bu
             return merge_slot(spark_with_delta, store=src, slot=slot, delta=lake, engine="delta-spark",
                               reader="s3a").to_dict()
 
-        rounds = 6
+        rounds = 4  # four merges: files to compact, windows to expire (each round a delta-spark merge, ~10 s)
         for i in range(rounds):
             tm.change(db, i)
             tm.drain(db, src, slot, client)

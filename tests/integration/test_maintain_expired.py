@@ -18,6 +18,7 @@ from airflow_pgcdc.maintain.store import read_expired_copies
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot
 from airflow_pgcdc.merge.plan import delta_table_url
+from airflow_pgcdc.merge.rebuild import NotReplayable, rebuild_slot
 from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
@@ -110,6 +111,25 @@ def test_merge_needing_expired_windows_fails_that_table(fresh_db, slot_name, sto
     opts = s3store.delta_storage_options()
     for name in ("t", "q"):  # not copied for nothing, nor half made
         assert deltars.open_table(delta_table_url(lake2, "public", name), opts) is None
+
+    # 1b) pgcdc rebuild refuses whole, before any work: every table named with what it lacks
+    #     and the retention that would have kept it; nothing under the rebuild root, the
+    #     live tables untouched
+    live_versions = {n: deltars.open_table(delta_table_url(lake, "public", n), opts).version() for n in TABLES}
+    with pytest.raises(NotReplayable) as refused:
+        rebuild_slot(spark, store=src, slot=slot, delta=lake)
+    text = str(refused.value)
+    assert text.startswith(f"slot {slot}: 3 of 3 table(s) cannot be rebuilt from the store {src}: "), text
+    copy = f"its copy s3://{lay.bucket}/{lay.snapshot_manifest(slot, snap.snapshot_id)} expired"
+    assert f"public.t (window(s) 0-2 expired, {copy}; a retention over 1 h would have kept them)" in text, text
+    assert f"public.u (window(s) 0, 2 expired, {copy}; a retention over" in text, text
+    assert f"public.q ({copy})" in text, text
+    assert text.endswith("Nothing was read or written"), text
+    assert "pgcdc resync" in refused.value.hint and "--retention-hours" in refused.value.hint
+    assert sorted(p["table"] for p in refused.value.problems) == ["public.q", "public.t", "public.u"]
+    assert list(s3store.list_keys(client, lay.bucket, "lake_rebuild/")) == []
+    assert {n: deltars.open_table(delta_table_url(lake, "public", n), opts).version()
+            for n in TABLES} == live_versions
 
     # 2) the live root goes on: window 3 merges (its parts are there)
     res = {r.table: r for r in merge_slot(spark, store=src, slot=slot, delta=lake).tables}

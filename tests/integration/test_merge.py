@@ -174,6 +174,28 @@ def test_killed_merge_then_rerun_merges_exactly_once(fault, db18, slot_name, sto
     dt.update_incremental()
     assert dt.version() == 1 and dt.transaction_version(app) == 0, "exactly one merge commit"
     assert_equal(db, lake, "public.t", "id")
+    if fault == "merge-after-stage":
+        return
+    # two jobs started together (the default engine, compacting on the driver: no JVM, so
+    # both read the same windows within a second): both succeed, the windows are committed
+    # once. Delta's Spark engine does the same on the cluster (test_merge_cluster.py), where
+    # this engine's executors only compact: its crash and concurrency outcomes are the
+    # driver's (staging under its own run id, the Delta log's conditional commit)
+    sql(db, "UPDATE t SET v = 'w1' WHERE id % 5 = 0")
+    drain(db, src, slot, client)
+    sql(db, "DELETE FROM t WHERE id % 11 = 0; UPDATE t SET id = id + 1000 WHERE id % 13 = 0")
+    drain(db, src, slot, client)
+    env.pop("PGCDC_FAULT")
+    jobs = [subprocess.Popen([sys.executable, "-m", "airflow_pgcdc.cli", "merge", "--from", src, "--slot", slot,
+                              "--delta", lake], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outs = [j.communicate(timeout=300) for j in jobs]
+    assert [j.returncode for j in jobs] == [0, 0], [err[-2000:] for _, err in outs]
+    actions = [json.loads(out)["tables"][0]["action"] for out, _ in outs]
+    assert actions.count("merged") == 1 and {"merged-by-concurrent-job", "up-to-date"} & set(actions), actions
+    dt.update_incremental()
+    assert dt.transaction_version(app) == 2 and dt.version() == 2, "windows 1..2 committed once, by one job"
+    assert_equal(db, lake, "public.t", "id")
 
 
 def test_pgcdc_merge_of_small_batches_starts_no_spark(db18, slot_name, store, s3):

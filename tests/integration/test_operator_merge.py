@@ -45,6 +45,9 @@ def test_merge_operator_in_a_dag_run(fresh_db, slot_name, s3, s3_bucket, tmp_pat
                            engine="delta-spark", reader="s3a", rest_default=True)
     assert output.count("--master local[*]") == 2
     assert output.count("--engine delta-spark --reader s3a") == 1 and output.count("--engine") == 1
+    # under spark-submit to a local master the job starts Spark only for a table that needs it:
+    # Delta's Spark engine does; the default engine's small merge does not (test_dags.py)
+    assert output.count("starting the Spark session (master from spark-submit)") == 1, output[-3000:]
 
 
 def run_merge_dag(db, slot_name, s3, s3_bucket, tmp_path, *, master, engine=None, reader=None,

@@ -363,3 +363,38 @@ def test_deletion_vectors_reach_the_job_with_delta_spark_only(fake_spark):
     # a templated engine is checked when the task runs, not when the DAG is parsed
     PgcdcSparkMergeOperator(task_id="m3", store="s", slot="s", delta="d", engine="{{ params.engine }}",
                             deletion_vectors=True)
+
+
+def test_rebuild_operator_submits_a_rebuild_and_announces_the_live_tables(fake_spark):
+    """``PgcdcRebuildOperator``: the merge's arguments plus ``--rebuild`` and its own options
+    (they parse back with the job's parser); one Asset event per live table swapped in
+    (action ``rebuilt``, the live version), none for a history table."""
+    from airflow_pgcdc.merge.spark_app import add_rebuild_arguments
+    from airflow_pgcdc.operators.rebuild import PgcdcRebuildOperator
+
+    swapped = [{"table": "public.a", "live": "s3://b/lake/public.a", "window": 2, "live_version": 9},
+               {"table": "public.a", "live": "s3://b/lake/public.a__changelog", "window": 2, "live_version": 4}]
+    (fake_spark / "result.json").write_text(json.dumps(
+        {**RESULT, "tables": RESULT["tables"][:1], "rebuild": {"scratch": "s3://b/x/r1", "swapped": swapped}}))
+    op = PgcdcRebuildOperator(task_id="r", store="s3://b/cdc", slot="shop", delta="s3://b/lake", aws_conn_id="s3",
+                              history="changelog", engine="delta-spark", deletion_vectors="true",
+                              target_file_mb="64", scratch="{{ 's3://b/x/r1' }}", keep_scratch="false",
+                              outlets=[AssetAlias(name="lake")])
+    assert {"scratch", "swap", "keep_scratch"} <= set(op.template_fields)
+    op.scratch = "s3://b/x/r1"  # as rendered
+    events = _Events()
+    op.execute({"outlet_events": events})
+    args = (fake_spark / "args.txt").read_text().splitlines()
+    job = args[args.index(op.application) + 1:]
+    assert job[-3:] == ["--rebuild", "--scratch", "s3://b/x/r1"], job
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    add_rebuild_arguments(p, flag=True)
+    parsed = p.parse_args(job)
+    assert (parsed.rebuild, parsed.scratch, parsed.swap, parsed.keep_scratch) == (True, "s3://b/x/r1", True, False)
+    assert (parsed.engine, parsed.history, parsed.deletion_vectors, parsed.target_file_mb) == (
+        "delta-spark", "changelog", True, 64.0)
+    assert [(a.uri, e) for a, e in events[AssetAlias(name="lake")].added] == [("s3://b/lake/public.a", {
+        "window_seq": 2, "end_lsn": "0/90", "delta_version": 9, "action": "rebuilt"})]
+    op.swap, op.keep_scratch = "false", True
+    assert op._application_args()[-2:] == ["--no-swap", "--keep-scratch"]

@@ -1,0 +1,89 @@
+"""``pgcdc rebuild`` on the real PostgreSQL 18 and S3 servers: a damaged live table and its
+changelog rebuilt from the store (the snapshot and every window, kept by upkeep with a long
+retention) and swapped in, one commit per table; the pipeline merges on from there. The
+refusal when upkeep removed what a rebuild needs: ``test_maintain_expired.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from deltalake import DeltaTable
+from test_maintain import TABLES, assert_equal, change, drain, setup_pipeline
+
+from airflow_pgcdc.maintain import maintain_slot
+from airflow_pgcdc.merge.job import merge_slot
+from airflow_pgcdc.merge.plan import app_id, changelog_url, delta_table_url
+from airflow_pgcdc.store import s3 as s3store
+
+
+@pytest.fixture
+def db18(pg18, request):
+    name = "rb_" + request.node.name.lower()[:40]
+    dsn = pg18.create_database(name)
+    yield dsn
+    pg18.drop_database(name)
+
+
+def changelog_rows(lake, table) -> int:
+    dt = DeltaTable(changelog_url(lake, "public", table), storage_options=s3store.delta_storage_options())
+    return dt.to_pyarrow_dataset().count_rows()
+
+
+@pytest.mark.slow
+def test_pgcdc_rebuild_repairs_a_damaged_table_and_its_history(db18, slot_name, store, spark, s3):
+    client, src, lake = store
+    db = db18
+    slot = slot_name()
+    setup_pipeline(db, client, src, slot)
+    for i in range(3):  # windows 0..2, merged with a changelog
+        change(db, i)
+        drain(db, src, slot, client)
+        merge_slot(spark, store=src, slot=slot, delta=lake, history="changelog")
+    opts = s3store.delta_storage_options()
+    url = delta_table_url(lake, "public", "t")
+    changes_before = changelog_rows(lake, "t")
+    # damage: a stray delete on the live table (a bad job, a wrong hand-run statement)
+    DeltaTable(url, storage_options=opts).delete("id <= 100")
+    # upkeep with a long retention keeps every window and the copy: a rebuild stays possible
+    kept = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=1000).to_dict()
+    assert kept["windows"]["expired"] == [], kept["windows"]
+    damaged = DeltaTable(url, storage_options=opts).version()  # after upkeep's own commits
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow_pgcdc.cli", "rebuild", "--store", src, "--slot", slot, "--delta", lake,
+         "--history", "changelog", "--target-file-mb", "0.02"],
+        env=dict(os.environ, **s3.aws_env()), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    by = {t["table"]: t for t in out["tables"]}
+    assert set(by) == {f"public.{n}" for n in TABLES}
+    assert by["public.t"]["delta_url"] == url, "the result names the live tables"
+    swapped = {s["live"]: s for s in out["rebuild"]["swapped"]}
+    assert set(swapped) == {delta_table_url(lake, "public", n) for n in TABLES} | {
+        changelog_url(lake, "public", n) for n in ("t", "u")}, sorted(swapped)  # q never changed: no changelog
+    assert swapped[url]["window"] == 2 and swapped[url]["live_version"] == damaged + 1
+    assert by["public.t"]["delta_version"] == damaged + 1
+    scratch = out["rebuild"]["scratch"]
+    assert scratch.startswith(f"{lake}_rebuild/") and out["rebuild"]["objects_removed"] > 0
+    assert list(s3store.list_keys(client, scratch.split("/")[2], "lake_rebuild/")) == [], "the scratch root is gone"
+
+    assert_equal(db, lake)  # t repaired, u and q as they were
+    live = DeltaTable(url, storage_options=opts)
+    assert live.version() == damaged + 1, "one commit on the live table"
+    assert live.transaction_version(app_id(slot, "public", "t")) == 2, "the merge position is kept"
+    assert len(live.file_uris()) > 1, "the rebuild's file size (--target-file-mb 0.02) is kept"
+    old = DeltaTable(url, storage_options=opts, version=damaged)
+    assert old.to_pyarrow_dataset().count_rows() == live.to_pyarrow_dataset().count_rows() - 100, "time travel"
+    assert changelog_rows(lake, "t") == changes_before, "the changelog rebuilt, not appended twice"
+
+    # the pipeline goes on from the rebuilt tables
+    change(db, 3)
+    drain(db, src, slot, client)
+    res = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake, history="changelog").tables}
+    assert res["public.t"].action == "merged" and res["public.t"].first_window == 3, res["public.t"]
+    assert_equal(db, lake)
+    assert changelog_rows(lake, "t") > changes_before
