@@ -130,8 +130,8 @@ def build(p: Pipeline) -> DAG:
             if not params["swap"]:
                 return []
             settings = PgcdcHook(aws_conn_id=p.aws_conn_id).s3_settings()
-            out = swap_in(merge_result, params["delta"], storage_options=s3.delta_storage_options(settings),
-                          run=run_id, target_file_mb=params["target_file_mb"])
+            out = swap_in(merge_result, params["delta"], settings=settings, run=run_id,
+                          target_file_mb=params["target_file_mb"])
             ends = {t["table"]: t.get("end_lsn") for t in merge_result["tables"]}
             for done in out:
                 if done["live"].endswith(("__changelog", "__scd2")):

@@ -164,16 +164,27 @@ def _history_urls(table: dict) -> list[tuple[str, str]]:
     return out
 
 
-def swap_in(result: dict[str, Any], delta: str, *, storage_options: dict[str, str], run: str,
-            metadata: dict[str, str] | None = None, target_file_mb: float | None = None) -> list[dict[str, Any]]:
+def swap_in(result: dict[str, Any], delta: str, *, settings: s3store.S3Settings, run: str,
+            metadata: dict[str, str] | None = None, target_file_mb: float | None = None,
+            lock_wait: float | None = None) -> list[dict[str, Any]]:
     """Swap every rebuilt table of a merge ``result`` (the merge into the scratch root) into
     the live root ``delta``: one overwrite commit per table and per history table
     (:func:`.deltars.swap`; files of ``target_file_mb``, default
-    :data:`.pruning.DEFAULT_TARGET_FILE_MB`). A failed table is left out. Returns one
-    record per swap."""
+    :data:`.pruning.DEFAULT_TARGET_FILE_MB`), holding the live root's lock (a Delta Spark
+    merge there commits without a conditional put: it holds the lock too,
+    :mod:`airflow_pgcdc.lake.lock`; ``lock_wait``: how long to wait for it, default
+    600 s). A failed table is left out. Returns one record per swap."""
+    from airflow_pgcdc.lake.lock import root_lock_if
     from airflow_pgcdc.merge.pruning import DEFAULT_TARGET_FILE_MB, target_bytes
 
-    size = target_bytes(target_file_mb or DEFAULT_TARGET_FILE_MB)
+    with root_lock_if(True, s3store.make_s3_client(settings), delta, job=f"pgcdc rebuild {run} (the swap)",
+                      wait=lock_wait):
+        return _swap_all(result, delta, storage_options=s3store.delta_storage_options(settings), run=run,
+                         metadata=metadata, size=target_bytes(target_file_mb or DEFAULT_TARGET_FILE_MB))
+
+
+def _swap_all(result: dict[str, Any], delta: str, *, storage_options: dict[str, str], run: str,
+              metadata: dict[str, str] | None, size: int) -> list[dict[str, Any]]:
     scratch = result["delta"].rstrip("/")
     out = []
     for t in result["tables"]:
@@ -234,8 +245,7 @@ def rebuild_slot(
         if exc.result is None:
             raise
         failed, result = exc, exc.result.to_dict()
-    storage = s3store.delta_storage_options(settings)
-    swaps = swap_in(result, delta, storage_options=storage, run=run,
+    swaps = swap_in(result, delta, settings=settings, run=run,
                     target_file_mb=merge_options.get("target_file_mb")) if swap else []
     removed = 0
     if swap and not keep_scratch and scratch.startswith("s3://"):

@@ -122,8 +122,9 @@ def _submitted_to_a_local_master() -> bool:
     """Whether this is ``spark-submit --master local[…]`` (the master read from the
     launching JVM, which spark-submit started; no SparkContext is made for it): nothing
     waits for the application's SparkContext there, so the job may start it only when a
-    table needs Spark, as ``pgcdc merge`` does. Measured on a DAG run's small merge: the
-    SparkContext's start is most of the task's time after the JVM's."""
+    table needs Spark, as ``pgcdc merge`` does. Measured: ``tests/integration/test_dags.py``
+    (six such merges of small windows) 159 s before, 118 s after (alone, then beside two
+    other DAG-run tests)."""
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # not launched by spark-submit
         return False
     from pyspark import SparkConf, SparkContext

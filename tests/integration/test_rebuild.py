@@ -12,20 +12,15 @@ import sys
 
 import pytest
 from deltalake import DeltaTable
+from matrix import on_pg18
 from test_maintain import TABLES, assert_equal, change, drain, setup_pipeline
 
+from airflow_pgcdc.lake.lock import DeltaRootBusy, delta_root_lock
 from airflow_pgcdc.maintain import maintain_slot
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.merge.plan import app_id, changelog_url, delta_table_url
+from airflow_pgcdc.merge.rebuild import swap_in
 from airflow_pgcdc.store import s3 as s3store
-
-
-@pytest.fixture
-def db18(pg18, request):
-    name = "rb_" + request.node.name.lower()[:40]
-    dsn = pg18.create_database(name)
-    yield dsn
-    pg18.drop_database(name)
 
 
 def changelog_rows(lake, table) -> int:
@@ -34,9 +29,10 @@ def changelog_rows(lake, table) -> int:
 
 
 @pytest.mark.slow
-def test_pgcdc_rebuild_repairs_a_damaged_table_and_its_history(db18, slot_name, store, spark, s3):
+@on_pg18("a rebuild reads the store: no server difference")
+def test_pgcdc_rebuild_repairs_a_damaged_table_and_its_history(fresh_db, slot_name, store, spark, s3):
     client, src, lake = store
-    db = db18
+    db = fresh_db
     slot = slot_name()
     setup_pipeline(db, client, src, slot)
     for i in range(3):  # windows 0..2, merged with a changelog
@@ -79,6 +75,19 @@ def test_pgcdc_rebuild_repairs_a_damaged_table_and_its_history(db18, slot_name, 
     old = DeltaTable(url, storage_options=opts, version=damaged)
     assert old.to_pyarrow_dataset().count_rows() == live.to_pyarrow_dataset().count_rows() - 100, "time travel"
     assert changelog_rows(lake, "t") == changes_before, "the changelog rebuilt, not appended twice"
+
+    # the swap holds the live root's lock (a Delta Spark merge there commits unconditionally):
+    # while another job holds it, the swap waits, then gives up without a commit
+    scratch2 = f"{lake}_rebuild/held"
+    merge_slot(spark, store=src, slot=slot, delta=scratch2, tables=["public.q"])
+    held = {"delta": scratch2, "tables": [{"table": "public.q", "action": "bootstrapped", "app_id": app_id(
+        slot, "public", "q"), "delta_url": delta_table_url(scratch2, "public", "q")}]}
+    q_version = DeltaTable(delta_table_url(lake, "public", "q"), storage_options=opts).version()
+    with delta_root_lock(client, lake, job="a delta-spark merge"), pytest.raises(DeltaRootBusy):
+        swap_in(held, lake, settings=s3store.S3Settings.from_env(), run="t", lock_wait=1)
+    assert DeltaTable(delta_table_url(lake, "public", "q"), storage_options=opts).version() == q_version
+    assert swap_in(held, lake, settings=s3store.S3Settings.from_env(), run="t", lock_wait=1)[0]["live_version"] == (
+        q_version + 1), "free again: the swap commits"
 
     # the pipeline goes on from the rebuilt tables
     change(db, 3)
