@@ -30,7 +30,7 @@ from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.checks import _ranges_text, check_copy, check_expired, expired_state
 from airflow_pgcdc.merge.context import JobContext
 from airflow_pgcdc.merge.errors import CopyExpired, WindowsExpired
-from airflow_pgcdc.merge.plan import MergeError, select_windows
+from airflow_pgcdc.merge.plan import MergeError, app_id, delta_table_url, select_windows
 from airflow_pgcdc.merge.windows import load_windows
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id
@@ -77,11 +77,14 @@ def check_history(ctx: JobContext, schema: str, table: str, *args) -> None:
 
 def check_replayable(*, store: str, slot: str, scratch: str, tables: Sequence[str] | None = None,
                      history: str | None = None, max_windows: int | None = None,
-                     settings: s3store.S3Settings | None = None) -> list[str]:
+                     settings: s3store.S3Settings | None = None, live: str | None = None) -> list[str]:
     """The tables a rebuild of ``slot`` would replay (``schema.table``); raises
-    :class:`NotReplayable` naming every one whose copy or windows upkeep removed (one
-    list, before any work: a rebuild that could do only some tables is refused whole,
-    unless the user names the others with ``tables``)."""
+    :class:`NotReplayable` naming every one whose copy or windows upkeep removed, and every
+    one whose live Delta table under ``live`` another slot's pipeline made and this slot
+    never merged into (a wrong ``--slot`` or ``--delta``: the swap would replace another
+    pipeline's table; the merge refuses the same with ``TableOfAnotherSlot``). One list,
+    before any work: a rebuild that could do only some tables is refused whole, unless the
+    user names the others with ``tables``."""
     settings = settings or s3store.S3Settings.from_env()
     layout = Layout.parse(store)
     client = s3store.make_s3_client(settings)
@@ -123,6 +126,14 @@ def check_replayable(*, store: str, slot: str, scratch: str, tables: Sequence[st
                 problem.setdefault("windows", sorted(set(exc.windows)))
             except CopyExpired as exc:
                 problem.setdefault("copy", exc.copy)
+        if live is not None:
+            live_url = delta_table_url(live, schema, table)
+            dt = deltars.open_table(live_url, ctx.storage)
+            if dt is not None and deltars.merged_version(dt, app_id(slot, schema, table)) is None:
+                other = deltars.creator_slot(client, live_url)
+                if other is not None and other != slot:
+                    problem["other_slot"] = other
+                    problem["live"] = live_url
         if problem:
             if "windows" in problem:
                 age = _age_hours(client, layout, slot, problem["windows"][0])
@@ -136,15 +147,18 @@ def check_replayable(*, store: str, slot: str, scratch: str, tables: Sequence[st
                 lost.append(f"window(s) {_ranges_text(p['windows'])} expired")
             if "copy" in p:
                 lost.append(f"its copy {p['copy']} expired")
+            if "other_slot" in p:
+                lost.append(f"its live table {p['live']} belongs to slot {p['other_slot']}'s pipeline")
             kept = (f"; a retention over {p['retention_hours_needed']} h would have kept them"
                     if "retention_hours_needed" in p else "")
             return f"{p['table']} ({', '.join(lost)}{kept})"
 
         raise NotReplayable(
             f"slot {slot}: {len(problems)} of {len(wanted)} table(s) cannot be rebuilt from the store "
-            f"{store}: pgcdc maintain removed what they need: " + "; ".join(what(p) for p in problems)
-            + ". Nothing was read or written",
-            hint="rebuild the other tables (--tables), and copy these again from PostgreSQL: pgcdc resync "
+            f"{store}: " + "; ".join(what(p) for p in problems) + ". Nothing was read or written",
+            hint=("check --slot and --delta: a live table of another slot's pipeline is never replaced; "
+                  if any("other_slot" in p for p in problems) else "")
+                 + "rebuild the other tables (--tables), and copy these again from PostgreSQL: pgcdc resync "
                  f"--slot {slot} --publication <publication> --to {store} --tables "
                  + " ".join(p["table"] for p in problems)
                  + "; to keep rebuilds possible, run pgcdc maintain with a longer --retention-hours (or "
@@ -235,7 +249,8 @@ def rebuild_slot(
         raise MergeError(f"the rebuild root {scratch} must not be the live root {delta} or inside it",
                          hint="leave --scratch out (default {delta}_rebuild/{run}) or name another folder")
     names = check_replayable(store=store, slot=slot, scratch=scratch, tables=tables, history=merge_options.get("history"),
-                             max_windows=merge_options.get("max_windows"), settings=settings)
+                             max_windows=merge_options.get("max_windows"), settings=settings,
+                             live=delta if swap else None)
     log.info("slot %s: rebuilding %d table(s) into %s", slot, len(names), scratch)
     failed: TablesFailed | None = None
     try:

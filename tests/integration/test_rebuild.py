@@ -10,8 +10,9 @@ import os
 import subprocess
 import sys
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 from matrix import on_pg18
 from test_maintain import TABLES, assert_equal, change, drain, setup_pipeline
 
@@ -19,7 +20,7 @@ from airflow_pgcdc.lake.lock import DeltaRootBusy, delta_root_lock
 from airflow_pgcdc.maintain import maintain_slot
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.merge.plan import app_id, changelog_url, delta_table_url
-from airflow_pgcdc.merge.rebuild import swap_in
+from airflow_pgcdc.merge.rebuild import NotReplayable, rebuild_slot, swap_in
 from airflow_pgcdc.store import s3 as s3store
 
 
@@ -88,6 +89,16 @@ def test_pgcdc_rebuild_repairs_a_damaged_table_and_its_history(fresh_db, slot_na
     assert DeltaTable(delta_table_url(lake, "public", "q"), storage_options=opts).version() == q_version
     assert swap_in(held, lake, settings=s3store.S3Settings.from_env(), run="t", lock_wait=1)[0]["live_version"] == (
         q_version + 1), "free again: the swap commits"
+
+    # a wrong --delta (or --slot): a live table another slot's pipeline made is never replaced
+    other_root = f"{lake}_other"
+    write_deltalake(delta_table_url(other_root, "public", "q"), pa.table({"id": [1]}), storage_options=opts,
+                    commit_properties=CommitProperties(custom_metadata={"pgcdc.slot": "another_slot"}))
+    with pytest.raises(NotReplayable, match=r"1 of 3 table\(s\) .*public\.q \(its live table .* belongs to slot "
+                                            r"another_slot's pipeline\)"):
+        rebuild_slot(spark, store=src, slot=slot, delta=other_root)
+    assert DeltaTable(delta_table_url(other_root, "public", "q"), storage_options=opts).version() == 0
+    assert list(s3store.list_keys(client, scratch.split("/")[2], "lake_other_rebuild/")) == []
 
     # the pipeline goes on from the rebuilt tables
     change(db, 3)
