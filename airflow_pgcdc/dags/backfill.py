@@ -46,7 +46,6 @@ The same rebuild outside Airflow: ``pgcdc rebuild``; as one task: ``PgcdcRebuild
 
 from __future__ import annotations
 
-import logging
 import re
 
 from airflow.sdk import DAG, Asset, Param, task
@@ -124,24 +123,16 @@ def build(p: Pipeline) -> DAG:
             """One overwrite commit per live table from its rebuilt table, an Asset event for
             each live table; then the run's rebuild folder is removed."""
             from airflow_pgcdc.hooks.pgcdc import PgcdcHook
-            from airflow_pgcdc.merge.rebuild import swap_in
-            from airflow_pgcdc.store import s3
+            from airflow_pgcdc.merge.rebuild import rebuilt_events, swap_and_clean
 
             if not params["swap"]:
                 return []
             settings = PgcdcHook(aws_conn_id=p.aws_conn_id).s3_settings()
-            out = swap_in(merge_result, params["delta"], settings=settings, run=run_id,
-                          target_file_mb=params["target_file_mb"])
-            ends = {t["table"]: t.get("end_lsn") for t in merge_result["tables"]}
-            for done in out:
-                if done["live"].endswith(("__changelog", "__scd2")):
-                    continue  # a history table: its table's event stands for it
-                outlet_events[delta_alias()].add(Asset(uri=done["live"]), extra={
-                    "window_seq": done["window"], "delta_version": done["live_version"], "action": "rebuilt",
-                    "end_lsn": ends.get(done["table"])})
-            folder = s3.S3Location.parse(merge_result["delta"])  # the run's rebuild root (REBUILT, rendered)
-            removed = s3.delete_prefix(s3.make_s3_client(settings), folder.bucket, folder.prefix + "/")
-            logging.getLogger(__name__).info("removed the rebuild folder %s (%s objects)", folder, removed)
+            # merge_result["delta"]: the run's rebuild root (REBUILT, rendered), removed after
+            out = swap_and_clean(merge_result, params["delta"], settings=settings, run=run_id,
+                                 target_file_mb=params["target_file_mb"])["swapped"]
+            for uri, extra in rebuilt_events(merge_result["tables"], out):
+                outlet_events[delta_alias()].add(Asset(uri=uri), extra=extra)
             return out
 
         branch = choose()

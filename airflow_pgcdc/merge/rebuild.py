@@ -39,7 +39,8 @@ from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NotReplayable", "check_replayable", "rebuild_slot", "scratch_root", "swap_in"]
+__all__ = ["NotReplayable", "check_replayable", "rebuild_slot", "rebuilt_events", "scratch_root", "swap_and_clean",
+           "swap_in"]
 
 
 class NotReplayable(MergeError):
@@ -168,13 +169,13 @@ def check_replayable(*, store: str, slot: str, scratch: str, tables: Sequence[st
     return [f"{s}.{t}" for s, t in wanted]
 
 
-def _history_urls(table: dict) -> list[tuple[str, str]]:
-    """``(rebuilt url, app id)`` of a result table's history tables."""
+def _history_urls(table: dict) -> list[tuple[str, str, str]]:
+    """``(rebuilt url, app id, kind)`` of a result table's history tables."""
     out = []
     hist = table.get("history") or {}
     for kind in ("changelog", "scd2"):
         if hist.get(kind):
-            out.append((hist[kind], f"{table['app_id']}:{kind}"))
+            out.append((hist[kind], f"{table['app_id']}:{kind}", kind))
     return out
 
 
@@ -204,7 +205,7 @@ def _swap_all(result: dict[str, Any], delta: str, *, storage_options: dict[str, 
     for t in result["tables"]:
         if t.get("action") == "failed" or not t.get("delta_url"):
             continue
-        for rebuilt, app in [(t["delta_url"], t["app_id"]), *_history_urls(t)]:
+        for rebuilt, app, history in [(t["delta_url"], t["app_id"], None), *_history_urls(t)]:
             if not rebuilt.startswith(scratch + "/"):
                 raise MergeError(f"rebuilt table {rebuilt} is not under the rebuild root {scratch}")
             live = delta.rstrip("/") + rebuilt[len(scratch):]
@@ -214,8 +215,31 @@ def _swap_all(result: dict[str, Any], delta: str, *, storage_options: dict[str, 
                                 metadata={"pgcdc.swapped_from": rebuilt, "pgcdc.rebuild": run, **(metadata or {})})
             log.info("%s: swapped in from %s (window %s, live version %s)", live, rebuilt, done["window"],
                      done["live_version"])
-            out.append({"table": t["table"], **done})
+            out.append({"table": t["table"], "history": history, **done})
     return out
+
+
+def swap_and_clean(result: dict[str, Any], delta: str, *, settings: s3store.S3Settings, run: str,
+                   target_file_mb: float | None = None, keep_scratch: bool = False) -> dict[str, Any]:
+    """:func:`swap_in`, then the scratch root (``result["delta"]``) removed unless
+    ``keep_scratch``: ``{"swapped": [...], "objects_removed": n}``."""
+    swaps = swap_in(result, delta, settings=settings, run=run, target_file_mb=target_file_mb)
+    scratch = result["delta"].rstrip("/")
+    removed = 0
+    if not keep_scratch and scratch.startswith("s3://"):
+        where = s3store.S3Location.parse(scratch)
+        removed = s3store.delete_prefix(s3store.make_s3_client(settings), where.bucket, where.prefix + "/")
+        log.info("removed the rebuild root %s (%d objects)", scratch, removed)
+    return {"swapped": swaps, "objects_removed": removed}
+
+
+def rebuilt_events(tables: list[dict[str, Any]], swapped: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """``(live table URI, Asset event extra)`` per live table swapped in (a history table's
+    swap gets none: its table's event stands for it); ``tables``: the merge result's."""
+    ends = {t["table"]: t.get("end_lsn") for t in tables}
+    return [(done["live"], {"window_seq": done["window"], "end_lsn": ends.get(done["table"]),
+                            "delta_version": done["live_version"], "action": "rebuilt"})
+            for done in swapped if done.get("history") is None]
 
 
 def rebuild_slot(
@@ -260,22 +284,18 @@ def rebuild_slot(
         if exc.result is None:
             raise
         failed, result = exc, exc.result.to_dict()
-    swaps = swap_in(result, delta, settings=settings, run=run,
-                    target_file_mb=merge_options.get("target_file_mb")) if swap else []
-    removed = 0
-    if swap and not keep_scratch and scratch.startswith("s3://"):
-        where = s3store.S3Location.parse(scratch)
-        removed = s3store.delete_prefix(s3store.make_s3_client(settings), where.bucket, where.prefix + "/")
-        log.info("removed the rebuild root %s (%d objects)", scratch, removed)
-    if swap:  # the result names the live tables: the ones users read, and the Asset events' URIs
-        versions = {s["live"]: s["live_version"] for s in swaps}
+    done = {"swapped": [], "objects_removed": 0}
+    if swap:
+        done = swap_and_clean(result, delta, settings=settings, run=run, keep_scratch=keep_scratch,
+                              target_file_mb=merge_options.get("target_file_mb"))
+        # the result names the live tables: the ones users read, and the Asset events' URIs
+        versions = {s["live"]: s["live_version"] for s in done["swapped"]}
         for t in result["tables"]:
             if t.get("delta_url", "").startswith(scratch + "/"):
                 t["delta_url"] = delta.rstrip("/") + t["delta_url"][len(scratch):]
                 t["delta_version"] = versions.get(t["delta_url"], t.get("delta_version"))
         result["delta"] = delta
-    result["rebuild"] = {"scratch": scratch, "swapped": swaps, "swap": swap, "objects_removed": removed,
-                         "seconds": round(time.monotonic() - t0, 3)}
+    result["rebuild"] = {"scratch": scratch, **done, "swap": swap, "seconds": round(time.monotonic() - t0, 3)}
     if failed is not None:
         failed.outcome = result  # what the CLI and the operator print and read
         raise failed

@@ -53,14 +53,8 @@ class PgcdcRebuildOperator(PgcdcSparkMergeOperator):
         if not self.outlets:
             self.log.info("outlets=[]: no Asset event for the rebuilt tables")
             return
-        tables = {t.get("delta_url"): t for t in result.get("tables", ())}
-        for swapped in (result.get("rebuild") or {}).get("swapped", ()):
-            t = tables.get(swapped["live"])
-            if t is None:  # a history table: its table's event stands for it
-                continue
-            assets.emit(self, context, Asset(uri=swapped["live"]), {
-                "window_seq": swapped.get("window"),
-                "end_lsn": t.get("end_lsn"),
-                "delta_version": swapped.get("live_version"),
-                "action": "rebuilt",
-            })
+        from airflow_pgcdc.merge.rebuild import rebuilt_events
+
+        swapped = (result.get("rebuild") or {}).get("swapped", [])
+        for uri, extra in rebuilt_events(list(result.get("tables", ())), swapped):
+            assets.emit(self, context, Asset(uri=uri), extra)

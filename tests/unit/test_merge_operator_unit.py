@@ -372,8 +372,9 @@ def test_rebuild_operator_submits_a_rebuild_and_announces_the_live_tables(fake_s
     from airflow_pgcdc.merge.spark_app import add_rebuild_arguments
     from airflow_pgcdc.operators.rebuild import PgcdcRebuildOperator
 
-    swapped = [{"table": "public.a", "live": "s3://b/lake/public.a", "window": 2, "live_version": 9},
-               {"table": "public.a", "live": "s3://b/lake/public.a__changelog", "window": 2, "live_version": 4}]
+    swapped = [{"table": "public.a", "history": None, "live": "s3://b/lake/public.a", "window": 2, "live_version": 9},
+               {"table": "public.a", "history": "changelog", "live": "s3://b/lake/public.a__changelog", "window": 2,
+                "live_version": 4}]
     (fake_spark / "result.json").write_text(json.dumps(
         {**RESULT, "tables": RESULT["tables"][:1], "rebuild": {"scratch": "s3://b/x/r1", "swapped": swapped}}))
     op = PgcdcRebuildOperator(task_id="r", store="s3://b/cdc", slot="shop", delta="s3://b/lake", aws_conn_id="s3",
