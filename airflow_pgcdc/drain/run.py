@@ -34,6 +34,7 @@ from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.catalog import CATALOG_FIELD, read_fingerprints, write_fingerprints
 from airflow_pgcdc.store.layout import Layout, new_attempt_id
 from airflow_pgcdc.store.window import (
+    COMMIT_TIMES_FIELD,
     KEY_MOVES_FIELD,
     REFUSED_FIELD,
     RESUMED_FIELD,
@@ -381,6 +382,9 @@ class WindowRun:
             system_id=ident.systemid, timeline=ident.timeline, snapshot_id=snapshot_id,
             publications=tuple(publications), pipeline_tables=tuple(sorted(pubs.covered)), attempt=attempt,
             extra={**partition_leaves(sql, pubs.covered, client=client, layout=layout, slot=slot, seq=seq),
+                   **({COMMIT_TIMES_FIELD: {"first": window.commit_times[0].isoformat(),
+                                            "last": window.commit_times[1].isoformat()}}
+                      if None not in window.commit_times else {}),
                    **({RESUMED_FIELD: self.plan.resumed} if self.plan.resumed else {}),
                    **({CATALOG_FIELD: catalog} if catalog else {})},
         )

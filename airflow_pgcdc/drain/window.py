@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -269,6 +270,8 @@ class WindowSink:
         self.table_rows: dict[str, int] = {}
         self.first_commit: LSN | None = None
         self.last_commit: LSN | None = None
+        # the first and last commit's time (``commit_times`` in the manifest: replay to a time)
+        self.commit_times: list[datetime | None] = [None, None]
         self.last_end: LSN | None = None  # end LSN of the last complete transaction
         self.truncates: list[dict] = []
         # key-changing updates that left TOASTed values unsent (see _note_lost_toast)
@@ -501,6 +504,7 @@ class WindowSink:
         versions = [self._version(r) for r in relations]
         self.truncates.append({
             "seq": self.seq, "xid": txn.xid, "commit_lsn": str(txn.commit_lsn),  # type: ignore[union-attr]
+            "commit_time": txn.commit_ts.isoformat() if txn.commit_ts is not None else None,  # type: ignore[union-attr]
             "tables": [rv.qualified_name for rv in versions],  # text: for readers older than the pairs
             TRUNCATE_RELATIONS: [[rv.schema, rv.table] for rv in versions],
             "cascade": msg.cascade, "restart_identity": msg.restart_identity,
@@ -532,7 +536,9 @@ class WindowSink:
         self.transactions += 1
         if self.first_commit is None:
             self.first_commit = txn.commit_lsn
+            self.commit_times[0] = txn.commit_ts
         self.last_commit = txn.commit_lsn
+        self.commit_times[1] = txn.commit_ts
         self.last_end = txn.end_lsn
         if txn.origin is not None:
             self.origins.append({

@@ -19,6 +19,7 @@ from airflow_pgcdc.merge import deltars, pruning
 from airflow_pgcdc.merge.plan import TablePlan, version_fills
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.spark_io import encode_schema
+from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, encode_table_segment
 
@@ -63,6 +64,10 @@ class JobContext:
     target_file_mb: float = pruning.DEFAULT_TARGET_FILE_MB
     # delta-spark: tables get deletion vectors (--deletion-vectors)
     deletion_vectors: bool = False
+    # a replay to a point (merge/point.py: --until-lsn/--until-time), resolved by the job,
+    # which then reads every window manifest (the tables index would skip the point's)
+    point: Any = None
+    every_window: bool = False
     # delta-rs: a table's batch of at most this many change rows is compacted on the driver
     # (merge/rows/arrow.py: no Spark job); 0: every batch through Spark
     driver_rows: int = DRIVER_ROWS
@@ -129,7 +134,7 @@ def window_metadata(ctx: JobContext, plan: TablePlan) -> dict[str, str]:
         "pgcdc.window_last": str(plan.last_window),
         "pgcdc.start_lsn": plan.start_lsn,
         "pgcdc.end_lsn": plan.end_lsn,
-    }
+    } | ({"pgcdc.until_lsn": str(LSN(plan.until_lsn))} if plan.cut_window is not None else {})
 
 def spark_commit_once(run, dt, url: str, app: str, version: int) -> dict[str, Any]:
     """A delta-spark commit of window ``version`` (``run()``) made once: Delta's Spark engine
@@ -147,7 +152,8 @@ def spark_commit_once(run, dt, url: str, app: str, version: int) -> dict[str, An
 
 def read_changes(ctx: JobContext, plan: TablePlan, schema: pa.Schema):
     """The plan's change rows; after a resync only those committed at or after its
-    consistent point (the earlier ones are in the table's copy). Rows of relation versions
+    consistent point (the earlier ones are in the table's copy), in a replay to a point
+    only those committed at or before it (:mod:`.point`). Rows of relation versions
     older than an ``ADD COLUMN … DEFAULT`` of the batch read that default in the new
     column, as PostgreSQL's do (:func:`~airflow_pgcdc.merge.plan.version_fills`)."""
     fills = version_fills(plan)
@@ -171,10 +177,13 @@ def read_changes(ctx: JobContext, plan: TablePlan, schema: pa.Schema):
         df = frames[0]
         for more in frames[1:]:
             df = df.unionByName(more)
-    if plan.since_lsn is not None:
+    if plan.since_lsn is not None or plan.until_lsn is not None:
         from pyspark.sql import functions as F
 
-        df = df.where(F.col(COMMIT_LSN) >= F.lit(plan.since_lsn))
+        if plan.since_lsn is not None:
+            df = df.where(F.col(COMMIT_LSN) >= F.lit(plan.since_lsn))
+        if plan.until_lsn is not None:  # a replay to a point (merge/point.py)
+            df = df.where(F.col(COMMIT_LSN) <= F.lit(plan.until_lsn))
     return df
 
 def read_changes_on_driver(ctx: JobContext, plan: TablePlan, schema: pa.Schema) -> pa.Table:
@@ -199,6 +208,8 @@ def read_changes_on_driver(ctx: JobContext, plan: TablePlan, schema: pa.Schema) 
     table = pa.concat_tables(pieces) if pieces else schema.empty_table()
     if plan.since_lsn is not None:
         table = table.filter(pc.greater_equal(table[COMMIT_LSN], pa.scalar(plan.since_lsn, pa.int64())))
+    if plan.until_lsn is not None:
+        table = table.filter(pc.less_equal(table[COMMIT_LSN], pa.scalar(plan.until_lsn, pa.int64())))
     return table
 
 def read_parts(ctx: JobContext, parts: list[str], schema: pa.Schema):

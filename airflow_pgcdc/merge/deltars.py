@@ -25,7 +25,7 @@ from airflow_pgcdc.merge.clauses import MergeSpec
 from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
-    "CONCURRENT", "ConcurrentCommit", "TableExists", "add_columns", "add_filled_columns", "append", "bootstrap", "commit_once", "merge", "replace", "merged_version", "open_table",
+    "CONCURRENT", "NONE_MERGED", "ConcurrentCommit", "TableExists", "add_columns", "add_filled_columns", "append", "bootstrap", "commit_once", "merge", "replace", "merged_version", "open_table",
     "merge_progress", "merge_scd2", "read_staged", "staged_column", "staged_reader", "swap",
     "UnreadableFeatures", "plain_dataset", "unreadable_features",
 ]
@@ -98,7 +98,8 @@ def _refused_by_delta_rs(exc: BaseException) -> bool:
 
 
 def commit_once(run, table, *, url: str, app: str, version: int,
-                refused: Callable[[BaseException], bool] = _refused_by_delta_rs) -> dict[str, Any]:
+                refused: Callable[[BaseException], bool] = _refused_by_delta_rs,
+                cut: dict[str, int] | None = None) -> dict[str, Any]:
     """``run()``: a commit carrying the app transaction ``(app, version)``, made against
     ``table``'s loaded version (``table``: a delta-rs handle, whichever engine commits).
     If ``table`` already holds ``version`` (the caller's handle was reloaded after another
@@ -106,11 +107,20 @@ def commit_once(run, table, *, url: str, app: str, version: int,
     another one won the race (``refused(exc)``; two merge jobs of one slot at once: an
     overlapping Airflow run, a manual rerun), the table is reloaded: if it holds
     ``version`` or later, the other job merged this window, which is a success here
-    (:data:`CONCURRENT`); anything else is :class:`ConcurrentCommit`."""
+    (:data:`CONCURRENT`); anything else is :class:`ConcurrentCommit`. ``cut``: the commit
+    also records a cut window's point (``{cut app id: LSN}``, :mod:`.point`): the table has
+    reached it when it holds window ``version + 1`` whole, or ``version`` and that cut."""
 
     def reached() -> int | None:  # the table's merged window when it is version or later
-        done = merged_version(table, app)
-        return done if done is not None and done >= version else None
+        if not cut:
+            done = merged_version(table, app)
+            return done if done is not None and done >= version else None
+        raw = table.transaction_version(app)
+        raw = NONE_MERGED if raw is None else raw
+        if raw > version or (raw == version and all((table.transaction_version(a) or -1) >= v
+                                                    for a, v in cut.items())):
+            return raw
+        return None
 
     done = reached()
     if done is not None:
@@ -204,9 +214,15 @@ def creator_slot(client: Any, url: str) -> str | None:
     return None
 
 
+NONE_MERGED = -1
+"""The app transaction version of a table that holds no window whole: a replay to a point
+inside window 0 (:mod:`.point`), or a rebuilt table that merged none swapped in."""
+
+
 def merged_version(table, app: str) -> int | None:
     """The last window merged into ``table`` (its app transaction version), or ``None``."""
-    return None if table is None else table.transaction_version(app)
+    version = None if table is None else table.transaction_version(app)
+    return None if version is None or version <= NONE_MERGED else version
 
 
 def read_staged(fs, staging: str) -> tuple[list[str], int]:
@@ -273,10 +289,17 @@ def replace(url: str, reader: pa.RecordBatchReader, *, storage_options: dict[str
     )
 
 
+def _transactions(app: str, version: int, cut: dict[str, int] | None) -> list:
+    from deltalake import Transaction
+
+    return [Transaction(a, v) for a, v in {app: version, **(cut or {})}.items()]
+
+
 def merge(table, reader: pa.RecordBatchReader, spec: MergeSpec, *, app: str, version: int,
-          metadata: dict[str, str]) -> dict[str, Any]:
-    """One MERGE commit; returns delta-rs' metrics."""
-    from deltalake import CommitProperties, Transaction
+          metadata: dict[str, str], cut: dict[str, int] | None = None) -> dict[str, Any]:
+    """One MERGE commit; returns delta-rs' metrics. ``cut``: app transactions of a replay to
+    a point recorded beside ``(app, version)`` (:mod:`.point`)."""
+    from deltalake import CommitProperties
 
     merger = table.merge(
         reader,
@@ -285,7 +308,7 @@ def merge(table, reader: pa.RecordBatchReader, spec: MergeSpec, *, app: str, ver
         target_alias="t",
         streamed_exec=True,
         commit_properties=CommitProperties(
-            app_transactions=[Transaction(app, version)], custom_metadata=metadata
+            app_transactions=_transactions(app, version, cut), custom_metadata=metadata
         ),
     )
     merger = merger.when_matched_delete(predicate=spec.delete_when)
@@ -294,11 +317,11 @@ def merge(table, reader: pa.RecordBatchReader, spec: MergeSpec, *, app: str, ver
     merger = merger.when_not_matched_insert(updates=spec.inserts, predicate=spec.insert_when)
     if spec.delete_not_matched_by_source:
         merger = merger.when_not_matched_by_source_delete()
-    return commit_once(merger.execute, table, url=table.table_uri, app=app, version=version)
+    return commit_once(merger.execute, table, url=table.table_uri, app=app, version=version, cut=cut)
 
 
 def append(table, reader: pa.RecordBatchReader, target: pa.Schema, *, app: str, version: int,
-           metadata: dict[str, str], mode: str = "append") -> dict[str, Any]:
+           metadata: dict[str, str], mode: str = "append", cut: dict[str, int] | None = None) -> dict[str, Any]:
     """Append rows (conformed to ``target``, the table's schema) to ``table`` (the
     DeltaTable the caller read the last merged window from) in one commit that records the
     app transaction ``(app, version)``. Returns ``{}``, or :data:`CONCURRENT`.
@@ -307,7 +330,7 @@ def append(table, reader: pa.RecordBatchReader, target: pa.Schema, *, app: str, 
     The commit is made against ``table``'s version, not the latest: a window another job
     appended since then makes delta-rs refuse it (an append to a fresh handle would not
     conflict with anything and would add the rows twice)."""
-    from deltalake import CommitProperties, Transaction, write_deltalake
+    from deltalake import CommitProperties, write_deltalake
 
     from airflow_pgcdc.merge.spark_io import conform
 
@@ -317,12 +340,12 @@ def append(table, reader: pa.RecordBatchReader, target: pa.Schema, *, app: str, 
         write_deltalake(
             table, conformed, mode=mode,
             commit_properties=CommitProperties(
-                app_transactions=[Transaction(app, version)], custom_metadata=metadata
+                app_transactions=_transactions(app, version, cut), custom_metadata=metadata
             ),
         )
         return {}
 
-    return commit_once(run, table, url=table.table_uri, app=app, version=version)
+    return commit_once(run, table, url=table.table_uri, app=app, version=version, cut=cut)
 
 
 def add_columns(table, fields: list[pa.Field]) -> None:
@@ -380,10 +403,18 @@ def swap(rebuilt_url: str, live_url: str, *, app: str, storage_options: dict[str
     ``target_file_size`` bytes (delta-rs' default when None)."""
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+    from airflow_pgcdc.merge.plan import cut_app
+
     rebuilt = DeltaTable(rebuilt_url, storage_options=storage_options)
-    version = rebuilt.transaction_version(app)
+    version = merged_version(rebuilt, app)
     reader = plain_dataset(rebuilt).scanner(batch_size=BATCH_ROWS).to_reader()
-    txns = [Transaction(app, version)] if version is not None else None
+    # always the app transaction, NONE_MERGED when the rebuilt table holds no window whole:
+    # the live table's own would otherwise stay, and the next merge would start after it;
+    # and the cut of the window after it when the rebuild replayed to a point (merge/point.py)
+    cut = cut_app(app, NONE_MERGED + 1 if version is None else version + 1)
+    point = rebuilt.transaction_version(cut)
+    txns = [Transaction(app, NONE_MERGED if version is None else version)] + (
+        [Transaction(cut, point)] if point is not None else [])
     write_deltalake(
         live_url, reader, mode="overwrite", schema_mode="overwrite", storage_options=storage_options,
         configuration=dict(rebuilt.metadata().configuration) or None, target_file_size=target_file_size,

@@ -18,6 +18,8 @@ __all__ = [
     "KeylessChange",
     "NeedsSnapshot",
     "PartitionsChanged",
+    "PastThePoint",
+    "PointError",
     "ReservedColumnName",
     "TableOfAnotherSlot",
     "TableRewritten",
@@ -34,6 +36,14 @@ class KeylessChange(MergeError):
     """A table without a key has changes that cannot be applied: an update or a delete
     without the old row (not under ``REPLICA IDENTITY FULL``), an unsent TOAST value, a
     column that cannot be compared (see :mod:`.keyless`)."""
+
+class PointError(MergeError):
+    """``--until-lsn``/``--until-time`` names a point the store cannot replay to (see
+    :mod:`.point`): the job merges nothing."""
+
+class PastThePoint(MergeError):
+    """A table already holds changes after the point of a replay: a merge never takes them
+    back out (``pgcdc rebuild --until-…`` builds it anew and swaps it in)."""
 
 class NeedsSnapshot(MergeError):
     """A table has changes in the windows but no starting copy: it joined the publication

@@ -41,6 +41,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 from airflow_pgcdc.merge import deltars, pruning
@@ -66,6 +67,8 @@ from airflow_pgcdc.merge.errors import (
     KeylessChange,
     NeedsSnapshot,
     PartitionsChanged,
+    PastThePoint,
+    PointError,
     RecoveryGap,
     ReservedColumnName,
     TableOfAnotherSlot,
@@ -82,6 +85,12 @@ from airflow_pgcdc.merge.plan import (
     select_windows,
     shared_legacy_places,
     target_url,
+)
+from airflow_pgcdc.merge.point import (
+    applied_until,
+    before_point,
+    past_the_point,
+    resolve_point,
 )
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.schema import merge_key_columns
@@ -158,6 +167,8 @@ class MergeResult:
     delta: str
     tables: list[TableResult] = field(default_factory=list)
     seconds: float = 0.0
+    # a replay to a point: {lsn, window (the one cut there), asked}
+    until: dict[str, Any] | None = None
 
     @property
     def failed(self) -> list[TableResult]:
@@ -185,6 +196,8 @@ def merge_slot(
     source: str | None = None,
     lock_wait: float | None = None,
     driver_rows: int | None = None,
+    until_lsn: str | None = None,
+    until_time: str | datetime | None = None,
 ) -> MergeResult:
     """Bootstrap and merge every table of ``slot`` (or only ``tables``, ``schema.table``)
     with the Spark session ``spark`` (or a callable that starts one, called only when a table
@@ -205,7 +218,9 @@ def merge_slot(
     Delta root's lock (:mod:`airflow_pgcdc.lake.lock`; default 600 s).
     ``driver_rows`` (delta-rs): a table's batch of at most this many change rows is compacted
     on the driver in Arrow (:mod:`.rows.arrow`), with no Spark job; a larger one by Spark;
-    0: every batch by Spark (default :data:`~.rows.arrow.DRIVER_ROWS`)."""
+    0: every batch by Spark (default :data:`~.rows.arrow.DRIVER_ROWS`).
+    ``until_lsn`` / ``until_time``: replay to that point, the tables as the source was then
+    (:mod:`.point`; delta-rs, no history tables)."""
     store = store_argument("merge_slot", store, "source", source)
     target_file_mb = pruning.DEFAULT_TARGET_FILE_MB if target_file_mb is None else float(target_file_mb)
     if not target_file_mb > 0:
@@ -223,6 +238,15 @@ def merge_slot(
         raise MergeError(f"--driver-rows must be 0 or more, got {driver_rows}")
     if history not in HISTORIES:
         raise MergeError(f"unknown history {history!r}", hint="history is 'changelog', 'scd2' or none")
+    until = until_lsn is not None or until_time is not None
+    if until and engine == "delta-spark":
+        raise PointError(
+            "a replay to a point needs the delta-rs engine: its commit records two app transactions (the "
+            "windows and the cut), Delta's Spark engine one",
+            hint="leave --engine out for the replay; the pipeline may go on merging with delta-spark after it")
+    if until and history:
+        raise PointError("a replay to a point does not build history tables (changelog, SCD2)",
+                         hint="leave --history out: the history tables hold every version with its LSN already")
     t0 = time.monotonic()
     settings = settings or s3store.S3Settings.from_env()
     layout = Layout.parse(store)
@@ -257,11 +281,15 @@ def merge_slot(
     snapshot = committed_snapshot(client, layout, slot)
     ctx.resyncs = committed_resyncs(client, layout, slot)
     ctx.expired, ctx.expired_copies = expired_state(ctx)
+    ctx.every_window = until
     manifests, wanted = load_windows(ctx, snapshot, tables)
+    ctx.point = resolve_point(ctx, manifests, snapshot, until_lsn=until_lsn, until_time=until_time)
     ctx.legacy_shared = shared_legacy_places(
         set(wanted) | {(t.schema, t.table) for t in (snapshot.tables if snapshot else ())}
         | {(t.schema, t.table) for r in ctx.resyncs for t in r.manifest.tables})
-    result = MergeResult(slot=slot, source=store, delta=delta)  # 'source': the result's key, kept
+    result = MergeResult(slot=slot, source=store, delta=delta,  # 'source': the result's key, kept
+                         until=None if ctx.point is None else {"lsn": ctx.point.text, "window": ctx.point.window,
+                                                               "asked": ctx.point.asked})
     # Delta's Spark engine does not commit conditionally on S3: it and pgcdc maintain hold the
     # Delta root's lock (airflow_pgcdc.lake.lock); delta-rs commits conditionally and needs none
     from airflow_pgcdc.lake.lock import root_lock_if
@@ -312,6 +340,11 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
     if found is not None:
         resync, entry = found  # the newest copy: its columns and key are the table's
         since = int(resync.consistent_point)
+        if ctx.point is not None and since > ctx.point.lsn:  # before the copy replaces anything
+            raise PastThePoint(
+                f"{url} was copied again (a resync, at {resync.consistent_point}) after {ctx.point.asked} (LSN "
+                f"{ctx.point.text}): the store holds no state of it at the point",
+                hint="ask for a point at or after the resync's consistent point")
         if pending is not None:
             covered = covered_windows(manifests, resync.consistent_point)
             res.bootstrap_rows = resync_replace(ctx, resync, entry, url, app, covered,
@@ -368,8 +401,22 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
                      f"merge builds it from slot {ctx.slot}'s snapshot (its old versions go with it)",
             )
     merged = ctx.after(name, last_merged)  # anchored: windows up to there hold nothing for it
+    # a replay to a point cut the window after the last whole one there: its later rows only
+    applied = applied_until(dt, app, last_merged)
+    if ctx.point is not None and (past := past_the_point(ctx.point, since, last_merged, applied)):
+        if past == "at":
+            res.delta_version = dt.version() if dt is not None else None
+            res.seconds = round(time.monotonic() - t0, 3)
+            return res
+        raise PastThePoint(
+            f"{url} already holds changes after {ctx.point.asked} (LSN {ctx.point.text}): {past}; a merge "
+            "never takes changes back out", hint=f"pgcdc rebuild --tables {shell_qualified(schema, table)} "
+                                                 "with the same --until-… builds it as of the point and swaps it in")
+    row_since = max((x for x in (since, None if applied is None else applied + 1) if x is not None), default=None)
     consistent = snapshot.consistent_point if (merged is None and entry is not None and since is None) else None
     windows = select_windows(manifests, after=merged, consistent_point=consistent, limit=max_windows)
+    if ctx.point is not None:
+        windows = [w for w in windows if w.start <= ctx.point.lsn]
     check_recovery_gap(ctx, schema, table, windows, since)  # after pgcdc recover: copied past the gap?
     # partitions attached or detached since the copy: refused, history included
     copied_at = since if since is not None else (
@@ -393,10 +440,12 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=key_columns,
         window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq), keyless=not key_columns,
-        since_lsn=since,
+        since_lsn=row_since, until_lsn=None if ctx.point is None else ctx.point.lsn,
     )
-    if since is not None:
-        plan = after_point(ctx, plan, windows, since)
+    if row_since is not None:
+        plan = after_point(ctx, plan, windows, row_since)
+    if ctx.point is not None:
+        plan = before_point(ctx, plan, windows, ctx.point.lsn)
     check_rewritten(ctx, schema, table, windows, plan, dt)
     copy_where = (f"the resync copy at {resync.consistent_point}" if since is not None
                   else f"the snapshot at {snapshot.consistent_point}" if snapshot is not None else "the copy")

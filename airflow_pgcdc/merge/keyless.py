@@ -372,9 +372,11 @@ def _commit(ctx, plan, url, dt, app, fields, rows, source, metadata) -> dict[str
     if source is not None and n:
         spec = build_keyless_spec(columns=names, float_columns=floats, nested_float_columns=nested,
                                   dialect="delta-rs")
-        metrics = deltars.merge(dt, reader, spec, app=app, version=version, metadata=metadata)
+        metrics = deltars.merge(dt, reader, spec, app=app, version=plan.commit_version,
+                                cut=plan.cut_transactions(app), metadata=metadata)
     else:  # a truncate's rows, or nothing to change (the app transaction alone)
-        metrics = deltars.append(dt, reader, target, app=app, version=version, metadata=metadata, mode=mode)
+        metrics = deltars.append(dt, reader, target, app=app, version=plan.commit_version,
+                                 cut=plan.cut_transactions(app), metadata=metadata, mode=mode)
     fault_point("merge-after-commit", log)
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     return {"num_source_rows": n, **metrics}

@@ -43,6 +43,7 @@ __all__ = [
     "WindowOrderError",
     "app_id",
     "changelog_url",
+    "cut_app",
     "delta_table_url",
     "legacy_delta_table_url",
     "shared_legacy_places",
@@ -76,6 +77,12 @@ class KeyNotCovered(MergeError):
 def app_id(slot: str, schema: str, table: str) -> str:
     """The Delta app transaction id of a table: ``pgcdc:{slot}:{schema}.{table}``."""
     return f"pgcdc:{slot}:{schema}.{table}"
+
+
+def cut_app(app: str, window: int) -> str:
+    """The app transaction id recording that ``window`` is applied up to a point (its
+    version: the point's LSN; see :mod:`.point`)."""
+    return f"{app}:until-w{window}"
 
 
 def delta_table_url(delta_root: str, schema: str, table: str) -> str:
@@ -188,7 +195,21 @@ class TablePlan:
     # a resync's consistent point: changes committed before it are in the table's copy
     # (only rows with _pgcdc_commit_lsn >= since_lsn are applied; earlier truncates too)
     since_lsn: int | None = None
+    # a replay to a point (merge/point.py): only rows with _pgcdc_commit_lsn <= until_lsn are
+    # applied (later truncates neither); cut_window: the plan's last window, cut at that point
+    until_lsn: int | None = None
+    cut_window: int | None = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def commit_version(self) -> int:
+        """The app transaction version the plan's commit records: its last window, or the
+        one before a window it cut (-1: none whole)."""
+        return self.last_window if self.cut_window is None else self.cut_window - 1
+
+    def cut_transactions(self, app: str) -> dict[str, int]:
+        """The app transactions beside ``app``'s that the commit records: a cut's."""
+        return {} if self.cut_window is None else {cut_app(app, self.cut_window): int(self.until_lsn)}
 
     @property
     def qualified_name(self) -> str:
@@ -224,12 +245,15 @@ def plan_table(
     window_prefix,
     keyless: bool = False,
     since_lsn: int | None = None,
+    until_lsn: int | None = None,
 ) -> TablePlan:
     """The plan for one table over ``windows`` (from :func:`select_windows`, non-empty).
     ``window_prefix(seq)`` gives a window folder's key prefix (with a trailing ``/``).
     ``keyless``: the table has no key (its changes are appended, see the merge job).
     ``since_lsn``: the table was copied at this consistent point (a resync): changes and
-    truncates committed before it are in the copy already."""
+    truncates committed before it are in the copy already. ``until_lsn``: a replay to that
+    point (:mod:`.point`): truncates committed after it are left out, and the last window
+    is cut there unless it ends at or before it."""
     name = f"{schema}.{table}"
     if not key_columns and not keyless:
         raise NoMergeKey(
@@ -266,6 +290,8 @@ def plan_table(
                 point = (int(LSN.parse(tr["commit_lsn"])), int(tr["seq"]))
                 if since_lsn is not None and point[0] < since_lsn:
                     continue
+                if until_lsn is not None and point[0] > until_lsn:
+                    continue
                 truncates += 1
                 if truncate_at is None or point > truncate_at:
                     truncate_at = point
@@ -282,6 +308,8 @@ def plan_table(
         truncates=truncates,
         key_moves=key_moves,
         since_lsn=since_lsn,
+        until_lsn=until_lsn,
+        cut_window=(windows[-1].window_seq if until_lsn is not None and windows[-1].end > until_lsn + 1 else None),
     )
 
 

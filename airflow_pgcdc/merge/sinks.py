@@ -238,7 +238,7 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
         spec = pruning.bounded(spec, pruning.bounds_predicate(bound_key, ranges, "delta-rs"))
     metrics = deltars.merge(
         dt, batch.to_reader() if batch is not None else deltars.staged_reader(ctx.fs, paths, stage_schema),
-        spec, app=app, version=plan.last_window,
+        spec, app=app, version=plan.commit_version, cut=plan.cut_transactions(app),
         metadata=window_metadata(ctx, plan),
     )
     if bound_key is not None and not metrics.get("concurrent_commit"):
@@ -293,7 +293,8 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
             small = small.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")]).select(out.names)
             fault_point("merge-after-stage", log)
             done = deltars.append(dt, small.to_reader(), pa.schema(dt.schema().to_arrow()),
-                                  app=app, version=plan.last_window, metadata=window_metadata(ctx, plan))
+                                  app=app, version=plan.commit_version, cut=plan.cut_transactions(app),
+                                  metadata=window_metadata(ctx, plan))
             fault_point("merge-after-commit", log)
             return {"num_source_rows": small.num_rows, "pgcdc_compacted_on": "driver", **done}, dt, added
     df = read_changes(ctx, plan, pa.schema(fields + meta))
@@ -319,7 +320,7 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     fault_point("merge-after-stage", log)
     done = deltars.append(
         dt, deltars.staged_reader(ctx.fs, paths, out), pa.schema(dt.schema().to_arrow()),
-        app=app, version=plan.last_window, metadata=window_metadata(ctx, plan),
+        app=app, version=plan.commit_version, cut=plan.cut_transactions(app), metadata=window_metadata(ctx, plan),
     )
     fault_point("merge-after-commit", log)
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])

@@ -60,6 +60,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--history", choices=("changelog", "scd2"),
                    help="also keep a history table: changelog = every change row appended to "
                    "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")
+    until = p.add_mutually_exclusive_group()
+    until.add_argument("--until-lsn", metavar="LSN",
+                       help="replay to a point: the tables as the source was at this LSN (commits at or before "
+                       "it); the pipeline's next merge goes on from there (delta-rs, no --history)")
+    until.add_argument("--until-time", metavar="ISO8601",
+                       help="replay to a point in time: every commit made at or before it (e.g. "
+                       "2026-11-29T06:00:00+00:00; without an offset: UTC)")
 
 
 def add_rebuild_arguments(p: argparse.ArgumentParser, *, flag: bool) -> None:
@@ -100,6 +107,7 @@ def run(args: argparse.Namespace, spark=None, *, lazy: bool = False) -> dict:
         history=args.history, reader=args.reader, target_file_mb=getattr(args, "target_file_mb", None),
         deletion_vectors=bool(getattr(args, "deletion_vectors", False)),
         driver_rows=getattr(args, "driver_rows", None),
+        until_lsn=getattr(args, "until_lsn", None), until_time=getattr(args, "until_time", None),
     )
     if getattr(args, "rebuild", False):
         from airflow_pgcdc.merge.rebuild import rebuild_slot

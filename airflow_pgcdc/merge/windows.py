@@ -137,6 +137,8 @@ def _read_tables_index(ctx: JobContext, folders: list[int]) -> tuple[int, dict[t
     """``(through, {table: last window up to through holding it, -1: none})`` from the
     index, or ``(-1, {})`` when there is none usable."""
     key = ctx.layout.merge_tables_index(ctx.slot)
+    if ctx.every_window:
+        return -1, {}
     try:
         doc = s3store.get_json(ctx.client, ctx.layout.bucket, key)
         if doc.get("format") != TABLES_INDEX_FORMAT:

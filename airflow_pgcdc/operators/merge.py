@@ -127,10 +127,15 @@ def merge_application_args(
     target_file_mb: float | None = None,
     deletion_vectors: bool = False,
     driver_rows: int | None = None,
+    until_lsn: str | None = None,
+    until_time: str | None = None,
 ) -> list[str]:
     """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`)."""
     args = ["--store", store, "--slot", slot, "--delta", delta]
-    for option, value in (("--history", history), ("--engine", engine), ("--reader", reader)):
+    if until_lsn and until_time:
+        raise ValueError("give until_lsn or until_time, not both")
+    for option, value in (("--history", history), ("--engine", engine), ("--reader", reader),
+                          ("--until-lsn", until_lsn), ("--until-time", until_time)):
         if value:
             args += [option, value]
     if tables:
@@ -334,6 +339,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "keys", "max_windows",
         "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows", "aws_conn_id", "conn_id",
+        "until_lsn", "until_time",
     )
     ui_color = "#fdebd0"
 
@@ -352,6 +358,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         target_file_mb: float | None = None,
         deletion_vectors: bool = False,
         driver_rows: int | None = None,
+        until_lsn: str | None = None,
+        until_time: str | None = None,
         aws_conn_id: str | None = None,
         conn_id: str = "spark_default",
         py_files_dir: str | None = None,
@@ -390,6 +398,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.target_file_mb = target_file_mb
         self.deletion_vectors = deletion_vectors
         self.driver_rows = driver_rows
+        # a replay to a point (merge/point.py), e.g. until_time="{{ data_interval_end }}"
+        self.until_lsn = until_lsn
+        self.until_time = until_time
         self.aws_conn_id = aws_conn_id
         self.py_files_dir = py_files_dir
         self.on_failed_tables = on_failed_tables
@@ -486,6 +497,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             target_file_mb=number(self.target_file_mb, float, "target_file_mb"),
             deletion_vectors=flag(self.deletion_vectors, "deletion_vectors"),
             driver_rows=number(self.driver_rows, int, "driver_rows"),
+            until_lsn=None if self.until_lsn in (None, "", "None") else str(self.until_lsn),
+            until_time=None if self.until_time in (None, "", "None") else str(self.until_time),
         )
 
     # ------------------------------------------------------------------ running

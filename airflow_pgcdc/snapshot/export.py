@@ -78,7 +78,13 @@ from airflow_pgcdc.snapshot.parts import Progress, SnapshotPart, copy_part, impo
 from airflow_pgcdc.snapshot.workers import CopyJob, ProcessWorker, retryable, table_error
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id
-from airflow_pgcdc.store.manifest import ColumnEntry, PartEntry, SnapshotManifest, TableEntry
+from airflow_pgcdc.store.manifest import (
+    POINT_TIME,
+    ColumnEntry,
+    PartEntry,
+    SnapshotManifest,
+    TableEntry,
+)
 from airflow_pgcdc.store.window import window_folders
 
 log = logging.getLogger(__name__)
@@ -399,6 +405,8 @@ def snapshot_to_s3(
                 with catalog_conn.cursor() as cur:
                     cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                     cur.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot_name)}")
+                    cur.execute("SELECT clock_timestamp()")  # after the slot: the copy's commits are older
+                    (point_time,) = cur.fetchone()
                 if procs:
                     for w in procs:
                         w.begin_import(dsn, snapshot_name)
@@ -480,7 +488,8 @@ def snapshot_to_s3(
                 started_at=started_at,
                 finished_at=datetime.now(UTC),
                 tables=tuple(_table_entry(t, results, layout, slot, sid) for t in infos),
-                extra={REFUSED_TABLES: refused} if refused else {},
+                extra={POINT_TIME: point_time.astimezone(UTC).isoformat(),
+                       **({REFUSED_TABLES: refused} if refused else {})},
             )
             key = layout.snapshot_manifest(slot, sid)
             # a put the client retried after an unseen success finds its own manifest: committed

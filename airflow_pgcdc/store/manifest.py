@@ -459,6 +459,12 @@ class TableEntry:
             raise ManifestError(f"{path}: {e.reason}", key=key) from None
 
 
+POINT_TIME = "consistent_point_time"
+"""A snapshot manifest's server time read right after its slot was created (ISO 8601): every
+commit in the copy was made before it. A replay to a time earlier than that is refused (the
+copy may hold commits made after the time); a snapshot without it bounds by ``finished_at``."""
+
+
 @dataclass(frozen=True)
 class SnapshotManifest:
     """``_manifest.json`` of a snapshot, written last: the snapshot exists iff it does."""

@@ -186,6 +186,12 @@ REFUSED_FIELD = "refused"
 metadata): ``{error, first_commit_lsn, last_commit_lsn, changes}``, no relation versions.
 The merge refuses the table (its copy must be taken again, ``pgcdc resync``, once fixed)."""
 
+COMMIT_TIMES_FIELD = "commit_times"
+"""The window's first and last commit time: ``{first, last}`` (ISO 8601, UTC offset), the
+way a replay to a time (``--until-time``) finds the window that holds the time without
+reading the window's rows. A window written before the field existed has none: its rows'
+``_pgcdc_commit_ts`` tell. Each truncate entry has its ``commit_time`` alike."""
+
 RESUMED_FIELD = "resumed"
 """On the first window after ``pgcdc recover``: ``{recovery, cause, from_lsn, resumed_at,
 copied_from, tables}``. The window starts at the store's end (``from_lsn``, so windows tile)

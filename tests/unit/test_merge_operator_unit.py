@@ -62,6 +62,22 @@ def test_application_args_history_engine_reader_parse_back():
     assert (ns.history, ns.engine, ns.reader) == (None, "delta-rs", "python"), "the app's defaults"
 
 
+def test_until_point_args_parse_back_and_are_templated():
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = merge_application_args(store="s3://b/p", slot="s", delta="s3://b/l", until_time="2026-11-29T06:00:00+00:00")
+    assert args[6:] == ["--until-time", "2026-11-29T06:00:00+00:00"]
+    ns = p.parse_args(args)
+    assert (ns.until_time, ns.until_lsn) == ("2026-11-29T06:00:00+00:00", None)
+    assert p.parse_args(merge_application_args(store="s3://b/p", slot="s", delta="s3://b/l",
+                                               until_lsn="0/16B3748")).until_lsn == "0/16B3748"
+    with pytest.raises(ValueError, match="not both"):
+        merge_application_args(store="s3://b/p", slot="s", delta="s3://b/l", until_lsn="0/1", until_time="x")
+    op = PgcdcSparkMergeOperator(task_id="m", slot="s", store="s3://b/p", delta="s3://b/l",
+                                 until_time="{{ data_interval_end }}")
+    assert {"until_lsn", "until_time"} <= set(op.template_fields)
+
+
 def test_application_args_minimal_and_bad_keys():
     assert merge_application_args(store="s3://b/p", slot="s", delta="s3://b/l") == [
         "--store", "s3://b/p", "--slot", "s", "--delta", "s3://b/l"]

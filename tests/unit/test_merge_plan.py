@@ -216,3 +216,56 @@ def test_a_type_change_names_the_table_quoted_in_its_hint():
     with pytest.raises(IncompatibleSchemaChange) as e:
         _check_target(plan, target, [pa.field("id", pa.int32()), pa.field("v", pa.string())])
     assert "pgcdc resync --tables '\"my.schema\".\"T\"'" in e.value.hint, e.value.hint
+
+
+# ----------------------------------------------------------------- replay to a point
+
+
+def test_a_plan_until_a_point_cuts_its_last_window_and_records_the_cut():
+    from airflow_pgcdc.merge.plan import cut_app
+
+    trunc = [{"seq": 1, "commit_lsn": "0/240", "tables": ["public.t"]},
+             {"seq": 5, "commit_lsn": "0/2A0", "tables": ["public.t"]}]
+    w0, w1 = win(0, "0/100", "0/200", [table(rv())]), win(1, "0/200", "0/300", [table(rv())], trunc)
+    plan = plan_table([w0, w1], schema="public", table="t", key_columns=["id"], window_prefix=str,
+                      until_lsn=0x250)
+    assert (plan.until_lsn, plan.cut_window, plan.commit_version) == (0x250, 1, 0)
+    assert plan.truncate_at == (0x240, 1) and plan.truncates == 1, "the truncate after the point is left out"
+    app = app_id("s", "public", "t")
+    assert plan.cut_transactions(app) == {cut_app(app, 1): 0x250} == {f"{app}:until-w1": 0x250}
+    # a cut inside window 0: no window whole
+    first = plan_table([w0], schema="public", table="t", key_columns=["id"], window_prefix=str, until_lsn=0x150)
+    assert (first.cut_window, first.commit_version) == (0, -1)
+    # a point at the last window's last byte holds it whole: no cut
+    whole = plan_table([w0], schema="public", table="t", key_columns=["id"], window_prefix=str, until_lsn=0x1FF)
+    assert (whole.cut_window, whole.commit_version, whole.cut_transactions(app)) == (None, 0, {})
+    plain = plan_table([w0, w1], schema="public", table="t", key_columns=["id"], window_prefix=str)
+    assert (plain.cut_window, plain.commit_version, plain.truncates) == (None, 1, 2)
+
+
+def test_past_the_point_compares_the_table_with_the_point():
+    from airflow_pgcdc.merge.point import Point, past_the_point
+
+    p = Point(lsn=0x250, window=1, asked="LSN 0/250")
+    assert past_the_point(p, None, None, None) is None  # only copied
+    assert past_the_point(p, None, 0, None) is None  # window 0 whole
+    assert past_the_point(p, None, 0, 0x230) is None  # window 1 up to an earlier point
+    assert past_the_point(p, None, 0, 0x250) == "at"
+    assert "up to 0/260" in past_the_point(p, None, 0, 0x260)
+    assert "holds window 1 whole" in past_the_point(p, None, 1, None)
+    assert "copied again" in past_the_point(p, 0x251, None, None)
+    assert past_the_point(p, 0x250, None, None) is None  # a resync at the point itself
+    assert past_the_point(Point(lsn=0x150, window=0, asked=""), None, None, 0x150) == "at"
+
+
+def test_until_time_is_iso_8601_and_utc_without_an_offset():
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from airflow_pgcdc.merge.errors import PointError
+    from airflow_pgcdc.merge.point import parse_until_time
+
+    assert parse_until_time("2026-11-29 06:00:00") == datetime(2026, 11, 29, 6, tzinfo=UTC)
+    assert parse_until_time("2026-11-29T07:00:00+01:00") == datetime(2026, 11, 29, 7,
+                                                                      tzinfo=timezone(timedelta(hours=1)))
+    with pytest.raises(PointError, match="is not an ISO 8601 time"):
+        parse_until_time("last tuesday")
