@@ -36,7 +36,9 @@ null, the default: every table of the slot; ``resync`` needs them), ``store``, `
 ``delta`` (the live root), ``rebuild_root`` (default ``{delta}_rebuild``; each run
 builds under ``{rebuild_root}/{run id}``), ``max_windows`` (stop after N windows;
 null: all), ``verify`` (compare the rebuilt tables with PostgreSQL: only meaningful on a
-quiet source), ``swap`` (default true).
+quiet source), ``swap`` (default true), ``until_time`` (the tables as they were at that
+time, then swapped in: the next incremental merge goes on from there; see
+:mod:`airflow_pgcdc.merge.point`).
 
 Layout (what a rebuild is often for): ``target_file_mb`` and ``deletion_vectors`` (with
 the pipeline's ``engine="delta-spark"``) shape the rebuilt tables; the swap keeps their
@@ -79,6 +81,9 @@ def build(p: Pipeline) -> DAG:
                                 description="the rebuilt tables' data file size in MB (null: the job's default, 32)"),
         "deletion_vectors": Param(False, type="boolean",
                                   description="rebuilt tables with deletion vectors (needs the delta-spark engine)"),
+        "until_time": Param(None, type=["null", "string"],
+                            description="rebuild the tables as they were at this time (ISO 8601, e.g. "
+                                        "2026-11-29T06:00:00+00:00); null: through every window"),
         "verify": Param(False, type="boolean", description="verify the rebuilt tables (quiet source only)"),
         "swap": Param(True, type="boolean", description="swap the rebuilt tables in"),
     }
@@ -91,6 +96,12 @@ def build(p: Pipeline) -> DAG:
 
                 raise AirflowFailException("mode=resync copies the tables named in params.tables: give them "
                                            "(e.g. [\"public.orders\"]); a whole-slot copy is a new initial load")
+            if params.get("until_time") and (params["mode"] == "resync" or params["verify"]):
+                from airflow.sdk.exceptions import AirflowFailException
+
+                raise AirflowFailException(
+                    "until_time rebuilds the tables as of a past time: mode=resync copies them as they are now, and "
+                    "verify compares with PostgreSQL now; leave until_time out, or mode=rebuild with verify false")
             return "resync" if params["mode"] == "resync" else "rebuild"
 
         resync = PgcdcResyncOperator(
@@ -106,6 +117,11 @@ def build(p: Pipeline) -> DAG:
         )
         merge_resynced = merge_task(p, "merge_resynced", tables="{{ params.tables }}")
         rebuild = merge_task(p, "rebuild", delta=REBUILT, tables="{{ params.tables }}",
+                             until_time="{{ params.until_time }}",
+                             # a replay to a point commits with delta-rs (merge/point.py); the
+                             # pipeline's delta-spark merges go on from it
+                             engine=p.engine if p.engine in (None, "delta-rs") else
+                             "{{ 'delta-rs' if params.until_time else '" + p.engine + "' }}",
                              max_windows="{{ params.max_windows }}", target_file_mb="{{ params.target_file_mb }}",
                              deletion_vectors="{{ params.deletion_vectors }}",
                              outlets=[])  # scratch: the swap emits the live tables' events

@@ -49,6 +49,6 @@ def merge_task(p: Pipeline, task_id: str, *, delta: str = "{{ params.delta }}", 
     live Delta root), on its engine and connections."""
     from airflow_pgcdc.operators.merge import PgcdcSparkMergeOperator
 
+    kwargs.setdefault("engine", p.engine)
     return PgcdcSparkMergeOperator(task_id=task_id, store="{{ params.store }}", slot="{{ params.slot }}",
-                                   delta=delta, engine=p.engine, aws_conn_id=p.aws_conn_id,
-                                   conn_id=p.spark_conn_id, **kwargs)
+                                   delta=delta, aws_conn_id=p.aws_conn_id, conn_id=p.spark_conn_id, **kwargs)

@@ -45,6 +45,14 @@ def test_a_pipelines_four_dags_use_its_connections_and_knobs():
     assert dags["sales_initial_load"].params.dump()["tables"] == ["s.orders"]
     back = dags["sales_backfill"].task_dict
     assert back["resync"].as_text == {"s.orders": ["odd"]} and back["rebuild"].conn_id == "sales_spark"
+    # a rebuild as of a time (params.until_time) commits with delta-rs, else on the pipeline's engine
+    import jinja2
+
+    assert back["rebuild"].until_time == "{{ params.until_time }}"
+    assert dags["sales_backfill"].params.dump()["until_time"] is None
+    engine = jinja2.Template(back["rebuild"].engine)
+    assert [engine.render(params={"until_time": t}) for t in ("2026-11-29T06:00:00", None)] == [
+        "delta-rs", "delta-spark"]
     assert dags["sales_maintenance"].params.dump()["retention_hours"] == 720
     assert dags["sales_maintenance"].task_dict["maintain"].aws_conn_id == "sales_s3"
 
@@ -99,3 +107,15 @@ def test_a_bad_file_names_the_file_and_the_entry(tmp_path, text, message):
     with pytest.raises(PipelineConfigError, match=message) as err:
         load_pipelines(path)
     assert str(path) in str(err.value)
+
+
+def test_a_backfill_until_a_time_refuses_resync_and_verify():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    choose = pipeline_dags(Pipeline(**BASE))["pgcdc_backfill"].task_dict["choose"].python_callable
+    base = {"mode": "rebuild", "tables": None, "verify": False, "until_time": "2026-11-29T06:00:00+00:00"}
+    assert choose(params=base) == "rebuild"
+    for change in ({"verify": True}, {"mode": "resync", "tables": ["public.t"]}):
+        with pytest.raises(AirflowFailException, match="until_time rebuilds the tables as of a past time"):
+            choose(params={**base, **change})
+    assert choose(params={**base, "until_time": None, "verify": True}) == "rebuild"
