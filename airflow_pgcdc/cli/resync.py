@@ -37,6 +37,10 @@ def register(subparsers) -> None:
                    help="keep these columns as their exact PostgreSQL text whatever their type (repeatable): "
                         "for values the typed mapping cannot carry, e.g. arrays whose lower bound is not 1; "
                         "give the snapshot, resync and drain the same")
+    p.add_argument("--where", metavar="PREDICATE",
+                   help="copy only the rows matching this SQL predicate (a slice: a damaged range, a tenant, "
+                        "rows changed since a date); the next merge upserts them, the other rows stay. The "
+                        "tables need a key; the predicate runs as the given user in a read-only transaction")
     p.set_defaults(handler=run)
 
 
@@ -46,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     done = resync_tables(
         args.dsn, args.store, slot=args.slot, publication=args.publication, tables=args.tables,
-        workers=args.workers, rows_per_part=args.rows_per_part, as_text=args.as_text,
+        workers=args.workers, rows_per_part=args.rows_per_part, as_text=args.as_text, where=args.where,
     )
     out = json.loads(done.manifest.to_json())
     out["manifest"] = done.url

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_pgcdc.changes.columns import COMMIT_LSN
+from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ, UNCHANGED_TOAST
 from airflow_pgcdc.changes.rows import META_FIELDS
 from airflow_pgcdc.merge import deltars, pruning
 from airflow_pgcdc.merge.plan import TablePlan, version_fills
@@ -71,8 +71,9 @@ class JobContext:
     # delta-rs: a table's batch of at most this many change rows is compacted on the driver
     # (merge/rows/arrow.py: no Spark job); 0: every batch through Spark
     driver_rows: int = DRIVER_ROWS
-    # the slot's committed resyncs (store/resyncs.py), oldest first
+    # the slot's committed resyncs (store/resyncs.py), oldest first; its slices (merge/slices.py)
     resyncs: list = field(default_factory=list)
+    slices: list = field(default_factory=list)
     # windows whose parts pgcdc maintain removed ({slot}/maintain/expired.json)
     expired: frozenset[int] = frozenset()
     # the tables whose parts pgcdc maintain removed from each copy: {manifest key: {schema.table}}
@@ -157,7 +158,9 @@ def read_changes(ctx: JobContext, plan: TablePlan, schema: pa.Schema):
     older than an ``ADD COLUMN … DEFAULT`` of the batch read that default in the new
     column, as PostgreSQL's do (:func:`~airflow_pgcdc.merge.plan.version_fills`)."""
     fills = version_fills(plan)
-    if not fills:
+    if not plan.parts:  # a batch of slices only (merge/slices.py)
+        df = None
+    elif not fills:
         df = read_parts(ctx, plan.parts, schema)
     else:
         from pyspark.sql import functions as F
@@ -177,14 +180,27 @@ def read_changes(ctx: JobContext, plan: TablePlan, schema: pa.Schema):
         df = frames[0]
         for more in frames[1:]:
             df = df.unionByName(more)
-    if plan.since_lsn is not None or plan.until_lsn is not None:
+    if df is not None and (plan.since_lsn is not None or plan.until_lsn is not None):
         from pyspark.sql import functions as F
 
         if plan.since_lsn is not None:
             df = df.where(F.col(COMMIT_LSN) >= F.lit(plan.since_lsn))
         if plan.until_lsn is not None:  # a replay to a point (merge/point.py)
             df = df.where(F.col(COMMIT_LSN) <= F.lit(plan.until_lsn))
+    for s in plan.slices:  # upserts just before each slice's point (merge/slices.py)
+        from pyspark.sql import functions as F
+
+        rows = read_parts(ctx, list(s.parts), schema)
+        for name, value in _slice_meta(s).items():
+            rows = rows.withColumn(name, F.lit(value) if name != UNCHANGED_TOAST else F.array().cast("array<string>"))
+        rows = rows.withColumn(COMMIT_LSN, F.col(COMMIT_LSN).cast("long")).withColumn(SEQ, F.col(SEQ).cast("long"))
+        df = rows if df is None else df.unionByName(rows)
     return df
+
+
+def _slice_meta(s) -> dict[str, Any]:
+    """A slice's rows' change metadata: upserts committed just before its point."""
+    return {OP: "I", COMMIT_LSN: s.lsn - 1, SEQ: -1, UNCHANGED_TOAST: []}
 
 def read_changes_on_driver(ctx: JobContext, plan: TablePlan, schema: pa.Schema) -> pa.Table:
     """:func:`read_changes` without Spark: the plan's change rows as one Arrow table, read
@@ -210,6 +226,13 @@ def read_changes_on_driver(ctx: JobContext, plan: TablePlan, schema: pa.Schema) 
         table = table.filter(pc.greater_equal(table[COMMIT_LSN], pa.scalar(plan.since_lsn, pa.int64())))
     if plan.until_lsn is not None:
         table = table.filter(pc.less_equal(table[COMMIT_LSN], pa.scalar(plan.until_lsn, pa.int64())))
+    for s in plan.slices:  # upserts just before each slice's point (merge/slices.py)
+        rows = read_table(ctx.fs, [f"{ctx.layout.bucket}/{p}" for p in s.parts], schema)
+        for name, value in _slice_meta(s).items():
+            if name in schema.names:
+                i = schema.get_field_index(name)
+                rows = rows.set_column(i, schema.field(i), pa.array([value] * rows.num_rows, schema.field(i).type))
+        table = pa.concat_tables([table, rows])
     return table
 
 def read_parts(ctx: JobContext, parts: list[str], schema: pa.Schema):

@@ -21,6 +21,7 @@ __all__ = [
     "PastThePoint",
     "PointError",
     "ReservedColumnName",
+    "SliceNotMerged",
     "TableOfAnotherSlot",
     "TableRewritten",
     "TablesFailed",
@@ -44,6 +45,10 @@ class PointError(MergeError):
 class PastThePoint(MergeError):
     """A table already holds changes after the point of a replay: a merge never takes them
     back out (``pgcdc rebuild --until-…`` builds it anew and swaps it in)."""
+
+class SliceNotMerged(MergeError):
+    """A slice (``pgcdc resync --where``) of a table cannot be merged yet: its Delta table
+    does not exist, the table has no key, or the job's engine is Delta's Spark engine."""
 
 class NeedsSnapshot(MergeError):
     """A table has changes in the windows but no starting copy: it joined the publication

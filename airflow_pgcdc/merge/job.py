@@ -37,6 +37,7 @@ the next job.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -71,6 +72,7 @@ from airflow_pgcdc.merge.errors import (
     PointError,
     RecoveryGap,
     ReservedColumnName,
+    SliceNotMerged,
     TableOfAnotherSlot,
     TableRewritten,
     TablesFailed,
@@ -79,6 +81,7 @@ from airflow_pgcdc.merge.errors import (
 from airflow_pgcdc.merge.history import changelog_history, scd2_history
 from airflow_pgcdc.merge.plan import (
     MergeError,
+    TablePlan,
     WindowGap,
     WindowOrderError,
     plan_table,
@@ -95,6 +98,7 @@ from airflow_pgcdc.merge.point import (
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.schema import merge_key_columns
 from airflow_pgcdc.merge.sinks import append_only, bootstrap_table, merge_batch, resync_replace
+from airflow_pgcdc.merge.slices import pending_slices, slice_start
 from airflow_pgcdc.merge.spark_io import register, s3_options
 from airflow_pgcdc.merge.windows import (
     copy_refusal,
@@ -280,6 +284,7 @@ def merge_slot(
     remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
     ctx.resyncs = committed_resyncs(client, layout, slot)
+    ctx.slices = committed_resyncs(client, layout, slot, slices=True)
     ctx.expired, ctx.expired_copies = expired_state(ctx)
     ctx.every_window = until
     manifests, wanted = load_windows(ctx, snapshot, tables)
@@ -413,8 +418,11 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
             "never takes changes back out", hint=f"pgcdc rebuild --tables {shell_qualified(schema, table)} "
                                                  "with the same --until-… builds it as of the point and swaps it in")
     row_since = max((x for x in (since, None if applied is None else applied + 1) if x is not None), default=None)
-    consistent = snapshot.consistent_point if (merged is None and entry is not None and since is None) else None
-    windows = select_windows(manifests, after=merged, consistent_point=consistent, limit=max_windows)
+    # slices (pgcdc resync --where) to upsert: the batch starts where the oldest one's copy ends
+    slices = pending_slices(ctx, schema, table, dt, app, since) if ctx.point is None else []
+    start = slice_start(manifests, slices, merged) if slices else merged
+    consistent = snapshot.consistent_point if (start is None and entry is not None and since is None) else None
+    windows = select_windows(manifests, after=start, consistent_point=consistent, limit=max_windows)
     if ctx.point is not None:
         windows = [w for w in windows if w.start <= ctx.point.lsn]
     check_recovery_gap(ctx, schema, table, windows, since)  # after pgcdc recover: copied past the gap?
@@ -429,7 +437,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
         res.history = changelog_history(ctx, schema, table, manifests, keys, main_entry, max_windows)
     elif ctx.history == "scd2":
         res.history = scd2_history(ctx, schema, table, snapshot, main_entry, manifests, keys, max_windows)
-    if not windows or not holds_table(windows, schema, table):
+    if (not windows or not holds_table(windows, schema, table)) and not slices:
         if (windows or merged != last_merged) and res.action == "up-to-date":
             res.action = "no-changes"
         res.delta_version = dt.version() if dt is not None else None
@@ -437,11 +445,24 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
         return res
     check_refused(schema, table, windows, since)
     key_columns = merge_key_columns(name, entry, windows, keys)
-    plan = plan_table(
-        windows, schema=schema, table=table, key_columns=key_columns,
-        window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq), keyless=not key_columns,
-        since_lsn=row_since, until_lsn=None if ctx.point is None else ctx.point.lsn,
-    )
+    if slices and not key_columns:
+        raise SliceNotMerged(f"{name} has no key: the rows of the slice {slices[-1].url} cannot be matched to the "
+                             "Delta table's", hint=f"resync the whole table: pgcdc resync --tables "
+                                                   f"{shell_qualified(schema, table)}")
+    if windows:
+        plan = plan_table(
+            windows, schema=schema, table=table, key_columns=key_columns,
+            window_prefix=lambda seq: ctx.layout.window_prefix(ctx.slot, seq), keyless=not key_columns,
+            since_lsn=row_since, until_lsn=None if ctx.point is None else ctx.point.lsn,
+        )
+    else:  # slices only: the table holds every window
+        last = deltars.NONE_MERGED if last_merged is None else last_merged
+        at = str(LSN(slices[-1].lsn))
+        plan = TablePlan(schema=schema, table=table, key_columns=tuple(key_columns), first_window=last + 1,
+                         last_window=last, start_lsn=at, end_lsn=at, since_lsn=row_since)
+    if slices:
+        plan = dataclasses.replace(plan, slices=tuple(slices))
+        res.note = "upserted the slice(s) " + "; ".join(f"{s.url} (WHERE {s.where})" for s in slices)
     if row_since is not None:
         plan = after_point(ctx, plan, windows, row_since)
     if ctx.point is not None:

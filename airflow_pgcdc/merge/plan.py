@@ -199,6 +199,8 @@ class TablePlan:
     # applied (later truncates neither); cut_window: the plan's last window, cut at that point
     until_lsn: int | None = None
     cut_window: int | None = None
+    # slices of the table to upsert in this batch (merge/slices.py: SliceInput), oldest first
+    slices: tuple = ()
     extra: dict = field(default_factory=dict)
 
     @property
@@ -208,8 +210,12 @@ class TablePlan:
         return self.last_window if self.cut_window is None else self.cut_window - 1
 
     def cut_transactions(self, app: str) -> dict[str, int]:
-        """The app transactions beside ``app``'s that the commit records: a cut's."""
-        return {} if self.cut_window is None else {cut_app(app, self.cut_window): int(self.until_lsn)}
+        """The app transactions beside ``app``'s that the commit records: a cut's (a replay
+        to a point), the newest slice's (``{app}:resync``: its point)."""
+        out = {} if self.cut_window is None else {cut_app(app, self.cut_window): int(self.until_lsn)}
+        if self.slices:
+            out[f"{app}:resync"] = max(s.lsn for s in self.slices)
+        return out
 
     @property
     def qualified_name(self) -> str:
@@ -217,11 +223,11 @@ class TablePlan:
 
     @property
     def rows(self) -> int:
-        return sum(v.rows for v in self.versions)
+        return sum(v.rows for v in self.versions) + sum(s.rows for s in self.slices)
 
     @property
     def bytes(self) -> int:
-        return sum(v.bytes for v in self.versions)
+        return sum(v.bytes for v in self.versions) + sum(s.bytes for s in self.slices)
 
     @property
     def parts(self) -> list[str]:
@@ -229,7 +235,7 @@ class TablePlan:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.parts) or self.truncate_at is not None
+        return bool(self.parts) or self.truncate_at is not None or bool(self.slices)
 
     def latest_columns(self) -> tuple[dict, ...]:
         """The columns of the newest relation version (the table's shape at the end)."""

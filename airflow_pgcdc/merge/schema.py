@@ -212,7 +212,7 @@ def _type_change_hint(plan: TablePlan) -> str:
 
 def batch_fields(ctx: JobContext, plan: TablePlan) -> list[pa.Field]:
     """The table's columns over the batch's relation versions, as Delta stores them."""
-    schemas = []
+    schemas = [(f"the slice at {s.lsn}", part_schema(ctx, s.parts[0])) for s in plan.slices if s.parts]
     for v in plan.versions:
         if v.parts:
             schemas.append((f"window {v.window_seq} version {v.version}", part_schema(ctx, v.parts[0])))

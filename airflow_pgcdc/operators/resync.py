@@ -40,7 +40,7 @@ class PgcdcResyncOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers", "rows_per_part", "as_text",
-                                      "postgres_conn_id", "aws_conn_id")
+                                      "postgres_conn_id", "aws_conn_id", "where")
     ui_color = "#d6eaf8"
 
     def __init__(
@@ -53,6 +53,7 @@ class PgcdcResyncOperator(BaseOperator):
         workers: int = 4,
         rows_per_part: int = 1_000_000,
         as_text: dict[str, Sequence[str]] | None = None,
+        where: str | None = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
@@ -68,6 +69,7 @@ class PgcdcResyncOperator(BaseOperator):
         self.workers = workers
         self.rows_per_part = rows_per_part
         self.as_text = as_text
+        self.where = where  # a slice resync (pgcdc resync --where): the rows to copy again
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
@@ -81,7 +83,7 @@ class PgcdcResyncOperator(BaseOperator):
             hook.get_dsn(), self.store, slot=self.slot, publication=self.publication, tables=tables,
             workers=number(self.workers, int, "workers", minimum=1),
             rows_per_part=number(self.rows_per_part, int, "rows_per_part", minimum=1), s3_client=hook.s3_client(),
-            as_text=self.as_text,
+            as_text=self.as_text, where=None if self.where in (None, "", "None") else str(self.where),
         )
         m = done.manifest
         result = {
@@ -90,6 +92,7 @@ class PgcdcResyncOperator(BaseOperator):
             "consistent_point": m.consistent_point,
             "manifest": done.url,
             "rows": m.rows,
+            "where": None if self.where in (None, "", "None") else str(self.where),
             "tables": {f"{t.schema}.{t.table}": {"rows": t.rows, "parts": len(t.parts)} for t in m.tables},
         }
         emit(self, context, resync_asset(self.store, self.slot), {

@@ -89,6 +89,8 @@ class TableInfo:
     column_list: tuple[str, ...] | None = None
     partitions: tuple[tuple[str, str], ...] = field(default=())  # a partitioned table's leaves
     relfilenode: int = 0  # its file (0: a partitioned table has none)
+    # a slice resync (pgcdc resync --where): only the rows matching this predicate are copied
+    slice_where: str | None = None
 
     @property
     def has_key(self) -> bool:

@@ -40,6 +40,7 @@ the two ways it runs parts (in this process, in worker processes). The part copy
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -80,6 +81,7 @@ from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id
 from airflow_pgcdc.store.manifest import (
     POINT_TIME,
+    SLICE_WHERE,
     ColumnEntry,
     PartEntry,
     SnapshotManifest,
@@ -312,6 +314,7 @@ def snapshot_to_s3(
     worker_processes: bool | None = None,
     temporary: bool = False,
     as_text: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
+    slice_where: str | None = None,
 ) -> SnapshotManifest:
     """Create ``slot`` with an exported snapshot and copy the tables to ``to``.
 
@@ -326,6 +329,8 @@ def snapshot_to_s3(
     exact PostgreSQL text whatever their type (``["schema.table=col,col"]`` or
     ``{"schema.table": ["col"]}``: the escape hatch for values the typed mapping cannot
     carry, such as arrays whose lower bound is not 1); give the drain the same.
+    ``slice_where``: copy only the rows matching this SQL predicate (a slice resync,
+    :mod:`.resync`; recorded in each table entry as ``where``).
 
     Workers run in their own processes (:mod:`airflow_pgcdc.snapshot.workers`) when the
     S3 settings are known: ``s3_settings``, or those of a client made by
@@ -420,6 +425,8 @@ def snapshot_to_s3(
                 if on_slot_created is not None:
                     on_slot_created(str(created.consistent_point), snapshot_name)
                 discovered = _discover(catalog_conn, publication, tables)
+                if slice_where:  # a slice resync: the named tables' matching rows only
+                    discovered = [dataclasses.replace(t, slice_where=slice_where) for t in discovered]
                 refusals = {t.oid: why for t in discovered if (why := _cannot_copy(t)) is not None}
                 infos = [t for t in discovered if t.oid not in refusals]
                 casts = function_casts(catalog_conn)
@@ -579,7 +586,8 @@ def _table_entry(t: TableInfo, results: dict, layout: Layout, slot: str, sid: st
         # status` compares them with the catalog: attached or detached partitions' rows
         # are not streamed)
         extra=({"partitions": [list(leaf) for leaf in t.partitions]} if t.relkind == "p" else {})
-        | ({"relfilenode": t.relfilenode} if t.relfilenode else {}) | {"relation_oid": t.oid},
+        | ({"relfilenode": t.relfilenode} if t.relfilenode else {}) | {"relation_oid": t.oid}
+        | ({SLICE_WHERE: t.slice_where} if t.slice_where else {}),
     )
 
 

@@ -41,6 +41,8 @@ class SnapshotPart:
             conds.append(f"ctid < {quote_literal(f'({self.end_block},0)')}::tid")
         if self.table.row_filter:
             conds.append(f"({self.table.row_filter})")
+        if self.table.slice_where:
+            conds.append(f"({self.table.slice_where})")
         return (" WHERE " + " AND ".join(conds)) if conds else ""
 
 

@@ -40,7 +40,7 @@ from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, validate_slot
 from airflow_pgcdc.store.resyncs import Resync, committed_resyncs
 
-__all__ = ["Resync", "ResyncError", "TableNotPublished", "committed_resyncs", "resync_tables"]
+__all__ = ["BadSlice", "Resync", "ResyncError", "TableNotPublished", "committed_resyncs", "resync_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,11 @@ class ResyncError(HintedError):
 
 class TableNotPublished(ResyncError):
     """A table to resync is not in the publication: the slot would not stream its changes."""
+
+
+class BadSlice(ResyncError):
+    """``--where`` cannot slice a table: the predicate is not valid SQL on it (PostgreSQL's
+    message says why), or the table has no key to merge the slice's rows on."""
 
 
 class PublicationNotStreamed(ResyncError):
@@ -114,6 +119,33 @@ def _check(dsn: str, slot: str, publication: str, tables: Sequence[tuple[str, st
         )
 
 
+def _check_slice(dsn: str, tables: Sequence[tuple[str, str]], where: str) -> None:
+    """Before any slot exists: ``where`` must be one SQL predicate on each table, run in a
+    read-only transaction (``SELECT 1 FROM t WHERE (where) LIMIT 0``: one statement, so a
+    predicate that closes the parenthesis to add another fails here), and each table needs
+    a primary key or replica identity index (the merge upserts the slice's rows by key)."""
+    if not where.strip() or "\x00" in where:
+        raise BadSlice("--where needs a predicate, e.g. \"tenant_id = 42\"")
+    with psycopg.connect(dsn, autocommit=False, application_name="pgcdc-resync") as conn:
+        conn.execute("SET TRANSACTION READ ONLY")
+        for s, t in tables:
+            name = f"{quote_ident(s)}.{quote_ident(t)}"
+            try:
+                with conn.transaction():
+                    conn.execute(f"SELECT 1 FROM {name} WHERE ({where}) LIMIT 0")
+            except psycopg.Error as exc:
+                raise BadSlice(f"--where {where!r} is not a predicate on {name}: "
+                               f"{str(exc).strip().splitlines()[0]}",
+                               hint="one SQL boolean expression over the table's columns") from None
+            keyed = conn.execute(
+                "SELECT 1 FROM pg_index WHERE indrelid = %s::regclass AND (indisprimary OR indisreplident)",
+                (name,)).fetchone()
+            if keyed is None:
+                raise BadSlice(f"{name} has no primary key or replica identity index: the merge could not "
+                               "match a slice's rows to the Delta table's",
+                               hint=f"resync the whole table (leave --where out): pgcdc resync --tables {s}.{t}")
+
+
 def resync_tables(
     dsn: str,
     to: str,
@@ -129,18 +161,23 @@ def resync_tables(
     worker_processes: bool | None = None,
     on_slot_created: Callable[[str, str], None] | None = None,
     as_text=None,
+    where: str | None = None,
 ) -> Resync:
     """Take a resync of ``tables`` (``schema.table``) for the pipeline of ``slot`` whose store
     is ``to``; returns it once committed. See the module doc. ``as_text``: columns kept as
-    exact text (:func:`~airflow_pgcdc.snapshot.export.snapshot_to_s3`)."""
+    exact text (:func:`~airflow_pgcdc.snapshot.export.snapshot_to_s3`). ``where``: a slice,
+    only the rows matching this SQL predicate, kept apart (:meth:`Layout.slice_layout`);
+    the merge upserts them (the tables' other rows stay), see :mod:`airflow_pgcdc.merge.slices`."""
     validate_slot(slot)
     names = parse_table_names(tables)
     if not names:
         raise ResyncError("name the tables to resync", hint="--tables schema.table [...]")
     _check(dsn, slot, publication, names)
+    if where is not None:
+        _check_slice(dsn, names, where)
     layout = Layout.parse(to)
     _check_store(s3_client or s3store.make_s3_client(s3_settings), layout, slot, publication)
-    rl = layout.resync_layout(slot)
+    rl = layout.resync_layout(slot) if where is None else layout.slice_layout(slot)
     resync_slot = RESYNC_SLOT_PREFIX + secrets.token_hex(6)
     log.info("resync of %s for slot %s from %s (temporary slot %s)",
              ", ".join(f"{s}.{t}" for s, t in names), slot, redact(dsn), resync_slot)
@@ -149,9 +186,10 @@ def resync_tables(
                                                                          for s, t in names],
         workers=workers, rows_per_part=rows_per_part, s3_client=s3_client, s3_settings=s3_settings,
         copy_format=copy_format, worker_processes=worker_processes, on_slot_created=on_slot_created,
-        temporary=True, as_text=as_text,
+        temporary=True, as_text=as_text, slice_where=where,
     )
     done = Resync(manifest=manifest, layout=rl, resync_slot=resync_slot)
-    log.info("resync committed at consistent point %s: %s (%d rows); the next merge replaces these tables",
-             manifest.consistent_point, done.url, manifest.rows)
+    log.info("resync committed at consistent point %s: %s (%d rows); the next merge %s these tables",
+             manifest.consistent_point, done.url, manifest.rows,
+             "replaces" if where is None else "upserts these rows of")
     return done

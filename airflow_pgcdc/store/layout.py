@@ -333,6 +333,13 @@ class Layout:
         key = self._key(validate_slot(slot), "resync")
         return Layout(S3Location(self.bucket, key))
 
+    def slice_layout(self, slot: str) -> Layout:
+        """Where ``pgcdc resync --where`` keeps its slices of tables for ``slot``: like
+        :meth:`resync_layout`, rooted at ``{prefix}/{slot}/slice`` (apart: a slice is not a
+        table's copy, see :mod:`airflow_pgcdc.store.resyncs`)."""
+        key = self._key(validate_slot(slot), "slice")
+        return Layout(S3Location(self.bucket, key))
+
     def catalog_object(self, slot: str, digest: str) -> str:
         """``{prefix}/{slot}/catalog/{digest}.json``: the pipeline's tables' column
         fingerprints a drain saw at a window's end, named by their content's SHA-256."""

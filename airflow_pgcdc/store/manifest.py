@@ -459,6 +459,9 @@ class TableEntry:
             raise ManifestError(f"{path}: {e.reason}", key=key) from None
 
 
+SLICE_WHERE = "where"
+"""A slice resync's table entry (``pgcdc resync --where``): the predicate its rows match."""
+
 POINT_TIME = "consistent_point_time"
 """A snapshot manifest's server time read right after its slot was created (ISO 8601): every
 commit in the copy was made before it. A replay to a time earlier than that is refused (the

@@ -40,10 +40,12 @@ class Resync:
         return next((t for t in self.manifest.tables if t.schema == schema and t.table == table), None)
 
 
-def committed_resyncs(client, layout: Layout, slot: str) -> list[Resync]:
+def committed_resyncs(client, layout: Layout, slot: str, *, slices: bool = False) -> list[Resync]:
     """Every committed resync of ``slot`` in the store, oldest consistent point first (a
-    folder without a manifest, a failed or running resync, is left out)."""
-    rl = layout.resync_layout(slot)
+    folder without a manifest, a failed or running resync, is left out). ``slices``: the
+    slice resyncs instead (``pgcdc resync --where``, under :meth:`Layout.slice_layout`:
+    kept apart, a slice is not a table's copy and only the merge reads them)."""
+    rl = layout.slice_layout(slot) if slices else layout.resync_layout(slot)
     found = []
     base = rl.root.prefix + "/"
     for key in s3store.list_keys(client, rl.bucket, base):
