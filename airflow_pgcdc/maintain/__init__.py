@@ -108,7 +108,7 @@ def _key_of(snapshot, resyncs, schema: str, table: str) -> tuple[str, ...]:
 
 
 def _copies(layout: Layout, slot: str, snapshot, resyncs) -> list[tuple[Layout, str, Any]]:
-    """The table copies in the store: the slot's snapshot and each resync's."""
+    """The table copies in the store: the slot's snapshot and each resync's (slices too)."""
     out = [(layout, slot, snapshot)] if snapshot is not None else []
     return out + [(r.layout, r.resync_slot, r.manifest) for r in resyncs]
 
@@ -221,6 +221,7 @@ def maintain_slot(
         s3store.check_conditional_puts(client, root.bucket, root.prefix.rstrip("/") + "/" if root.prefix else "")
     snapshot = committed_snapshot(client, layout, slot)
     resyncs = committed_resyncs(client, layout, slot)
+    slices = committed_resyncs(client, layout, slot, slices=True)  # pgcdc resync --where
     names: dict[tuple[str, str], None] = {}
     for t in (snapshot.tables if snapshot else ()):
         names[(t.schema, t.table)] = None
@@ -316,9 +317,16 @@ def maintain_slot(
                 if resync is None or resync < int(found[0].consistent_point):
                     blocked = f"the resync of {s}.{t} is not merged yet"
                     break
+            for r in slices if blocked is None else ():  # its merge reads the windows after its copy too
+                for e in r.manifest.tables:
+                    base = applied(e.schema, e.table)
+                    mark = None if base is None else base[app_id(slot, e.schema, e.table) + RESYNC_APP_SUFFIX]
+                    if base is not None and (mark is None or mark < int(r.consistent_point)):
+                        blocked = f"the slice of {e.schema}.{e.table} ({r.url}) is not merged yet"
+                        break
             result.windows = expire_windows(client, layout, slot, merged=merged, cutoff=cutoff, blocked=blocked,
                                             dry_run=dry_run)
-            result.copies = expire_copies(client, layout, slot, _copies(layout, slot, snapshot, resyncs),
+            result.copies = expire_copies(client, layout, slot, _copies(layout, slot, snapshot, resyncs + slices),
                                           done=_copy_done(slot, snapshot, applied), cutoff=cutoff,
                                           dry_run=dry_run)
             result.staging = remove_staging(client, layout, slot, cutoff=cutoff, dry_run=dry_run)

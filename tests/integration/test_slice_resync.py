@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 from lake_helpers import assert_equal, delta_rows, drain, read_windows, sql
 from matrix import on_pg18
 
+from airflow_pgcdc.maintain import maintain_slot
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.merge.plan import app_id, delta_table_url
 from airflow_pgcdc.protocol.lsn import LSN
@@ -114,9 +115,14 @@ def test_a_slice_is_upserted_under_a_concurrent_writer(fresh_db, slot_name, stor
         env=proc_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["tables"][0]["where"] == "tenant = 4 AND v IS NOT NULL"
+    # upkeep keeps the windows a slice not merged yet will read again
+    kept = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, dry_run=True).to_dict()["windows"]
+    assert any("the slice of public.t" in why for why in kept["kept"]), kept
     out = merge_slot(spark, store=src, slot=slot, delta=lake).to_dict()
     assert next(x for x in out["tables"] if x["table"] == "public.t")["action"] == "merged"
     assert_equal(db, lake, "public.t", "id")
+    kept = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, dry_run=True).to_dict()["windows"]
+    assert not any("slice" in why for why in kept["kept"]), kept
 
     # refused before any slot exists
     for where, table, words in [
