@@ -36,7 +36,8 @@ null, the default: every table of the slot; ``resync`` needs them), ``store``, `
 ``delta`` (the live root), ``rebuild_root`` (default ``{delta}_rebuild``; each run
 builds under ``{rebuild_root}/{run id}``), ``max_windows`` (stop after N windows;
 null: all), ``verify`` (compare the rebuilt tables with PostgreSQL: only meaningful on a
-quiet source), ``swap`` (default true), ``until_time`` (the tables as they were at that
+quiet source), ``swap`` (default true), ``where`` (``mode=resync``: copy only the rows
+matching this SQL predicate, a slice the merge upserts), ``until_time`` (the tables as they were at that
 time, then swapped in: the next incremental merge goes on from there; see
 :mod:`airflow_pgcdc.merge.point`).
 
@@ -81,6 +82,9 @@ def build(p: Pipeline) -> DAG:
                                 description="the rebuilt tables' data file size in MB (null: the job's default, 32)"),
         "deletion_vectors": Param(False, type="boolean",
                                   description="rebuilt tables with deletion vectors (needs the delta-spark engine)"),
+        "where": Param(None, type=["null", "string"],
+                       description="mode=resync: copy only the rows matching this SQL predicate (a slice, "
+                                   "upserted by the merge; e.g. tenant_id = 42)"),
         "until_time": Param(None, type=["null", "string"],
                             description="rebuild the tables as they were at this time (ISO 8601, e.g. "
                                         "2026-11-29T06:00:00+00:00); null: through every window"),
@@ -102,6 +106,10 @@ def build(p: Pipeline) -> DAG:
                 raise AirflowFailException(
                     "until_time rebuilds the tables as of a past time: mode=resync copies them as they are now, and "
                     "verify compares with PostgreSQL now; leave until_time out, or mode=rebuild with verify false")
+            if params.get("where") and params["mode"] != "resync":
+                from airflow.sdk.exceptions import AirflowFailException
+
+                raise AirflowFailException("where slices a resync (mode=resync): a rebuild replays whole tables")
             return "resync" if params["mode"] == "resync" else "rebuild"
 
         resync = PgcdcResyncOperator(
@@ -110,6 +118,7 @@ def build(p: Pipeline) -> DAG:
             slot="{{ params.slot }}",
             publication="{{ params.publication }}",
             tables="{{ params.tables }}",
+            where="{{ params.where }}",
             workers=p.workers,
             as_text=p.as_text,
             postgres_conn_id=p.postgres_conn_id,

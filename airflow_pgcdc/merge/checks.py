@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from airflow_pgcdc.changes.columns import COMMIT_LSN
 from airflow_pgcdc.changes.rows import (
     REWRITTEN_FIELD,
 )
@@ -236,22 +235,9 @@ def after_point(ctx: JobContext, plan: TablePlan, windows, since: int) -> TableP
     is read per version from its parts' ``_pgcdc_commit_lsn`` statistics."""
     import dataclasses
 
-    import pyarrow.parquet as pq
+    from airflow_pgcdc.merge.point import commit_lsn_span
 
     by_seq = {m.window_seq: m for m in windows}
-
-    def newest(v) -> int | None:  # the version's last commit LSN, None when unknown
-        top = None
-        for key in v.parts:
-            meta = pq.read_metadata(f"{ctx.layout.bucket}/{key}", filesystem=ctx.fs)
-            idx = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == COMMIT_LSN), -1)
-            for i in range(meta.num_row_groups):
-                stats = meta.row_group(i).column(idx).statistics if idx >= 0 else None
-                if stats is None or not stats.has_min_max:
-                    return None
-                top = stats.max if top is None else max(top, stats.max)
-        return top
-
     keep = []
     for v in plan.versions:
         m = by_seq[v.window_seq]
@@ -259,7 +245,7 @@ def after_point(ctx: JobContext, plan: TablePlan, windows, since: int) -> TableP
             keep.append(v)
         elif m.last_commit_lsn and int(LSN.parse(m.last_commit_lsn)) < since:
             continue
-        elif v.parts and (top := newest(v)) is not None and top < since:
+        elif v.parts and (span := commit_lsn_span(ctx, v.parts)) is not None and span[1] < since:
             continue
         else:
             keep.append(v)

@@ -417,12 +417,16 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
             f"{url} already holds changes after {ctx.point.asked} (LSN {ctx.point.text}): {past}; a merge "
             "never takes changes back out", hint=f"pgcdc rebuild --tables {shell_qualified(schema, table)} "
                                                  "with the same --until-… builds it as of the point and swaps it in")
-    row_since = max((x for x in (since, None if applied is None else applied + 1) if x is not None), default=None)
-    # slices (pgcdc resync --where) to upsert: the batch starts where the oldest one's copy ends
+    # slices (pgcdc resync --where) to upsert: the batch starts where the oldest one's copy ends,
+    # every window's rows from there (a slice's key takes every change after its point; applying
+    # the other keys' changes again is idempotent: slices need a key), all through the last one
     slices = pending_slices(ctx, schema, table, dt, app, since) if ctx.point is None else []
+    row_since = since if slices else max(
+        (x for x in (since, None if applied is None else applied + 1) if x is not None), default=None)
     start = slice_start(manifests, slices, merged) if slices else merged
     consistent = snapshot.consistent_point if (start is None and entry is not None and since is None) else None
-    windows = select_windows(manifests, after=start, consistent_point=consistent, limit=max_windows)
+    windows = select_windows(manifests, after=start, consistent_point=consistent,
+                             limit=None if slices else max_windows)
     if ctx.point is not None:
         windows = [w for w in windows if w.start <= ctx.point.lsn]
     check_recovery_gap(ctx, schema, table, windows, since)  # after pgcdc recover: copied past the gap?

@@ -46,6 +46,7 @@ __all__ = [
     "Point",
     "applied_until",
     "before_point",
+    "commit_lsn_span",
     "past_the_point",
     "parse_until_time",
     "resolve_point",
@@ -93,7 +94,7 @@ def past_the_point(point: Point, since: int | None, last_merged: int | None, app
 def parse_until_time(text: str) -> datetime:
     """An ISO 8601 time; without an offset it is UTC."""
     try:
-        t = datetime.fromisoformat(text.strip().replace(" ", "T", 1) if " " in text.strip() else text.strip())
+        t = datetime.fromisoformat(text.strip())
     except ValueError:
         raise PointError(f"--until-time {text!r} is not an ISO 8601 time",
                          hint="e.g. 2026-11-29T06:00:00+00:00 (without an offset: UTC)") from None
@@ -106,6 +107,9 @@ def _window_rows_after(ctx, m, until: datetime) -> int | None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    if m.window_seq in ctx.expired:
+        raise PointError(f"the time is inside window {m.window_seq} of slot {ctx.slot}, whose parts pgcdc maintain "
+                         "removed: its commits' times cannot be read", hint="ask for a later time, or an LSN")
     base = ctx.layout.window_prefix(ctx.slot, m.window_seq)
     lowest = None
     for t in m.tables:
@@ -113,7 +117,7 @@ def _window_rows_after(ctx, m, until: datetime) -> int | None:
             for p in rv.get("parts", ()):
                 cols = pq.read_table(f"{ctx.layout.bucket}/{base}{p['path']}", columns=[COMMIT_LSN, COMMIT_TS],
                                      filesystem=ctx.fs)
-                later = cols.filter(pc.greater(cols[COMMIT_TS], pa_scalar(until)))
+                later = cols.filter(pc.greater(cols[COMMIT_TS], _ts_scalar(until)))
                 if later.num_rows:
                     low = pc.min(later[COMMIT_LSN]).as_py()
                     lowest = low if lowest is None else min(lowest, low)
@@ -125,7 +129,7 @@ def _window_rows_after(ctx, m, until: datetime) -> int | None:
     return lowest
 
 
-def pa_scalar(t: datetime):
+def _ts_scalar(t: datetime):
     import pyarrow as pa
 
     return pa.scalar(t.astimezone(UTC), pa.timestamp("us", tz="UTC"))
@@ -196,34 +200,37 @@ def resolve_point(ctx, manifests: Sequence, snapshot, *, until_lsn: str | None =
     return point
 
 
+def commit_lsn_span(ctx, parts: Sequence[str]) -> tuple[int, int] | None:
+    """The lowest and highest ``_pgcdc_commit_lsn`` of the change parts ``parts`` (keys in the
+    store's bucket), from their Parquet statistics; None when a row group has none."""
+    import pyarrow.parquet as pq
+
+    low = high = None
+    for key in parts:
+        meta = pq.read_metadata(f"{ctx.layout.bucket}/{key}", filesystem=ctx.fs)
+        idx = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == COMMIT_LSN), -1)
+        for i in range(meta.num_row_groups):
+            stats = meta.row_group(i).column(idx).statistics if idx >= 0 else None
+            if stats is None or not stats.has_min_max:
+                return None
+            low = stats.min if low is None else min(low, stats.min)
+            high = stats.max if high is None else max(high, stats.max)
+    return (low, high) if low is not None else None
+
+
 def before_point(ctx, plan, windows: Sequence, until: int):
     """``plan`` without the relation versions whose every change committed after ``until``
     (so the table's columns are those it had at the point), read from the windows'
     ``first_commit_lsn`` and, in the window that spans the point, the parts' statistics."""
     import dataclasses
 
-    import pyarrow.parquet as pq
-
     by_seq = {m.window_seq: m for m in windows}
-
-    def oldest(v) -> int | None:  # the version's first commit LSN, None when unknown
-        low = None
-        for key in v.parts:
-            meta = pq.read_metadata(f"{ctx.layout.bucket}/{key}", filesystem=ctx.fs)
-            idx = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == COMMIT_LSN), -1)
-            for i in range(meta.num_row_groups):
-                stats = meta.row_group(i).column(idx).statistics if idx >= 0 else None
-                if stats is None or not stats.has_min_max:
-                    return None
-                low = stats.min if low is None else min(low, stats.min)
-        return low
-
     keep = []
     for v in plan.versions:
         m = by_seq[v.window_seq]
         if m.first_commit_lsn and int(LSN.parse(m.first_commit_lsn)) > until:
             continue
-        if v.parts and (low := oldest(v)) is not None and low > until:
+        if v.parts and (span := commit_lsn_span(ctx, v.parts)) is not None and span[0] > until:
             continue
         keep.append(v)
     if len(keep) == len(plan.versions):

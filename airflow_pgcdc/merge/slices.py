@@ -31,13 +31,13 @@ from dataclasses import dataclass
 
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.errors import SliceNotMerged
+from airflow_pgcdc.merge.windows import RESYNC_APP_SUFFIX
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import shell_qualified
 from airflow_pgcdc.store.manifest import SLICE_WHERE
 
 __all__ = ["SliceInput", "pending_slices", "slice_start"]
 
-RESYNC_APP_SUFFIX = ":resync"  # merge/windows.py's and maintain's: the copies a table has applied
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,9 @@ def pending_slices(ctx, schema: str, table: str, dt, app: str, since: int | None
         entry = r.entry(schema, table)
         if entry is None or int(r.consistent_point) <= floor:
             continue
+        if f"{schema}.{table}" in ctx.expired_copies.get(r.layout.snapshot_manifest(r.resync_slot,
+                                                                                   r.manifest.snapshot_id), ()):
+            continue  # upkeep removed its parts once a table applied it (a rebuilt table needs no repair)
         found.append(SliceInput(parts=tuple(r.prefix + p.path for p in entry.parts), lsn=int(r.consistent_point),
                                 columns=tuple(c.name for c in entry.columns), url=r.url,
                                 where=str((entry.extra or {}).get(SLICE_WHERE, "")),

@@ -90,8 +90,8 @@ def load_windows(ctx: JobContext, snapshot, only: Sequence[str] | None) -> tuple
             names[held] = None
     wanted = _select_tables(names, only)
     floor = _merged_floor(ctx, wanted, through, last_seen) if through >= 0 else 0
-    for schema, table in wanted:  # a resync to apply moves the table back: it needs every window
-        if pending_resync(ctx, schema, table) is not None:
+    for schema, table in wanted:  # a resync (or a slice) to apply moves the table back: it needs every window
+        if pending_resync(ctx, schema, table) is not None or slice_pending(ctx, schema, table):
             ctx.anchors.pop(f"{schema}.{table}", None)
             floor = 0
     older = _read_windows(client, layout, slot, [s for s in folders if floor <= s <= through])
@@ -224,6 +224,19 @@ def pending_resync(ctx: JobContext, schema: str, table: str):
     if applied is not None and applied >= int(found[0].consistent_point):
         return None
     return found
+
+
+def slice_pending(ctx: JobContext, schema: str, table: str) -> bool:
+    """Whether a slice of the table (``pgcdc resync --where``) is not in its Delta table yet:
+    its merge reads the windows after the slice's copy again (merge/slices.py)."""
+    points = [int(r.consistent_point) for r in ctx.slices if r.entry(schema, table) is not None]
+    if not points:
+        return False
+    url, app = target_url(ctx, schema, table)
+    if url not in ctx.loaded:
+        ctx.loaded[url] = deltars.open_table(url, ctx.storage)
+    applied = deltars.merged_version(ctx.loaded[url], app + RESYNC_APP_SUFFIX)
+    return max(points) > (-1 if applied is None else applied)
 
 
 def covered_windows(manifests, point: LSN) -> int:

@@ -15,8 +15,10 @@ from typing import Any
 BACKFILL_RUN_TYPE = "backfill"  # DagRunType.BACKFILL (task SDK), BACKFILL_JOB (core)
 INSTEAD = (
     "to load history from the store, trigger the pgcdc_backfill DAG (it rebuilds the Delta tables "
-    "from the snapshot and every window the store keeps); to re-copy a table from PostgreSQL, "
-    "`pgcdc resync --tables <schema.table>` (or pgcdc_backfill with mode=resync)"
+    "from the snapshot and every window the store keeps; with until_time, as they were at that time: "
+    "`pgcdc rebuild --until-time <time>`); to re-copy a table from PostgreSQL, "
+    "`pgcdc resync --tables <schema.table>` (or pgcdc_backfill with mode=resync; with where, only "
+    "the matching rows: `pgcdc resync --where <predicate>`)"
 )
 
 

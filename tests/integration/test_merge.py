@@ -384,6 +384,22 @@ def test_scd2_history_keeps_every_version_with_its_lsn_validity(db18, slot_name,
     h.update_incremental()
     assert h.to_pyarrow_table().num_rows == len(rows), "a replay adds no version"
 
+    # rebuilt from the store with its history table (pgcdc rebuild --history scd2), swapped in:
+    # the same versions with the same LSN validity
+    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.merge.rebuild import rebuild_slot
+
+    def versions(table_rows):
+        cols = ("id", "v", "big", "__op", "__valid_from_lsn", "__valid_to_lsn", "__is_current")
+        return sorted((tuple(x[c] for c in cols) for x in table_rows), key=lambda t: (t[0], t[4]))
+
+    out = rebuild_slot(spark, store=src, slot=slot, delta=lake, history="scd2")
+    assert {x["live"] for x in out["rebuild"]["swapped"]} == {delta_table_url(lake, "public", "t"),
+                                                              scd2_url(lake, "public", "t")}
+    h.update_incremental()
+    assert versions(h.to_pyarrow_table().to_pylist()) == versions(rows)
+    assert_equal(db, lake, "public.t", "id")
+
 
 def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark, driver_rows):
     """Without REPLICA IDENTITY FULL a key-changing update sends neither its unchanged TOAST

@@ -119,3 +119,9 @@ def test_a_backfill_until_a_time_refuses_resync_and_verify():
         with pytest.raises(AirflowFailException, match="until_time rebuilds the tables as of a past time"):
             choose(params={**base, **change})
     assert choose(params={**base, "until_time": None, "verify": True}) == "rebuild"
+    slice_ = {**base, "until_time": None, "mode": "resync", "tables": ["public.t"], "where": "tenant = 3"}
+    assert choose(params=slice_) == "resync"
+    with pytest.raises(AirflowFailException, match="where slices a resync"):
+        choose(params={**slice_, "mode": "rebuild"})
+    resync = pipeline_dags(Pipeline(**BASE))["pgcdc_backfill"].task_dict["resync"]
+    assert resync.where == "{{ params.where }}" and "where" in resync.template_fields
