@@ -189,11 +189,19 @@ def read_changes(ctx: JobContext, plan: TablePlan, schema: pa.Schema):
             df = df.where(F.col(COMMIT_LSN) <= F.lit(plan.until_lsn))
     for s in plan.slices:  # upserts just before each slice's point (merge/slices.py)
         from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_type
 
-        rows = read_parts(ctx, list(s.parts), schema)
-        for name, value in _slice_meta(s).items():
-            rows = rows.withColumn(name, F.lit(value) if name != UNCHANGED_TOAST else F.array().cast("array<string>"))
-        rows = rows.withColumn(COMMIT_LSN, F.col(COMMIT_LSN).cast("long")).withColumn(SEQ, F.col(SEQ).cast("long"))
+        # the copy's columns read; the change metadata set, and NULL for what it lacks (old key
+        # columns, columns added after its point)
+        present = pa.schema([f for f in schema if f.name in set(s.columns)])
+        rows = read_parts(ctx, list(s.parts), present)
+        meta = _slice_meta(s)
+        for f in schema:
+            if f.name in present.names:
+                continue
+            value = F.array() if f.name == UNCHANGED_TOAST else F.lit(meta.get(f.name))
+            rows = rows.withColumn(f.name, value.cast(from_arrow_type(f.type)))
+        rows = rows.select(*schema.names)
         df = rows if df is None else df.unionByName(rows)
     return df
 

@@ -96,9 +96,10 @@ def test_a_slice_is_upserted_under_a_concurrent_writer(fresh_db, slot_name, stor
     assert ends[merged] > LSN.parse(done.manifest.consistent_point), "merged past the slice's point meanwhile"
     assert merged_meanwhile and merged_meanwhile[0]["tables"]
     drain(db, src, slot, client)
-    out = merge_slot(spark, store=src, slot=slot, delta=lake).to_dict()
+    # compacted by Spark here (driver_rows=0); the slice below by the driver (a small batch)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=0).to_dict()
     t = next(x for x in out["tables"] if x["table"] == "public.t")
-    assert t["action"] == "merged" and "tenant = 3" in t["note"], t
+    assert t["action"] == "merged" and "tenant = 3" in t["note"] and t["metrics"]["pgcdc_compacted_on"] == "spark", t
     assert_equal(db, lake, "public.t", "id")
     live = DeltaTable(url, storage_options=opts)
     assert live.transaction_version(app + ":resync") == int(LSN.parse(done.manifest.consistent_point))
@@ -119,7 +120,8 @@ def test_a_slice_is_upserted_under_a_concurrent_writer(fresh_db, slot_name, stor
     kept = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, dry_run=True).to_dict()["windows"]
     assert any("the slice of public.t" in why for why in kept["kept"]), kept
     out = merge_slot(spark, store=src, slot=slot, delta=lake).to_dict()
-    assert next(x for x in out["tables"] if x["table"] == "public.t")["action"] == "merged"
+    t = next(x for x in out["tables"] if x["table"] == "public.t")
+    assert t["action"] == "merged" and t["metrics"]["pgcdc_compacted_on"] == "driver", t
     assert_equal(db, lake, "public.t", "id")
     kept = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0, dry_run=True).to_dict()["windows"]
     assert not any("slice" in why for why in kept["kept"]), kept
