@@ -34,7 +34,7 @@ import psycopg
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.pg.tables import check_partitions_as_published, parse_table_names
-from airflow_pgcdc.protocol.quoting import quote_ident
+from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified, shell_qualified
 from airflow_pgcdc.snapshot.export import DEFAULT_ROWS_PER_PART, snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, validate_slot
@@ -129,7 +129,7 @@ def _check_slice(dsn: str, tables: Sequence[tuple[str, str]], where: str) -> Non
     with psycopg.connect(dsn, autocommit=False, application_name="pgcdc-resync") as conn:
         conn.execute("SET TRANSACTION READ ONLY")
         for s, t in tables:
-            name = f"{quote_ident(s)}.{quote_ident(t)}"
+            name = quote_qualified(s, t)
             try:
                 with conn.transaction():
                     conn.execute(f"SELECT 1 FROM {name} WHERE ({where}) LIMIT 0")
@@ -143,7 +143,8 @@ def _check_slice(dsn: str, tables: Sequence[tuple[str, str]], where: str) -> Non
             if keyed is None:
                 raise BadSlice(f"{name} has no primary key or replica identity index: the merge could not "
                                "match a slice's rows to the Delta table's",
-                               hint=f"resync the whole table (leave --where out): pgcdc resync --tables {s}.{t}")
+                               hint="resync the whole table (leave --where out): pgcdc resync --tables "
+                                    f"{shell_qualified(s, t)}")
 
 
 def resync_tables(
