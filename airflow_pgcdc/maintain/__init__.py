@@ -31,7 +31,7 @@ from airflow_pgcdc.maintain.store import (
     write_record,
 )
 from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS
-from airflow_pgcdc.merge.plan import CHANGELOG_SUFFIX, SCD2_SUFFIX, app_id
+from airflow_pgcdc.merge.plan import CHANGELOG_SUFFIX, RESYNC_APP_SUFFIX, SCD2_SUFFIX, app_id
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument
@@ -55,7 +55,6 @@ log = logging.getLogger("airflow_pgcdc.maintain")
 DEFAULT_RETENTION_HOURS = 168
 TABLE_ATTEMPTS = 3  # a table's upkeep refused by a concurrent commit is started over this often
 HISTORY_SUFFIXES = (CHANGELOG_SUFFIX, SCD2_SUFFIX)
-RESYNC_APP_SUFFIX = ":resync"  # merge/windows.py's (not imported: that module loads Spark's helpers)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from airflow_pgcdc.merge.clauses import MergeSpec
 from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
-    "CONCURRENT", "NONE_MERGED", "ConcurrentCommit", "TableExists", "add_columns", "add_filled_columns", "append", "bootstrap", "commit_once", "merge", "replace", "merged_version", "open_table",
+    "CONCURRENT", "NONE_MERGED", "ConcurrentCommit", "TableExists", "add_columns", "add_filled_columns", "append", "bootstrap", "commit_once", "foreign_creator", "merge", "replace", "merged_version", "open_table",
     "merge_progress", "merge_scd2", "read_staged", "staged_column", "staged_reader", "swap",
     "UnreadableFeatures", "plain_dataset", "unreadable_features",
 ]
@@ -178,6 +178,16 @@ def table_url(delta: str, schema: str, table: str, storage_options: dict[str, st
                 "it is followed there. Move it to %s (every object, same relative keys) to make it unique",
                 schema, table, legacy, url)
     return legacy
+
+
+def foreign_creator(client: Any, table, url: str, app: str, slot: str) -> str | None:
+    """The other slot whose pipeline created the Delta table ``table`` at ``url`` when
+    ``slot`` never merged a window into it (its app transaction ``app``); else None. Merging
+    (or swapping a rebuild) into it would put ``slot``'s windows on that pipeline's state."""
+    if table is None or merged_version(table, app) is not None:
+        return None
+    other = creator_slot(client, url)  # one small read, only before the table's first window
+    return other if other is not None and other != slot else None
 
 
 def creator_slot(client: Any, url: str) -> str | None:
@@ -391,7 +401,7 @@ def add_filled_columns(table, fields: list[pa.Field], values: dict[str, Any], *,
 
 
 def swap(rebuilt_url: str, live_url: str, *, app: str, storage_options: dict[str, str],
-         metadata: dict[str, str], target_file_size: int | None = None) -> dict[str, Any]:
+         metadata: dict[str, str], target_file_size: int | None = None, rebuilt=None) -> dict[str, Any]:
     """Make the live table hold what a rebuilt table holds, in ONE commit on the live table
     (an overwrite: readers see the old contents or the new, never a mix, and time travel
     keeps the old versions). The commit carries the rebuilt table's app transaction
@@ -400,12 +410,13 @@ def swap(rebuilt_url: str, live_url: str, *, app: str, storage_options: dict[str
     A live table that does not exist is created. The rebuilt table's layout is kept: its
     properties (``configuration``: deletion vectors, column mapping, data skipping), its
     rows in its files' order (sorted by the key when the rebuild sorted them), in files of
-    ``target_file_size`` bytes (delta-rs' default when None)."""
+    ``target_file_size`` bytes (delta-rs' default when None). ``rebuilt``: the rebuilt
+    table when the caller opened it already (its log is read once)."""
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
     from airflow_pgcdc.merge.plan import cut_app
 
-    rebuilt = DeltaTable(rebuilt_url, storage_options=storage_options)
+    rebuilt = rebuilt if rebuilt is not None else DeltaTable(rebuilt_url, storage_options=storage_options)
     version = merged_version(rebuilt, app)
     reader = plain_dataset(rebuilt).scanner(batch_size=BATCH_ROWS).to_reader()
     # always the app transaction, NONE_MERGED when the rebuilt table holds no window whole:

@@ -395,16 +395,15 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
                  "creates it",
         )
     last_merged = deltars.merged_version(dt, app)
-    if dt is not None and last_merged is None and since is None and res.action == "up-to-date":
-        other = deltars.creator_slot(ctx.client, url)  # one small read, only before its first window
-        if other is not None and other != ctx.slot:
-            raise TableOfAnotherSlot(
-                f"{url} was created by the pipeline of slot {other!r}, and slot {ctx.slot!r} never merged into "
-                "it: its windows would be applied onto the other pipeline's state (after a lost slot, the "
-                "changes between the two slots' starting points would be missing); nothing merged",
-                hint=f"merge slot {ctx.slot} into a new Delta root (--delta), or remove this Delta table so the "
-                     f"merge builds it from slot {ctx.slot}'s snapshot (its old versions go with it)",
-            )
+    if since is None and res.action == "up-to-date" and (
+            other := deltars.foreign_creator(ctx.client, dt, url, app, ctx.slot)):
+        raise TableOfAnotherSlot(
+            f"{url} was created by the pipeline of slot {other!r}, and slot {ctx.slot!r} never merged into "
+            "it: its windows would be applied onto the other pipeline's state (after a lost slot, the "
+            "changes between the two slots' starting points would be missing); nothing merged",
+            hint=f"merge slot {ctx.slot} into a new Delta root (--delta), or remove this Delta table so the "
+                 f"merge builds it from slot {ctx.slot}'s snapshot (its old versions go with it)",
+        )
     merged = ctx.after(name, last_merged)  # anchored: windows up to there hold nothing for it
     # a replay to a point cut the window after the last whole one there: its later rows only
     applied = applied_until(dt, app, last_merged)

@@ -36,6 +36,7 @@ __all__ = [
     "KeyNotCovered",
     "MergeError",
     "NoMergeKey",
+    "RESYNC_APP_SUFFIX",
     "SCD2_SUFFIX",
     "TablePlan",
     "VersionInput",
@@ -77,6 +78,11 @@ class KeyNotCovered(MergeError):
 def app_id(slot: str, schema: str, table: str) -> str:
     """The Delta app transaction id of a table: ``pgcdc:{slot}:{schema}.{table}``."""
     return f"pgcdc:{slot}:{schema}.{table}"
+
+
+RESYNC_APP_SUFFIX = ":resync"
+"""A Delta table's app transaction ``{app}:resync`` holds the consistent point (as an
+integer LSN) of the resync (or slice, :mod:`.slices`) it last applied."""
 
 
 def cut_app(app: str, window: int) -> str:
@@ -214,7 +220,7 @@ class TablePlan:
         to a point), the newest slice's (``{app}:resync``: its point)."""
         out = {} if self.cut_window is None else {cut_app(app, self.cut_window): int(self.until_lsn)}
         if self.slices:
-            out[f"{app}:resync"] = max(s.lsn for s in self.slices)
+            out[app + RESYNC_APP_SUFFIX] = max(s.lsn for s in self.slices)
         return out
 
     @property

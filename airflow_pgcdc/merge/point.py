@@ -157,13 +157,16 @@ def resolve_point(ctx, manifests: Sequence, snapshot, *, until_lsn: str | None =
     else:
         when = parse_until_time(until_time) if isinstance(until_time, str) else until_time
         asked = f"time {when.isoformat()}"
+        copied = snapshot and (snapshot.extra.get(POINT_TIME) or snapshot.finished_at.isoformat())
+        if copied and when < datetime.fromisoformat(copied):  # before any window is read
+            raise PointError(
+                f"{asked} is before slot {ctx.slot}'s copy (snapshot {snapshot.snapshot_id}, taken at {copied}): "
+                "the copy may hold commits made after that time", hint=f"ask for a time at or after {copied}")
         lsn = None
         for m in windows:
             times = m.extra.get(COMMIT_TIMES_FIELD) or {}
-            if times and datetime.fromisoformat(times["last"]) <= when and not any(
-                    (tr.get("commit_time") or "") and datetime.fromisoformat(tr["commit_time"]) > when
-                    for tr in m.truncates):
-                continue  # every commit of it is at or before the time (its rows need not be read)
+            if times and datetime.fromisoformat(times["last"]) <= when:
+                continue  # every commit of it (truncates' too) is at or before the time: no row read
             if times and datetime.fromisoformat(times["first"]) > when and m.first_commit_lsn:
                 lsn = int(LSN.parse(m.first_commit_lsn)) - 1
                 break
@@ -171,11 +174,6 @@ def resolve_point(ctx, manifests: Sequence, snapshot, *, until_lsn: str | None =
             if first_after is not None:
                 lsn = first_after - 1
                 break
-        copied = snapshot and (snapshot.extra.get(POINT_TIME) or snapshot.finished_at.isoformat())
-        if copied and when < datetime.fromisoformat(copied):
-            raise PointError(
-                f"{asked} is before slot {ctx.slot}'s copy (snapshot {snapshot.snapshot_id}, taken at {copied}): "
-                "the copy may hold commits made after that time", hint=f"ask for a time at or after {copied}")
         if lsn is None:
             last_time = (last.extra.get(COMMIT_TIMES_FIELD) or {}).get("last")
             raise PointError(

@@ -129,12 +129,11 @@ def check_replayable(*, store: str, slot: str, scratch: str, tables: Sequence[st
                 problem.setdefault("copy", exc.copy)
         if live is not None:
             live_url = delta_table_url(live, schema, table)
-            dt = deltars.open_table(live_url, ctx.storage)
-            if dt is not None and deltars.merged_version(dt, app_id(slot, schema, table)) is None:
-                other = deltars.creator_slot(client, live_url)
-                if other is not None and other != slot:
-                    problem["other_slot"] = other
-                    problem["live"] = live_url
+            other = deltars.foreign_creator(client, deltars.open_table(live_url, ctx.storage), live_url,
+                                            app_id(slot, schema, table), slot)
+            if other is not None:
+                problem["other_slot"] = other
+                problem["live"] = live_url
         if problem:
             if "windows" in problem:
                 age = _age_hours(client, layout, slot, problem["windows"][0])
@@ -209,9 +208,11 @@ def _swap_all(result: dict[str, Any], delta: str, *, storage_options: dict[str, 
             if not rebuilt.startswith(scratch + "/"):
                 raise MergeError(f"rebuilt table {rebuilt} is not under the rebuild root {scratch}")
             live = delta.rstrip("/") + rebuilt[len(scratch):]
-            if deltars.open_table(rebuilt, storage_options) is None:
+            table = deltars.open_table(rebuilt, storage_options)
+            if table is None:
                 continue  # a history table with nothing to keep
             done = deltars.swap(rebuilt, live, app=app, storage_options=storage_options, target_file_size=size,
+                                rebuilt=table,
                                 metadata={"pgcdc.swapped_from": rebuilt, "pgcdc.rebuild": run, **(metadata or {})})
             log.info("%s: swapped in from %s (window %s, live version %s)", live, rebuilt, done["window"],
                      done["live_version"])

@@ -26,6 +26,7 @@ from airflow_pgcdc.merge.context import (
     window_metadata,
 )
 from airflow_pgcdc.merge.plan import (
+    RESYNC_APP_SUFFIX,
     MergeError,
     TablePlan,
     missing_values,
@@ -42,7 +43,6 @@ from airflow_pgcdc.merge.schema import (
     table_fields,
     with_deletion_vectors,
 )
-from airflow_pgcdc.merge.windows import RESYNC_APP_SUFFIX
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.testing.faults import fault_point
 

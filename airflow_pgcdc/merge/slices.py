@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.errors import SliceNotMerged
-from airflow_pgcdc.merge.windows import RESYNC_APP_SUFFIX
+from airflow_pgcdc.merge.plan import RESYNC_APP_SUFFIX
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import shell_qualified
 from airflow_pgcdc.store.manifest import SLICE_WHERE

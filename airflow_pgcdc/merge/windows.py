@@ -13,6 +13,7 @@ from airflow_pgcdc.merge.context import (
     JobContext,
 )
 from airflow_pgcdc.merge.plan import (
+    RESYNC_APP_SUFFIX,
     MergeError,
     target_url,
 )
@@ -207,21 +208,20 @@ def _select_tables(names: dict, only: Sequence[str] | None) -> list[tuple[str, s
     return list(names)
 
 
-RESYNC_APP_SUFFIX = ":resync"
-"""A Delta table's app transaction ``{app}:resync`` holds the consistent point (as an
-integer LSN) of the resync it was last replaced from."""
+def _resync_mark(ctx: JobContext, schema: str, table: str) -> int:
+    """The consistent point of the last resync or slice the table's Delta table applied
+    (its ``{app}:resync``), -1 when none (the table is opened once per job, ``ctx.loaded``)."""
+    url, app = target_url(ctx, schema, table)
+    if url not in ctx.loaded:
+        ctx.loaded[url] = deltars.open_table(url, ctx.storage)
+    applied = deltars.merged_version(ctx.loaded[url], app + RESYNC_APP_SUFFIX)
+    return -1 if applied is None else applied
 
 
 def pending_resync(ctx: JobContext, schema: str, table: str):
     """``(resync, entry)`` when the table's newest resync is not in its Delta table yet."""
     found = latest_resync(ctx.resyncs, schema, table)
-    if found is None:
-        return None
-    url, app = target_url(ctx, schema, table)
-    if url not in ctx.loaded:
-        ctx.loaded[url] = deltars.open_table(url, ctx.storage)
-    applied = deltars.merged_version(ctx.loaded[url], app + RESYNC_APP_SUFFIX)
-    if applied is not None and applied >= int(found[0].consistent_point):
+    if found is None or _resync_mark(ctx, schema, table) >= int(found[0].consistent_point):
         return None
     return found
 
@@ -230,13 +230,7 @@ def slice_pending(ctx: JobContext, schema: str, table: str) -> bool:
     """Whether a slice of the table (``pgcdc resync --where``) is not in its Delta table yet:
     its merge reads the windows after the slice's copy again (merge/slices.py)."""
     points = [int(r.consistent_point) for r in ctx.slices if r.entry(schema, table) is not None]
-    if not points:
-        return False
-    url, app = target_url(ctx, schema, table)
-    if url not in ctx.loaded:
-        ctx.loaded[url] = deltars.open_table(url, ctx.storage)
-    applied = deltars.merged_version(ctx.loaded[url], app + RESYNC_APP_SUFFIX)
-    return max(points) > (-1 if applied is None else applied)
+    return bool(points) and max(points) > _resync_mark(ctx, schema, table)
 
 
 def covered_windows(manifests, point: LSN) -> int:
