@@ -32,13 +32,13 @@ apt:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(STAMP): requirements/lock.txt pyproject.toml setup.py airflow_pgcdc/changes/_textcols.c airflow_pgcdc/pg/_copyrun.c
+$(STAMP): requirements/lock.txt pyproject.toml setup.py airflow_pgcdc/typemap/decode/_textcols.c airflow_pgcdc/pg/_copyrun.c
 	@[ -x $(PY) ] || $(PY_BOOT) -m venv $(VENV)
 	@[ -x $(VENV)/bin/uv ] || $(VENV)/bin/pip install -q --disable-pip-version-check uv==0.13.9
 	@echo "installing pinned Python dependencies into $(VENV)"
 	@$(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode -r requirements/lock.txt
 	@$(VENV)/bin/uv pip install -q --python $(PY) --no-deps -e .
-	@$(PY) -c "import airflow_pgcdc.changes._textcols, airflow_pgcdc.pg._copyrun" 2>/dev/null || \
+	@$(PY) -c "import airflow_pgcdc.typemap.decode._textcols, airflow_pgcdc.pg._copyrun" 2>/dev/null || \
 	  echo "warning: the native parts (setup.py) were not built (no C compiler?): the drain uses its slower Python paths"
 	@touch $(STAMP)
 	@$(MAKE) -s bytecode

@@ -42,7 +42,7 @@ _EXPORTS = {
     "merge_slot": "airflow_pgcdc.merge.job",
     "maintain_slot": "airflow_pgcdc.maintain",
     "verify_table": "airflow_pgcdc.verify",
-    "slot_status": "airflow_pgcdc.ops.status",
+    "slot_status": "airflow_pgcdc.status.job",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -44,7 +44,6 @@ from itertools import chain, repeat
 import numpy as np
 import pyarrow as pa
 
-from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.changes.columns import (
     COMMIT_LSN,
     COMMIT_TS,
@@ -54,10 +53,11 @@ from airflow_pgcdc.changes.columns import (
     XID,
 )
 from airflow_pgcdc.changes.columns import UNCHANGED_TOAST as UNCHANGED_TOAST_COLUMN
-from airflow_pgcdc.changes.tuples import TupleDecoder
 from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST, PgoutputDecoder
 from airflow_pgcdc.protocol.pgtypes import PgColumn, format_type
-from airflow_pgcdc.typemap import TypeMapError, ValueConversionError
+from airflow_pgcdc.typemap import arrays
+from airflow_pgcdc.typemap.decode.tuples import TupleDecoder
+from airflow_pgcdc.typemap.map import TypeMapError, ValueConversionError
 
 __all__ = [
     "META_FIELDS",

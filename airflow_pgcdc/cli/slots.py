@@ -1,6 +1,6 @@
 """``pgcdc slot create|drop|list``, ``pgcdc publication ensure`` and ``pgcdc status``.
 
-``status`` is also a library call, :func:`airflow_pgcdc.ops.status.slot_status`: the slot's health (lag in bytes
+``status`` is also a library call, :func:`airflow_pgcdc.status.job.slot_status`: the slot's health (lag in bytes
 and time, retained WAL, ``wal_status``) and, with a store URL, the last committed window
 and the windows not yet merged, read from the committed window manifests under
 ``{prefix}/{slot}/changes/`` (a window exists if and only if its ``_manifest.json``
@@ -10,7 +10,7 @@ none merged: every committed window counts as not merged); without it the store 
 tell, and ``windows_not_merged`` is ``null`` (unknown) once a window is committed. With
 ``--delta``, ``delta_tables`` lists every Delta table of the pipeline (history tables
 included) with its latest version, the versions its log keeps, its live data files and
-bytes, and the last ``pgcdc maintain`` of it (:func:`airflow_pgcdc.ops.status.delta_tables`).
+bytes, and the last ``pgcdc maintain`` of it (:func:`airflow_pgcdc.status.job.delta_tables`).
 
 Tables that left the pipeline (dropped, or let go with ``pgcdc drain --forget-table``)
 are listed one by one (``left_pipeline``): a table the pipeline knew (the snapshot, a
@@ -32,7 +32,7 @@ import json
 import sys
 from typing import Any
 
-from airflow_pgcdc.ops.status import slot_status
+from airflow_pgcdc.status.job import slot_status
 
 __all__ = [
     "register",

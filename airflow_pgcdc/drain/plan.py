@@ -32,7 +32,7 @@ from airflow_pgcdc.store.catalog import CATALOG_FIELD
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.manifest import read_snapshot_manifest
 from airflow_pgcdc.store.window import latest_window, read_window
-from airflow_pgcdc.typemap import SESSION_OPTIONS
+from airflow_pgcdc.typemap.map import SESSION_OPTIONS
 
 log = logging.getLogger("airflow_pgcdc.drain.drain")  # the drain's logger, one name for all its modules
 

@@ -27,6 +27,7 @@ from airflow_pgcdc.drain.guards import (
 )
 from airflow_pgcdc.drain.plan import Plan
 from airflow_pgcdc.drain.window import CHUNK_BYTES, HEARTBEAT_PREFIX, TypeResolver, WindowSink
+from airflow_pgcdc.faults import FAULT_ENV, PAUSE_ENV, fault_point
 from airflow_pgcdc.protocol import pgoutput as po
 from airflow_pgcdc.protocol.frames import XLogData
 from airflow_pgcdc.protocol.lsn import LSN
@@ -41,7 +42,6 @@ from airflow_pgcdc.store.window import (
     WindowManifest,
     WindowWriter,
 )
-from airflow_pgcdc.testing.faults import FAULT_ENV, PAUSE_ENV, fault_point
 
 if TYPE_CHECKING:
     from airflow_pgcdc.drain.drain import DrainOptions, DrainResult
@@ -58,7 +58,7 @@ pg_recvlogical at 4.5 CPU-s per million rows; 0.1 ms, 1.41x at 3.5; 0.5 ms, 1.62
 
 
 def _fault(point: str) -> None:
-    """The drain's fault points (:mod:`airflow_pgcdc.testing.faults`)."""
+    """The drain's fault points (:mod:`airflow_pgcdc.faults`)."""
     fault_point(point, log)
 
 

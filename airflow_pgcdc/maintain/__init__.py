@@ -3,7 +3,7 @@
 :func:`maintain_slot` runs, per Delta table of the slot (each on its own: a failure is
 reported and the others go on), :func:`~airflow_pgcdc.maintain.delta.maintain_table`
 (compaction, VACUUM, checkpoint, log cleanup), then expires the change windows every
-table merged and removes old merge staging debris (:mod:`airflow_pgcdc.maintain.store`)
+table merged and removes old merge staging debris (:mod:`airflow_pgcdc.store.maintenance`)
 and the table copies (snapshot, resyncs) whose Delta tables hold them
 (:mod:`airflow_pgcdc.maintain.copies`).
 """
@@ -20,7 +20,12 @@ from typing import Any
 from airflow_pgcdc.errors import HintedError, PgcdcError
 from airflow_pgcdc.maintain.copies import expire_copies
 from airflow_pgcdc.maintain.delta import DEFAULT_TARGET_SIZE, DeltaTableResult, maintain_table
-from airflow_pgcdc.maintain.store import (
+from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS
+from airflow_pgcdc.merge.plan import CHANGELOG_SUFFIX, RESYNC_APP_SUFFIX, SCD2_SUFFIX, app_id
+from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.layout import Layout, store_argument
+from airflow_pgcdc.store.maintenance import (
     cutoff_for,
     expire_windows,
     expired_key,
@@ -30,11 +35,6 @@ from airflow_pgcdc.maintain.store import (
     remove_staging,
     write_record,
 )
-from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS
-from airflow_pgcdc.merge.plan import CHANGELOG_SUFFIX, RESYNC_APP_SUFFIX, SCD2_SUFFIX, app_id
-from airflow_pgcdc.protocol.lsn import LSN
-from airflow_pgcdc.store import s3 as s3store
-from airflow_pgcdc.store.layout import Layout, store_argument
 from airflow_pgcdc.store.manifest import committed_snapshot
 from airflow_pgcdc.store.resyncs import committed_resyncs, latest_resync
 

@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from airflow_pgcdc.maintain.store import read_expired_copies, update_expired
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, encode_table_segment
+from airflow_pgcdc.store.maintenance import read_expired_copies, update_expired
 
 log = logging.getLogger("airflow_pgcdc.maintain")
 

@@ -147,7 +147,7 @@ def expired_state(ctx: JobContext) -> tuple[frozenset[int], dict[str, set[str]]]
     """What ``pgcdc maintain`` removed (``expired.json``, one read; nothing when there is
     no such file): the windows whose parts are gone, and the tables whose parts are gone
     from each copy (see :mod:`airflow_pgcdc.maintain.copies`)."""
-    from airflow_pgcdc.maintain.store import read_expired_all
+    from airflow_pgcdc.store.maintenance import read_expired_all
 
     windows, copies = read_expired_all(ctx.client, ctx.layout, ctx.slot)
     return frozenset(windows), copies
@@ -176,7 +176,7 @@ def check_copy(ctx: JobContext, layout, copy_slot: str, manifest, schema: str, t
 
 
 def _ranges_text(seqs: Sequence[int]) -> str:
-    from airflow_pgcdc.maintain.store import seq_ranges
+    from airflow_pgcdc.store.maintenance import seq_ranges
 
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in seq_ranges(seqs))
 

@@ -27,7 +27,7 @@ Crash safety: a job killed before a table's commit leaves that table at its prev
 version (a Delta commit is one conditional put of the log entry); the rerun merges the
 same windows again. Killed after the commit, the rerun finds the app transaction
 version at the window and does nothing. Test hooks: ``PGCDC_FAULT=merge-after-stage``
-and ``merge-after-commit`` (:mod:`airflow_pgcdc.testing.faults`).
+and ``merge-after-commit`` (:mod:`airflow_pgcdc.faults`).
 
 Staged files live under ``{prefix}/{slot}/merge-staging/{run_id}/`` and are removed after
 each commit; debris of a killed job older than :data:`STAGING_TTL_HOURS` is removed by

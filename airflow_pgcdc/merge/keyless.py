@@ -333,10 +333,10 @@ def apply_keyless(ctx, plan, url: str, dt, app: str, fields: list[pa.Field]) -> 
 def _commit(ctx, plan, url, dt, app, fields, rows, source, metadata) -> dict[str, Any]:
     """One commit: ``rows`` replace the table (a truncate), or ``source`` is merged (an
     empty source: an empty append, for the app transaction)."""
+    from airflow_pgcdc.faults import fault_point
     from airflow_pgcdc.merge import deltars
     from airflow_pgcdc.merge.context import spark_commit_once, stage
     from airflow_pgcdc.store import s3 as s3store
-    from airflow_pgcdc.testing.faults import fault_point
 
     names = [f.name for f in fields]
     version = plan.last_window

@@ -371,7 +371,7 @@ def missing_values(plan: TablePlan) -> dict[str, Any]:
     """``{column: pyarrow scalar in its Delta type}``: what rows older than an ``ADD COLUMN
     … DEFAULT`` read, from the batch's relation versions (the drain records them)."""
     from airflow_pgcdc.changes.rows import decode_missing_values
-    from airflow_pgcdc.merge.delta_types import to_delta_batch
+    from airflow_pgcdc.lake.types import to_delta_batch
 
     out: dict[str, Any] = {}
     for v in plan.versions:

@@ -16,13 +16,13 @@ from airflow_pgcdc.changes.rows import (
     META_NAMES,
     OLD_PREFIX,
 )
+from airflow_pgcdc.lake.types import to_delta_schema
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.compact import toastable
 from airflow_pgcdc.merge.context import (
     META,
     JobContext,
 )
-from airflow_pgcdc.merge.delta_types import to_delta_schema
 from airflow_pgcdc.merge.errors import (
     IncompatibleSchemaChange,
 )

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ
+from airflow_pgcdc.faults import fault_point
 from airflow_pgcdc.merge import deltars, pruning
 from airflow_pgcdc.merge.checks import check_copy, check_internal_names
 from airflow_pgcdc.merge.clauses import MATCH_PREFIX, build_merge_spec, keep_column
@@ -44,7 +45,6 @@ from airflow_pgcdc.merge.schema import (
     with_deletion_vectors,
 )
 from airflow_pgcdc.store import s3 as s3store
-from airflow_pgcdc.testing.faults import fault_point
 
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
 

@@ -7,24 +7,24 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from airflow_pgcdc.changes.copy_binary import (
+from airflow_pgcdc.pg.catalog import load_type_info
+from airflow_pgcdc.pg.tables import TableInfo
+from airflow_pgcdc.protocol.pgtypes import PgColumn
+from airflow_pgcdc.store.parquet import TableEncodings
+from airflow_pgcdc.typemap.decode.copy_binary import (
     BINARY_COPY_OPTIONS,
     FUNCTION_CASTS_SQL,
     BinaryCopyDecoder,
     binary_select_list,
 )
-from airflow_pgcdc.changes.snapshot_copy import COPY_OPTIONS, SnapshotDecoder, copy_select_list
-from airflow_pgcdc.pg.catalog import load_type_info
-from airflow_pgcdc.pg.tables import TableInfo
-from airflow_pgcdc.protocol.pgtypes import PgColumn
-from airflow_pgcdc.store.parquet import TableEncodings
-from airflow_pgcdc.typemap import session_setup_sql
+from airflow_pgcdc.typemap.decode.copy_text import COPY_OPTIONS, SnapshotDecoder, copy_select_list
+from airflow_pgcdc.typemap.map import session_setup_sql
 
 SESSION_SETUP = session_setup_sql()
 """SET statements every COPY session runs: the text output the decoders expect."""
 
 COPY_FORMATS = ("binary", "csv")
-"""``binary`` (the default: cheaper for the server, see :mod:`airflow_pgcdc.changes.copy_binary`)
+"""``binary`` (the default: cheaper for the server, see :mod:`airflow_pgcdc.typemap.decode.copy_binary`)
 or ``csv`` (every column as text, parsed by pyarrow's CSV reader)."""
 
 
@@ -73,7 +73,7 @@ class TableConverter:
 
 def function_casts(conn) -> frozenset[int]:
     """The types whose cast to text is not their output function
-    (:data:`~airflow_pgcdc.changes.copy_binary.FUNCTION_CASTS_SQL`): one catalog query,
+    (:data:`~airflow_pgcdc.typemap.decode.copy_binary.FUNCTION_CASTS_SQL`): one catalog query,
     for every table of a run."""
     return frozenset(row[0] for row in conn.execute(FUNCTION_CASTS_SQL))
 

@@ -68,7 +68,7 @@ def table_error(exc: BaseException) -> bool:
     copy fails, the others go on."""
     if isinstance(exc, WorkerFailed):
         return exc.table_error
-    from airflow_pgcdc.typemap import ValueConversionError
+    from airflow_pgcdc.typemap.map import ValueConversionError
 
     return isinstance(exc, ValueConversionError)
 

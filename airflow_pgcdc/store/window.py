@@ -89,7 +89,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.changes.columns import COMMIT_LSN, SEQ, XID
 from airflow_pgcdc.changes.rows import ChangeChunk, RelationVersion
 from airflow_pgcdc.protocol.lsn import LSN, InvalidLSN, lsn_text
@@ -104,7 +103,8 @@ from airflow_pgcdc.store.layout import (
 from airflow_pgcdc.store.multipart import MultipartWriter
 from airflow_pgcdc.store.parquet import DEFAULT_TARGET_PART_BYTES, PartSequence, TableEncodings
 from airflow_pgcdc.store.s3 import StoreError
-from airflow_pgcdc.typemap import ValueConversionError
+from airflow_pgcdc.typemap import arrays
+from airflow_pgcdc.typemap.map import ValueConversionError
 
 __all__ = [
     "FORMAT_VERSION",

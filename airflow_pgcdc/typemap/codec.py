@@ -15,7 +15,7 @@ numeric in binary form) and for the few irregular values of common types (±infi
 BC dates, years past 9999, ``24:00:00``).
 
 Arrays and scalars made from Python or numpy values (the literals given to compute
-kernels included) are built by :mod:`airflow_pgcdc.changes.arrays`, never by
+kernels included) are built by :mod:`airflow_pgcdc.typemap.arrays`, never by
 ``pa.array``/``pa.scalar``/``to_numpy``: those make pyarrow import pandas.
 """
 
@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.protocol.pgtypes import PgTypeInfo, format_type
+from airflow_pgcdc.typemap import arrays
 
 # --------------------------------------------------------------------------- constants
 

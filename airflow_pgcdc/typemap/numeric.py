@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.protocol.pgtypes import format_type
+from airflow_pgcdc.typemap import arrays
 from airflow_pgcdc.typemap.codec import (
     DECIMAL_MAX_PRECISION,
     BadValue,

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_pgcdc.changes import arrays
+from airflow_pgcdc.typemap import arrays
 from airflow_pgcdc.typemap.codec import _TRUE, BadValue, Codec, _any_true, _as_string, _OneBad, _str
 
 # --------------------------------------------------------------------------- arrays

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.protocol.pgtypes import PgTypeInfo
+from airflow_pgcdc.typemap import arrays
 from airflow_pgcdc.typemap.codec import (
     _TRUE,
     INT32_MAX,

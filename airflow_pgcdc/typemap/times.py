@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_pgcdc.changes import arrays
+from airflow_pgcdc.typemap import arrays
 from airflow_pgcdc.typemap.codec import (
     _FALSE,
     DATE_NEG_INFINITY,

@@ -4,11 +4,11 @@ Both sides become Arrow with the type map's types (``docs/types.md``):
 
 * PostgreSQL: the table is read like the snapshot reads it (``describe_table`` →
   ``table_converter`` → ``COPY (SELECT …) TO STDOUT (FORMAT csv)`` →
-  :class:`~airflow_pgcdc.changes.snapshot_copy.SnapshotDecoder`), in one ``REPEATABLE
+  :class:`~airflow_pgcdc.typemap.decode.copy_text.SnapshotDecoder`), in one ``REPEATABLE
   READ READ ONLY`` transaction, with the session settings the decoder relies on;
 * Delta: the table at ``{delta_url}/{schema}.{table}`` (the store's segment encoding),
   read with delta-rs, each column brought back to the type map's type by
-  :func:`airflow_pgcdc.merge.delta_types.from_delta_array` (``time`` is int64 µs in
+  :func:`airflow_pgcdc.lake.types.from_delta_array` (``time`` is int64 µs in
   Delta); any other type difference is reported, not cast.
 
 Rows are matched on the key (primary key or replica identity index, or the columns
@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 import pyarrow as pa
 
 from airflow_pgcdc.errors import redact
-from airflow_pgcdc.merge.delta_types import DeltaTypeMismatch
+from airflow_pgcdc.lake.types import DeltaTypeMismatch
 from airflow_pgcdc.verify.compare import DEFAULT_MAX_DIFFS, Comparer, compare_tables
 from airflow_pgcdc.verify.delta import (
     _HINT_DELTA,

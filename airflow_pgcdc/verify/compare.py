@@ -13,8 +13,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_pgcdc.merge.delta_types import DeltaTypeMismatch, from_delta_array, to_delta_type
-from airflow_pgcdc.typemap import PgColumn, array_to_pg_text, arrow_field, format_type
+from airflow_pgcdc.lake.types import DeltaTypeMismatch, from_delta_array, to_delta_type
+from airflow_pgcdc.typemap.map import PgColumn, array_to_pg_text, arrow_field, format_type
 from airflow_pgcdc.verify.delta import _delta_batches
 from airflow_pgcdc.verify.results import (
     ChangedRow,

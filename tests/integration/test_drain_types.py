@@ -17,7 +17,7 @@ from test_drain import SMALL_WORK_MEM, all_rows, confirmed, create_slot, drain, 
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.window import read_window_rows
-from airflow_pgcdc.typemap import DATE_POS_INFINITY, TIMESTAMP_NEG_INFINITY
+from airflow_pgcdc.typemap.map import DATE_POS_INFINITY, TIMESTAMP_NEG_INFINITY
 
 
 @pytest.fixture

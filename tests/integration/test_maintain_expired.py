@@ -14,7 +14,6 @@ from matrix import on_pg18
 from test_maintain import change, drain, setup_pipeline
 
 from airflow_pgcdc.maintain import maintain_slot, read_expired
-from airflow_pgcdc.maintain.store import read_expired_copies
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot
 from airflow_pgcdc.merge.plan import delta_table_url
@@ -22,6 +21,7 @@ from airflow_pgcdc.merge.rebuild import NotReplayable, rebuild_slot
 from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.maintenance import read_expired_copies
 from airflow_pgcdc.store.manifest import committed_snapshot
 from airflow_pgcdc.store.resyncs import committed_resyncs
 from airflow_pgcdc.store.window import read_window

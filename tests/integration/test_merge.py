@@ -248,7 +248,7 @@ def test_changelog_history_appends_every_change_once(db18, slot_name, store, spa
     drain(db, src, slot, client)
     sql(db, "DELETE FROM t WHERE id = 2; UPDATE t SET id = 3 WHERE id = 1")
     drain(db, src, slot, client)
-    from airflow_pgcdc.ops.status import committed_windows
+    from airflow_pgcdc.status.job import committed_windows
 
     before = committed_windows(client, src, slot, lake)
     assert before["merged_through"] is None and before["windows_not_merged"] == 2

@@ -24,10 +24,10 @@ from airflow_pgcdc.drain.drain import SlotAheadOfStore
 from airflow_pgcdc.drain.guards import SlotMissing
 from airflow_pgcdc.merge.job import RecoveryGap, TablesFailed, merge_slot
 from airflow_pgcdc.merge.plan import delta_table_url
-from airflow_pgcdc.ops.status import slot_status
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.snapshot.recover import NothingToRecover, RecoverError, recover_pipeline
 from airflow_pgcdc.snapshot.resync import resync_tables
+from airflow_pgcdc.status.job import slot_status
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.verify import verify_table
 

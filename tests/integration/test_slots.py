@@ -14,12 +14,12 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from airflow_pgcdc.ops.status import committed_windows, slot_status
 from airflow_pgcdc.pg import publications, slots
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.tables import TableNotFound
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
+from airflow_pgcdc.status.job import committed_windows, slot_status
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.testing.postgres import PostgresServer
 

@@ -21,8 +21,8 @@ from airflow_pgcdc.maintain import maintain_slot
 from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.merge.plan import delta_table_url
-from airflow_pgcdc.ops.status import slot_status
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
+from airflow_pgcdc.status.job import slot_status
 from airflow_pgcdc.store import s3 as s3store
 
 TABLES = ("t", "u", "q")

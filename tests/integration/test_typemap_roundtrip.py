@@ -30,17 +30,17 @@ import pyarrow as pa
 import pytest
 from psycopg import pq
 
-from airflow_pgcdc.changes.copy_binary import (
+from airflow_pgcdc.pg.catalog import load_table_columns, load_type_info
+from airflow_pgcdc.protocol.pgtypes import BUILTIN_TYPES, PgColumn
+from airflow_pgcdc.typemap.decode.copy_binary import (
     BINARY_COPY_OPTIONS,
     FUNCTION_CASTS_SQL,
     BinaryCopyDecoder,
     binary_select_list,
 )
-from airflow_pgcdc.changes.snapshot_copy import SnapshotDecoder, copy_sql
-from airflow_pgcdc.changes.tuples import TupleDecoder
-from airflow_pgcdc.pg.catalog import load_table_columns, load_type_info
-from airflow_pgcdc.protocol.pgtypes import BUILTIN_TYPES, PgColumn
-from airflow_pgcdc.typemap import (
+from airflow_pgcdc.typemap.decode.copy_text import SnapshotDecoder, copy_sql
+from airflow_pgcdc.typemap.decode.tuples import TupleDecoder
+from airflow_pgcdc.typemap.map import (
     UnrepresentableValue,
     ValueConversionError,
     array_to_pg_text,
@@ -334,7 +334,7 @@ def test_real_pgoutput_stream_decodes(fresh_db, slot_name) -> None:
     from pgoutput_capture import bench as make_bench
 
     from airflow_pgcdc.protocol import pgoutput as po
-    from airflow_pgcdc.typemap import columns_from_relation
+    from airflow_pgcdc.typemap.map import columns_from_relation
 
     with make_bench(fresh_db, slot_name()) as b:
         b.setup()

@@ -12,7 +12,7 @@ import pytest
 from deltalake import write_deltalake
 
 from airflow_pgcdc.cli import main
-from airflow_pgcdc.merge.delta_types import to_delta_batch, to_delta_schema
+from airflow_pgcdc.lake.types import to_delta_batch, to_delta_schema
 from airflow_pgcdc.pg.conninfo import parse_conninfo
 from airflow_pgcdc.pg.tables import describe_table
 from airflow_pgcdc.snapshot.convert import SESSION_SETUP, table_converter

@@ -1,4 +1,4 @@
-"""Arrow arrays built over buffers (airflow_pgcdc.changes.arrays): the same arrays as
+"""Arrow arrays built over buffers (airflow_pgcdc.typemap.arrays): the same arrays as
 ``pa.array``; and the change-stream decode path never makes pyarrow import pandas."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from airflow_pgcdc.changes import arrays
+from airflow_pgcdc.typemap import arrays
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,9 +180,9 @@ def test_null_structs_keep_non_nullable_fields_valid() -> None:
     import pyarrow.parquet as pq
 
     from airflow_pgcdc.changes.rows import ChangeBuffer, RelationVersion
-    from airflow_pgcdc.changes.tuples import TupleDecoder
     from airflow_pgcdc.protocol.pgtypes import BUILTIN_BY_NAME, PgColumn
     from airflow_pgcdc.typemap.codec import INTERVAL_TYPE
+    from airflow_pgcdc.typemap.decode.tuples import TupleDecoder
 
     nested = pa.struct([pa.field("a", pa.string(), nullable=False), pa.field("b", INTERVAL_TYPE, nullable=False),
                         pa.field("c", pa.list_(pa.int32()), nullable=False), pa.field("d", pa.bool_())])

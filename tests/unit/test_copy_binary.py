@@ -10,15 +10,15 @@ import struct
 import pyarrow as pa
 import pytest
 
-from airflow_pgcdc.changes.copy_binary import (
+from airflow_pgcdc.protocol.pgtypes import BUILTIN_BY_NAME, PgColumn
+from airflow_pgcdc.typemap.decode.copy_binary import (
     SIGNATURE,
     BinaryCopyDecoder,
     binary_select_list,
     native_binary,
     text_expression,
 )
-from airflow_pgcdc.protocol.pgtypes import BUILTIN_BY_NAME, PgColumn
-from airflow_pgcdc.typemap import UnrepresentableValue, ValueConversionError
+from airflow_pgcdc.typemap.map import UnrepresentableValue, ValueConversionError
 
 HEADER = SIGNATURE + struct.pack(">ii", 0, 0)
 TRAILER = struct.pack(">h", -1)

@@ -15,9 +15,9 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from airflow_pgcdc.changes.copy_binary import SIGNATURE, BinaryCopyDecoder, native_binary
 from airflow_pgcdc.protocol.pgtypes import BUILTIN_BY_NAME, PgColumn
-from airflow_pgcdc.typemap import ValueConversionError, codec_for
+from airflow_pgcdc.typemap.decode.copy_binary import SIGNATURE, BinaryCopyDecoder, native_binary
+from airflow_pgcdc.typemap.map import ValueConversionError, codec_for
 
 HEADER = SIGNATURE + struct.pack(">ii", 0, 0)
 TRAILER = struct.pack(">h", -1)

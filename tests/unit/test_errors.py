@@ -21,7 +21,7 @@ from airflow_pgcdc.snapshot.basebackup import BaseBackupServerError
 from airflow_pgcdc.snapshot.export import SlotTaken, SnapshotBusy
 from airflow_pgcdc.store.s3 import StoreError
 from airflow_pgcdc.testing.processes import SandboxError
-from airflow_pgcdc.typemap import ValueConversionError
+from airflow_pgcdc.typemap.map import ValueConversionError
 
 SAMPLES = [
     SlotInUse("busy", slot="s", hint="wait", active_pid=5),

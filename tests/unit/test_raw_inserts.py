@@ -1,7 +1,7 @@
 """Inserts kept as received and decoded in batches (TupleDecoder.decode_raw_inserts, the
 drain's path for plain inserts) give exactly the batches of the decoded rows; anything
 that path does not handle is declined (None) and decoded one by one. Every test runs on
-both cutters of that path: the native splitter (airflow_pgcdc/changes/_textcols.c) and
+both cutters of that path: the native splitter (airflow_pgcdc/typemap/decode/_textcols.c) and
 the numpy one used where it is not built."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_pgcdc.changes import tuples
 from airflow_pgcdc.changes.rows import ChangeBuffer, RelationVersion
-from airflow_pgcdc.changes.tuples import TupleDecoder
 from airflow_pgcdc.protocol import pgoutput as po
 from airflow_pgcdc.protocol.pgtypes import PgColumn, builtin_type
-from airflow_pgcdc.typemap import ValueConversionError
+from airflow_pgcdc.typemap.decode import tuples
+from airflow_pgcdc.typemap.decode.tuples import TupleDecoder
+from airflow_pgcdc.typemap.map import ValueConversionError
 
 # int8, text, numeric, timestamptz, bool, float8, date, jsonb, varchar
 OIDS = (20, 25, 1700, 1184, 16, 701, 1082, 3802, 1043)
@@ -43,7 +43,7 @@ def cutter(request, monkeypatch):
     if request.param == "numpy":
         monkeypatch.setattr(tuples, "_textcols", None)
     elif NATIVE is None:
-        pytest.fail("the native splitter airflow_pgcdc.changes._textcols is not built: `make setup` builds "
+        pytest.fail("the native splitter airflow_pgcdc.typemap.decode._textcols is not built: `make setup` builds "
                     "it (setup.py, needs a C compiler); without it the drain runs the slower numpy path")
     return request.param
 

@@ -13,13 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_pgcdc.changes.snapshot_copy import (
-    SnapshotDecoder,
-    _last_row_end,
-    copy_select_list,
-    copy_sql,
-)
-from airflow_pgcdc.changes.tuples import TupleDecoder
 from airflow_pgcdc.errors import PgcdcError
 from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST
 from airflow_pgcdc.protocol.pgtypes import (
@@ -33,7 +26,15 @@ from airflow_pgcdc.protocol.pgtypes import (
     numeric_precision_scale,
 )
 from airflow_pgcdc.protocol.quoting import QuotingError
-from airflow_pgcdc.typemap import (
+from airflow_pgcdc.typemap import codec, numeric, pgarray, times
+from airflow_pgcdc.typemap.decode.copy_text import (
+    SnapshotDecoder,
+    _last_row_end,
+    copy_select_list,
+    copy_sql,
+)
+from airflow_pgcdc.typemap.decode.tuples import TupleDecoder
+from airflow_pgcdc.typemap.map import (
     DATE_NEG_INFINITY,
     DATE_POS_INFINITY,
     INTERVAL_TYPE,
@@ -47,13 +48,9 @@ from airflow_pgcdc.typemap import (
     arrow_schema,
     arrow_type,
     binary_supported,
-    codec,
     convert_binary,
     convert_text,
-    numeric,
-    pgarray,
     session_setup_sql,
-    times,
     to_pg_text,
 )
 
@@ -673,11 +670,11 @@ def test_huge_multiline_value_is_linear(monkeypatch) -> None:
     """A 16 MB value of short lines, fed in 64 KiB pieces: no rescans (quadratic). Every
     search for a row end reads its whole buffer (it counts the quotes), so the bytes
     handed to the searches measure the work: at most a few times the data."""
-    from airflow_pgcdc.changes import snapshot_copy
+    from airflow_pgcdc.typemap.decode import copy_text
 
     scanned = []
-    search = snapshot_copy._last_row_end
-    monkeypatch.setattr(snapshot_copy, "_last_row_end", lambda buf, *a: scanned.append(len(buf)) or search(buf, *a))
+    search = copy_text._last_row_end
+    monkeypatch.setattr(copy_text, "_last_row_end", lambda buf, *a: scanned.append(len(buf)) or search(buf, *a))
     big = "line\n" * ((16 << 20) // 5)  # 16 MiB
     data = b'1,"' + big.encode() + b'",,,\n' + b"2,y,,,\n" * 1000
     dec = SnapshotDecoder(COLS, block_bytes=1 << 16)
@@ -786,7 +783,7 @@ def test_every_builtin_handles_empty_and_null(oid) -> None:
 
 def test_columns_from_relation() -> None:
     from airflow_pgcdc.protocol.pgoutput import Relation, RelationColumn, Type
-    from airflow_pgcdc.typemap import columns_from_relation
+    from airflow_pgcdc.typemap.map import columns_from_relation
 
     mood = PgTypeInfo(16500, "mood", "public", "e", "E", labels=("a",))
     rel = Relation(

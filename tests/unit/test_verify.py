@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_pgcdc.cli.verify import render_report, split_key
-from airflow_pgcdc.merge.delta_types import (
+from airflow_pgcdc.lake.types import (
     DeltaTypeMismatch,
     from_delta_array,
     to_delta_batch,
@@ -18,7 +18,7 @@ from airflow_pgcdc.merge.delta_types import (
 )
 from airflow_pgcdc.protocol.pgtypes import BUILTIN_BY_NAME as B
 from airflow_pgcdc.protocol.pgtypes import PgColumn
-from airflow_pgcdc.typemap import arrow_schema, convert_text
+from airflow_pgcdc.typemap.map import arrow_schema, convert_text
 from airflow_pgcdc.verify import (
     Comparer,
     DeltaTableNotFound,
@@ -312,7 +312,7 @@ def test_delta_types_imports_only_pyarrow():
     import ast
     import pathlib
 
-    import airflow_pgcdc.merge.delta_types as m
+    import airflow_pgcdc.lake.types as m
 
     tree = ast.parse(pathlib.Path(m.__file__).read_text())
     mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -6,7 +6,7 @@ column, ``None`` (NULL), :data:`~airflow_pgcdc.protocol.pgoutput.UNCHANGED_TOAST
 
 The batch is transposed once (flattened with ``itertools.chain``, then one strided
 slice per column, in C), each column's values become one Arrow array (built over
-buffers by :mod:`airflow_pgcdc.changes.arrays`, which keeps pyarrow from importing
+buffers by :mod:`airflow_pgcdc.typemap.arrays`, which keeps pyarrow from importing
 pandas) and the column's codec converts it with compute kernels, exactly as on the
 snapshot path, so both produce identical arrays. Only a column holding
 unchanged-TOAST markers or a mix of text and binary values takes a per-value pass to
@@ -23,19 +23,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST, TupleData
-from airflow_pgcdc.typemap import (
+from airflow_pgcdc.typemap import arrays
+from airflow_pgcdc.typemap.codec import BadValue, Codec
+from airflow_pgcdc.typemap.map import (
     PgColumn,
     ValueConversionError,
     arrow_field,
     codec_for,
     wrap_bad,
 )
-from airflow_pgcdc.typemap.codec import BadValue, Codec
 
 try:  # the native splitter (setup.py builds it when a C compiler is there); else numpy does it
-    from airflow_pgcdc.changes import _textcols
+    from airflow_pgcdc.typemap.decode import _textcols
 except ImportError:  # pragma: no cover - depends on the install
     _textcols = None
 
@@ -132,7 +132,7 @@ class TupleDecoder:
         rows. ``None`` when a message is not that simple (a binary or unchanged-TOAST value,
         a column count that is not the relation's, bytes that do not parse, text that is not
         UTF-8): the caller then decodes the messages one by one, which says what is wrong.
-        The cutting is done by the native splitter (:mod:`airflow_pgcdc.changes._textcols`,
+        The cutting is done by the native splitter (:mod:`airflow_pgcdc.typemap.decode._textcols`,
         one memcpy per value) when it is built, else by numpy (one gather per byte); both
         give the same batch."""
         n = len(messages)
@@ -150,7 +150,7 @@ class TupleDecoder:
 
     def _from_split(self, split: list, n: int, row_offset: int) -> DecodedTuples | None:
         """The batch of :meth:`decode_raw_inserts` from the native splitter's column
-        buffers (:mod:`airflow_pgcdc.changes._textcols`)."""
+        buffers (:mod:`airflow_pgcdc.typemap.decode._textcols`)."""
 
         def columns():
             for offsets, data, valid, nulls in split:

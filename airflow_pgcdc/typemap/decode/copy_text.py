@@ -29,14 +29,14 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
-from airflow_pgcdc.typemap import (
+from airflow_pgcdc.typemap.codec import BadValue, Codec
+from airflow_pgcdc.typemap.map import (
     PgColumn,
     ValueConversionError,
     arrow_field,
     codec_for,
     wrap_bad,
 )
-from airflow_pgcdc.typemap.codec import BadValue, Codec
 
 __all__ = ["COPY_OPTIONS", "SnapshotDecoder", "copy_select_list", "copy_sql"]
 

@@ -7,7 +7,7 @@ to a compute function (``pc.equal(arr, "t")`` converts ``"t"`` with ``pa.scalar`
 ``Array.to_numpy`` each first ask pyarrow's pandas shim whether the object is a pandas
 one (``pandas_api._have_pandas_internal()``), and the first such question imports
 pandas: about a second and 40-50 MB of resident memory in a process that has no use
-for it. The change-stream path (:mod:`~airflow_pgcdc.changes.tuples`,
+for it. The change-stream path (:mod:`~airflow_pgcdc.typemap.decode.tuples`,
 :mod:`~airflow_pgcdc.changes.rows`, the codecs) builds its arrays and scalars here
 instead, with ``pa.Array.from_buffers`` over numpy memory, and reads Arrow buffers back
 with numpy; compute kernels on Arrow arrays and scalars never ask.

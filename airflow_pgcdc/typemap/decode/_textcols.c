@@ -1,10 +1,10 @@
 /*
- * airflow_pgcdc.changes._textcols: pgoutput TupleData of a batch of messages, cut into
+ * airflow_pgcdc.typemap.decode._textcols: pgoutput TupleData of a batch of messages, cut into
  * Arrow string columns in one pass over the bytes.
  *
  * The drain keeps a plain transaction's Inserts (and its Updates that carry only their
  * new row) as received and decodes a chunk of them at once
- * (airflow_pgcdc.changes.tuples.TupleDecoder.decode_raw_inserts). The pure-Python path
+ * (airflow_pgcdc.typemap.decode.tuples.TupleDecoder.decode_raw_inserts). The pure-Python path
  * joins the messages and gathers every value's bytes with numpy fancy indexing: one
  * int64 index per byte, the largest cost of a wide row. This does the same work with
  * one memcpy per value.
@@ -181,7 +181,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "airflow_pgcdc.changes._textcols",
+    PyModuleDef_HEAD_INIT, "airflow_pgcdc.typemap.decode._textcols",
     "pgoutput TupleData of a batch of messages cut into Arrow string column buffers", -1, methods,
 };
 

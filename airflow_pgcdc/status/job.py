@@ -218,7 +218,7 @@ def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_se
     from deltalake.exceptions import TableNotFoundError
 
     from airflow_pgcdc.maintain.delta import table_figures
-    from airflow_pgcdc.maintain.store import last_maintenance
+    from airflow_pgcdc.store.maintenance import last_maintenance
     from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options, settings_of
 
     storage = delta_storage_options(settings_of(client) or S3Settings.from_env())

@@ -40,17 +40,17 @@ from decimal import ROUND_DOWN, Decimal
 import numpy as np
 import pyarrow as pa
 
-from airflow_pgcdc.changes import arrays
 from airflow_pgcdc.protocol.pgtypes import format_type
 from airflow_pgcdc.protocol.quoting import quote_ident
-from airflow_pgcdc.typemap import (
+from airflow_pgcdc.typemap import arrays
+from airflow_pgcdc.typemap.codec import BadValue, Codec, _OneBad
+from airflow_pgcdc.typemap.map import (
     PgColumn,
     ValueConversionError,
     arrow_field,
     codec_for,
     wrap_bad,
 )
-from airflow_pgcdc.typemap.codec import BadValue, Codec, _OneBad
 from airflow_pgcdc.typemap.numeric import DecimalCodec, numeric_binary_to_text
 from airflow_pgcdc.typemap.text import ByteaCodec, TextCodec, utf8_from_binary
 

@@ -1,1 +1,0 @@
-"""Library calls for running a pipeline: :mod:`.status` (what ``pgcdc status`` shows)."""
