@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from merge import current_lsn, run_job, say  # noqa: E402  (bench/merge.py)
 
 from airflow_pgcdc.drain.drain import drain_window  # noqa: E402
-from airflow_pgcdc.merge.plan import delta_table_url  # noqa: E402
+from airflow_pgcdc.lake.tables import delta_table_url
 from airflow_pgcdc.snapshot.export import snapshot_to_s3  # noqa: E402
 from airflow_pgcdc.store import s3 as s3store  # noqa: E402
 from airflow_pgcdc.testing.postgres import PostgresServer  # noqa: E402

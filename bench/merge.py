@@ -77,7 +77,8 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airflow_pgcdc.drain.drain import drain_window  # noqa: E402
-from airflow_pgcdc.merge.plan import delta_table_url, plan_table, select_windows  # noqa: E402
+from airflow_pgcdc.lake.tables import delta_table_url
+from airflow_pgcdc.merge.plan import plan_table, select_windows
 from airflow_pgcdc.protocol.lsn import LSN  # noqa: E402
 from airflow_pgcdc.snapshot.export import snapshot_to_s3  # noqa: E402
 from airflow_pgcdc.store import s3 as s3store  # noqa: E402

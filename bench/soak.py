@@ -58,12 +58,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from merge_cost import apply_ops  # noqa: E402  (bench/merge_cost.py)
 
 from airflow_pgcdc.drain.drain import drain_window  # noqa: E402
+from airflow_pgcdc.lake.inspect import table_figures
+from airflow_pgcdc.lake.sizing import target_bytes
+from airflow_pgcdc.lake.tables import delta_table_url
 from airflow_pgcdc.maintain import maintain_slot  # noqa: E402
-from airflow_pgcdc.maintain.delta import table_figures  # noqa: E402
 from airflow_pgcdc.merge.jars import unavailable_reason  # noqa: E402
 from airflow_pgcdc.merge.job import merge_slot  # noqa: E402
-from airflow_pgcdc.merge.plan import delta_table_url  # noqa: E402
-from airflow_pgcdc.merge.pruning import target_bytes  # noqa: E402
 from airflow_pgcdc.protocol.quoting import quote_ident  # noqa: E402
 from airflow_pgcdc.snapshot.export import snapshot_to_s3  # noqa: E402
 from airflow_pgcdc.store import s3 as s3store  # noqa: E402

@@ -48,8 +48,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from airflow_pgcdc.lake.sizing import target_bytes
     from airflow_pgcdc.maintain import DEFAULT_TARGET_SIZE, TablesFailed, maintain_slot
-    from airflow_pgcdc.merge.pruning import target_bytes
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     if args.retention_hours is not None and args.retention_hours < 0:

@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_pgcdc.errors import HintedError, PgcdcError
+from airflow_pgcdc.lake.tables import CHANGELOG_SUFFIX, RESYNC_APP_SUFFIX, SCD2_SUFFIX, app_id
 from airflow_pgcdc.maintain.copies import expire_copies
 from airflow_pgcdc.maintain.delta import DEFAULT_TARGET_SIZE, DeltaTableResult, maintain_table
 from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS
-from airflow_pgcdc.merge.plan import CHANGELOG_SUFFIX, RESYNC_APP_SUFFIX, SCD2_SUFFIX, app_id
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument
@@ -125,7 +125,7 @@ def _applied_reader(delta: str, slot: str, storage) -> Callable[..., dict[str, i
     read: dict[str, dict[str, int | None] | None] = {}
 
     def applied(schema: str, table: str, suffix: str = "") -> dict[str, int | None] | None:
-        from airflow_pgcdc.merge.deltars import table_url
+        from airflow_pgcdc.lake.inspect import table_url
 
         url = table_url(delta, schema, table, storage) + suffix
         if url not in read:
@@ -251,7 +251,7 @@ def maintain_slot(
     from airflow_pgcdc.lake.lock import root_lock_if
 
     with root_lock_if(not dry_run, client, delta, job=f"pgcdc maintain of slot {slot}", wait=lock_wait):
-        from airflow_pgcdc.merge.deltars import table_url
+        from airflow_pgcdc.lake.inspect import table_url
 
         cutoff = cutoff_for(retention_hours)
         for schema, table in wanted:

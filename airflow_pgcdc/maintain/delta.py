@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Sequence
@@ -40,12 +39,9 @@ from typing import Any
 from urllib.parse import unquote
 
 from airflow_pgcdc.errors import PgcdcError
-from airflow_pgcdc.maintain.unreferenced import (
-    COMMIT_RE,
-    UNREFERENCED_FLOOR_HOURS,
-    vacuum_unreferenced,
-)
-from airflow_pgcdc.merge.pruning import DEFAULT_TARGET_FILE_MB, target_bytes
+from airflow_pgcdc.lake.inspect import CHECKPOINT_RE, data_files, object_sizes
+from airflow_pgcdc.lake.sizing import DEFAULT_TARGET_FILE_MB, target_bytes
+from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS, vacuum_unreferenced
 from airflow_pgcdc.store import s3 as s3store
 
 log = logging.getLogger("airflow_pgcdc.maintain")
@@ -89,13 +85,6 @@ class DeltaTableResult:
         return asdict(self)
 
 
-def _sizes(client, url: str, under: str = "") -> dict[str, int]:
-    """``{key relative to the table root: size}`` of every object under the table (under
-    its folder ``under``, e.g. ``_delta_log/``, when given)."""
-    loc = s3store.S3Location.parse(url)
-    # the objects delta-rs wrote for this URL: it percent-decodes the path (my%2Eschema.t → my.schema.t)
-    base = unquote(loc.prefix.rstrip("/")) + "/"
-    return {o["Key"][len(base):]: int(o["Size"]) for o in s3store.list_objects(client, loc.bucket, base + under)}
 
 
 def _relative(path: str, url: str) -> str:
@@ -115,9 +104,6 @@ def _total_size(stats) -> int:
     return int((stats or {}).get("totalSize", 0) or 0)
 
 
-def _data_files(dt) -> tuple[int, int]:
-    adds = dt.get_add_actions(flatten=True)
-    return adds.num_rows, int(sum(adds.column("size_bytes").to_pylist())) if adds.num_rows else 0
 
 
 def deleted_rows(dt) -> tuple[int, int]:
@@ -163,7 +149,7 @@ def maintain_table(
         dt = DeltaTable(url, storage_options=storage_options)
     res.version_before = dt.version()
     before = {a: dt.transaction_version(a) for a in apps}
-    res.files_before, res.bytes_before = _data_files(dt)
+    res.files_before, res.bytes_before = data_files(dt)
 
     def check(where: str) -> None:
         dt.update_incremental()
@@ -208,7 +194,7 @@ def maintain_table(
         log.info("%s: compaction: %d file(s) → %d", name, res.compaction["files_removed"], res.compaction["files_added"])
 
     # -- vacuum (enforce_retention_duration=False: the retention is the caller's, checked there)
-    sizes = _sizes(client, url)
+    sizes = object_sizes(client, url)
     paths = dt.vacuum(retention_hours=vacuum_hours(retention_hours), dry_run=dry_run,
                       enforce_retention_duration=False)
     rel = [_relative(p, url) for p in paths]
@@ -233,24 +219,23 @@ def maintain_table(
     else:
         dt.update_incremental()
         dt.create_checkpoint()
-        log_before = _sizes(client, url, "_delta_log/")
+        log_before = object_sizes(client, url, "_delta_log/")
         dt.cleanup_metadata()  # the table's own log retention (30 days unless set)
         expire_log(client, url, retention_hours)  # and ours: --retention-hours
-        log_after = _sizes(client, url, "_delta_log/")
+        log_after = object_sizes(client, url, "_delta_log/")
         gone = [k for k in log_before if k not in log_after]
         res.log = {"checkpoint_version": dt.version(), "log_files_removed": len(gone),
                    "bytes": sum(log_before[k] for k in gone)}
         check("the checkpoint")
     dt.update_incremental()
     res.version_after = dt.version()
-    res.files_after, res.bytes_after = _data_files(dt)
+    res.files_after, res.bytes_after = data_files(dt)
     res.app_transactions = {a: dt.transaction_version(a) for a in apps}
     res.action = "dry-run" if dry_run else "maintained"
     res.seconds = round(time.monotonic() - t0, 3)
     return res
 
 
-_CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.\d+)?(?:\.[0-9a-f-]+)?\.(?:parquet|json)$")
 
 
 LOG_FLOOR_HOURS = 24
@@ -294,7 +279,7 @@ def expire_log(client, url: str, retention_hours: float, *, now: datetime | None
         found = _LOG_ENTRY_RE.match(name)
         if found:
             entries.append((int(found.group(1)), name, o))
-    settled = [v for v, name, o in entries if _CHECKPOINT_RE.match(name) and o["LastModified"] <= cutoff]
+    settled = [v for v, name, o in entries if CHECKPOINT_RE.match(name) and o["LastModified"] <= cutoff]
     if not settled:
         return []
     floor = max(settled)
@@ -307,51 +292,5 @@ def expire_log(client, url: str, retention_hours: float, *, now: datetime | None
     return doomed
 
 
-def _objects(client, url: str) -> dict[str, int]:
-    """``{key relative to the table root: size}`` of every object under ``url`` (S3 or a local path)."""
-    if url.startswith(("s3://", "s3a://")):
-        return _sizes(client, url.replace("s3a://", "s3://", 1))
-    root = url[len("file://"):] if url.startswith("file://") else url
-    out = {}
-    for folder, _, names in os.walk(root):
-        for n in names:
-            path = os.path.join(folder, n)
-            out[os.path.relpath(path, root).replace(os.sep, "/")] = os.path.getsize(path)
-    return out
 
 
-def table_figures(url: str, *, storage_options: dict[str, str], client, dt=None) -> dict[str, Any]:
-    """What a Delta table holds now, written by either engine (read with delta-rs and one
-    listing of the table's folder): ``version`` (latest), ``files``/``bytes`` (live data files:
-    the add actions of the latest version), ``versions_kept`` (commit files ``_delta_log``
-    still holds; ``oldest_version`` the first of them), ``checkpoint_version`` (the newest
-    checkpoint, or None), ``log_bytes`` (``_delta_log``), ``vector_bytes`` (deletion-vector files) and ``stored_bytes`` (every object
-    under the table: live files, files removed but not vacuumed yet, the log)."""
-    from deltalake import DeltaTable
-
-    if dt is None:
-        dt = DeltaTable(url, storage_options=storage_options)
-    files, size = _data_files(dt)
-    objects = _objects(client, url)
-    commits, checkpoints, log_bytes, vector_bytes = [], [], 0, 0
-    for key, n in objects.items():
-        if not key.startswith("_delta_log/"):
-            vector_bytes += n if "deletion_vector_" in key.rsplit("/", 1)[-1] else 0
-            continue
-        log_bytes += n
-        name = key[len("_delta_log/"):]
-        if m := COMMIT_RE.match(name):
-            commits.append(int(m.group(1)))
-        elif m := _CHECKPOINT_RE.match(name):
-            checkpoints.append(int(m.group(1)))
-    return {
-        "version": dt.version(),
-        "files": files,
-        "bytes": size,
-        "versions_kept": len(commits),
-        "oldest_version": min(commits, default=None),
-        "checkpoint_version": max(checkpoints, default=None),
-        "log_bytes": log_bytes,
-        "vector_bytes": vector_bytes,
-        "stored_bytes": sum(objects.values()),
-    }

@@ -45,6 +45,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
 
+from airflow_pgcdc.lake.inspect import COMMIT_RE
 from airflow_pgcdc.store import s3 as s3store
 
 log = logging.getLogger("airflow_pgcdc.maintain")
@@ -52,8 +53,6 @@ log = logging.getLogger("airflow_pgcdc.maintain")
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
 _VECTOR_FILE_RE = re.compile(r"(?:^|/)deletion_vector_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.bin$")
-COMMIT_RE = re.compile(r"^(\d{20})\.json$")
-"""A commit's name in ``_delta_log`` (its version in group 1)."""
 _CLASSIC_CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?\.parquet$")
 _OTHER_CHECKPOINT_RE = re.compile(r"^\d{20}\.checkpoint\.[0-9a-f-]{36}\.(?:parquet|json)$")
 READ_THREADS = 8
@@ -262,7 +261,7 @@ def vacuum_unreferenced(client, url: str, retention_hours: float, *, floor_hours
     if not url.startswith("s3://"):
         return {"skipped": "not an S3 table"}
     loc = s3store.S3Location.parse(url)
-    base = unquote(loc.prefix.rstrip("/")) + "/"  # where delta-rs put the objects (see delta._sizes)
+    base = unquote(loc.prefix.rstrip("/")) + "/"  # where delta-rs put the objects (see lake.inspect.object_sizes)
     now = now or datetime.now(UTC)
     cutoff = now - timedelta(hours=retention_hours)  # tombstones: time travel
     written_before = now - timedelta(hours=max(retention_hours, floor_hours))  # files: a writer still running

@@ -33,13 +33,13 @@ from airflow_pgcdc.changes.columns import (
     VALID_FROM,
     VALID_TO,
 )
+from airflow_pgcdc.lake.sql import quote_ident
 
 __all__ = [
     "KEEP_PREFIX", "MATCH_PREFIX", "MergeSpec", "Scd2Spec", "build_keyless_spec", "build_merge_spec",
-    "build_scd2_spec", "keep_column", "quote_ident",
+    "build_scd2_spec", "keep_column",
 ]
 
-DIALECTS = ("delta-rs", "spark")
 
 
 def keep_column(column: str) -> str:
@@ -47,13 +47,6 @@ def keep_column(column: str) -> str:
     return KEEP_PREFIX + column
 
 
-def quote_ident(name: str, dialect: str) -> str:
-    """The one identifier quoting function of the merge (any name, any character)."""
-    if dialect == "delta-rs":
-        return '"' + name.replace('"', '""') + '"'
-    if dialect == "spark":
-        return "`" + name.replace("`", "``") + "`"
-    raise ValueError(f"unknown SQL dialect {dialect!r} (expected one of {DIALECTS})")
 
 
 @dataclass(frozen=True)

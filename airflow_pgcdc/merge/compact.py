@@ -52,7 +52,8 @@ from airflow_pgcdc.changes.columns import (
     VALID_TO,
 )
 from airflow_pgcdc.changes.columns import UNCHANGED_TOAST as TOAST
-from airflow_pgcdc.merge.clauses import keep_column, quote_ident
+from airflow_pgcdc.lake.sql import quote_ident
+from airflow_pgcdc.merge.clauses import keep_column
 
 __all__ = ["FIXED_WIDTH_TYPES", "compact", "ordered_changes", "scd2_rows", "toastable"]
 

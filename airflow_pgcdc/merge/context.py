@@ -15,7 +15,9 @@ import pyarrow as pa
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ, UNCHANGED_TOAST
 from airflow_pgcdc.changes.rows import META_FIELDS
-from airflow_pgcdc.merge import deltars, pruning
+from airflow_pgcdc.lake.inspect import open_table, table_url
+from airflow_pgcdc.lake.sizing import DEFAULT_TARGET_FILE_MB
+from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.plan import TablePlan, version_fills
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.spark_io import encode_schema
@@ -61,7 +63,7 @@ class JobContext:
     engine: str = "delta-rs"
     history: str | None = None
     reader: str = "python"
-    target_file_mb: float = pruning.DEFAULT_TARGET_FILE_MB
+    target_file_mb: float = DEFAULT_TARGET_FILE_MB
     # delta-spark: tables get deletion vectors (--deletion-vectors)
     deletion_vectors: bool = False
     # a replay to a point (merge/point.py: --until-lsn/--until-time), resolved by the job,
@@ -100,7 +102,7 @@ class JobContext:
         """Where the Delta table of ``schema.table`` is (:func:`.deltars.table_url`), once per job."""
         url = self.urls.get((schema, table))
         if url is None:
-            url = self.urls[(schema, table)] = deltars.table_url(
+            url = self.urls[(schema, table)] = table_url(
                 self.delta, schema, table, self.storage, shared=(schema, table) in self.legacy_shared)
         return url
 
@@ -108,7 +110,7 @@ class JobContext:
         """The Delta table at ``url`` (``None`` when there is none)."""
         if url in self.loaded:
             return self.loaded.pop(url)
-        return deltars.open_table(url, self.storage)
+        return open_table(url, self.storage)
 
     def after(self, name: str, merged: int | None) -> int | None:
         """Where ``name``'s windows start: after ``merged``, or after its anchor."""
@@ -273,7 +275,7 @@ def read_s3a(ctx: JobContext, paths: list[str], schema: pa.Schema):
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import TimeType
 
-    from airflow_pgcdc.merge.clauses import quote_ident
+    from airflow_pgcdc.lake.sql import quote_ident
 
     df = ctx.spark.read.option("mergeSchema", "true").parquet(*[f"s3a://{p}" for p in paths])
     have = {f.name: f.dataType for f in df.schema.fields}

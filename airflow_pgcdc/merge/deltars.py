@@ -21,13 +21,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from airflow_pgcdc.lake.inspect import NONE_MERGED, merged_version, unreadable_features
 from airflow_pgcdc.merge.clauses import MergeSpec
 from airflow_pgcdc.merge.plan import MergeError
 
 __all__ = [
-    "CONCURRENT", "NONE_MERGED", "ConcurrentCommit", "TableExists", "add_columns", "add_filled_columns", "append", "bootstrap", "commit_once", "foreign_creator", "merge", "replace", "merged_version", "open_table",
-    "merge_progress", "merge_scd2", "read_staged", "staged_column", "staged_reader", "swap",
-    "UnreadableFeatures", "plain_dataset", "unreadable_features",
+    "CONCURRENT", "ConcurrentCommit", "TableExists", "UnreadableFeatures", "add_columns", "add_filled_columns",
+    "append", "bootstrap", "commit_once", "merge", "merge_scd2", "plain_dataset", "read_staged", "replace",
+    "staged_column", "staged_reader", "swap",
 ]
 
 log = logging.getLogger(__name__)
@@ -49,15 +50,6 @@ class UnreadableFeatures(MergeError):
     copy its rows."""
 
 
-def unreadable_features(table) -> list[str]:
-    """The features of ``table`` (a ``DeltaTable``) that its pyarrow dataset would read
-    wrong, without an error: ``column mapping`` (a table Delta's Spark engine created with
-    column names that need it), ``deletion vectors``."""
-    mode = (table.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
-    out = ["column mapping"] if mode not in ("", "none") else []
-    if "deletionVectors" in set(table.protocol().reader_features or ()):
-        out.append("deletion vectors")
-    return out
 
 
 def current_rows(table) -> pa.RecordBatchReader:
@@ -146,93 +138,16 @@ def commit_once(run, table, *, url: str, app: str, version: int,
         ) from exc
 
 
-def open_table(url: str, storage_options: dict[str, str]):
-    """The Delta table at ``url``, or ``None`` when there is none."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        return DeltaTable(url, storage_options=storage_options)
-    except TableNotFoundError:
-        return None
 
 
-def table_url(delta: str, schema: str, table: str, storage_options: dict[str, str], *,
-              shared: bool = False) -> str:
-    """Where the Delta table of ``schema.table`` under the root ``delta`` is:
-    :func:`~.plan.delta_table_url`, except for a table an earlier version wrote at its legacy
-    place (:func:`~.plan.legacy_delta_table_url`, only for names with escapes) while none
-    exists at the new one: it is followed there, unless ``shared`` says another table of the
-    pipeline has the same legacy place (then both would be one Delta table: the new place is
-    used, and the merge bootstraps it from the copy). A legacy table is logged with where to
-    move it."""
-    from airflow_pgcdc.merge.plan import delta_table_url, legacy_delta_table_url
-
-    url = delta_table_url(delta, schema, table)
-    legacy = legacy_delta_table_url(delta, schema, table)
-    if legacy == url or shared or open_table(url, storage_options) is not None:
-        return url
-    if open_table(legacy, storage_options) is None:
-        return url
-    log.warning("%s.%s: its Delta table is at its legacy location %s (a key another table's name can share); "
-                "it is followed there. Move it to %s (every object, same relative keys) to make it unique",
-                schema, table, legacy, url)
-    return legacy
 
 
-def foreign_creator(client: Any, table, url: str, app: str, slot: str) -> str | None:
-    """The other slot whose pipeline created the Delta table ``table`` at ``url`` when
-    ``slot`` never merged a window into it (its app transaction ``app``); else None. Merging
-    (or swapping a rebuild) into it would put ``slot``'s windows on that pipeline's state."""
-    if table is None or merged_version(table, app) is not None:
-        return None
-    other = creator_slot(client, url)  # one small read, only before the table's first window
-    return other if other is not None and other != slot else None
 
 
-def creator_slot(client: Any, url: str) -> str | None:
-    """The slot whose merge created the Delta table at ``url`` (``pgcdc.slot`` in its first
-    commit: a delta-rs commit's own key, a delta-spark commit's ``userMetadata``), read from
-    ``_delta_log/00000000000000000000.json``; None when unknown (not on S3, that entry
-    removed by log cleanup, no such key)."""
-    from urllib.parse import unquote
-
-    from airflow_pgcdc.store import s3 as s3store
-
-    if not url.startswith("s3://"):
-        return None
-    loc = s3store.S3Location.parse(url)
-    key = unquote(loc.prefix.rstrip("/")) + "/_delta_log/" + "0" * 20 + ".json"
-    try:
-        text = s3store.get_bytes(client, loc.bucket, key).decode("utf-8", "replace")
-    except Exception:  # noqa: BLE001 - unknown: nothing to compare
-        return None
-    for line in text.splitlines():
-        try:
-            info = json.loads(line).get("commitInfo")
-        except ValueError:
-            continue
-        if not isinstance(info, dict):
-            continue
-        if info.get("pgcdc.slot"):
-            return str(info["pgcdc.slot"])
-        try:
-            meta = json.loads(info.get("userMetadata") or "{}")
-        except ValueError:
-            meta = {}
-        return str(meta["pgcdc.slot"]) if isinstance(meta, dict) and meta.get("pgcdc.slot") else None
-    return None
 
 
-NONE_MERGED = -1
-"""The app transaction version of a table that holds no window whole: a replay to a point
-inside window 0 (:mod:`.point`), or a rebuilt table that merged none swapped in."""
 
 
-def merged_version(table, app: str) -> int | None:
-    """The last window merged into ``table`` (its app transaction version), or ``None``."""
-    version = None if table is None else table.transaction_version(app)
-    return None if version is None or version <= NONE_MERGED else version
 
 
 def read_staged(fs, staging: str) -> tuple[list[str], int]:
@@ -414,7 +329,7 @@ def swap(rebuilt_url: str, live_url: str, *, app: str, storage_options: dict[str
     table when the caller opened it already (its log is read once)."""
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-    from airflow_pgcdc.merge.plan import cut_app
+    from airflow_pgcdc.lake.tables import cut_app
 
     rebuilt = rebuilt if rebuilt is not None else DeltaTable(rebuilt_url, storage_options=storage_options)
     version = merged_version(rebuilt, app)
@@ -455,14 +370,3 @@ def merge_scd2(table, reader: pa.RecordBatchReader, spec, *, app: str, version: 
     return commit_once(merger.execute, table, url=table.table_uri, app=app, version=version)
 
 
-def merge_progress(delta: str, slot: str, tables: list[tuple[str, str]], *,
-                   storage_options: dict[str, str]) -> dict[str, int | None]:
-    """``{"schema.table": last merged window_seq or None}`` read from each Delta table's
-    app transaction (no Spark: the driver-side view of what the merge job did)."""
-    from airflow_pgcdc.merge.plan import app_id
-
-    out: dict[str, int | None] = {}
-    for schema, table in tables:
-        dt = open_table(table_url(delta, schema, table, storage_options), storage_options)
-        out[f"{schema}.{table}"] = merged_version(dt, app_id(slot, schema, table))
-    return out

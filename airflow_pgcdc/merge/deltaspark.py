@@ -29,7 +29,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_pgcdc.merge.clauses import MergeSpec, Scd2Spec, quote_ident
+from airflow_pgcdc.lake.sql import quote_ident
+from airflow_pgcdc.merge.clauses import MergeSpec, Scd2Spec
 
 __all__ = [
     "DELETION_VECTORS", "append", "bootstrap", "enable_deletion_vectors", "has_deletion_vectors", "last_commit",

@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN, COMMIT_TS, OP, SEQ, UNCHANGED_TOAST, XID
+from airflow_pgcdc.lake.inspect import merged_version, open_table
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.checks import check_expired
 from airflow_pgcdc.merge.clauses import keep_column
@@ -52,7 +53,7 @@ def changelog_history(ctx: JobContext, schema: str, table: str, manifests, keys,
     name = f"{schema}.{table}"
     url, app = target_url(ctx, schema, table, "changelog")
     dt = ctx.open(url)
-    merged = deltars.merged_version(dt, app)
+    merged = merged_version(dt, app)
     windows = select_windows(manifests, after=ctx.after(name, merged), limit=max_windows)
     if not windows or not holds_table(windows, schema, table):
         return {"changelog": url, "rows": 0}
@@ -151,13 +152,13 @@ def scd2_history(ctx: JobContext, schema: str, table: str, snapshot, entry, mani
             )
             s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
         out["bootstrap_rows"] = rows
-        dt = deltars.open_table(url, ctx.storage)
-    after = ctx.after(name, deltars.merged_version(dt, app))
+        dt = open_table(url, ctx.storage)
+    after = ctx.after(name, merged_version(dt, app))
     consistent = snapshot.consistent_point if (after is None and entry is not None) else None
     windows = select_windows(manifests, after=after, consistent_point=consistent, limit=max_windows)
     if not windows or not holds_table(windows, schema, table):
         return out
-    check_expired(ctx, schema, table, windows, None, url, deltars.merged_version(dt, app), history="scd2")
+    check_expired(ctx, schema, table, windows, None, url, merged_version(dt, app), history="scd2")
     key_columns = merge_key_columns(name, entry, windows, keys)
     plan = plan_table(
         windows, schema=schema, table=table, key_columns=key_columns,

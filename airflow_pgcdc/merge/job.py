@@ -45,7 +45,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from airflow_pgcdc.merge import deltars, pruning
+from airflow_pgcdc.lake.inspect import NONE_MERGED, foreign_creator, merged_version, open_table
+from airflow_pgcdc.lake.sizing import DEFAULT_TARGET_FILE_MB
+from airflow_pgcdc.lake.tables import shared_legacy_places
 from airflow_pgcdc.merge.checks import (
     after_point,
     check_columns,
@@ -86,7 +88,6 @@ from airflow_pgcdc.merge.plan import (
     WindowOrderError,
     plan_table,
     select_windows,
-    shared_legacy_places,
     target_url,
 )
 from airflow_pgcdc.merge.point import (
@@ -226,7 +227,7 @@ def merge_slot(
     ``until_lsn`` / ``until_time``: replay to that point, the tables as the source was then
     (:mod:`.point`; delta-rs, no history tables)."""
     store = store_argument("merge_slot", store, "source", source)
-    target_file_mb = pruning.DEFAULT_TARGET_FILE_MB if target_file_mb is None else float(target_file_mb)
+    target_file_mb = DEFAULT_TARGET_FILE_MB if target_file_mb is None else float(target_file_mb)
     if not target_file_mb > 0:
         raise MergeError(f"the target file size must be positive, got {target_file_mb} MB")
     if reader not in READERS:
@@ -355,7 +356,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
             res.bootstrap_rows = resync_replace(ctx, resync, entry, url, app, covered,
                                                  merge_key_columns(name, entry, (), keys))
             res.action = "resynced"
-            dt = deltars.open_table(url, ctx.storage)
+            dt = open_table(url, ctx.storage)
     elif dt is None and entry is not None:
         # the windows the new table will need, before copying it for nothing
         check_expired(ctx, schema, table, select_windows(
@@ -363,7 +364,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
             limit=max_windows), None, url, None)
         res.bootstrap_rows = bootstrap_table(ctx, snapshot, entry, url, merge_key_columns(name, entry, (), keys))
         res.action = "bootstrapped"
-        dt = deltars.open_table(url, ctx.storage)
+        dt = open_table(url, ctx.storage)
     elif entry is None and snapshot is not None and holds_table(manifests, schema, table):
         if dt is None and table_left_pipeline(manifests, schema, table):
             # created after the copy and gone again (a migration's scratch table), or let go
@@ -394,9 +395,9 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
                  f"{ctx.layout.root.prefix} --tables {shell_qualified(schema, table)}; the next merge then "
                  "creates it",
         )
-    last_merged = deltars.merged_version(dt, app)
+    last_merged = merged_version(dt, app)
     if since is None and res.action == "up-to-date" and (
-            other := deltars.foreign_creator(ctx.client, dt, url, app, ctx.slot)):
+            other := foreign_creator(ctx.client, dt, url, app, ctx.slot)):
         raise TableOfAnotherSlot(
             f"{url} was created by the pipeline of slot {other!r}, and slot {ctx.slot!r} never merged into "
             "it: its windows would be applied onto the other pipeline's state (after a lost slot, the "
@@ -459,7 +460,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
             since_lsn=row_since, until_lsn=None if ctx.point is None else ctx.point.lsn,
         )
     else:  # slices only: the table holds every window
-        last = deltars.NONE_MERGED if last_merged is None else last_merged
+        last = NONE_MERGED if last_merged is None else last_merged
         at = str(LSN(slices[-1].lsn))
         plan = TablePlan(schema=schema, table=table, key_columns=tuple(key_columns), first_window=last + 1,
                          last_window=last, start_lsn=at, end_lsn=at, since_lsn=row_since)
@@ -492,7 +493,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
     res.action = f"{res.action}+merged" if res.action in ("bootstrapped", "resynced") else "merged"
     if metrics.get("concurrent_commit"):
         res.action = "merged-by-concurrent-job"
-    res.delta_version = deltars.open_table(url, ctx.storage).version()
+    res.delta_version = open_table(url, ctx.storage).version()
     res.seconds = round(time.monotonic() - t0, 3)
     log.info(
         "%s: windows %s..%s (%s..%s), %d change rows -> %d merged rows, Delta version %s, %.1fs",

@@ -232,8 +232,8 @@ def _target(ctx, dt, url: str, fields: Sequence[pa.Field]):
 
         df = ctx.spark.read.format("delta").option("versionAsOf", dt.version()).load(deltaspark.s3a(url))
         return df.select(*[col(x) for x in names])
+    from airflow_pgcdc.lake.inspect import unreadable_features
     from airflow_pgcdc.merge.context import read_files
-    from airflow_pgcdc.merge.deltars import unreadable_features
     from airflow_pgcdc.merge.errors import KeylessChange
 
     features = unreadable_features(dt)

@@ -23,33 +23,29 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_pgcdc.errors import HintedError
+from airflow_pgcdc.lake.tables import (
+    CHANGELOG_SUFFIX,
+    RESYNC_APP_SUFFIX,
+    SCD2_SUFFIX,
+    app_id,
+    cut_app,
+)
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_qualified
-from airflow_pgcdc.store.layout import encode_table_segment
 from airflow_pgcdc.store.window import KEY_MOVES_FIELD, truncates_table
 
 if TYPE_CHECKING:
     from airflow_pgcdc.merge.context import JobContext
 
 __all__ = [
-    "CHANGELOG_SUFFIX",
     "KeyNotCovered",
     "MergeError",
     "NoMergeKey",
-    "RESYNC_APP_SUFFIX",
-    "SCD2_SUFFIX",
     "TablePlan",
     "VersionInput",
     "WindowGap",
     "WindowOrderError",
-    "app_id",
-    "changelog_url",
-    "cut_app",
-    "delta_table_url",
-    "legacy_delta_table_url",
-    "shared_legacy_places",
     "plan_table",
-    "scd2_url",
     "select_windows",
     "target_url",
 ]
@@ -75,49 +71,16 @@ class KeyNotCovered(MergeError):
     """The replica identity of a relation version does not include every key column."""
 
 
-def app_id(slot: str, schema: str, table: str) -> str:
-    """The Delta app transaction id of a table: ``pgcdc:{slot}:{schema}.{table}``."""
-    return f"pgcdc:{slot}:{schema}.{table}"
 
 
-RESYNC_APP_SUFFIX = ":resync"
-"""A Delta table's app transaction ``{app}:resync`` holds the consistent point (as an
-integer LSN) of the resync (or slice, :mod:`.slices`) it last applied."""
 
 
-def cut_app(app: str, window: int) -> str:
-    """The app transaction id recording that ``window`` is applied up to a point (its
-    version: the point's LSN; see :mod:`.point`)."""
-    return f"{app}:until-w{window}"
 
 
-def delta_table_url(delta_root: str, schema: str, table: str) -> str:
-    """``{delta_root}/{schema}.{table}``: the store's reversible segment encoding with ``~``
-    as its escape instead of ``%`` (``my~2Eschema.a~2Fb``; the encoding escapes ``~`` and
-    ``%`` themselves, so this is one-to-one too). delta-rs decodes ``%`` escapes in a
-    table's URL (and its log reader decodes them again), so with ``%`` two names decoded
-    to one key: ``"a.b"."c"`` and ``"a"."b.c"`` were one Delta table (``a.b.c``, see
-    :func:`legacy_delta_table_url`). ``~`` is left alone by URL decoding, delta-rs and
-    Hadoop's paths. Names that need no escape are unchanged."""
-    return delta_root.rstrip("/") + "/" + encode_table_segment(schema, table).replace("%", "~")
 
 
-def legacy_delta_table_url(delta_root: str, schema: str, table: str) -> str:
-    """Where earlier versions put a table: the segment with ``%`` escapes, which delta-rs
-    decodes, so its objects are under ``my.schema.Odd Table``, a key two names can share.
-    Equal to :func:`delta_table_url` for names that need no escape."""
-    return delta_root.rstrip("/") + "/" + encode_table_segment(schema, table)
 
 
-def shared_legacy_places(tables) -> frozenset[tuple[str, str]]:
-    """Those of ``tables`` (``(schema, table)`` pairs) whose legacy Delta location
-    (:func:`legacy_delta_table_url`: the segment decoded) another of them shares."""
-    from collections import Counter
-    from urllib.parse import unquote
-
-    place = {t: unquote(encode_table_segment(*t)) for t in set(tables)}
-    counts = Counter(place.values())
-    return frozenset(t for t, p in place.items() if counts[p] > 1)
 
 
 def select_windows(
@@ -351,20 +314,12 @@ def target_url(ctx: JobContext, schema: str, table: str, history: str | None = N
     return base + (CHANGELOG_SUFFIX if history == "changelog" else SCD2_SUFFIX), f"{app}:{history}"
 
 
-CHANGELOG_SUFFIX = "__changelog"
 
 
-def changelog_url(delta: str, schema: str, table: str) -> str:
-    """``{delta}/{schema}.{table}__changelog``: the append-only history of a table."""
-    return delta_table_url(delta, schema, table) + CHANGELOG_SUFFIX
 
 
-SCD2_SUFFIX = "__scd2"
 
 
-def scd2_url(delta: str, schema: str, table: str) -> str:
-    """``{delta}/{schema}.{table}__scd2``: the SCD type 2 history of a table."""
-    return delta_table_url(delta, schema, table) + SCD2_SUFFIX
 
 
 def missing_values(plan: TablePlan) -> dict[str, Any]:

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN, COMMIT_TS
+from airflow_pgcdc.lake.tables import cut_app
 from airflow_pgcdc.merge.errors import PointError
-from airflow_pgcdc.merge.plan import cut_app
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store.manifest import POINT_TIME
 from airflow_pgcdc.store.window import COMMIT_TIMES_FIELD

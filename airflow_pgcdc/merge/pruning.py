@@ -26,16 +26,12 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from airflow_pgcdc.merge.clauses import MergeSpec, quote_ident
+from airflow_pgcdc.lake.sizing import target_bytes
+from airflow_pgcdc.lake.sql import quote_ident
+from airflow_pgcdc.merge.clauses import MergeSpec
 
-__all__ = [
-    "DEFAULT_TARGET_FILE_MB", "MAX_RANGES", "bounded", "bounds_predicate", "file_count", "key_ranges", "prunable_key",
-    "target_bytes",
-]
+__all__ = ["MAX_RANGES", "bounded", "bounds_predicate", "file_count", "key_ranges", "prunable_key"]
 
-DEFAULT_TARGET_FILE_MB = 32.0
-"""The data files' target size (MB of Parquet) at bootstrap: ``--target-file-mb``. A
-table smaller than that is one file (no small files); see README "merge cost"."""
 
 MAX_RANGES = 32
 """At most this many key ranges in a merge's target bound."""
@@ -86,11 +82,6 @@ def bounded(spec: MergeSpec, bound: str | None) -> MergeSpec:
     return spec if bound is None else replace(spec, predicate=f"{spec.predicate} AND {bound}")
 
 
-def target_bytes(target_mb: float) -> int:
-    """``--target-file-mb`` in bytes (fractions allowed: the tests write tiny files)."""
-    if not target_mb or target_mb <= 0:
-        raise ValueError(f"the target file size must be positive, got {target_mb!r} MB")
-    return max(1, int(float(target_mb) * 1024 * 1024))
 
 
 def file_count(total_bytes: int, target_mb: float) -> int:

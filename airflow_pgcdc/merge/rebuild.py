@@ -26,11 +26,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from airflow_pgcdc.lake.inspect import foreign_creator, open_table
+from airflow_pgcdc.lake.tables import app_id, delta_table_url
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.checks import _ranges_text, check_copy, check_expired, expired_state
 from airflow_pgcdc.merge.context import JobContext
 from airflow_pgcdc.merge.errors import CopyExpired, WindowsExpired
-from airflow_pgcdc.merge.plan import MergeError, app_id, delta_table_url, select_windows
+from airflow_pgcdc.merge.plan import MergeError, select_windows
 from airflow_pgcdc.merge.windows import load_windows
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id
@@ -129,7 +131,7 @@ def check_replayable(*, store: str, slot: str, scratch: str, tables: Sequence[st
                 problem.setdefault("copy", exc.copy)
         if live is not None:
             live_url = delta_table_url(live, schema, table)
-            other = deltars.foreign_creator(client, deltars.open_table(live_url, ctx.storage), live_url,
+            other = foreign_creator(client, open_table(live_url, ctx.storage), live_url,
                                             app_id(slot, schema, table), slot)
             if other is not None:
                 problem["other_slot"] = other
@@ -189,7 +191,7 @@ def swap_in(result: dict[str, Any], delta: str, *, settings: s3store.S3Settings,
     :mod:`airflow_pgcdc.lake.lock`; ``lock_wait``: how long to wait for it, default
     600 s). A failed table is left out. Returns one record per swap."""
     from airflow_pgcdc.lake.lock import root_lock_if
-    from airflow_pgcdc.merge.pruning import DEFAULT_TARGET_FILE_MB, target_bytes
+    from airflow_pgcdc.lake.sizing import DEFAULT_TARGET_FILE_MB, target_bytes
 
     with root_lock_if(True, s3store.make_s3_client(settings), delta, job=f"pgcdc rebuild {run} (the swap)",
                       wait=lock_wait):
@@ -208,7 +210,7 @@ def _swap_all(result: dict[str, Any], delta: str, *, storage_options: dict[str, 
             if not rebuilt.startswith(scratch + "/"):
                 raise MergeError(f"rebuilt table {rebuilt} is not under the rebuild root {scratch}")
             live = delta.rstrip("/") + rebuilt[len(scratch):]
-            table = deltars.open_table(rebuilt, storage_options)
+            table = open_table(rebuilt, storage_options)
             if table is None:
                 continue  # a history table with nothing to keep
             done = deltars.swap(rebuilt, live, app=app, storage_options=storage_options, target_file_size=size,

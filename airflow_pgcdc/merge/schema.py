@@ -16,6 +16,7 @@ from airflow_pgcdc.changes.rows import (
     META_NAMES,
     OLD_PREFIX,
 )
+from airflow_pgcdc.lake.inspect import open_table
 from airflow_pgcdc.lake.types import to_delta_schema
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.compact import toastable
@@ -96,7 +97,7 @@ def table_configuration(fields: list[pa.Field]) -> dict[str, str] | None:
     """Delta table properties for a new table: statistics are collected for every column
     but those :func:`_unsafe_for_stats` names (docs/types.md), so both engines can write
     the table."""
-    from airflow_pgcdc.merge.clauses import quote_ident
+    from airflow_pgcdc.lake.sql import quote_ident
 
     if not any(_unsafe_for_stats(f.type) for f in fields):
         return None
@@ -231,7 +232,7 @@ def evolve(ctx: JobContext, plan: TablePlan, url: str, dt, fields: list[pa.Field
             storage_options=ctx.storage, configuration=table_configuration(fields),
             metadata={"pgcdc.slot": ctx.slot, **created},
         )
-        return deltars.open_table(url, ctx.storage), []
+        return open_table(url, ctx.storage), []
     new = _check_target(plan, pa.schema(dt.schema().to_arrow()), fields)
     if not new:
         return dt, []
@@ -240,7 +241,7 @@ def evolve(ctx: JobContext, plan: TablePlan, url: str, dt, fields: list[pa.Field
         deltars.add_filled_columns(dt, new, fill, metadata={"pgcdc.slot": ctx.slot, "pgcdc.filled": ",".join(fill)})
     else:
         deltars.add_columns(dt, new)
-    return deltars.open_table(url, ctx.storage), [f.name for f in new]
+    return open_table(url, ctx.storage), [f.name for f in new]
 
 
 def change_inputs(plan: TablePlan, fields: list[pa.Field], keys) -> tuple[list[str], list[str], pa.Schema]:

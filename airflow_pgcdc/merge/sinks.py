@@ -12,6 +12,8 @@ import pyarrow.compute as pc
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ
 from airflow_pgcdc.faults import fault_point
+from airflow_pgcdc.lake.sizing import target_bytes
+from airflow_pgcdc.lake.tables import RESYNC_APP_SUFFIX
 from airflow_pgcdc.merge import deltars, pruning
 from airflow_pgcdc.merge.checks import check_copy, check_internal_names
 from airflow_pgcdc.merge.clauses import MATCH_PREFIX, build_merge_spec, keep_column
@@ -26,12 +28,7 @@ from airflow_pgcdc.merge.context import (
     stage,
     window_metadata,
 )
-from airflow_pgcdc.merge.plan import (
-    RESYNC_APP_SUFFIX,
-    MergeError,
-    TablePlan,
-    missing_values,
-)
+from airflow_pgcdc.merge.plan import MergeError, TablePlan, missing_values
 from airflow_pgcdc.merge.schema import (
     batch_fields,
     change_inputs,
@@ -116,7 +113,7 @@ def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: 
     point = int(resync.consistent_point)
     deltars.replace(
         url, reader, storage_options=ctx.storage,
-        configuration=table_configuration(fields), target_file_size=pruning.target_bytes(ctx.target_file_mb),
+        configuration=table_configuration(fields), target_file_size=target_bytes(ctx.target_file_mb),
         transactions={app: covered, app + RESYNC_APP_SUFFIX: point},
         metadata={"pgcdc.slot": ctx.slot, "pgcdc.resync": resync.url,
                   "pgcdc.consistent_point": resync.manifest.consistent_point,
@@ -152,7 +149,7 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
             deltars.bootstrap(
                 url, reader, storage_options=ctx.storage,
                 configuration=table_configuration(fields), metadata=metadata,
-                target_file_size=pruning.target_bytes(ctx.target_file_mb),
+                target_file_size=target_bytes(ctx.target_file_mb),
             )
     except deltars.TableExists:
         log.info("%s: Delta table created meanwhile by another job; not bootstrapping again", name)

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from airflow_pgcdc.merge import deltars
+from airflow_pgcdc.lake.inspect import merged_version
+from airflow_pgcdc.lake.tables import RESYNC_APP_SUFFIX
 from airflow_pgcdc.merge.errors import SliceNotMerged
-from airflow_pgcdc.merge.plan import RESYNC_APP_SUFFIX
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import shell_qualified
 from airflow_pgcdc.store.manifest import SLICE_WHERE
@@ -60,7 +60,7 @@ def pending_slices(ctx, schema: str, table: str, dt, app: str, since: int | None
     found = []
     if not ctx.slices:
         return found
-    applied = deltars.merged_version(dt, app + RESYNC_APP_SUFFIX) if dt is not None else None
+    applied = merged_version(dt, app + RESYNC_APP_SUFFIX) if dt is not None else None
     floor = max(x for x in (applied, since, -1) if x is not None)
     for r in ctx.slices:
         entry = r.entry(schema, table)

@@ -8,15 +8,12 @@ import json
 import logging
 from collections.abc import Sequence
 
-from airflow_pgcdc.merge import deltars
+from airflow_pgcdc.lake.inspect import merged_version, open_table
+from airflow_pgcdc.lake.tables import RESYNC_APP_SUFFIX
 from airflow_pgcdc.merge.context import (
     JobContext,
 )
-from airflow_pgcdc.merge.plan import (
-    RESYNC_APP_SUFFIX,
-    MergeError,
-    target_url,
-)
+from airflow_pgcdc.merge.plan import MergeError, target_url
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
@@ -182,8 +179,8 @@ def _merged_floor(ctx: JobContext, wanted: list[tuple[str, str]], through: int, 
             targets.append(target_url(ctx, schema, table, ctx.history))
         merged = []
         for url, app in targets:
-            ctx.loaded[url] = deltars.open_table(url, ctx.storage)
-            merged.append(deltars.merged_version(ctx.loaded[url], app))
+            ctx.loaded[url] = open_table(url, ctx.storage)
+            merged.append(merged_version(ctx.loaded[url], app))
         lowest = min(-1 if v is None else v for v in merged)
         if last_seen.get((schema, table), -1) <= lowest:
             ctx.anchors[f"{schema}.{table}"] = through
@@ -213,8 +210,8 @@ def _resync_mark(ctx: JobContext, schema: str, table: str) -> int:
     (its ``{app}:resync``), -1 when none (the table is opened once per job, ``ctx.loaded``)."""
     url, app = target_url(ctx, schema, table)
     if url not in ctx.loaded:
-        ctx.loaded[url] = deltars.open_table(url, ctx.storage)
-    applied = deltars.merged_version(ctx.loaded[url], app + RESYNC_APP_SUFFIX)
+        ctx.loaded[url] = open_table(url, ctx.storage)
+    applied = merged_version(ctx.loaded[url], app + RESYNC_APP_SUFFIX)
     return -1 if applied is None else applied
 
 

@@ -125,11 +125,11 @@ def _without_copy(client: Any, layout: Any, slot: str, newest: Any) -> list[tupl
 
 
 def _delta_url(delta_url: str, schema: str, table: str, storage: dict[str, str] | None = None) -> str:
-    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.lake.tables import delta_table_url
 
     if storage is None:
         return delta_table_url(delta_url, schema, table)
-    from airflow_pgcdc.merge.deltars import table_url
+    from airflow_pgcdc.lake.inspect import table_url
 
     return table_url(delta_url, schema, table, storage)
 
@@ -217,7 +217,7 @@ def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_se
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    from airflow_pgcdc.maintain.delta import table_figures
+    from airflow_pgcdc.lake.inspect import table_figures
     from airflow_pgcdc.store.maintenance import last_maintenance
     from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options, settings_of
 
@@ -250,7 +250,7 @@ def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_se
 
 def _merged_per_table(client: Any, layout: Any, slot: str, delta_url: str, last_seq: int,
                       extra: list[tuple[str, str]] = ()) -> dict:
-    from airflow_pgcdc.merge.deltars import merge_progress
+    from airflow_pgcdc.lake.inspect import merge_progress
     from airflow_pgcdc.store.manifest import committed_snapshot
     from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options
     from airflow_pgcdc.store.window import read_window

@@ -35,11 +35,11 @@ def delta_table_location(delta_url: str, schema: str, table: str, *,
     """``{delta_url}/{schema}.{table}``: where the merge keeps the table (one rule, the
     merge's: :func:`airflow_pgcdc.merge.deltars.table_url`; with ``storage_options`` a table
     an earlier version left at its legacy location is found there)."""
-    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.lake.tables import delta_table_url
 
     if storage_options is None:
         return delta_table_url(delta_url, schema, table)
-    from airflow_pgcdc.merge.deltars import table_url
+    from airflow_pgcdc.lake.inspect import table_url
 
     return table_url(delta_url, schema, table, dict(storage_options))
 
@@ -97,7 +97,7 @@ def _delta_source(dt, names: list[str]):
     an error) a RecordBatchReader from delta-rs' SQL engine, which reads them right."""
     from deltalake.exceptions import DeltaProtocolError
 
-    from airflow_pgcdc.merge.deltars import unreadable_features
+    from airflow_pgcdc.lake.inspect import unreadable_features
 
     if unreadable_features(dt):
         return _delta_query(dt, names)
@@ -110,7 +110,7 @@ def _delta_source(dt, names: list[str]):
 def _delta_query(dt, names: list[str]) -> pa.RecordBatchReader:
     from deltalake import QueryBuilder
 
-    from airflow_pgcdc.merge.clauses import quote_ident
+    from airflow_pgcdc.lake.sql import quote_ident
 
     cols = ", ".join(quote_ident(n, "delta-rs") for n in names) if names else "1"
     reader = QueryBuilder().register("t", dt).execute(f"SELECT {cols} FROM t")

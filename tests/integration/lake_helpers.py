@@ -11,7 +11,7 @@ import psycopg
 from deltalake import DeltaTable
 
 from airflow_pgcdc.drain.drain import drain_window
-from airflow_pgcdc.merge.plan import delta_table_url
+from airflow_pgcdc.lake.tables import delta_table_url
 from airflow_pgcdc.store import s3 as s3store
 
 SMALL_WORK_MEM = "-c logical_decoding_work_mem=64kB"

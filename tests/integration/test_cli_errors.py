@@ -106,7 +106,7 @@ def test_a_sql_ascii_database_is_refused_up_front(pg_server, slot_name, store):
         import pyarrow as pa
         from deltalake import write_deltalake
 
-        from airflow_pgcdc.merge.plan import delta_table_url
+        from airflow_pgcdc.lake.tables import delta_table_url
         from airflow_pgcdc.store.s3 import delta_storage_options
 
         write_deltalake(delta_table_url(lake, "public", "t"), pa.table({"id": [1], "v": ["a"]}),

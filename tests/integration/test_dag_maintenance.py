@@ -15,9 +15,9 @@ from deltalake import DeltaTable
 from lake_helpers import sql
 
 from airflow_pgcdc.drain.drain import drain_window
+from airflow_pgcdc.lake.tables import app_id, delta_table_url
 from airflow_pgcdc.maintain import read_expired
 from airflow_pgcdc.merge.job import merge_slot
-from airflow_pgcdc.merge.plan import app_id, delta_table_url
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.status.job import slot_status
 from airflow_pgcdc.store import s3 as s3store

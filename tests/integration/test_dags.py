@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from psycopg.conninfo import conninfo_to_dict
 from test_secrets import PsWatch
 
-from airflow_pgcdc.merge.plan import app_id, delta_table_url
+from airflow_pgcdc.lake.tables import app_id, delta_table_url
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.verify import verify_table
 

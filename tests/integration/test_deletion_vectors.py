@@ -54,10 +54,10 @@ def _spark_rows(spark, url: str) -> list[tuple]:
 def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
     from deltalake import DeltaTable
 
+    from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.maintain import maintain_slot
     from airflow_pgcdc.maintain.delta import PURGE_RATIO, deleted_rows
     from airflow_pgcdc.merge.deltaspark import DELETION_VECTORS, has_deletion_vectors
-    from airflow_pgcdc.merge.plan import delta_table_url
     from airflow_pgcdc.store import s3 as s3store
 
     client, src, lake = store
@@ -188,8 +188,9 @@ def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
 def test_turned_on_for_an_existing_table_and_refused_for_delta_rs(fresh_db, slot_name, store, spark):
     from deltalake import DeltaTable
 
+    from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.merge.deltaspark import has_deletion_vectors
-    from airflow_pgcdc.merge.plan import MergeError, delta_table_url
+    from airflow_pgcdc.merge.plan import MergeError
     from airflow_pgcdc.store import s3 as s3store
 
     client, src, lake = store

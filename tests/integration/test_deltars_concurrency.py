@@ -9,6 +9,7 @@ import threading
 import pyarrow as pa
 import pytest
 
+from airflow_pgcdc.lake.inspect import open_table
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.clauses import build_merge_spec
 from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options
@@ -57,7 +58,7 @@ def test_concurrent_merges_of_one_window_commit_once(table):
     url, storage = table
     spec = build_merge_spec(target_columns=["id", "v"], source_columns=["id", "v"], key_columns=["id"])
     # both jobs read the table before either commits
-    tables = [deltars.open_table(url, storage) for _ in range(2)]
+    tables = [open_table(url, storage) for _ in range(2)]
 
     def commit(i):
         src = changes()
@@ -67,7 +68,7 @@ def test_concurrent_merges_of_one_window_commit_once(table):
     out = race(2, commit)
     assert not any(isinstance(o, BaseException) for o in out), out
     assert sum(1 for o in out if o.get("concurrent_commit")) == 1, out
-    dt = deltars.open_table(url, storage)
+    dt = open_table(url, storage)
     assert dt.version() == 1, "one MERGE commit on top of the bootstrap"
     assert dt.transaction_version(APP) == 7
     assert sorted(dt.to_pyarrow_table().to_pylist(), key=lambda r: r["id"]) == [
@@ -86,11 +87,11 @@ def append_window(dt, version: int = 3):
 
 def test_concurrent_appends_of_one_window_commit_once(table):
     url, storage = table
-    tables = [deltars.open_table(url, storage) for _ in range(2)]
+    tables = [open_table(url, storage) for _ in range(2)]
     out = race(2, lambda i: append_window(tables[i]))
     assert not any(isinstance(o, BaseException) for o in out), out
     assert sum(1 for o in out if o.get("concurrent_commit")) == 1, out
-    dt = deltars.open_table(url, storage)
+    dt = open_table(url, storage)
     assert dt.to_pyarrow_table().column("id").to_pylist().count(10) == 1, "the window's rows once"
 
 
@@ -98,19 +99,19 @@ def test_append_on_a_handle_read_before_another_jobs_commit_is_refused(table):
     """An append is blind (it conflicts with nothing): made against the latest version it
     would add the window twice. It is made against the handle the job read."""
     url, storage = table
-    stale = deltars.open_table(url, storage)
-    assert append_window(deltars.open_table(url, storage)) == {}
+    stale = open_table(url, storage)
+    assert append_window(open_table(url, storage)) == {}
     assert append_window(stale).get("concurrent_commit")
-    assert append_window(deltars.open_table(url, storage)).get("concurrent_commit"), "a fresh handle sees it merged"
-    rows = deltars.open_table(url, storage).to_pyarrow_table().column("id").to_pylist()
+    assert append_window(open_table(url, storage)).get("concurrent_commit"), "a fresh handle sees it merged"
+    rows = open_table(url, storage).to_pyarrow_table().column("id").to_pylist()
     assert rows.count(10) == 1
 
 
 def test_a_different_concurrent_commit_is_a_typed_error(table):
     url, storage = table
     spec = build_merge_spec(target_columns=["id", "v"], source_columns=["id", "v"], key_columns=["id"])
-    stale = deltars.open_table(url, storage)
-    other = deltars.open_table(url, storage)
+    stale = open_table(url, storage)
+    other = open_table(url, storage)
     src = changes()
     deltars.merge(other, pa.RecordBatchReader.from_batches(src.schema, src.to_batches()), spec,
                   app="pgcdc:other", version=1, metadata={})
@@ -118,4 +119,4 @@ def test_a_different_concurrent_commit_is_a_typed_error(table):
         deltars.merge(stale, pa.RecordBatchReader.from_batches(src.schema, src.to_batches()), spec,
                       app=APP, version=7, metadata={})
     assert url in str(ei.value) and "window 7" in str(ei.value)
-    assert deltars.open_table(url, storage).transaction_version(APP) is None
+    assert open_table(url, storage).transaction_version(APP) is None

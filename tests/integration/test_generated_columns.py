@@ -31,7 +31,7 @@ from airflow_pgcdc.verify import verify_table
 def delta_rows(lake, schema, table):
     from deltalake import DeltaTable
 
-    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.store import s3 as s3store
 
     dt = DeltaTable(delta_table_url(lake, schema, table), storage_options=s3store.delta_storage_options())

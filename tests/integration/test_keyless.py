@@ -11,9 +11,9 @@ import pytest
 from lake_helpers import drain, sql
 from matrix import servers_in_turn
 
+from airflow_pgcdc.lake.tables import app_id, delta_table_url
 from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot
-from airflow_pgcdc.merge.plan import app_id, delta_table_url
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.verify import MULTISET, verify_table

@@ -17,9 +17,9 @@ import pytest
 from deltalake import DeltaTable
 from lake_helpers import drain, sql
 
+from airflow_pgcdc.lake.tables import app_id, delta_table_url
 from airflow_pgcdc.maintain import expired_key, maintain_slot, read_expired
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot
-from airflow_pgcdc.merge.plan import app_id, delta_table_url
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout

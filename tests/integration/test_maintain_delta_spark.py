@@ -18,9 +18,9 @@ pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
 def test_maintain_then_delta_spark_merges_on(pg18, request, slot_name, s3, s3_bucket, monkeypatch, spark_with_delta):
     import test_maintain as tm
 
+    from airflow_pgcdc.lake.tables import app_id, delta_table_url
     from airflow_pgcdc.maintain import maintain_slot
     from airflow_pgcdc.merge.job import merge_slot
-    from airflow_pgcdc.merge.plan import app_id, delta_table_url
     from airflow_pgcdc.store import s3 as s3store
 
     for k, v in s3.aws_env().items():

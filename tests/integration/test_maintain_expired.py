@@ -13,10 +13,10 @@ import pytest
 from matrix import on_pg18
 from test_maintain import change, drain, setup_pipeline
 
+from airflow_pgcdc.lake.inspect import open_table
+from airflow_pgcdc.lake.tables import delta_table_url
 from airflow_pgcdc.maintain import maintain_slot, read_expired
-from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot
-from airflow_pgcdc.merge.plan import delta_table_url
 from airflow_pgcdc.merge.rebuild import NotReplayable, rebuild_slot
 from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store import s3 as s3store
@@ -110,12 +110,12 @@ def test_merge_needing_expired_windows_fails_that_table(fresh_db, slot_name, sto
                              "'\"public\".\"q\"' (a new copy"), q.hint
     opts = s3store.delta_storage_options()
     for name in ("t", "q"):  # not copied for nothing, nor half made
-        assert deltars.open_table(delta_table_url(lake2, "public", name), opts) is None
+        assert open_table(delta_table_url(lake2, "public", name), opts) is None
 
     # 1b) pgcdc rebuild refuses whole, before any work: every table named with what it lacks
     #     and the retention that would have kept it; nothing under the rebuild root, the
     #     live tables untouched
-    live_versions = {n: deltars.open_table(delta_table_url(lake, "public", n), opts).version() for n in TABLES}
+    live_versions = {n: open_table(delta_table_url(lake, "public", n), opts).version() for n in TABLES}
     with pytest.raises(NotReplayable) as refused:
         rebuild_slot(spark, store=src, slot=slot, delta=lake)
     text = str(refused.value)
@@ -128,7 +128,7 @@ def test_merge_needing_expired_windows_fails_that_table(fresh_db, slot_name, sto
     assert "pgcdc resync" in refused.value.hint and "--retention-hours" in refused.value.hint
     assert sorted(p["table"] for p in refused.value.problems) == ["public.q", "public.t", "public.u"]
     assert list(s3store.list_keys(client, lay.bucket, "lake_rebuild/")) == []
-    assert {n: deltars.open_table(delta_table_url(lake, "public", n), opts).version()
+    assert {n: open_table(delta_table_url(lake, "public", n), opts).version()
             for n in TABLES} == live_versions
 
     # 2) the live root goes on: window 3 merges (its parts are there)

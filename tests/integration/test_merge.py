@@ -11,8 +11,9 @@ import pytest
 from deltalake import DeltaTable
 from lake_helpers import SMALL_WORK_MEM, assert_equal, delta_rows, drain, pg_rows, sql  # noqa: F401 - re-exported
 
+from airflow_pgcdc.lake.tables import app_id, delta_table_url
 from airflow_pgcdc.merge.job import merge_slot
-from airflow_pgcdc.merge.plan import WindowGap, app_id, delta_table_url
+from airflow_pgcdc.merge.plan import WindowGap
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.snapshot.resync import resync_tables
@@ -235,7 +236,7 @@ def test_pgcdc_merge_of_small_batches_starts_no_spark(db18, slot_name, store, s3
 
 
 def test_changelog_history_appends_every_change_once(db18, slot_name, store, spark):
-    from airflow_pgcdc.merge.plan import changelog_url
+    from airflow_pgcdc.lake.tables import changelog_url
 
     client, src, lake = store
     db = db18
@@ -342,7 +343,7 @@ def test_types_survive_the_merge_exactly(fresh_db, slot_name, store, spark, driv
 
 
 def test_scd2_history_keeps_every_version_with_its_lsn_validity(db18, slot_name, store, spark):
-    from airflow_pgcdc.merge.plan import scd2_url
+    from airflow_pgcdc.lake.tables import scd2_url
 
     client, src, lake = store
     db = db18
@@ -386,7 +387,7 @@ def test_scd2_history_keeps_every_version_with_its_lsn_validity(db18, slot_name,
 
     # rebuilt from the store with its history table (pgcdc rebuild --history scd2), swapped in:
     # the same versions with the same LSN validity
-    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.merge.rebuild import rebuild_slot
 
     def versions(table_rows):
@@ -449,7 +450,7 @@ def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark,
 
 
 def test_scd2_keeps_the_versions_before_a_truncate_in_the_batch(fresh_db, slot_name, store, spark):
-    from airflow_pgcdc.merge.plan import scd2_url
+    from airflow_pgcdc.lake.tables import scd2_url
 
     client, src, lake = store
     db = fresh_db

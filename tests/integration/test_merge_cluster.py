@@ -20,8 +20,8 @@ from deltalake import DeltaTable
 from lake_helpers import assert_equal, drain, sql
 from test_merge import end_to_end
 
+from airflow_pgcdc.lake.tables import app_id, delta_table_url
 from airflow_pgcdc.merge.jars import unavailable_reason
-from airflow_pgcdc.merge.plan import app_id, delta_table_url
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
 

@@ -27,8 +27,8 @@ def test_delta_spark_sink_merges_like_delta_rs(reader, fresh_db, slot_name, s3, 
     from deltalake import DeltaTable
 
     from airflow_pgcdc.drain.drain import drain_window
+    from airflow_pgcdc.lake.tables import app_id, delta_table_url
     from airflow_pgcdc.merge.job import merge_slot
-    from airflow_pgcdc.merge.plan import app_id, delta_table_url
     from airflow_pgcdc.snapshot.export import snapshot_to_s3
     from airflow_pgcdc.store import s3 as s3store
 
@@ -102,9 +102,9 @@ def test_delta_rs_and_delta_spark_take_turns_on_one_table(db18, slot_name, store
     executor copied all 671 MB there at its first task, at every run)."""
     from lake_helpers import drain
 
+    from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.merge.deltaspark import s3a
     from airflow_pgcdc.merge.job import merge_slot
-    from airflow_pgcdc.merge.plan import delta_table_url
     from airflow_pgcdc.snapshot.export import snapshot_to_s3
     from airflow_pgcdc.verify import verify_table
 
@@ -158,7 +158,7 @@ def test_delta_rs_and_delta_spark_take_turns_on_one_table(db18, slot_name, store
 
     # a rebuild from the store with Delta's Spark engine (pgcdc rebuild --engine delta-spark):
     # built in a scratch root, swapped in with one commit, and the pipeline merges on
-    from airflow_pgcdc.merge.plan import app_id
+    from airflow_pgcdc.lake.tables import app_id
     from airflow_pgcdc.merge.rebuild import rebuild_slot
 
     opts = s3store.delta_storage_options()

@@ -26,9 +26,10 @@ pytestmark = [pytest.mark.delta_spark, pytest.mark.skipif(_MISSING is not None, 
 def test_odd_column_names_on_delta_spark(reader, fresh_db, slot_name, store, spark):
     from deltalake import DeltaTable
 
-    from airflow_pgcdc.merge.deltars import UnreadableFeatures, plain_dataset, unreadable_features
+    from airflow_pgcdc.lake.inspect import unreadable_features
+    from airflow_pgcdc.lake.tables import delta_table_url
+    from airflow_pgcdc.merge.deltars import UnreadableFeatures, plain_dataset
     from airflow_pgcdc.merge.deltaspark import s3a
-    from airflow_pgcdc.merge.plan import delta_table_url
     from airflow_pgcdc.store import s3 as s3store
 
     client, src, lake = store
@@ -76,7 +77,7 @@ def test_odd_column_names_on_delta_spark(reader, fresh_db, slot_name, store, spa
     merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-spark", reader=reader)
     assert verify_table(db, lake, "my.schema", "Odd Table").equal
     # pgcdc status' figures find the table's objects where the engines put them
-    from airflow_pgcdc.maintain.delta import table_figures
+    from airflow_pgcdc.lake.inspect import table_figures
 
     odd.update_incremental()
     figures = table_figures(odd_url, storage_options=storage, client=client)

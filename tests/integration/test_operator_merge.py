@@ -14,7 +14,7 @@ import pytest
 from airflow_runner import airflow_env, asset_events, run_dag
 
 from airflow_pgcdc.drain.drain import drain_window
-from airflow_pgcdc.merge.plan import delta_table_url
+from airflow_pgcdc.lake.tables import delta_table_url
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.verify import verify_table

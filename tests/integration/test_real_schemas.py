@@ -108,7 +108,7 @@ def test_a_value_one_table_cannot_carry_stops_only_that_table(fresh_db, slot_nam
     and ``--as-text`` on the resync and the drains carries the column as exact text."""
     from deltalake import DeltaTable
 
-    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.store import s3 as s3store
 
     client, src, lake = store

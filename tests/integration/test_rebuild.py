@@ -17,9 +17,9 @@ from matrix import on_pg18
 from test_maintain import TABLES, assert_equal, change, drain, setup_pipeline
 
 from airflow_pgcdc.lake.lock import DeltaRootBusy, delta_root_lock
+from airflow_pgcdc.lake.tables import app_id, changelog_url, delta_table_url
 from airflow_pgcdc.maintain import maintain_slot
 from airflow_pgcdc.merge.job import merge_slot
-from airflow_pgcdc.merge.plan import app_id, changelog_url, delta_table_url
 from airflow_pgcdc.merge.rebuild import NotReplayable, rebuild_slot, swap_in
 from airflow_pgcdc.store import s3 as s3store
 

@@ -22,8 +22,8 @@ from lake_helpers import drain, read_windows, sql
 
 from airflow_pgcdc.drain.drain import SlotAheadOfStore
 from airflow_pgcdc.drain.guards import SlotMissing
+from airflow_pgcdc.lake.tables import delta_table_url
 from airflow_pgcdc.merge.job import RecoveryGap, TablesFailed, merge_slot
-from airflow_pgcdc.merge.plan import delta_table_url
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.snapshot.recover import NothingToRecover, RecoverError, recover_pipeline
 from airflow_pgcdc.snapshot.resync import resync_tables

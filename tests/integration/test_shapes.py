@@ -18,7 +18,7 @@ from airflow_pgcdc.verify import verify_table
 def delta_ids(lake, schema, table):
     from deltalake import DeltaTable
 
-    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.store import s3 as s3store
 
     dt = DeltaTable(delta_table_url(lake, schema, table), storage_options=s3store.delta_storage_options())
@@ -244,8 +244,8 @@ def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, 
 
     from deltalake import DeltaTable
 
+    from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.merge.job import NeedsSnapshot, TablesFailed
-    from airflow_pgcdc.merge.plan import delta_table_url
     from airflow_pgcdc.snapshot.resync import TableNotPublished, resync_tables
     from airflow_pgcdc.store import s3 as s3store
 
@@ -388,7 +388,7 @@ def test_a_merge_killed_while_replacing_from_a_resync_keeps_the_old_table(fresh_
 
     from deltalake import DeltaTable
 
-    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.snapshot.resync import resync_tables
     from airflow_pgcdc.store import s3 as s3store
 
@@ -447,7 +447,7 @@ def test_add_column_with_a_default_reads_it_in_delta_too(fresh_db, slot_name, st
     assert verify_table(db, lake, "public", "t").equal  # every column, every type
     from deltalake import DeltaTable
 
-    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.store import s3 as s3store
 
     rows = {r["id"]: r for r in DeltaTable(delta_table_url(lake, "public", "t"),
@@ -524,7 +524,7 @@ def test_a_dropped_table_keeps_its_delta_table_and_is_marked(fresh_db, slot_name
     keeps its last state, and the merge result marks it (``left_pipeline``); nothing fails."""
     from deltalake import DeltaTable
 
-    from airflow_pgcdc.merge.plan import delta_table_url
+    from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.store import s3 as s3store
 
     client, src, lake = store

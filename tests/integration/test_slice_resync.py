@@ -19,9 +19,9 @@ from deltalake import DeltaTable
 from lake_helpers import assert_equal, delta_rows, drain, read_windows, sql
 from matrix import on_pg18
 
+from airflow_pgcdc.lake.tables import app_id, delta_table_url
 from airflow_pgcdc.maintain import maintain_slot
 from airflow_pgcdc.merge.job import merge_slot
-from airflow_pgcdc.merge.plan import app_id, delta_table_url
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.snapshot.resync import BadSlice, resync_tables

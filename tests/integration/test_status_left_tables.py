@@ -12,8 +12,8 @@ import sys
 from lake_helpers import sql
 
 from airflow_pgcdc.drain.drain import drain_window
+from airflow_pgcdc.lake.tables import delta_table_url
 from airflow_pgcdc.merge.job import merge_slot
-from airflow_pgcdc.merge.plan import delta_table_url
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 
 

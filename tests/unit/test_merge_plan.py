@@ -6,7 +6,14 @@ import pickle
 
 import pytest
 
-from airflow_pgcdc.merge.clauses import build_merge_spec, keep_column, quote_ident
+from airflow_pgcdc.lake.sql import quote_ident
+from airflow_pgcdc.lake.tables import (
+    app_id,
+    delta_table_url,
+    legacy_delta_table_url,
+    shared_legacy_places,
+)
+from airflow_pgcdc.merge.clauses import build_merge_spec, keep_column
 from airflow_pgcdc.merge.compact import toastable
 from airflow_pgcdc.merge.plan import (
     KeyNotCovered,
@@ -14,12 +21,8 @@ from airflow_pgcdc.merge.plan import (
     NoMergeKey,
     WindowGap,
     WindowOrderError,
-    app_id,
-    delta_table_url,
-    legacy_delta_table_url,
     plan_table,
     select_windows,
-    shared_legacy_places,
 )
 from airflow_pgcdc.store.window import WindowManifest
 
@@ -222,7 +225,7 @@ def test_a_type_change_names_the_table_quoted_in_its_hint():
 
 
 def test_a_plan_until_a_point_cuts_its_last_window_and_records_the_cut():
-    from airflow_pgcdc.merge.plan import cut_app
+    from airflow_pgcdc.lake.tables import cut_app
 
     trunc = [{"seq": 1, "commit_lsn": "0/240", "tables": ["public.t"]},
              {"seq": 5, "commit_lsn": "0/2A0", "tables": ["public.t"]}]

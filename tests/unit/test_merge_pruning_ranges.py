@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from airflow_pgcdc.lake.sizing import target_bytes
 from airflow_pgcdc.merge import pruning
 from airflow_pgcdc.merge.clauses import build_merge_spec
 
@@ -45,6 +46,6 @@ def test_file_count_and_target_bytes():
     assert pruning.file_count(0, 32) == 1
     assert pruning.file_count(10 * 2**20, 32) == 1
     assert pruning.file_count(100 * 2**20, 32) == 4
-    assert pruning.target_bytes(0.5) == 2**19
+    assert target_bytes(0.5) == 2**19
     with pytest.raises(ValueError):
-        pruning.target_bytes(0)
+        target_bytes(0)

@@ -383,8 +383,8 @@ def test_two_names_that_decode_alike_get_two_delta_tables_and_legacy_tables_are_
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    from airflow_pgcdc.merge.deltars import table_url
-    from airflow_pgcdc.merge.plan import delta_table_url, legacy_delta_table_url
+    from airflow_pgcdc.lake.inspect import table_url
+    from airflow_pgcdc.lake.tables import delta_table_url, legacy_delta_table_url
 
     root = tmp_path.as_uri()
     write_deltalake(delta_table_url(root, "a.b", "c"), pa.table({"x": [1]}))
