@@ -14,18 +14,25 @@ Airflow operator; they are imported on first use, so ``import airflow_pgcdc`` st
 - :func:`verify_table` — compare a Delta table with its PostgreSQL table;
 - :func:`slot_status` — the slot's health and the pipeline's progress.
 
-Layers (imports point down only; ``docs/design.md`` has the full map):
+Their options and results (:class:`DrainOptions`, :class:`DrainResult`, :class:`MergeResult`,
+:class:`TableResult`) are re-exported the same way.
 
-- ``errors`` — the exception hierarchy, imported by every layer;
+Layers (imports point down only; ``tests/unit/test_import_graph.py`` pins the ranks,
+``docs/design.md`` has the full map):
+
+- ``errors``, ``faults`` — the exception hierarchy; the jobs' fault points (tests only);
 - ``protocol/`` — sans-IO parsing and building of the replication protocols;
 - ``pg/`` — connections, catalog, slots (psycopg's ``pq`` level);
-- ``typemap/`` — the PostgreSQL → Arrow type map the snapshot and the drain share;
-- ``changes/`` — decoded messages to Arrow change rows, column names;
+- ``typemap/`` — the PostgreSQL → Arrow type map and the row decoders (COPY, TupleData)
+  the snapshot and the drain share;
+- ``changes/`` — a decoded change stream to Arrow change rows, column names;
 - ``store/`` — the S3 contract (layout, manifests, Parquet parts);
-- ``snapshot/``, ``drain/``, ``merge/``, ``maintain/``, ``verify/``, ``ops/`` — the jobs;
+- ``lake/`` — the Delta side every job shares (table URLs, app ids, read-only views), no Spark;
+- ``snapshot/``, ``drain/``, ``merge/``, ``maintain/``, ``verify/``, ``status/`` — the jobs,
+  side by side: no job imports another (but verify reads PostgreSQL as the snapshot does);
 - ``cli/`` — the ``pgcdc`` command; ``hooks/``, ``operators/``, ``sensors/``,
-  ``triggers/``, ``provider.py`` — the Airflow provider (the only Airflow imports);
-- ``testing/`` — the sandbox, the test bed's servers, the demo, fault injection.
+  ``triggers/``, ``dags/``, ``provider.py`` — the Airflow provider (the only Airflow imports);
+- ``testing/`` — the sandbox, the test bed's servers, the demo.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ _EXPORTS = {
     "maintain_slot": "airflow_pgcdc.maintain",
     "verify_table": "airflow_pgcdc.verify",
     "slot_status": "airflow_pgcdc.status.job",
+    "DrainOptions": "airflow_pgcdc.drain.options",
+    "DrainResult": "airflow_pgcdc.drain.options",
+    "MergeResult": "airflow_pgcdc.merge.options",
+    "TableResult": "airflow_pgcdc.merge.options",
 }
 
 __all__ = sorted(_EXPORTS)

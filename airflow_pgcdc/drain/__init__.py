@@ -4,7 +4,6 @@ what it checks before it confirms anything is in :mod:`.guards`."""
 from airflow_pgcdc.drain.drain import (
     DrainBusy,
     DrainError,
-    DrainResult,
     DrainTimeout,
     PipelineTablesUnpublished,
     PublicationNotFound,
@@ -14,6 +13,7 @@ from airflow_pgcdc.drain.drain import (
     WindowConflict,
     drain_window,
 )
+from airflow_pgcdc.drain.options import DrainResult
 
 __all__ = [
     "DrainBusy",

@@ -44,7 +44,7 @@ from airflow_pgcdc.store.window import (
 )
 
 if TYPE_CHECKING:
-    from airflow_pgcdc.drain.drain import DrainOptions, DrainResult
+    from airflow_pgcdc.drain.options import DrainOptions, DrainResult
 
 log = logging.getLogger("airflow_pgcdc.drain.drain")  # the drain's logger, one name for all its modules
 

@@ -17,6 +17,7 @@ from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ, UNCHANGED_TOAST
 from airflow_pgcdc.changes.rows import META_FIELDS
 from airflow_pgcdc.lake.inspect import open_table, table_url
 from airflow_pgcdc.lake.sizing import DEFAULT_TARGET_FILE_MB
+from airflow_pgcdc.lake.tables import CHANGELOG_SUFFIX, SCD2_SUFFIX, app_id
 from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.plan import TablePlan, version_fills
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
@@ -317,3 +318,13 @@ def remove_old_staging(ctx: JobContext) -> None:
     for run in sorted(old_runs):
         s3store.delete_prefix(ctx.client, ctx.layout.bucket, prefix + run + "/")
         log.info("removed merge staging debris of run %s", run)
+
+
+def target_url(ctx: JobContext, schema: str, table: str, history: str | None = None) -> tuple[str, str]:
+    """``(url, app id)`` of a table's Delta table, or of its ``history`` table
+    (``changelog`` or ``scd2``, whose app id ends in ``:changelog``/``:scd2``)."""
+    app = app_id(ctx.slot, schema, table)
+    base = ctx.table_url(schema, table)
+    if history is None:
+        return base, app
+    return base + (CHANGELOG_SUFFIX if history == "changelog" else SCD2_SUFFIX), f"{app}:{history}"

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from airflow_pgcdc.lake.inspect import NONE_MERGED, merged_version, unreadable_features
 from airflow_pgcdc.merge.clauses import MergeSpec
-from airflow_pgcdc.merge.plan import MergeError
+from airflow_pgcdc.merge.errors import MergeError
 
 __all__ = [
     "CONCURRENT", "ConcurrentCommit", "TableExists", "UnreadableFeatures", "add_columns", "add_filled_columns",

@@ -1,17 +1,22 @@
-"""The merge's per-table errors (each a :class:`~airflow_pgcdc.merge.plan.MergeError` with a
-``hint``): the job reports them per table and goes on with the others."""
+"""The merge's errors, each a :class:`MergeError` with a ``hint``: those that stop a table
+(the job reports them per table and goes on with the others) and :class:`TablesFailed`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from airflow_pgcdc.merge.plan import MergeError
+from airflow_pgcdc.errors import HintedError
 
 if TYPE_CHECKING:
-    from airflow_pgcdc.merge.job import MergeResult
+    from airflow_pgcdc.merge.options import MergeResult
 
 __all__ = [
+    "KeyNotCovered",
+    "MergeError",
+    "NoMergeKey",
+    "WindowGap",
+    "WindowOrderError",
     "ColumnIdentityChanged",
     "CopyExpired",
     "IncompatibleSchemaChange",
@@ -28,6 +33,26 @@ __all__ = [
     "ValueNotCarried",
     "WindowsExpired",
 ]
+
+
+class MergeError(HintedError):
+    """The merge cannot go on; the message names table and window (``hint``: what to do)."""
+
+
+class WindowGap(MergeError):
+    """A window between the last merged one and a later committed one is not committed."""
+
+
+class WindowOrderError(MergeError):
+    """Windows do not tile the LSN line (or do not start at the snapshot's consistent point)."""
+
+
+class NoMergeKey(MergeError):
+    """A table without a primary key or replica identity index and no key given."""
+
+
+class KeyNotCovered(MergeError):
+    """The replica identity of a relation version does not include every key column."""
 
 
 class IncompatibleSchemaChange(MergeError):

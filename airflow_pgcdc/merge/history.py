@@ -21,13 +21,10 @@ from airflow_pgcdc.merge.context import (
     read_parts,
     spark_commit_once,
     stage,
+    target_url,
     window_metadata,
 )
-from airflow_pgcdc.merge.plan import (
-    plan_table,
-    select_windows,
-    target_url,
-)
+from airflow_pgcdc.merge.plan import plan_table, select_windows
 from airflow_pgcdc.merge.schema import (
     batch_fields,
     change_inputs,

@@ -41,9 +41,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
 
 from airflow_pgcdc.lake.inspect import NONE_MERGED, foreign_creator, merged_version, open_table
 from airflow_pgcdc.lake.sizing import DEFAULT_TARGET_FILE_MB
@@ -63,11 +61,13 @@ from airflow_pgcdc.merge.context import (
     JobContext,
     is_starter,
     remove_old_staging,
+    target_url,
 )
 from airflow_pgcdc.merge.errors import (
     ColumnIdentityChanged,
     IncompatibleSchemaChange,
     KeylessChange,
+    MergeError,
     NeedsSnapshot,
     PartitionsChanged,
     PastThePoint,
@@ -78,18 +78,13 @@ from airflow_pgcdc.merge.errors import (
     TableOfAnotherSlot,
     TableRewritten,
     TablesFailed,
+    WindowGap,
+    WindowOrderError,
     WindowsExpired,
 )
 from airflow_pgcdc.merge.history import changelog_history, scd2_history
-from airflow_pgcdc.merge.plan import (
-    MergeError,
-    TablePlan,
-    WindowGap,
-    WindowOrderError,
-    plan_table,
-    select_windows,
-    target_url,
-)
+from airflow_pgcdc.merge.options import ENGINES, HISTORIES, READERS, MergeResult, TableResult
+from airflow_pgcdc.merge.plan import TablePlan, plan_table, select_windows
 from airflow_pgcdc.merge.point import (
     applied_until,
     before_point,
@@ -127,60 +122,14 @@ log = logging.getLogger(__name__)
 
 
 
-ENGINES = ("delta-rs", "delta-spark")
 
 
-HISTORIES = (None, "changelog", "scd2")
 
 
-READERS = ("python", "s3a")
 
 
-@dataclass
-class TableResult:
-    table: str
-    delta_url: str
-    # bootstrapped[+merged] | resynced[+merged] | merged | merged-by-concurrent-job |
-    # up-to-date | no-changes | skipped (``note`` says why) | failed
-    action: str
-    app_id: str = ""
-    bootstrap_rows: int = 0
-    first_window: int | None = None
-    last_window: int | None = None
-    start_lsn: str | None = None
-    end_lsn: str | None = None
-    change_rows: int = 0
-    merged_rows: int = 0
-    truncates: int = 0
-    added_columns: list[str] = field(default_factory=list)
-    delta_version: int | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
-    history: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-    error: str | None = None  # action "failed": what went wrong, and what to do
-    hint: str | None = None
-    # the table is no longer in the pipeline (dropped, or out of the publication) as of the
-    # newest window read: its Delta table keeps its last state
-    left_pipeline: bool = False
-    note: str | None = None  # why a table was skipped
 
 
-@dataclass
-class MergeResult:
-    slot: str
-    source: str
-    delta: str
-    tables: list[TableResult] = field(default_factory=list)
-    seconds: float = 0.0
-    # a replay to a point: {lsn, window (the one cut there), asked}
-    until: dict[str, Any] | None = None
-
-    @property
-    def failed(self) -> list[TableResult]:
-        return [t for t in self.tables if t.action == "failed"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def merge_slot(

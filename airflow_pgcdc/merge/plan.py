@@ -20,55 +20,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.lake.tables import (
-    CHANGELOG_SUFFIX,
     RESYNC_APP_SUFFIX,
-    SCD2_SUFFIX,
-    app_id,
     cut_app,
 )
+from airflow_pgcdc.merge.errors import KeyNotCovered, NoMergeKey, WindowGap, WindowOrderError
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_qualified
 from airflow_pgcdc.store.window import KEY_MOVES_FIELD, truncates_table
 
-if TYPE_CHECKING:
-    from airflow_pgcdc.merge.context import JobContext
-
 __all__ = [
-    "KeyNotCovered",
-    "MergeError",
-    "NoMergeKey",
     "TablePlan",
     "VersionInput",
-    "WindowGap",
-    "WindowOrderError",
     "plan_table",
     "select_windows",
-    "target_url",
 ]
 
 
-class MergeError(HintedError):
-    """The merge cannot go on; the message names table and window (``hint``: what to do)."""
 
 
-class WindowGap(MergeError):
-    """A window between the last merged one and a later committed one is not committed."""
 
 
-class WindowOrderError(MergeError):
-    """Windows do not tile the LSN line (or do not start at the snapshot's consistent point)."""
 
 
-class NoMergeKey(MergeError):
-    """A table without a primary key or replica identity index and no key given."""
 
 
-class KeyNotCovered(MergeError):
-    """The replica identity of a relation version does not include every key column."""
 
 
 
@@ -304,14 +282,6 @@ def _check_key_covered(table: tuple[str, str], seq: int, rv: dict, key_columns: 
         )
 
 
-def target_url(ctx: JobContext, schema: str, table: str, history: str | None = None) -> tuple[str, str]:
-    """``(url, app id)`` of a table's Delta table, or of its ``history`` table
-    (``changelog`` or ``scd2``, whose app id ends in ``:changelog``/``:scd2``)."""
-    app = app_id(ctx.slot, schema, table)
-    base = ctx.table_url(schema, table)
-    if history is None:
-        return base, app
-    return base + (CHANGELOG_SUFFIX if history == "changelog" else SCD2_SUFFIX), f"{app}:{history}"
 
 
 

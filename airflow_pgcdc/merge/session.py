@@ -63,7 +63,7 @@ def spark_session(master: str | None = None, *, app_name: str = "pgcdc-merge",
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     if delta and not _jvm_has(spark.sparkContext._jvm, _DELTA_CLASS):
-        from airflow_pgcdc.merge.plan import MergeError
+        from airflow_pgcdc.merge.errors import MergeError
 
         raise MergeError(
             "this Spark session has no Delta Lake classes (a session started earlier in this "
@@ -119,7 +119,7 @@ def _delta_settings(master: str | None, settings: Mapping[str, str]) -> dict[str
     loader (started here for a local master, as :func:`spark_session` says why) and, for
     a cluster, into ``spark.jars``."""
     from airflow_pgcdc.merge import jars as jarlib
-    from airflow_pgcdc.merge.plan import MergeError
+    from airflow_pgcdc.merge.errors import MergeError
 
     conf = dict(jarlib.DELTA_SESSION_CONF)
     jvm = _running_driver_jvm()

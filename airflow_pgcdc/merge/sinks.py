@@ -28,7 +28,8 @@ from airflow_pgcdc.merge.context import (
     stage,
     window_metadata,
 )
-from airflow_pgcdc.merge.plan import MergeError, TablePlan, missing_values
+from airflow_pgcdc.merge.errors import MergeError
+from airflow_pgcdc.merge.plan import TablePlan, missing_values
 from airflow_pgcdc.merge.schema import (
     batch_fields,
     change_inputs,

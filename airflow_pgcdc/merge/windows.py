@@ -12,8 +12,9 @@ from airflow_pgcdc.lake.inspect import merged_version, open_table
 from airflow_pgcdc.lake.tables import RESYNC_APP_SUFFIX
 from airflow_pgcdc.merge.context import (
     JobContext,
+    target_url,
 )
-from airflow_pgcdc.merge.plan import MergeError, target_url
+from airflow_pgcdc.merge.errors import MergeError
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout

@@ -261,7 +261,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     twice. ``max_windows`` is templated, e.g. to bound a catch-up run.
 
     Returns (XCom ``return_value``) the job's result as ``spark_app.py`` prints it
-    (:meth:`airflow_pgcdc.merge.job.MergeResult.to_dict`)::
+    (:meth:`airflow_pgcdc.merge.options.MergeResult.to_dict`)::
 
         {"slot", "source", "delta", "seconds",
          "tables": [{"table": "schema.table", "delta_url": "s3://…/schema.table",

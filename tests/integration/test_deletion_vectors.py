@@ -190,7 +190,7 @@ def test_turned_on_for_an_existing_table_and_refused_for_delta_rs(fresh_db, slot
 
     from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.merge.deltaspark import has_deletion_vectors
-    from airflow_pgcdc.merge.plan import MergeError
+    from airflow_pgcdc.merge.errors import MergeError
     from airflow_pgcdc.store import s3 as s3store
 
     client, src, lake = store

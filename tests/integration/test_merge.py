@@ -12,8 +12,8 @@ from deltalake import DeltaTable
 from lake_helpers import SMALL_WORK_MEM, assert_equal, delta_rows, drain, pg_rows, sql  # noqa: F401 - re-exported
 
 from airflow_pgcdc.lake.tables import app_id, delta_table_url
+from airflow_pgcdc.merge.errors import WindowGap
 from airflow_pgcdc.merge.job import merge_slot
-from airflow_pgcdc.merge.plan import WindowGap
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.snapshot.resync import resync_tables

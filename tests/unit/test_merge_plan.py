@@ -15,15 +15,14 @@ from airflow_pgcdc.lake.tables import (
 )
 from airflow_pgcdc.merge.clauses import build_merge_spec, keep_column
 from airflow_pgcdc.merge.compact import toastable
-from airflow_pgcdc.merge.plan import (
+from airflow_pgcdc.merge.errors import (
     KeyNotCovered,
     MergeError,
     NoMergeKey,
     WindowGap,
     WindowOrderError,
-    plan_table,
-    select_windows,
 )
+from airflow_pgcdc.merge.plan import plan_table, select_windows
 from airflow_pgcdc.store.window import WindowManifest
 
 
