@@ -87,7 +87,7 @@ own (a retried put whose success was lost) is a commit, another's is
 
 Test hook (fault injection): when the environment variable ``PGCDC_FAULT`` names one
 of the points below, the process SIGKILLs itself there (``PGCDC_PAUSE`` pauses there
-instead, see :func:`airflow_pgcdc.drain.run._fault`). Tests only.
+instead; :class:`airflow_pgcdc.faults.FaultPoint`). Tests only.
 
 * ``after-receive``: once ``PGCDC_FAULT_AFTER`` transactions (default 1) are in the window;
 * ``during-upload``: when the first Parquet part is about to complete its upload;
@@ -161,7 +161,6 @@ __all__ = [
     "drain_window",
 ]  # fmt: skip
 
-FAULT_POINTS = ("after-receive", "during-upload", "after-parts", "after-manifest", "after-ack")
 
 
 

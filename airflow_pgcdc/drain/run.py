@@ -1,7 +1,7 @@
 """One window once its stream has started: :class:`WindowRun` receives, writes the parts,
 commits the manifest and only then acknowledges; with its helpers (the heartbeat, the
 spool folder, I/O run while the replication connection is kept alive) and the drain's
-fault points (:func:`_fault`). Part of the drain (:mod:`airflow_pgcdc.drain.drain`)."""
+fault points (:mod:`airflow_pgcdc.faults`). Part of the drain (:mod:`airflow_pgcdc.drain.drain`)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from airflow_pgcdc.drain.guards import (
 )
 from airflow_pgcdc.drain.plan import Plan
 from airflow_pgcdc.drain.window import CHUNK_BYTES, HEARTBEAT_PREFIX, TypeResolver, WindowSink
-from airflow_pgcdc.faults import FAULT_ENV, PAUSE_ENV, fault_point
+from airflow_pgcdc.faults import FaultPoint, fault_after, fault_point
 from airflow_pgcdc.protocol import pgoutput as po
 from airflow_pgcdc.protocol.frames import XLogData
 from airflow_pgcdc.protocol.lsn import LSN
@@ -56,10 +56,6 @@ the socket, let the walsender's one-message sends gather for this long. Measured
 pg_recvlogical at 4.5 CPU-s per million rows; 0.1 ms, 1.41x at 3.5; 0.5 ms, 1.62x at 2.9;
 2 ms, 2.18x at 1.2."""
 
-
-def _fault(point: str) -> None:
-    """The drain's fault points (:mod:`airflow_pgcdc.faults`)."""
-    fault_point(point, log)
 
 
 class WindowRun:
@@ -104,7 +100,7 @@ class WindowRun:
     def _on_part_close(self) -> None:
         if not self._part_closed:
             self._part_closed = True
-            _fault("during-upload")
+            fault_point(FaultPoint.DRAIN_DURING_UPLOAD, log)
 
     def _fetch(self, h: HeldPrepared) -> str:
         e = h.stored or {}
@@ -145,9 +141,7 @@ class WindowRun:
         max_rows, max_bytes, max_seconds, max_wait = o.max_rows, o.max_bytes, o.max_seconds, o.max_wait
         heartbeat, heartbeat_after = o.heartbeat, o.heartbeat_after
         # the after-receive point is checked after every transaction: read the environment once
-        fault_after = int(os.environ.get("PGCDC_FAULT_AFTER", "1"))
-        if "after-receive" not in (os.environ.get(FAULT_ENV), os.environ.get(PAUSE_ENV)):
-            fault_after = None
+        kill_after = fault_after()
         receive_t0 = time.monotonic()
         deadline = receive_t0 + max_seconds if max_seconds is not None else None
         safe = self.plan.floor  # the furthest position where a window could end right now
@@ -237,8 +231,8 @@ class WindowRun:
                 if window.txn_ended:
                     if window.last_end is not None and window.last_end > safe:
                         safe = window.last_end
-                    if fault_after is not None and window.transactions >= fault_after:
-                        _fault("after-receive")
+                    if kill_after is not None and window.transactions >= kill_after:
+                        fault_point(FaultPoint.DRAIN_AFTER_RECEIVE, log)
                     if max_rows is not None and window.rows >= max_rows:
                         reason = "max_rows"
                     elif max_bytes is not None and received >= max_bytes:
@@ -354,7 +348,7 @@ class WindowRun:
         for (schema, table), refused in refused_tables.items():
             out["tables"].append({"schema": schema, "table": table, "rows": 0, "bytes": 0,
                                   "relation_versions": [], REFUSED_FIELD: refused})
-        _fault("after-parts")
+        fault_point(FaultPoint.DRAIN_AFTER_PARTS, log)
         # before anything is committed or confirmed: the publications still cover the pipeline
         # (dropped or altered during the window?); the query also proves the catalog session,
         # and with it the slot lock, is alive
@@ -399,7 +393,7 @@ class WindowRun:
                 "removed and nothing was acknowledged",
                 hint="runs of one slot must not overlap; the committed window stands",
             )
-        _fault("after-manifest")
+        fault_point(FaultPoint.DRAIN_AFTER_MANIFEST, log)
         try:
             swept = _while_pumping(lambda: writer.sweep(manifest), pump)
             if swept:
@@ -407,7 +401,7 @@ class WindowRun:
         except Exception as exc:  # committed: leftovers are garbage no reader lists
             log.warning("slot %s: window %d: could not remove other attempts' objects: %s", slot, seq, exc)
         conn.confirm(window_end)
-        _fault("after-ack")
+        fault_point(FaultPoint.DRAIN_AFTER_ACK, log)
         try:
             conn.stop()
         except Exception as exc:  # the window is committed and acknowledged: only log

@@ -62,6 +62,7 @@ from airflow_pgcdc.changes.columns import KEYLESS_RUN as RUN
 from airflow_pgcdc.changes.columns import KEYLESS_SUB as SUB
 from airflow_pgcdc.changes.columns import KEYLESS_SUM as SUM
 from airflow_pgcdc.changes.columns import KIND, OLD_PREFIX
+from airflow_pgcdc.faults import FaultPoint, fault_point
 from airflow_pgcdc.merge.clauses import build_keyless_spec
 from airflow_pgcdc.merge.compact import LSN, OP, SEQ, TOAST, col
 from airflow_pgcdc.protocol.lsn import LSN as Lsn
@@ -333,7 +334,6 @@ def apply_keyless(ctx, plan, url: str, dt, app: str, fields: list[pa.Field]) -> 
 def _commit(ctx, plan, url, dt, app, fields, rows, source, metadata) -> dict[str, Any]:
     """One commit: ``rows`` replace the table (a truncate), or ``source`` is merged (an
     empty source: an empty append, for the app transaction)."""
-    from airflow_pgcdc.faults import fault_point
     from airflow_pgcdc.merge import deltars
     from airflow_pgcdc.merge.context import spark_commit_once, stage
     from airflow_pgcdc.store import s3 as s3store
@@ -360,13 +360,13 @@ def _commit(ctx, plan, url, dt, app, fields, rows, source, metadata) -> dict[str
             metrics = spark_commit_once(lambda: deltaspark.merge(
                 ctx.spark, source, spec, path=deltaspark.s3a(url), app=app, version=version, metadata=metadata,
             ), dt, url, app, version)
-        fault_point("merge-after-commit", log)
+        fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
         return metrics
     schema = pa.schema(list(fields) + ([pa.field(KIND, pa.string())] if source is not None else []))
     staging = ctx.staging(plan.schema, plan.table, f"keyless-w{version}")
     stage(ctx, source if source is not None else rows, staging, schema)
     paths, n = deltars.read_staged(ctx.fs, staging)
-    fault_point("merge-after-stage", log)
+    fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
     reader = deltars.staged_reader(ctx.fs, paths, schema)
     target = pa.schema(dt.schema().to_arrow())
     if source is not None and n:
@@ -377,6 +377,6 @@ def _commit(ctx, plan, url, dt, app, fields, rows, source, metadata) -> dict[str
     else:  # a truncate's rows, or nothing to change (the app transaction alone)
         metrics = deltars.append(dt, reader, target, app=app, version=plan.commit_version,
                                  cut=plan.cut_transactions(app), metadata=metadata, mode=mode)
-    fault_point("merge-after-commit", log)
+    fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     return {"num_source_rows": n, **metrics}

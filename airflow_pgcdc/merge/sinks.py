@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ
-from airflow_pgcdc.faults import fault_point
+from airflow_pgcdc.faults import FaultPoint, fault_point
 from airflow_pgcdc.lake.sizing import target_bytes
 from airflow_pgcdc.lake.tables import RESYNC_APP_SUFFIX
 from airflow_pgcdc.merge import deltars, pruning
@@ -110,7 +110,7 @@ def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: 
     fields = delta_fields(table_fields(part_schema(ctx, parts[0])))
     schema = pa.schema(fields)
     reader, rows = _copy_rows(ctx, entry, parts, schema, keys, "resync")
-    fault_point("merge-after-stage", log)
+    fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
     point = int(resync.consistent_point)
     deltars.replace(
         url, reader, storage_options=ctx.storage,
@@ -210,7 +210,7 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
         if bound_key is not None:
             metrics["pgcdc_key_ranges"] = len(ranges)
         metrics["pgcdc_compacted_on"] = "spark"
-        fault_point("merge-after-commit", log)
+        fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
         return metrics, dt, added
     by_name = {f.name: f for f in fields}
     stage_schema = pa.schema(
@@ -227,7 +227,7 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
         staging = ctx.staging(plan.schema, plan.table, f"w{plan.last_window}")
         stage(ctx, compacted, staging, stage_schema)
         paths, _rows = deltars.read_staged(ctx.fs, staging)
-    fault_point("merge-after-stage", log)
+    fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
     spec = build_merge_spec(**spec_args, dialect="delta-rs")
     ranges = []
     if bound_key is not None:  # the batch's keys, read on the driver (one column)
@@ -242,7 +242,7 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     if bound_key is not None and not metrics.get("concurrent_commit"):
         metrics["pgcdc_key_ranges"] = len(ranges)
     metrics["pgcdc_compacted_on"] = "driver" if batch is not None else "spark"
-    fault_point("merge-after-commit", log)
+    fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
     if staging is not None:
         s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     return metrics, dt, added
@@ -289,11 +289,11 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
         small = read_changes_on_driver(ctx, plan, pa.schema(fields + meta))
         if small.num_rows == 0 or pc.all(pc.equal(small[OP], "I")).as_py():  # inserts only: no Spark job
             small = small.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")]).select(out.names)
-            fault_point("merge-after-stage", log)
+            fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
             done = deltars.append(dt, small.to_reader(), pa.schema(dt.schema().to_arrow()),
                                   app=app, version=plan.commit_version, cut=plan.cut_transactions(app),
                                   metadata=window_metadata(ctx, plan))
-            fault_point("merge-after-commit", log)
+            fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
             return {"num_source_rows": small.num_rows, "pgcdc_compacted_on": "driver", **done}, dt, added
     df = read_changes(ctx, plan, pa.schema(fields + meta))
     # only the op column comes to the driver: a whole row would be turned into Python values,
@@ -315,11 +315,11 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     staging = ctx.staging(plan.schema, plan.table, f"append-w{plan.last_window}")
     stage(ctx, rows, staging, out)
     paths, n = deltars.read_staged(ctx.fs, staging)
-    fault_point("merge-after-stage", log)
+    fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
     done = deltars.append(
         dt, deltars.staged_reader(ctx.fs, paths, out), pa.schema(dt.schema().to_arrow()),
         app=app, version=plan.commit_version, cut=plan.cut_transactions(app), metadata=window_metadata(ctx, plan),
     )
-    fault_point("merge-after-commit", log)
+    fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
     s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     return {"num_source_rows": n, **done}, dt, added

@@ -18,7 +18,8 @@ import psycopg
 import pytest
 from test_drain import all_rows, assert_tiled, confirmed, create_slot, sql, windows
 
-from airflow_pgcdc.drain.drain import FAULT_POINTS, drain_window
+from airflow_pgcdc.drain.drain import drain_window
+from airflow_pgcdc.faults import DRAIN_POINTS
 from airflow_pgcdc.pg.errors import ConnectionFailed, ConnectionLost, ObjectInUse
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
@@ -113,7 +114,7 @@ def test_sigkill_at_every_fault_point(fresh_db, slot_name, store, s3):
     slot = slot_name()
     start = setup(fresh_db, slot)
     with Writer(fresh_db) as w:
-        for point in FAULT_POINTS:
+        for point in DRAIN_POINTS:
             before = {m.window_seq for m in windows(client, url, slot)}
             killed = run_drain(fresh_db, url, slot, s3, env={"PGCDC_FAULT": point})
             assert killed.returncode == -9, f"{point}: {killed.returncode} {killed.stderr[-2000:]}"

@@ -140,3 +140,86 @@ def _layer_violations() -> list[str]:
             if not all(i.startswith(("airflow_pgcdc.protocol", "airflow_pgcdc.errors")) for i in ours):
                 out.append(f"{module} imports {sorted(ours)}")
     return out
+
+
+# The layers, bottom to top: a module may import its own package and packages of a lower
+# rank only. The jobs share one rank, so no job imports another; the one stated exception
+# is verify reading PostgreSQL exactly as the snapshot does (verify -> snapshot.convert).
+RANKS = {
+    "errors": 0, "faults": 0,
+    "protocol": 1,
+    "pg": 2, "typemap": 2,
+    "changes": 3,
+    "store": 4,
+    "lake": 5,
+    "snapshot": 6, "drain": 6, "merge": 6, "maintain": 6, "verify": 6, "status": 6,
+    "hooks": 7, "cli": 7,
+    "triggers": 8, "operators": 8,
+    "sensors": 9,
+    "dags": 10, "provider": 10,
+    "testing": 11,
+}
+ALLOWED = {
+    ("airflow_pgcdc.verify.postgres", "airflow_pgcdc.snapshot.convert"),  # verify reads as the snapshot does
+    ("airflow_pgcdc.cli.sandbox", "airflow_pgcdc.testing.sandbox"),  # `pgcdc sandbox` starts the test bed
+    ("airflow_pgcdc.cli.sandbox", "airflow_pgcdc.testing.dagrun"),
+}
+
+
+def _floor(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "(root)"
+
+
+def _rank_violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for module, deps in sorted(graph.items()):
+        here = _floor(module)
+        for dep in sorted(deps):
+            there = _floor(dep)
+            if there == here or there == "(root)" or (module, dep) in ALLOWED:
+                continue
+            if here not in RANKS or there not in RANKS:
+                out.append(f"{module} -> {dep}: a package without a rank (add it to RANKS)")
+            elif RANKS[there] >= RANKS[here]:
+                out.append(f"{module} (rank {RANKS[here]}) imports {dep} (rank {RANKS[there]})")
+    return out
+
+
+def test_layers_import_only_downward_and_jobs_never_import_jobs():
+    assert _fresh("_rank_violations(_graph())") == []
+
+
+def test_the_rank_check_finds_a_job_importing_a_job_and_an_upward_import():
+    graph = {
+        "airflow_pgcdc.maintain.job": {"airflow_pgcdc.merge.plan", "airflow_pgcdc.lake.tables"},
+        "airflow_pgcdc.drain.run": {"airflow_pgcdc.testing.faults"},
+        "airflow_pgcdc.verify.postgres": {"airflow_pgcdc.snapshot.convert"},
+        "airflow_pgcdc.novel.x": {"airflow_pgcdc.errors"},
+    }
+    assert _rank_violations(graph) == [
+        "airflow_pgcdc.drain.run (rank 6) imports airflow_pgcdc.testing.faults (rank 11)",
+        "airflow_pgcdc.maintain.job (rank 6) imports airflow_pgcdc.merge.plan (rank 6)",
+        "airflow_pgcdc.novel.x -> airflow_pgcdc.errors: a package without a rank (add it to RANKS)",
+    ]
+
+
+def _type_only_cycles() -> list[set[str]]:
+    """Cycles of the graph with the imports under ``if TYPE_CHECKING:`` counted too."""
+    mods = _modules()
+    graph = {}
+    for m, p in mods.items():
+        tree = _parse(p.read_text())
+        names = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                names.add(n.module)
+                names.update(f"{n.module}.{a.name}" for a in n.names)
+            elif isinstance(n, ast.Import):
+                names.update(a.name for a in n.names)
+        graph[m] = {d for d in names if d in mods and d != m}
+    return _cycles(graph)
+
+
+def test_no_cycles_even_through_type_only_imports():
+    assert _fresh("_type_only_cycles()") == []
