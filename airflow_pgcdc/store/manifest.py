@@ -39,6 +39,7 @@ __all__ = [
     "BaseBackupInfo",
     "ColumnEntry",
     "ManifestError",
+    "load_document",
     "PartEntry",
     "SnapshotManifest",
     "TableEntry",
@@ -195,7 +196,9 @@ def _canonical_lsn(value: Any, what: str) -> str:
         raise ManifestError(f"{what}: {e}") from None
 
 
-def _load(text: str | bytes | Mapping[str, Any], key: str | None, kind: str) -> dict[str, Any]:
+def load_document(text: str | bytes | Mapping[str, Any], key: str | None, kind: str) -> dict[str, Any]:
+    """The one loader of every manifest kind: a JSON object of this ``format`` and ``kind``
+    (:class:`ManifestError` naming ``key`` otherwise); the caller reads its fields."""
     if isinstance(text, Mapping):
         data: Any = dict(text)
     else:
@@ -560,7 +563,7 @@ class SnapshotManifest:
         cls, text: str | bytes | Mapping[str, Any], *, key: str | None = None
     ) -> SnapshotManifest:
         """Parse and validate; ``key`` (the S3 key) is named in errors."""
-        data = _load(text, key, cls.kind)
+        data = load_document(text, key, cls.kind)
         r = _Doc(data, "", key, cls._FIELDS)
         tables = [
             TableEntry.from_dict(t, f"tables[{i}]", key) for i, t in enumerate(r.list("tables"))
@@ -758,7 +761,7 @@ class BaseBackupInfo:
     def from_json(
         cls, text: str | bytes | Mapping[str, Any], *, key: str | None = None
     ) -> BaseBackupInfo:
-        data = _load(text, key, cls.kind)
+        data = load_document(text, key, cls.kind)
         r = _Doc(data, "", key, cls._FIELDS)
         archives = [
             ArchiveEntry.from_dict(a, f"archives[{i}]", key)

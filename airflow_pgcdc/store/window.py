@@ -81,7 +81,6 @@ import json
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -100,6 +99,8 @@ from airflow_pgcdc.store.layout import (
     validate_attempt,
     window_folder,
 )
+from airflow_pgcdc.store.manifest import FORMAT_VERSION as MANIFEST_FORMAT
+from airflow_pgcdc.store.manifest import ManifestError, load_document
 from airflow_pgcdc.store.multipart import MultipartWriter
 from airflow_pgcdc.store.parquet import DEFAULT_TARGET_PART_BYTES, PartSequence, TableEncodings
 from airflow_pgcdc.store.s3 import StoreError
@@ -122,7 +123,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = MANIFEST_FORMAT  # one format number for every manifest
 KIND = "window"
 
 MESSAGES_SCHEMA = pa.schema([
@@ -136,15 +137,15 @@ MESSAGES_SCHEMA = pa.schema([
 ])
 
 
-class WindowManifestError(StoreError, ValueError):
-    """A window manifest that is not valid (names the key and the field)."""
+WindowManifestError = ManifestError
+"""The 0.1 name of a window manifest's error: every manifest raises :class:`ManifestError`."""
 
 
 def _lsn(value: Any, what: str, key: str | None) -> str:
     try:
         return lsn_text(value)
     except (InvalidLSN, TypeError, AttributeError) as e:
-        raise WindowManifestError(f"{what}: {e}", key=key) from None
+        raise ManifestError(f"{what}: {e}", key=key) from None
 
 
 DEFAULT_MEMORY_BUDGET = 256 << 20
@@ -245,15 +246,15 @@ class WindowManifest:
             try:
                 tables = tuple(sorted((str(s), str(t)) for s, t in self.pipeline_tables))
             except (TypeError, ValueError):
-                raise WindowManifestError(
+                raise ManifestError(
                     f"pipeline_tables: expected [[schema, table], ...], got {self.pipeline_tables!r}"
                 ) from None
             object.__setattr__(self, "pipeline_tables", tables)
         object.__setattr__(self, "end_lsn", _lsn(self.end_lsn, "end_lsn", None))
         if LSN.parse(self.end_lsn) < LSN.parse(self.start_lsn):
-            raise WindowManifestError(f"end_lsn {self.end_lsn} is before start_lsn {self.start_lsn}")
+            raise ManifestError(f"end_lsn {self.end_lsn} is before start_lsn {self.start_lsn}")
         if not isinstance(self.window_seq, int) or isinstance(self.window_seq, bool) or self.window_seq < 0:
-            raise WindowManifestError(f"window_seq must be a non-negative integer, got {self.window_seq!r}")
+            raise ManifestError(f"window_seq must be a non-negative integer, got {self.window_seq!r}")
         object.__setattr__(self, "tables", tuple(self.tables))
         object.__setattr__(self, "truncates", tuple(self.truncates))
         object.__setattr__(self, "origins", tuple(self.origins))
@@ -312,32 +313,17 @@ class WindowManifest:
 
     @classmethod
     def from_json(cls, text: str | bytes | Mapping[str, Any], *, key: str | None = None) -> WindowManifest:
-        if isinstance(text, Mapping):
-            data: Any = dict(text)
-        else:
-            try:
-                data = json.loads(text)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise WindowManifestError(f"not a JSON document: {e}", key=key) from None
-        if not isinstance(data, dict):
-            raise WindowManifestError("a manifest is a JSON object", key=key)
-        if data.get("format") != FORMAT_VERSION or isinstance(data.get("format"), bool):
-            raise WindowManifestError(
-                f"window manifest format {data.get('format')!r} is not supported (this version "
-                f"reads format {FORMAT_VERSION}): upgrade airflow-pgcdc", key=key,
-            )
-        if data.get("kind") != KIND:
-            raise WindowManifestError(f"expected a 'window' manifest, got kind {data.get('kind')!r}", key=key)
+        data = load_document(text, key, KIND)
         for name in ("slot", "window_seq", "start_lsn", "end_lsn"):
             if name not in data:
-                raise WindowManifestError(f"missing field {name!r}", key=key)
+                raise ManifestError(f"missing field {name!r}", key=key)
         for name in ("transactions", "rows", "bytes"):
             v = data.get(name, 0)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise WindowManifestError(f"{name}: expected a non-negative integer, got {v!r}", key=key)
+                raise ManifestError(f"{name}: expected a non-negative integer, got {v!r}", key=key)
         for name in ("tables", "truncates", "origins"):
             if not isinstance(data.get(name, []), list):
-                raise WindowManifestError(f"{name}: expected a list", key=key)
+                raise ManifestError(f"{name}: expected a list", key=key)
         try:
             m = cls(
                 slot=data["slot"],
@@ -366,10 +352,10 @@ class WindowManifest:
                 attempt=data.get("attempt"),
                 extra={k: v for k, v in data.items() if k not in _CORE},
             )
-        except WindowManifestError as e:
-            raise WindowManifestError(e.reason, key=key) from None
+        except ManifestError as e:
+            raise ManifestError(e.reason, key=key) from None
         if sum(t.get("rows", 0) for t in m.tables) != m.rows:
-            raise WindowManifestError("rows differs from the sum over the tables", key=key)
+            raise ManifestError("rows differs from the sum over the tables", key=key)
         return m
 
 
@@ -429,7 +415,7 @@ def read_window(client: Any, layout: Layout, slot: str, window_seq: int) -> Wind
     key = layout.window_manifest(slot, window_seq)
     m = WindowManifest.from_json(s3store.get_bytes(client, layout.bucket, key), key=key)
     if m.window_seq != window_seq or m.slot != slot:
-        raise WindowManifestError(
+        raise ManifestError(
             f"the manifest says slot {m.slot} window {m.window_seq}", bucket=layout.bucket, key=key
         )
     return m
@@ -966,10 +952,3 @@ class WindowWriter:
             except Exception:  # noqa: BLE001
                 pass
 
-
-def manifest_key(layout: Layout, slot: str, window_seq: int) -> str:
-    return layout.window_prefix(slot, window_seq) + MANIFEST_NAME
-
-
-def elapsed(since: float) -> float:
-    return round(time.monotonic() - since, 3)
