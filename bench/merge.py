@@ -639,8 +639,8 @@ spark.stop()
 
 
 def run_cluster(args, src, env, work, base_prefix, compacted, fs, storage, client, expect, total) -> int:
-    from airflow_pgcdc.merge.deltaspark import s3a
     from airflow_pgcdc.merge.jars import unavailable_reason
+    from airflow_pgcdc.merge.sinks.deltaspark import s3a
     from airflow_pgcdc.testing.spark import SparkCluster
 
     if unavailable_reason():

@@ -18,9 +18,9 @@ from airflow_pgcdc.changes.rows import META_FIELDS
 from airflow_pgcdc.lake.inspect import open_table, table_url
 from airflow_pgcdc.lake.sizing import DEFAULT_TARGET_FILE_MB
 from airflow_pgcdc.lake.tables import CHANGELOG_SUFFIX, SCD2_SUFFIX, app_id
-from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.plan import TablePlan, version_fills
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
+from airflow_pgcdc.merge.sinks import deltars
 from airflow_pgcdc.merge.spark_io import encode_schema
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
@@ -149,7 +149,7 @@ def spark_commit_once(run, dt, url: str, app: str, version: int) -> dict[str, An
     (:func:`~.deltaspark.sized_state`)."""
     from pyspark.sql import SparkSession
 
-    from airflow_pgcdc.merge import deltaspark
+    from airflow_pgcdc.merge.sinks import deltaspark
 
     with deltaspark.sized_state(SparkSession.getActiveSession(), len(dt.file_uris())):
         return deltars.commit_once(run, dt, url=url, app=app, version=version, refused=deltaspark.is_concurrent)

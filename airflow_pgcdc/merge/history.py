@@ -11,7 +11,6 @@ import pyarrow as pa
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN, COMMIT_TS, OP, SEQ, UNCHANGED_TOAST, XID
 from airflow_pgcdc.lake.inspect import merged_version, open_table
-from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.checks import check_expired
 from airflow_pgcdc.merge.clauses import keep_column
 from airflow_pgcdc.merge.context import (
@@ -32,7 +31,8 @@ from airflow_pgcdc.merge.schema import (
     merge_key_columns,
     table_configuration,
 )
-from airflow_pgcdc.merge.sinks import snapshot_input
+from airflow_pgcdc.merge.sinks import deltars
+from airflow_pgcdc.merge.sinks.table import snapshot_input
 from airflow_pgcdc.merge.windows import holds_table
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
@@ -66,7 +66,7 @@ def changelog_history(ctx: JobContext, schema: str, table: str, manifests, keys,
     dt, _added = evolve(ctx, plan, url, dt, fields + meta, {"pgcdc.changelog": name})
     schema_out = pa.schema(fields + meta)
     if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge import deltaspark
+        from airflow_pgcdc.merge.sinks import deltaspark
 
         rows = plan.rows
         done = spark_commit_once(lambda: deltaspark.append(
@@ -135,7 +135,7 @@ def scd2_history(ctx: JobContext, schema: str, table: str, snapshot, entry, mani
         )
         metadata = {"pgcdc.slot": ctx.slot, "pgcdc.scd2": name, "pgcdc.snapshot_id": snapshot.snapshot_id}
         if ctx.engine == "delta-spark":
-            from airflow_pgcdc.merge import deltaspark
+            from airflow_pgcdc.merge.sinks import deltaspark
 
             rows = deltaspark.bootstrap(ctx.spark, df, path=deltaspark.s3a(url), metadata=metadata,
                                         configuration=table_configuration(fields))
@@ -196,7 +196,7 @@ def scd2_history(ctx: JobContext, schema: str, table: str, snapshot, entry, mani
         key_columns=key_columns, truncate_lsn=truncate_lsn,
     )
     if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge import deltaspark
+        from airflow_pgcdc.merge.sinks import deltaspark
 
         metrics = spark_commit_once(lambda: deltaspark.merge_scd2(
             ctx.spark, rows, build_scd2_spec(**spec_args, dialect="spark"), path=deltaspark.s3a(url),

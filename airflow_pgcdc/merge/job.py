@@ -93,7 +93,12 @@ from airflow_pgcdc.merge.point import (
 )
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.schema import merge_key_columns
-from airflow_pgcdc.merge.sinks import append_only, bootstrap_table, merge_batch, resync_replace
+from airflow_pgcdc.merge.sinks.table import (
+    append_only,
+    bootstrap_table,
+    merge_batch,
+    resync_replace,
+)
 from airflow_pgcdc.merge.slices import pending_slices, slice_start
 from airflow_pgcdc.merge.spark_io import register, s3_options
 from airflow_pgcdc.merge.windows import (

@@ -229,7 +229,7 @@ def _target(ctx, dt, url: str, fields: Sequence[pa.Field]):
     """The Delta table's rows (the PostgreSQL columns) at ``dt``'s version, in Spark."""
     names = [f.name for f in fields]
     if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge import deltaspark
+        from airflow_pgcdc.merge.sinks import deltaspark
 
         df = ctx.spark.read.format("delta").option("versionAsOf", dt.version()).load(deltaspark.s3a(url))
         return df.select(*[col(x) for x in names])
@@ -334,8 +334,8 @@ def apply_keyless(ctx, plan, url: str, dt, app: str, fields: list[pa.Field]) -> 
 def _commit(ctx, plan, url, dt, app, fields, rows, source, metadata) -> dict[str, Any]:
     """One commit: ``rows`` replace the table (a truncate), or ``source`` is merged (an
     empty source: an empty append, for the app transaction)."""
-    from airflow_pgcdc.merge import deltars
     from airflow_pgcdc.merge.context import spark_commit_once, stage
+    from airflow_pgcdc.merge.sinks import deltars
     from airflow_pgcdc.store import s3 as s3store
 
     names = [f.name for f in fields]
@@ -343,7 +343,7 @@ def _commit(ctx, plan, url, dt, app, fields, rows, source, metadata) -> dict[str
     floats, nested = float_columns(fields), nested_float_columns(fields)
     mode = "overwrite" if rows is not None else "append"
     if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge import deltaspark
+        from airflow_pgcdc.merge.sinks import deltaspark
 
         if source is not None:
             with deltaspark.sized_state(ctx.spark, len(dt.file_uris())):  # it reads the target

@@ -28,11 +28,11 @@ from typing import Any
 
 from airflow_pgcdc.lake.inspect import foreign_creator, open_table
 from airflow_pgcdc.lake.tables import app_id, delta_table_url
-from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.checks import _ranges_text, check_copy, check_expired, expired_state
 from airflow_pgcdc.merge.context import JobContext
 from airflow_pgcdc.merge.errors import CopyExpired, MergeError, WindowsExpired
 from airflow_pgcdc.merge.plan import select_windows
+from airflow_pgcdc.merge.sinks import deltars
 from airflow_pgcdc.merge.windows import load_windows
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id

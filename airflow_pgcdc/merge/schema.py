@@ -18,7 +18,6 @@ from airflow_pgcdc.changes.rows import (
 )
 from airflow_pgcdc.lake.inspect import open_table
 from airflow_pgcdc.lake.types import to_delta_schema
-from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.compact import toastable
 from airflow_pgcdc.merge.context import (
     META,
@@ -31,6 +30,7 @@ from airflow_pgcdc.merge.plan import (
     TablePlan,
     missing_values,  # noqa: F401 - it lived here: importable as before
 )
+from airflow_pgcdc.merge.sinks import deltars
 from airflow_pgcdc.protocol.quoting import shell_qualified
 
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
@@ -107,7 +107,7 @@ def table_configuration(fields: list[pa.Field]) -> dict[str, str] | None:
 
 def spark_configuration(ctx: JobContext, fields: list[pa.Field]) -> dict[str, str] | None:
     """:func:`table_configuration`, plus deletion vectors when the job turns them on."""
-    from airflow_pgcdc.merge.deltaspark import DELETION_VECTORS
+    from airflow_pgcdc.merge.sinks.deltaspark import DELETION_VECTORS
 
     conf = table_configuration(fields) or {}
     if ctx.deletion_vectors:
@@ -118,7 +118,7 @@ def spark_configuration(ctx: JobContext, fields: list[pa.Field]) -> dict[str, st
 def with_deletion_vectors(ctx: JobContext, name: str, url: str, dt):
     """``dt``, with deletion vectors turned on first when the job asks for them and the
     table (created earlier, or by delta-rs) has them off; returns the reloaded table."""
-    from airflow_pgcdc.merge import deltaspark
+    from airflow_pgcdc.merge.sinks import deltaspark
 
     if not ctx.deletion_vectors or deltaspark.has_deletion_vectors(dt):
         return dt

@@ -33,7 +33,7 @@ def _delta_batches(delta: Any, names: list[str]) -> Iterator[pa.RecordBatch]:
 def delta_table_location(delta_url: str, schema: str, table: str, *,
                          storage_options: Mapping[str, str] | None = None) -> str:
     """``{delta_url}/{schema}.{table}``: where the merge keeps the table (one rule, the
-    merge's: :func:`airflow_pgcdc.merge.deltars.table_url`; with ``storage_options`` a table
+    merge's: :func:`airflow_pgcdc.lake.inspect.table_url`; with ``storage_options`` a table
     an earlier version left at its legacy location is found there)."""
     from airflow_pgcdc.lake.tables import delta_table_url
 

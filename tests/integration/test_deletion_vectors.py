@@ -44,7 +44,7 @@ def _objects(client, url: str) -> dict[str, int]:
 
 
 def _spark_rows(spark, url: str) -> list[tuple]:
-    from airflow_pgcdc.merge.deltaspark import s3a
+    from airflow_pgcdc.merge.sinks.deltaspark import s3a
 
     return sorted(tuple(r) for r in spark.read.format("delta").load(s3a(url)).select("id", "v", "n").collect())
 
@@ -57,7 +57,7 @@ def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
     from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.maintain import maintain_slot
     from airflow_pgcdc.maintain.delta import PURGE_RATIO, deleted_rows
-    from airflow_pgcdc.merge.deltaspark import DELETION_VECTORS, has_deletion_vectors
+    from airflow_pgcdc.merge.sinks.deltaspark import DELETION_VECTORS, has_deletion_vectors
     from airflow_pgcdc.store import s3 as s3store
 
     client, src, lake = store
@@ -189,8 +189,8 @@ def test_turned_on_for_an_existing_table_and_refused_for_delta_rs(fresh_db, slot
     from deltalake import DeltaTable
 
     from airflow_pgcdc.lake.tables import delta_table_url
-    from airflow_pgcdc.merge.deltaspark import has_deletion_vectors
     from airflow_pgcdc.merge.errors import MergeError
+    from airflow_pgcdc.merge.sinks.deltaspark import has_deletion_vectors
     from airflow_pgcdc.store import s3 as s3store
 
     client, src, lake = store

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from airflow_pgcdc.lake.inspect import open_table
-from airflow_pgcdc.merge import deltars
 from airflow_pgcdc.merge.clauses import build_merge_spec
+from airflow_pgcdc.merge.sinks import deltars
 from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options
 
 APP = "pgcdc:slot:public.t"

@@ -103,8 +103,8 @@ def test_delta_rs_and_delta_spark_take_turns_on_one_table(db18, slot_name, store
     from lake_helpers import drain
 
     from airflow_pgcdc.lake.tables import delta_table_url
-    from airflow_pgcdc.merge.deltaspark import s3a
     from airflow_pgcdc.merge.job import merge_slot
+    from airflow_pgcdc.merge.sinks.deltaspark import s3a
     from airflow_pgcdc.snapshot.export import snapshot_to_s3
     from airflow_pgcdc.verify import verify_table
 

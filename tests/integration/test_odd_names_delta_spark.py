@@ -28,8 +28,8 @@ def test_odd_column_names_on_delta_spark(reader, fresh_db, slot_name, store, spa
 
     from airflow_pgcdc.lake.inspect import unreadable_features
     from airflow_pgcdc.lake.tables import delta_table_url
-    from airflow_pgcdc.merge.deltars import UnreadableFeatures, plain_dataset
-    from airflow_pgcdc.merge.deltaspark import s3a
+    from airflow_pgcdc.merge.sinks.deltars import UnreadableFeatures, plain_dataset
+    from airflow_pgcdc.merge.sinks.deltaspark import s3a
     from airflow_pgcdc.store import s3 as s3store
 
     client, src, lake = store

@@ -1,5 +1,5 @@
 """How many partitions Delta's Spark engine builds a table's state in, around a statement
-of the delta-spark sink (:func:`airflow_pgcdc.merge.deltaspark.sized_state`): sized by the
+of the delta-spark sink (:func:`airflow_pgcdc.merge.sinks.deltaspark.sized_state`): sized by the
 table's files, Delta's default 50 only for the largest, and never over a job's own
 setting. Pure code: the session's conf is a stand-in dict."""
 
@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_pgcdc.merge.deltaspark import FILES_PER_STATE_PARTITION, sized_state, state_partitions
+from airflow_pgcdc.merge.sinks.deltaspark import (
+    FILES_PER_STATE_PARTITION,
+    sized_state,
+    state_partitions,
+)
 
 KEY = "spark.databricks.delta.snapshotPartitions"
 

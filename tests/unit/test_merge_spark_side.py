@@ -8,7 +8,7 @@ import pytest
 
 from airflow_pgcdc.merge import jars
 from airflow_pgcdc.merge.clauses import build_merge_spec, build_scd2_spec
-from airflow_pgcdc.merge.deltaspark import merge_sql, s3a, scd2_sql, table_ref
+from airflow_pgcdc.merge.sinks.deltaspark import merge_sql, s3a, scd2_sql, table_ref
 from airflow_pgcdc.store.s3 import S3Settings
 
 

@@ -14,7 +14,7 @@ from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ
 from airflow_pgcdc.faults import FaultPoint, fault_point
 from airflow_pgcdc.lake.sizing import target_bytes
 from airflow_pgcdc.lake.tables import RESYNC_APP_SUFFIX
-from airflow_pgcdc.merge import deltars, pruning
+from airflow_pgcdc.merge import pruning
 from airflow_pgcdc.merge.checks import check_copy, check_internal_names
 from airflow_pgcdc.merge.clauses import MATCH_PREFIX, build_merge_spec, keep_column
 from airflow_pgcdc.merge.compact import compact
@@ -42,6 +42,7 @@ from airflow_pgcdc.merge.schema import (
     table_fields,
     with_deletion_vectors,
 )
+from airflow_pgcdc.merge.sinks import deltars
 from airflow_pgcdc.store import s3 as s3store
 
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
@@ -138,8 +139,8 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
     }
     try:
         if ctx.engine == "delta-spark":  # executors write the files, the driver commits
-            from airflow_pgcdc.merge import deltaspark
             from airflow_pgcdc.merge.compact import col
+            from airflow_pgcdc.merge.sinks import deltaspark
 
             files = pruning.file_count(sum(p.bytes for p in entry.parts), ctx.target_file_mb)
             rows = deltaspark.bootstrap(ctx.spark, read_parts(ctx, parts, schema), path=deltaspark.s3a(url),
@@ -185,7 +186,7 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     bound_key = None if (rekey or plan.truncate_at is not None) else pruning.prunable_key(
         keys, {f.name: f.type for f in fields})
     if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge import deltaspark
+        from airflow_pgcdc.merge.sinks import deltaspark
 
         dt = with_deletion_vectors(ctx, name, url, dt)
         spec = build_merge_spec(**spec_args, dialect="spark")
@@ -304,7 +305,7 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
         return apply_keyless(ctx, plan, url, dt, app, fields), dt, added
     rows = df.orderBy(COMMIT_LSN, SEQ).drop(OP, COMMIT_LSN, SEQ)
     if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge import deltaspark
+        from airflow_pgcdc.merge.sinks import deltaspark
 
         metrics = spark_commit_once(lambda: deltaspark.append(
             ctx.spark, rows, path=deltaspark.s3a(url), app=app, version=plan.last_window,

@@ -298,7 +298,7 @@ def bootstrap(spark, df, *, path: str, metadata: dict[str, str],
     then holds one narrow key range). A table whose column names need it maps columns by
     name (:func:`needs_column_mapping`; only then: the feature shuts out readers without
     column mapping). Returns the rows written."""
-    from airflow_pgcdc.merge.deltars import TableExists
+    from airflow_pgcdc.merge.sinks.deltars import TableExists
 
     if sort_by:
         df = df.repartitionByRange(files or 1, *sort_by).sortWithinPartitions(*sort_by)
