@@ -62,6 +62,8 @@ class JobContext:
     run_id: str
     s3_options: dict[str, str]
     engine: str = "delta-rs"
+    # the job's DeltaSink (merge/sinks/engines.py), chosen once from ``engine`` by the job
+    sink: Any = None
     history: str | None = None
     reader: str = "python"
     target_file_mb: float = DEFAULT_TARGET_FILE_MB

@@ -18,8 +18,6 @@ from airflow_pgcdc.merge.context import (
     JobContext,
     read_files,
     read_parts,
-    spark_commit_once,
-    stage,
     target_url,
     window_metadata,
 )
@@ -31,11 +29,10 @@ from airflow_pgcdc.merge.schema import (
     merge_key_columns,
     table_configuration,
 )
-from airflow_pgcdc.merge.sinks import deltars
+from airflow_pgcdc.merge.sinks.base import Commit
 from airflow_pgcdc.merge.sinks.table import snapshot_input
 from airflow_pgcdc.merge.windows import holds_table
 from airflow_pgcdc.protocol.lsn import LSN
-from airflow_pgcdc.store import s3 as s3store
 
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
 
@@ -65,29 +62,12 @@ def changelog_history(ctx: JobContext, schema: str, table: str, manifests, keys,
     fields = batch_fields(ctx, plan)
     dt, _added = evolve(ctx, plan, url, dt, fields + meta, {"pgcdc.changelog": name})
     schema_out = pa.schema(fields + meta)
-    if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge.sinks import deltaspark
-
-        rows = plan.rows
-        done = spark_commit_once(lambda: deltaspark.append(
-            ctx.spark, read_parts(ctx, plan.parts, schema_out), path=deltaspark.s3a(url), app=app,
-            version=plan.last_window, metadata=window_metadata(ctx, plan),
-        ), dt, url, app, plan.last_window)
-        if done.get("concurrent_commit"):
-            return {"changelog": url, "rows": 0, "concurrent_commit": True}
-        return {"changelog": url, "rows": int(done.get("numOutputRows", rows))}
-    staging = ctx.staging(schema, table, f"changelog-w{plan.last_window}")
-    stage(ctx, read_parts(ctx, plan.parts, schema_out), staging, schema_out)
-    paths, rows = deltars.read_staged(ctx.fs, staging)
-    target = pa.schema(dt.schema().to_arrow())
-    done = deltars.append(
-        dt, deltars.staged_reader(ctx.fs, paths, schema_out), target,
-        app=app, version=plan.last_window, metadata=window_metadata(ctx, plan),
-    )
-    s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+    done = ctx.sink.append(url, dt, read_parts(ctx, plan.parts, schema_out), schema_out,
+                           Commit(app, plan.last_window, window_metadata(ctx, plan)),
+                           where=(schema, table, f"changelog-w{plan.last_window}"))
     if done.get("concurrent_commit"):
         return {"changelog": url, "rows": 0, "concurrent_commit": True}
-    return {"changelog": url, "rows": rows}
+    return {"changelog": url, "rows": int(done.get("numOutputRows", done.get("num_source_rows", plan.rows)))}
 
 
 def _scd2_fields() -> list[pa.Field]:
@@ -134,20 +114,8 @@ def scd2_history(ctx: JobContext, schema: str, table: str, snapshot, entry, mani
             F.lit("S").alias(HIST_OP),
         )
         metadata = {"pgcdc.slot": ctx.slot, "pgcdc.scd2": name, "pgcdc.snapshot_id": snapshot.snapshot_id}
-        if ctx.engine == "delta-spark":
-            from airflow_pgcdc.merge.sinks import deltaspark
-
-            rows = deltaspark.bootstrap(ctx.spark, df, path=deltaspark.s3a(url), metadata=metadata,
-                                        configuration=table_configuration(fields))
-        else:
-            staging = ctx.staging(schema, table, "scd2-bootstrap")
-            stage(ctx, df, staging, schema_h)
-            paths, rows = deltars.read_staged(ctx.fs, staging)
-            deltars.bootstrap(
-                url, deltars.staged_reader(ctx.fs, paths, schema_h), storage_options=ctx.storage,
-                configuration=table_configuration(fields), metadata=metadata,
-            )
-            s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+        rows = ctx.sink.create(url, df, schema_h, metadata=metadata, configuration=table_configuration(fields),
+                               where=(schema, table, "scd2-bootstrap"), sized=False)
         out["bootstrap_rows"] = rows
         dt = open_table(url, ctx.storage)
     after = ctx.after(name, merged_version(dt, app))
@@ -195,25 +163,9 @@ def scd2_history(ctx: JobContext, schema: str, table: str, snapshot, entry, mani
         target_columns=target.names, source_columns=columns + [f.name for f in _scd2_fields()],
         key_columns=key_columns, truncate_lsn=truncate_lsn,
     )
-    if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge.sinks import deltaspark
-
-        metrics = spark_commit_once(lambda: deltaspark.merge_scd2(
-            ctx.spark, rows, build_scd2_spec(**spec_args, dialect="spark"), path=deltaspark.s3a(url),
-            app=app, version=plan.last_window, metadata=window_metadata(ctx, plan),
-        ), dt, url, app, plan.last_window)
-        out["versions"] = int(metrics.get("num_target_rows_inserted", 0))
-        out["closed"] = int(metrics.get("num_target_rows_updated", 0))
-        return out
-    staging = ctx.staging(schema, table, f"scd2-w{plan.last_window}")
-    stage(ctx, rows, staging, stage_schema)
-    paths, staged = deltars.read_staged(ctx.fs, staging)
-    spec = build_scd2_spec(**spec_args)
-    metrics = deltars.merge_scd2(
-        dt, deltars.staged_reader(ctx.fs, paths, stage_schema), spec, app=app,
-        version=plan.last_window, metadata=window_metadata(ctx, plan),
-    )
-    s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
+    metrics = ctx.sink.merge(url, dt, rows, stage_schema, lambda dialect: build_scd2_spec(**spec_args, dialect=dialect),
+                             Commit(app, plan.last_window, window_metadata(ctx, plan)),
+                             where=(schema, table, f"scd2-w{plan.last_window}"), scd2=True)
     out["versions"] = int(metrics.get("num_target_rows_inserted", 0))
     out["closed"] = int(metrics.get("num_target_rows_updated", 0))
     return out

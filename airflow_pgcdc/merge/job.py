@@ -83,7 +83,7 @@ from airflow_pgcdc.merge.errors import (
     WindowsExpired,
 )
 from airflow_pgcdc.merge.history import changelog_history, scd2_history
-from airflow_pgcdc.merge.options import ENGINES, HISTORIES, READERS, MergeResult, TableResult
+from airflow_pgcdc.merge.options import HISTORIES, READERS, MergeResult, TableResult
 from airflow_pgcdc.merge.plan import TablePlan, plan_table, select_windows
 from airflow_pgcdc.merge.point import (
     applied_until,
@@ -93,6 +93,7 @@ from airflow_pgcdc.merge.point import (
 )
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.schema import merge_key_columns
+from airflow_pgcdc.merge.sinks.engines import sink_class
 from airflow_pgcdc.merge.sinks.table import (
     append_only,
     bootstrap_table,
@@ -186,9 +187,8 @@ def merge_slot(
         raise MergeError(f"the target file size must be positive, got {target_file_mb} MB")
     if reader not in READERS:
         raise MergeError(f"unknown reader {reader!r}", hint=f"one of {', '.join(READERS)}")
-    if engine not in ENGINES:
-        raise MergeError(f"unknown engine {engine!r}", hint=f"one of {', '.join(ENGINES)}")
-    if deletion_vectors and engine != "delta-spark":
+    sink_cls = sink_class(engine)  # the engine is chosen here, once: the rest asks the sink
+    if deletion_vectors and not sink_cls.writes_deletion_vectors:
         raise MergeError(
             f"deletion vectors need --engine delta-spark (the {engine} engine writes none)",
             hint="add --engine delta-spark, or leave --deletion-vectors out")
@@ -198,7 +198,7 @@ def merge_slot(
     if history not in HISTORIES:
         raise MergeError(f"unknown history {history!r}", hint="history is 'changelog', 'scd2' or none")
     until = until_lsn is not None or until_time is not None
-    if until and engine == "delta-spark":
+    if until and not sink_cls.multi_transaction:
         raise PointError(
             "a replay to a point needs the delta-rs engine: its commit records two app transactions (the "
             "windows and the cut), Delta's Spark engine one",
@@ -215,7 +215,7 @@ def merge_slot(
         s3store.check_conditional_puts(client, root.bucket, root.prefix.rstrip("/") + "/" if root.prefix else "")
     def prepared(session):  # what every table read through Spark needs of the session
         register(session)
-        if engine == "delta-spark" or reader == "s3a":
+        if sink_cls.needs_jars or reader == "s3a":
             from airflow_pgcdc.merge.jars import configure_s3a
 
             configure_s3a(session, settings)
@@ -227,7 +227,7 @@ def merge_slot(
     # a session starter (spark_app.run) is called when a table first needs Spark: a job whose
     # tables are all small starts no JVM (delta-rs); delta-spark and s3a need it anyway: now
     lazy = is_starter(spark)
-    if lazy and (engine == "delta-spark" or reader == "s3a"):
+    if lazy and (sink_cls.needs_jars or reader == "s3a"):
         spark, lazy = spark(), False
     ctx = JobContext(
         session=(lambda: prepared(spark())) if lazy else prepared(spark), layout=layout, client=client, fs=s3store.make_pyarrow_fs(settings),
@@ -236,6 +236,7 @@ def merge_slot(
         reader=reader, target_file_mb=target_file_mb, deletion_vectors=bool(deletion_vectors),
         driver_rows=driver_rows,
     )
+    ctx.sink = sink_cls(ctx)
     remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
     ctx.resyncs = committed_resyncs(client, layout, slot)
@@ -254,7 +255,7 @@ def merge_slot(
     # Delta root's lock (airflow_pgcdc.lake.lock); delta-rs commits conditionally and needs none
     from airflow_pgcdc.lake.lock import root_lock_if
 
-    with root_lock_if(engine == "delta-spark", client, delta, job=f"pgcdc merge of slot {slot} (delta-spark)",
+    with root_lock_if(not sink_cls.conditional_commits, client, delta, job=f"pgcdc merge of slot {slot} (delta-spark)",
                       wait=lock_wait):
         try:
             for schema, table in wanted:

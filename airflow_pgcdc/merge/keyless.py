@@ -62,7 +62,6 @@ from airflow_pgcdc.changes.columns import KEYLESS_RUN as RUN
 from airflow_pgcdc.changes.columns import KEYLESS_SUB as SUB
 from airflow_pgcdc.changes.columns import KEYLESS_SUM as SUM
 from airflow_pgcdc.changes.columns import KIND, OLD_PREFIX
-from airflow_pgcdc.faults import FaultPoint, fault_point
 from airflow_pgcdc.merge.clauses import build_keyless_spec
 from airflow_pgcdc.merge.compact import LSN, OP, SEQ, TOAST, col
 from airflow_pgcdc.protocol.lsn import LSN as Lsn
@@ -225,31 +224,6 @@ def _values(events, fields: Sequence[pa.Field]):
     return per.where((col(SUM) != F.lit(0)) | (col(LOW) < F.lit(0)))
 
 
-def _target(ctx, dt, url: str, fields: Sequence[pa.Field]):
-    """The Delta table's rows (the PostgreSQL columns) at ``dt``'s version, in Spark."""
-    names = [f.name for f in fields]
-    if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge.sinks import deltaspark
-
-        df = ctx.spark.read.format("delta").option("versionAsOf", dt.version()).load(deltaspark.s3a(url))
-        return df.select(*[col(x) for x in names])
-    from airflow_pgcdc.lake.inspect import unreadable_features
-    from airflow_pgcdc.merge.context import read_files
-    from airflow_pgcdc.merge.errors import KeylessChange
-
-    features = unreadable_features(dt)
-    if features:
-        raise KeylessChange(
-            f"Delta table {url} uses {' and '.join(features)}: the delta-rs engine reads a keyless "
-            "table's data files to count its rows and would read them wrong",
-            hint="merge this table with --engine delta-spark, or rewrite the table without those features",
-        )
-    paths = [u.split("://", 1)[1] if "://" in u else u for u in dt.file_uris()]
-    if not paths:
-        return ctx.spark.createDataFrame([], _spark_schema(fields))
-    return read_files(ctx, paths, pa.schema(fields))
-
-
 def _spark_schema(fields: Sequence[pa.Field]):
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -327,56 +301,21 @@ def apply_keyless(ctx, plan, url: str, dt, app: str, fields: list[pa.Field]) -> 
         log.info("%s: keyless, truncated in the batch: its rows are replaced by what the changes after "
                  "the truncate leave", name)
         return _commit(ctx, plan, url, dt, app, fields, rows_after_truncate(values, fields), None, metadata)
-    source = merge_source(values, _target(ctx, dt, url, fields), fields)
+    source = merge_source(values, ctx.sink.read(url, dt, fields), fields)
     return _commit(ctx, plan, url, dt, app, fields, None, source, metadata)
 
 
 def _commit(ctx, plan, url, dt, app, fields, rows, source, metadata) -> dict[str, Any]:
     """One commit: ``rows`` replace the table (a truncate), or ``source`` is merged (an
     empty source: an empty append, for the app transaction)."""
-    from airflow_pgcdc.merge.context import spark_commit_once, stage
-    from airflow_pgcdc.merge.sinks import deltars
-    from airflow_pgcdc.store import s3 as s3store
+    from airflow_pgcdc.merge.sinks.base import Commit
 
     names = [f.name for f in fields]
-    version = plan.last_window
     floats, nested = float_columns(fields), nested_float_columns(fields)
-    mode = "overwrite" if rows is not None else "append"
-    if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge.sinks import deltaspark
-
-        if source is not None:
-            with deltaspark.sized_state(ctx.spark, len(dt.file_uris())):  # it reads the target
-                source = source.localCheckpoint()
-            if source.isEmpty():
-                rows, mode = source.select(*[col(x) for x in names]), "append"
-        if rows is not None:
-            metrics = spark_commit_once(lambda: deltaspark.append(
-                ctx.spark, rows, path=deltaspark.s3a(url), app=app, version=version, metadata=metadata, mode=mode,
-            ), dt, url, app, version)
-        else:
-            spec = build_keyless_spec(columns=names, float_columns=floats, nested_float_columns=nested,
-                                      dialect="spark")
-            metrics = spark_commit_once(lambda: deltaspark.merge(
-                ctx.spark, source, spec, path=deltaspark.s3a(url), app=app, version=version, metadata=metadata,
-            ), dt, url, app, version)
-        fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
-        return metrics
-    schema = pa.schema(list(fields) + ([pa.field(KIND, pa.string())] if source is not None else []))
-    staging = ctx.staging(plan.schema, plan.table, f"keyless-w{version}")
-    stage(ctx, source if source is not None else rows, staging, schema)
-    paths, n = deltars.read_staged(ctx.fs, staging)
-    fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
-    reader = deltars.staged_reader(ctx.fs, paths, schema)
-    target = pa.schema(dt.schema().to_arrow())
-    if source is not None and n:
-        spec = build_keyless_spec(columns=names, float_columns=floats, nested_float_columns=nested,
-                                  dialect="delta-rs")
-        metrics = deltars.merge(dt, reader, spec, app=app, version=plan.commit_version,
-                                cut=plan.cut_transactions(app), metadata=metadata)
-    else:  # a truncate's rows, or nothing to change (the app transaction alone)
-        metrics = deltars.append(dt, reader, target, app=app, version=plan.commit_version,
-                                 cut=plan.cut_transactions(app), metadata=metadata, mode=mode)
-    fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
-    s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
-    return {"num_source_rows": n, **metrics}
+    return ctx.sink.keyless(
+        url, dt, rows, source, fields,
+        lambda dialect: build_keyless_spec(columns=names, float_columns=floats, nested_float_columns=nested,
+                                           dialect=dialect),
+        Commit(app, plan.commit_version, metadata, plan.cut_transactions(app)),
+        where=(plan.schema, plan.table, f"keyless-w{plan.last_window}"),
+    )

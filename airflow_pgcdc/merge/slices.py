@@ -76,7 +76,7 @@ def pending_slices(ctx, schema: str, table: str, dt, app: str, since: int | None
     if not found:
         return found
     name = f"{schema}.{table}"
-    if ctx.engine != "delta-rs":
+    if not ctx.sink.multi_transaction:
         raise SliceNotMerged(
             f"{name}: the slice {found[-1].url} is merged by the delta-rs engine (its commit records the table's "
             "app transaction and the slice's; Delta's Spark engine records one): nothing merged",

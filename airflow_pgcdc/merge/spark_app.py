@@ -14,6 +14,8 @@ import logging
 import os
 import sys
 
+from airflow_pgcdc.merge.options import ENGINES
+
 RESULT_PREFIX = "PGCDC_MERGE_RESULT "
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", action="append", metavar="SCHEMA.TABLE=COL[,COL]",
                    help="merge key for a table without primary key / replica identity index")
     p.add_argument("--max-windows", type=int, metavar="N", help="merge at most N windows per table")
-    p.add_argument("--engine", choices=("delta-rs", "delta-spark"), default="delta-rs",
+    p.add_argument("--engine", choices=ENGINES, default="delta-rs",
                    help="Delta sink (default delta-rs; delta-spark needs the Delta and hadoop-aws jars)")
     p.add_argument("--reader", choices=("python", "s3a"), default="python",
                    help="how executors read the store: python (default: pyarrow's S3 filesystem in "

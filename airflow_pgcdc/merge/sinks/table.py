@@ -24,7 +24,6 @@ from airflow_pgcdc.merge.context import (
     read_changes,
     read_changes_on_driver,
     read_parts,
-    spark_commit_once,
     stage,
     window_metadata,
 )
@@ -37,13 +36,11 @@ from airflow_pgcdc.merge.schema import (
     delta_fields,
     evolve,
     part_schema,
-    spark_configuration,
     table_configuration,
     table_fields,
-    with_deletion_vectors,
 )
 from airflow_pgcdc.merge.sinks import deltars
-from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.merge.sinks.base import Commit
 
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
 
@@ -73,20 +70,26 @@ def _staged_in_order(paths: list[str]) -> list[str]:
     return sorted(paths, key=lambda p: p.rsplit("/", 1)[-1])
 
 
+def _driver_copy(ctx: JobContext, parts: list[str], schema: pa.Schema, keys: Sequence[str]) -> pa.Table:
+    """A small copy read by the driver, sorted by the key (the order only shapes the files)."""
+    from airflow_pgcdc.merge.rows.arrow import read_table
+
+    table = read_table(ctx.fs, [f"{ctx.layout.bucket}/{p}" for p in parts], schema)
+    if keys:
+        try:
+            table = table.sort_by([(k, "ascending") for k in keys])
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
+            pass  # a key type Arrow does not sort: the order only shapes the files, not what they hold
+    return table
+
+
 def _copy_rows(ctx: JobContext, entry, parts: list[str], schema: pa.Schema, keys: Sequence[str],
                what: str) -> tuple[pa.RecordBatchReader, int]:
     """A copied table's rows sorted by the key, and how many, for a delta-rs write: a small
-    table (``ctx.driver_rows`` rows, :data:`~.rows.arrow.DRIVER_BYTES`) read by the driver
+    table (``ctx.driver_rows`` rows, :data:`~..rows.arrow.DRIVER_BYTES`) read by the driver
     (no Spark job, no staged file), a larger one read, sorted and staged by Spark."""
-    from airflow_pgcdc.merge.rows.arrow import read_table
-
     if _fits_driver(ctx, entry.rows, sum(p.bytes for p in entry.parts)):
-        table = read_table(ctx.fs, [f"{ctx.layout.bucket}/{p}" for p in parts], schema)
-        if keys:
-            try:
-                table = table.sort_by([(k, "ascending") for k in keys])
-            except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
-                pass  # a key type Arrow does not sort: the order only shapes the files, not what they hold
+        table = _driver_copy(ctx, parts, schema, keys)
         return table.to_reader(), table.num_rows
     staging = ctx.staging(entry.schema, entry.table, what)
     stage(ctx, _sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
@@ -138,21 +141,13 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
         "pgcdc.consistent_point": snapshot.consistent_point,
     }
     try:
-        if ctx.engine == "delta-spark":  # executors write the files, the driver commits
-            from airflow_pgcdc.merge.compact import col
-            from airflow_pgcdc.merge.sinks import deltaspark
-
-            files = pruning.file_count(sum(p.bytes for p in entry.parts), ctx.target_file_mb)
-            rows = deltaspark.bootstrap(ctx.spark, read_parts(ctx, parts, schema), path=deltaspark.s3a(url),
-                                        metadata=metadata, configuration=spark_configuration(ctx, fields),
-                                        sort_by=[col(k) for k in keys], files=files)
+        copy_bytes = sum(p.bytes for p in entry.parts)
+        if ctx.sink.driver_batches and _fits_driver(ctx, entry.rows, copy_bytes):
+            rows = _driver_copy(ctx, parts, schema, keys)  # no Spark job, no staged file
         else:
-            reader, rows = _copy_rows(ctx, entry, parts, schema, keys, "bootstrap")
-            deltars.bootstrap(
-                url, reader, storage_options=ctx.storage,
-                configuration=table_configuration(fields), metadata=metadata,
-                target_file_size=target_bytes(ctx.target_file_mb),
-            )
+            rows = read_parts(ctx, parts, schema)
+        rows = ctx.sink.create(url, rows, schema, metadata=metadata, configuration=ctx.sink.properties(fields),
+                               where=(entry.schema, entry.table, "bootstrap"), keys=keys, copy_bytes=copy_bytes)
     except deltars.TableExists:
         log.info("%s: Delta table created meanwhile by another job; not bootstrapping again", name)
         return 0
@@ -173,8 +168,7 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     compaction = dict(table_columns=columns, key_columns=keys, toast_columns=toast, truncate_at=plan.truncate_at,
                       rekey=rekey)
     # delta-rs merges Arrow: a small batch is compacted on the driver, without any Spark job
-    batch = _compacted_on_driver(ctx, plan, read_schema, compaction) if ctx.engine == "delta-rs" else None
-    compacted = None if batch is not None else compact(read_changes(ctx, plan, read_schema), **compaction)
+    batch = _compacted_on_driver(ctx, plan, read_schema, compaction) if ctx.sink.driver_batches else None
     spec_args = dict(
         target_columns=target.names, source_columns=columns, key_columns=keys,
         keep_columns=toast, truncated=plan.truncate_at is not None, rekeyed=rekey,
@@ -182,37 +176,10 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     if rekey:
         log.info("%s: %d key-changing update(s) without their TOAST values: matching them on the old key",
                  name, plan.key_moves)
-    # the target bound (see .pruning): one integer key, no truncate, not rekeyed
+    # the target bound (see ..pruning): one integer key, no truncate, not rekeyed
     bound_key = None if (rekey or plan.truncate_at is not None) else pruning.prunable_key(
         keys, {f.name: f.type for f in fields})
-    if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge.sinks import deltaspark
-
-        dt = with_deletion_vectors(ctx, name, url, dt)
-        spec = build_merge_spec(**spec_args, dialect="spark")
-        ranges: list = []
-        if bound_key is not None:  # the batch is computed once: its keys, then the MERGE
-            from pyspark import StorageLevel
-
-            from airflow_pgcdc.merge.compact import col
-
-            compacted = compacted.persist(StorageLevel.MEMORY_AND_DISK)
-            ranges = pruning.key_ranges(compacted.select(col(bound_key)).toArrow().column(0).to_pylist())
-            spec = pruning.bounded(spec, pruning.bounds_predicate(bound_key, ranges, "spark"))
-        try:
-            metrics = spark_commit_once(lambda: deltaspark.merge(
-                ctx.spark, compacted, spec,
-                path=deltaspark.s3a(url), app=app, version=plan.last_window,
-                metadata=window_metadata(ctx, plan),
-            ), dt, url, app, plan.last_window)
-        finally:
-            if bound_key is not None:
-                compacted.unpersist()
-        if bound_key is not None:
-            metrics["pgcdc_key_ranges"] = len(ranges)
-        metrics["pgcdc_compacted_on"] = "spark"
-        fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
-        return metrics, dt, added
+    dt = ctx.sink.before_merge(name, url, dt)
     by_name = {f.name: f for f in fields}
     stage_schema = pa.schema(
         fields
@@ -220,32 +187,12 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
         + [pa.field(keep_column(c), pa.bool_()) for c in toast]
         + ([by_name[k].with_name(MATCH_PREFIX + k) for k in keys] if rekey else [])
     )
-    staging = None
-    if batch is not None:  # a small batch: no Spark job, no staged files
-        batch = batch.cast(stage_schema)
-        paths: list[str] = []
-    else:
-        staging = ctx.staging(plan.schema, plan.table, f"w{plan.last_window}")
-        stage(ctx, compacted, staging, stage_schema)
-        paths, _rows = deltars.read_staged(ctx.fs, staging)
-    fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
-    spec = build_merge_spec(**spec_args, dialect="delta-rs")
-    ranges = []
-    if bound_key is not None:  # the batch's keys, read on the driver (one column)
-        ranges = pruning.key_ranges(batch.column(bound_key).to_pylist() if batch is not None
-                                    else deltars.staged_column(ctx.fs, paths, stage_schema, bound_key))
-        spec = pruning.bounded(spec, pruning.bounds_predicate(bound_key, ranges, "delta-rs"))
-    metrics = deltars.merge(
-        dt, batch.to_reader() if batch is not None else deltars.staged_reader(ctx.fs, paths, stage_schema),
-        spec, app=app, version=plan.commit_version, cut=plan.cut_transactions(app),
-        metadata=window_metadata(ctx, plan),
+    rows = batch if batch is not None else compact(read_changes(ctx, plan, read_schema), **compaction)
+    metrics = ctx.sink.merge(
+        url, dt, rows, stage_schema, lambda dialect: build_merge_spec(**spec_args, dialect=dialect),
+        Commit(app, plan.commit_version, window_metadata(ctx, plan), plan.cut_transactions(app)),
+        where=(plan.schema, plan.table, f"w{plan.last_window}"), bound_key=bound_key,
     )
-    if bound_key is not None and not metrics.get("concurrent_commit"):
-        metrics["pgcdc_key_ranges"] = len(ranges)
-    metrics["pgcdc_compacted_on"] = "driver" if batch is not None else "spark"
-    fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
-    if staging is not None:
-        s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
     return metrics, dt, added
 
 
@@ -286,16 +233,13 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     dt, added = evolve(ctx, plan, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
     meta = [META[OP], META[COMMIT_LSN], META[SEQ]]
     out = pa.schema(fields)
-    if ctx.engine == "delta-rs" and plan.truncate_at is None and _fits_driver(ctx, plan.rows, plan.bytes):
+    commit = Commit(app, plan.commit_version, window_metadata(ctx, plan), plan.cut_transactions(app))
+    where = (plan.schema, plan.table, f"append-w{plan.last_window}")
+    if ctx.sink.driver_batches and plan.truncate_at is None and _fits_driver(ctx, plan.rows, plan.bytes):
         small = read_changes_on_driver(ctx, plan, pa.schema(fields + meta))
         if small.num_rows == 0 or pc.all(pc.equal(small[OP], "I")).as_py():  # inserts only: no Spark job
             small = small.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")]).select(out.names)
-            fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
-            done = deltars.append(dt, small.to_reader(), pa.schema(dt.schema().to_arrow()),
-                                  app=app, version=plan.commit_version, cut=plan.cut_transactions(app),
-                                  metadata=window_metadata(ctx, plan))
-            fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
-            return {"num_source_rows": small.num_rows, "pgcdc_compacted_on": "driver", **done}, dt, added
+            return ctx.sink.append(url, dt, small, out, commit, where=where), dt, added
     df = read_changes(ctx, plan, pa.schema(fields + meta))
     # only the op column comes to the driver: a whole row would be turned into Python values,
     # and a ±infinity timestamp has none (ValueError: year 294247 is out of range)
@@ -304,23 +248,6 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
 
         return apply_keyless(ctx, plan, url, dt, app, fields), dt, added
     rows = df.orderBy(COMMIT_LSN, SEQ).drop(OP, COMMIT_LSN, SEQ)
-    if ctx.engine == "delta-spark":
-        from airflow_pgcdc.merge.sinks import deltaspark
-
-        metrics = spark_commit_once(lambda: deltaspark.append(
-            ctx.spark, rows, path=deltaspark.s3a(url), app=app, version=plan.last_window,
-            metadata=window_metadata(ctx, plan),
-        ), dt, url, app, plan.last_window)
-        metrics.setdefault("num_source_rows", plan.rows)
-        return metrics, dt, added
-    staging = ctx.staging(plan.schema, plan.table, f"append-w{plan.last_window}")
-    stage(ctx, rows, staging, out)
-    paths, n = deltars.read_staged(ctx.fs, staging)
-    fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
-    done = deltars.append(
-        dt, deltars.staged_reader(ctx.fs, paths, out), pa.schema(dt.schema().to_arrow()),
-        app=app, version=plan.commit_version, cut=plan.cut_transactions(app), metadata=window_metadata(ctx, plan),
-    )
-    fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
-    s3store.delete_prefix(ctx.client, ctx.layout.bucket, staging.split("/", 1)[1])
-    return {"num_source_rows": n, **done}, dt, added
+    metrics = ctx.sink.append(url, dt, rows, out, commit, where=where)
+    metrics.setdefault("num_source_rows", plan.rows)
+    return metrics, dt, added

@@ -1,0 +1,106 @@
+"""The one interface the merge writes Delta tables through (:class:`DeltaSink`), and what a
+commit records (:class:`Commit`). An engine is chosen once per job
+(:func:`.engines.sink_class`, then ``JobContext.sink``): the table-level code (:mod:`.table`, the
+history tables, keyless tables) calls the sink's methods and never asks which engine it is.
+Adding a Delta feature (a table property, metadata columns, a change feed, partitioning)
+touches the two implementations in :mod:`.engines`, not the callers.
+
+Rows come as a Spark DataFrame, or, where the engine merges Arrow on the driver
+(:attr:`DeltaSink.driver_batches`) and the caller chose to, as an Arrow table (no Spark job).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_pgcdc.merge.context import JobContext
+
+__all__ = ["Commit", "DeltaSink"]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What one commit records beside its rows: the table's app transaction ``(app,
+    version)`` (the last window it holds whole), the app transactions of a replay's cut or a
+    slice (``cut``; only engines with :attr:`DeltaSink.multi_transaction` take them), and the
+    commit's metadata."""
+
+    app: str
+    version: int
+    metadata: Mapping[str, str]
+    cut: Mapping[str, int] = field(default_factory=dict)
+
+
+class DeltaSink(ABC):
+    """Writes one job's Delta tables with one engine; each method is one commit (or, for
+    :meth:`create`, the creation) and returns what the engine reports."""
+
+    engine: ClassVar[str]
+    """The ``--engine`` name."""
+    dialect: ClassVar[str]
+    """The SQL dialect of its MERGE clauses (:func:`airflow_pgcdc.lake.sql.quote_ident`)."""
+    driver_batches: ClassVar[bool]
+    """Small batches and copies may come as Arrow tables read on the driver (no Spark job)."""
+    multi_transaction: ClassVar[bool]
+    """A commit records several app transactions (a replay's cut, a slice's point)."""
+    writes_deletion_vectors: ClassVar[bool]
+    """``--deletion-vectors`` is honoured."""
+    conditional_commits: ClassVar[bool]
+    """Commits are conditional puts on S3: no lock of the Delta root is needed against upkeep."""
+    needs_jars: ClassVar[bool]
+    """The Spark session needs Delta's and hadoop-aws' jars."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+
+    # ``where``, in every writing method: ``(schema, table, label)``, the folder under the job's
+    # staging prefix an engine that stages rows puts them in
+
+    def properties(self, fields: Sequence[pa.Field]) -> dict[str, str] | None:
+        """The table properties a table this job creates gets."""
+        from airflow_pgcdc.merge.schema import table_configuration
+
+        return table_configuration(list(fields))
+
+    def before_merge(self, name: str, url: str, dt):
+        """``dt`` made ready for a MERGE of this job (the table reloaded if it changed)."""
+        return dt
+
+    @abstractmethod
+    def create(self, url: str, rows, schema: pa.Schema, *, metadata: Mapping[str, str],
+               configuration: Mapping[str, str] | None, where: tuple[str, str, str], keys: Sequence[str] = (),
+               copy_bytes: int | None = None, sized: bool = True) -> int:
+        """Create the table from ``rows`` in one commit (``TableExists`` if it is there);
+        returns the row count. ``keys``: sort the rows by them (the merge key; key-sorted
+        files are what a merge prunes by); ``copy_bytes``: the copy's Parquet bytes (the file
+        count); ``sized``: files of the job's target size."""
+
+    @abstractmethod
+    def append(self, url: str, dt, rows, schema: pa.Schema, commit: Commit, *, where: tuple[str, str, str],
+               mode: str = "append") -> dict[str, Any]:
+        """Append ``rows`` (``mode="overwrite"``: replace the table's) in one commit."""
+
+    @abstractmethod
+    def merge(self, url: str, dt, rows, schema: pa.Schema, spec: Callable[[str], Any], commit: Commit, *,
+              where: tuple[str, str, str], bound_key: str | None = None, scd2: bool = False) -> dict[str, Any]:
+        """One MERGE commit of ``rows`` with the clauses ``spec(dialect)`` builds; ``bound_key``:
+        bound the target to the batch's key ranges on that integer key (:mod:`..pruning`);
+        ``scd2``: the clauses are an SCD2 history's."""
+
+    @abstractmethod
+    def keyless(self, url: str, dt, rows, source, fields: Sequence[pa.Field], spec: Callable[[str], Any],
+                commit: Commit, *, where: tuple[str, str, str]) -> dict[str, Any]:
+        """A keyless table's commit: ``rows`` replace the table (a truncate), or the multiset
+        ``source`` is merged by ``spec(dialect)`` (an empty one: an empty append, for the app
+        transaction alone)."""
+
+    @abstractmethod
+    def read(self, url: str, dt, fields: Sequence[pa.Field]):
+        """The table's rows at ``dt``'s version, as a Spark DataFrame of ``fields``."""
+

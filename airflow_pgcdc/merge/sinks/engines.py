@@ -1,0 +1,264 @@
+"""The two :class:`~.base.DeltaSink` implementations, one per ``--engine``:
+
+* :class:`DeltaRsSink` (``delta-rs``, the default): Spark (when it runs at all) stages the
+  rows as Parquet under the job's staging prefix, and the driver commits them with delta-rs
+  (small batches come as Arrow and skip Spark); every commit is a conditional put and may
+  record several app transactions.
+* :class:`DeltaSparkSink` (``delta-spark``): Delta's Spark engine writes and commits (the
+  executors write the files, the driver commits one app transaction per commit).
+
+Fault points (:mod:`airflow_pgcdc.faults`): ``merge-after-stage`` once a commit's rows are
+staged (delta-rs), ``merge-after-commit`` once it is made (both), for every table kind.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from airflow_pgcdc.faults import FaultPoint, fault_point
+from airflow_pgcdc.lake.sizing import target_bytes
+from airflow_pgcdc.merge import pruning
+from airflow_pgcdc.merge.context import read_files, spark_commit_once, stage
+from airflow_pgcdc.merge.errors import MergeError
+from airflow_pgcdc.merge.sinks import deltars
+from airflow_pgcdc.merge.sinks.base import Commit, DeltaSink
+from airflow_pgcdc.store import s3 as s3store
+
+__all__ = ["SINKS", "DeltaRsSink", "DeltaSparkSink", "sink_class"]
+
+log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
+
+
+def _col(name: str):
+    from airflow_pgcdc.merge.compact import col
+
+    return col(name)
+
+
+def _staged_in_order(paths: list[str]) -> list[str]:
+    """The staged files in Spark partition order (``part-{partition:05d}-…``)."""
+    return sorted(paths, key=lambda p: p.rsplit("/", 1)[-1])
+
+
+class DeltaRsSink(DeltaSink):
+    engine = "delta-rs"
+    dialect = "delta-rs"
+    driver_batches = True
+    multi_transaction = True
+    writes_deletion_vectors = False
+    conditional_commits = True
+    needs_jars = False
+
+    # -- staging: a Spark job's rows as Parquet files the driver streams into the commit
+    def _stage(self, df, schema: pa.Schema, where: tuple[str, str, str]) -> tuple[str, list[str], int]:
+        ctx = self.ctx
+        staging = ctx.staging(*where)
+        stage(ctx, df, staging, schema)
+        paths, rows = deltars.read_staged(ctx.fs, staging)
+        return staging, paths, rows
+
+    def _unstage(self, staging: str | None) -> None:
+        if staging is not None:
+            s3store.delete_prefix(self.ctx.client, self.ctx.layout.bucket, staging.split("/", 1)[1])
+
+    def _rows(self, rows, schema: pa.Schema, where: tuple[str, str, str], *, ordered: bool = False):
+        """``(reader, row count, staging folder, staged files)`` of ``rows``: an Arrow table as
+        it is (no staging: ``None, []``), a Spark DataFrame staged first."""
+        if isinstance(rows, pa.Table):
+            return rows.cast(schema).to_reader(), rows.num_rows, None, []
+        staging, paths, n = self._stage(rows, schema, where)
+        paths = _staged_in_order(paths) if ordered else paths
+        return deltars.staged_reader(self.ctx.fs, paths, schema), n, staging, paths
+
+    def create(self, url, rows, schema, *, metadata, configuration, where, keys=(), copy_bytes=None,
+               sized=True) -> int:
+        if not isinstance(rows, pa.Table) and keys:
+            rows = rows.orderBy(*[_col(k) for k in keys])  # range partitions, each sorted
+        reader, n, staging, _ = self._rows(rows, schema, where, ordered=True)
+        try:
+            deltars.bootstrap(
+                url, reader, storage_options=self.ctx.storage, configuration=configuration,
+                metadata=dict(metadata), target_file_size=target_bytes(self.ctx.target_file_mb) if sized else None,
+            )
+        finally:
+            self._unstage(staging)
+        return n
+
+    def append(self, url, dt, rows, schema, commit, *, where, mode="append") -> dict[str, Any]:
+        reader, n, staging, _ = self._rows(rows, schema, where)
+        fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
+        done = deltars.append(dt, reader, pa.schema(dt.schema().to_arrow()), app=commit.app,
+                              version=commit.version, cut=dict(commit.cut), metadata=dict(commit.metadata), mode=mode)
+        fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
+        self._unstage(staging)
+        return {"num_source_rows": n, **({"pgcdc_compacted_on": "driver"} if staging is None else {}), **done}
+
+    def merge(self, url, dt, rows, schema, spec, commit, *, where, bound_key=None, scd2=False) -> dict[str, Any]:
+        reader, n, staging, paths = self._rows(rows, schema, where)
+        fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
+        built = spec(self.dialect)
+        ranges: list = []
+        if bound_key is not None:  # the batch's keys, read on the driver (one column)
+            ranges = pruning.key_ranges(rows.column(bound_key).to_pylist() if staging is None
+                                        else deltars.staged_column(self.ctx.fs, paths, schema, bound_key))
+            built = pruning.bounded(built, pruning.bounds_predicate(bound_key, ranges, self.dialect))
+        if scd2:
+            metrics = deltars.merge_scd2(dt, reader, built, app=commit.app, version=commit.version,
+                                         metadata=dict(commit.metadata))
+        else:
+            metrics = deltars.merge(dt, reader, built, app=commit.app, version=commit.version, cut=dict(commit.cut),
+                                    metadata=dict(commit.metadata))
+        if bound_key is not None and not metrics.get("concurrent_commit"):
+            metrics["pgcdc_key_ranges"] = len(ranges)
+        metrics["pgcdc_compacted_on"] = "driver" if staging is None else "spark"
+        fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
+        self._unstage(staging)
+        return metrics
+
+    def keyless(self, url, dt, rows, source, fields, spec, commit, *, where) -> dict[str, Any]:
+        from airflow_pgcdc.changes.columns import KIND
+
+        schema = pa.schema(list(fields) + ([pa.field(KIND, pa.string())] if source is not None else []))
+        reader, n, staging, _ = self._rows(source if source is not None else rows, schema, where)
+        fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
+        if source is not None and n:
+            metrics = deltars.merge(dt, reader, spec(self.dialect), app=commit.app, version=commit.version,
+                                    cut=dict(commit.cut), metadata=dict(commit.metadata))
+        else:  # a truncate's rows, or nothing to change (the app transaction alone)
+            metrics = deltars.append(dt, reader, pa.schema(dt.schema().to_arrow()), app=commit.app,
+                                     version=commit.version, cut=dict(commit.cut), metadata=dict(commit.metadata),
+                                     mode="overwrite" if rows is not None else "append")
+        fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
+        self._unstage(staging)
+        return {"num_source_rows": n, **metrics}
+
+    def read(self, url, dt, fields):
+        from airflow_pgcdc.lake.inspect import unreadable_features
+        from airflow_pgcdc.merge.errors import KeylessChange
+
+        features = unreadable_features(dt)
+        if features:
+            raise KeylessChange(
+                f"Delta table {url} uses {' and '.join(features)}: the delta-rs engine reads a keyless "
+                "table's data files to count its rows and would read them wrong",
+                hint="merge this table with --engine delta-spark, or rewrite the table without those features",
+            )
+        paths = [u.split("://", 1)[1] if "://" in u else u for u in dt.file_uris()]
+        if not paths:
+            from pyspark.sql.pandas.types import from_arrow_schema
+
+            return self.ctx.spark.createDataFrame([], from_arrow_schema(pa.schema(list(fields))))
+        return read_files(self.ctx, paths, pa.schema(list(fields)))
+
+
+class DeltaSparkSink(DeltaSink):
+    engine = "delta-spark"
+    dialect = "spark"
+    driver_batches = False
+    multi_transaction = False
+    writes_deletion_vectors = True
+    conditional_commits = False
+    needs_jars = True
+
+    def properties(self, fields):
+        from airflow_pgcdc.merge.schema import spark_configuration
+
+        return spark_configuration(self.ctx, list(fields))
+
+    def before_merge(self, name, url, dt):
+        from airflow_pgcdc.merge.schema import with_deletion_vectors
+
+        return with_deletion_vectors(self.ctx, name, url, dt)
+
+    @staticmethod
+    def _one_transaction(commit: Commit) -> None:
+        if commit.cut:  # refused before any work (PointError, SliceNotMerged): never reached
+            raise MergeError(f"Delta's Spark engine records one app transaction per commit, not {dict(commit.cut)}")
+
+    def _commit(self, run: Callable[[], dict[str, Any]], dt, url: str, commit: Commit) -> dict[str, Any]:
+        self._one_transaction(commit)
+        metrics = spark_commit_once(run, dt, url, commit.app, commit.version)
+        fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
+        return metrics
+
+    def create(self, url, rows, schema, *, metadata, configuration, where, keys=(), copy_bytes=None,
+               sized=True) -> int:
+        from airflow_pgcdc.merge.sinks import deltaspark
+
+        files = pruning.file_count(copy_bytes, self.ctx.target_file_mb) if copy_bytes is not None else None
+        return deltaspark.bootstrap(self.ctx.spark, rows, path=deltaspark.s3a(url), metadata=dict(metadata),
+                                    configuration=configuration, sort_by=[_col(k) for k in keys] or None,
+                                    files=files)
+
+    def append(self, url, dt, rows, schema, commit, *, where, mode="append") -> dict[str, Any]:
+        from airflow_pgcdc.merge.sinks import deltaspark
+
+        return self._commit(lambda: deltaspark.append(
+            self.ctx.spark, rows, path=deltaspark.s3a(url), app=commit.app, version=commit.version,
+            metadata=dict(commit.metadata), mode=mode,
+        ), dt, url, commit)
+
+    def merge(self, url, dt, rows, schema, spec, commit, *, where, bound_key=None, scd2=False) -> dict[str, Any]:
+        from airflow_pgcdc.merge.sinks import deltaspark
+
+        built = spec(self.dialect)
+        ranges: list = []
+        if bound_key is not None:  # the batch is computed once: its keys, then the MERGE
+            from pyspark import StorageLevel
+
+            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+            ranges = pruning.key_ranges(rows.select(_col(bound_key)).toArrow().column(0).to_pylist())
+            built = pruning.bounded(built, pruning.bounds_predicate(bound_key, ranges, self.dialect))
+        run = deltaspark.merge_scd2 if scd2 else deltaspark.merge
+        try:
+            metrics = self._commit(lambda: run(
+                self.ctx.spark, rows, built, path=deltaspark.s3a(url), app=commit.app, version=commit.version,
+                metadata=dict(commit.metadata),
+            ), dt, url, commit)
+        finally:
+            if bound_key is not None:
+                rows.unpersist()
+        if bound_key is not None:
+            metrics["pgcdc_key_ranges"] = len(ranges)
+        if not scd2:
+            metrics["pgcdc_compacted_on"] = "spark"
+        return metrics
+
+    def keyless(self, url, dt, rows, source, fields, spec, commit, *, where) -> dict[str, Any]:
+        from airflow_pgcdc.merge.sinks import deltaspark
+
+        mode = "overwrite" if rows is not None else "append"
+        if source is not None:
+            with deltaspark.sized_state(self.ctx.spark, len(dt.file_uris())):  # it reads the target
+                source = source.localCheckpoint()
+            if source.isEmpty():
+                rows, mode = source.select(*[_col(f.name) for f in fields]), "append"
+        if rows is not None:
+            return self.append(url, dt, rows, None, commit, where=where, mode=mode)
+        built = spec(self.dialect)
+        return self._commit(lambda: deltaspark.merge(
+            self.ctx.spark, source, built, path=deltaspark.s3a(url), app=commit.app, version=commit.version,
+            metadata=dict(commit.metadata),
+        ), dt, url, commit)
+
+    def read(self, url, dt, fields):
+        from airflow_pgcdc.merge.sinks import deltaspark
+
+        df = self.ctx.spark.read.format("delta").option("versionAsOf", dt.version()).load(deltaspark.s3a(url))
+        return df.select(*[_col(f.name) for f in fields])
+
+
+SINKS: Mapping[str, type[DeltaSink]] = {s.engine: s for s in (DeltaRsSink, DeltaSparkSink)}
+
+
+def sink_class(engine: str) -> type[DeltaSink]:
+    """The sink of ``--engine``; a :class:`MergeError` names the engines for another name."""
+    try:
+        return SINKS[engine]
+    except KeyError:
+        raise MergeError(f"unknown engine {engine!r}", hint=f"one of {', '.join(SINKS)}") from None
+
