@@ -120,6 +120,7 @@ from airflow_pgcdc.drain.guards import (
     DrainError,
     DrainTimeout,
     PipelineTablesUnpublished,
+    PublicationMissing,
     PublicationNotFound,
     ServerMismatch,
     SlotAheadOfStore,
@@ -157,7 +158,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DrainBusy", "DrainError", "DrainResult", "DrainTimeout", "PipelineTablesUnpublished",
-    "PublicationNotFound", "ServerMismatch", "SlotAheadOfStore", "SlotNotFound", "StoreHasNoCopy", "WindowConflict",
+    "PublicationMissing", "PublicationNotFound", "ServerMismatch", "SlotAheadOfStore", "SlotNotFound", "StoreHasNoCopy", "WindowConflict",
     "drain_window",
 ]  # fmt: skip
 

@@ -30,6 +30,7 @@ import psycopg
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.pg.errors import ServerError
 from airflow_pgcdc.pg.slots import SlotMissing
+from airflow_pgcdc.pg.tables import PublicationMissing
 from airflow_pgcdc.protocol.lsn import DEFAULT_WAL_SIZES, LSN, WalSizes
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
 
@@ -40,6 +41,7 @@ __all__ = [
     "DrainError",
     "DrainTimeout",
     "PipelineTablesUnpublished",
+    "PublicationMissing",
     "PublicationNotFound",
     "ServerMismatch",
     "SlotAheadOfStore",
@@ -87,8 +89,8 @@ class DrainTimeout(DrainError):
     """The stream did not reach the window's end in time."""
 
 
-class PublicationNotFound(DrainError):
-    """A publication the drain is to stream does not exist: nothing was acknowledged."""
+PublicationNotFound = PublicationMissing
+"""The drain's 0.1 name of :class:`~airflow_pgcdc.pg.tables.PublicationMissing`."""
 
 
 class PipelineTablesUnpublished(DrainError):
@@ -122,18 +124,18 @@ def check_publications(
     slot: str,
     forget: Iterable[Table] = (),
 ) -> PublicationCheck:
-    """Raise :class:`PublicationNotFound` or :class:`PipelineTablesUnpublished` unless every
+    """Raise :class:`PublicationMissing` or :class:`PipelineTablesUnpublished` unless every
     publication exists and every table of ``pipeline`` is covered by one of them, was
     dropped, or is in ``forget``."""
     pubs = list(dict.fromkeys(publications))
     if not pubs:
-        raise PublicationNotFound(f"slot {slot}: no publication given", hint="name the pipeline's publication")
+        raise PublicationMissing(f"slot {slot}: no publication given", hint="name the pipeline's publication")
     found = {r[0] for r in sql.execute(
         "SELECT pubname::text FROM pg_catalog.pg_publication WHERE pubname = ANY(%s)", (pubs,)
     ).fetchall()}
     missing = [p for p in pubs if p not in found]
     if missing:
-        raise PublicationNotFound(
+        raise PublicationMissing(
             f"slot {slot}: publication(s) {', '.join(repr(p) for p in missing)} do not exist in database "
             f"{sql.info.dbname!r}; PostgreSQL would stream nothing for them and the drain would acknowledge "
             "changes no window holds. Nothing was read or acknowledged",
@@ -168,7 +170,7 @@ def check_publications(
             tables=lost,
         )
     if not covered:
-        raise PublicationNotFound(
+        raise PublicationMissing(
             f"slot {slot}: publication(s) {', '.join(pubs)} cover no table: nothing would be streamed",
             hint="add the pipeline's tables to the publication (ALTER PUBLICATION ... ADD TABLE ...)",
         )

@@ -57,7 +57,7 @@ from airflow_pgcdc.pg.errors import DuplicateObject, ObjectInUse, UndefinedObjec
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.tables import (
     CatalogError,
-    PublicationNotFound,
+    PublicationMissing,
 )
 from airflow_pgcdc.protocol.commands import validate_slot_name
 from airflow_pgcdc.protocol.lsn import LSN
@@ -145,16 +145,6 @@ class SlotMismatch(SlotError):
     another database)."""
 
     kind = "slot_mismatch"
-
-
-class PublicationMissing(HintedError, PublicationNotFound):
-    """The publication the slot is to stream does not exist in the slot's database."""
-
-    kind = "publication_missing"
-
-    def __init__(self, message: str, *, publication: str | None = None, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.publication = publication
 
 
 class PublicationConflict(HintedError, CatalogError):

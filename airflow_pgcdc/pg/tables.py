@@ -34,8 +34,20 @@ class CatalogError(PgcdcError):
     """The catalog does not have what was asked for."""
 
 
-class PublicationNotFound(CatalogError):
-    """The publication does not exist in this database."""
+class PublicationMissing(HintedError, CatalogError):
+    """A publication a job is to read or stream does not exist in the database (or covers no
+    table); nothing was read or acknowledged. The one error for it, whichever job meets it
+    (the snapshot's catalog reads, the slot checks, the drain)."""
+
+    kind = "publication_missing"
+
+    def __init__(self, message: str, *, publication: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.publication = publication
+
+
+PublicationNotFound = PublicationMissing
+"""The 0.1 name of :class:`PublicationMissing` (here and in the drain): the same class."""
 
 
 class TableNotFound(CatalogError):
@@ -222,8 +234,11 @@ def describe_table(
 def publication_tables(conn: psycopg.Connection, publication: str) -> list[TableInfo]:
     """The tables of ``publication``, with their column lists and row filters (15+)."""
     if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
-        raise PublicationNotFound(
-            f"publication {publication!r} does not exist in database {conn.info.dbname!r}"
+        raise PublicationMissing(
+            f"publication {publication!r} does not exist in database {conn.info.dbname!r}",
+            publication=publication,
+            hint=f"check the spelling (`SELECT pubname FROM pg_publication`), or create it: "
+                 f"pgcdc publication ensure --name {publication} --tables ...",
         )
     if conn.info.server_version >= 150000:
         rows = conn.execute(

@@ -35,6 +35,7 @@ from airflow_pgcdc.drain.drain import (
     ServerMismatch,
     drain_window,
 )
+from airflow_pgcdc.faults import FaultPoint
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.slotlock import wait_lock_slot
 from airflow_pgcdc.protocol.lsn import LSN
@@ -282,14 +283,14 @@ def test_publication_altered_during_the_window_commits_nothing(fresh_db, slot_na
     sql(fresh_db, "INSERT INTO t1 VALUES (1); INSERT INTO t2 VALUES (1)")
     drain(fresh_db, url, slot, client)
     sql(fresh_db, "INSERT INTO t1 VALUES (2); INSERT INTO t2 VALUES (2)")
-    real = run_mod._fault
+    real = run_mod.fault_point
 
-    def fault(point):
-        if point == "after-parts":
+    def fault(point, log=None):
+        if point == FaultPoint.DRAIN_AFTER_PARTS:
             sql(fresh_db, "ALTER PUBLICATION pub DROP TABLE t2")
-        real(point)
+        real(point, log)
 
-    monkeypatch.setattr(run_mod, "_fault", fault)
+    monkeypatch.setattr(run_mod, "fault_point", fault)
     before = confirmed(fresh_db, slot)
     with pytest.raises(PipelineTablesUnpublished):
         drain(fresh_db, url, slot, client)

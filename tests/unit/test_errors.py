@@ -64,3 +64,16 @@ def test_a_hint_means_a_hinted_error():
             if "hint" in inspect.signature(cls.__init__).parameters and not issubclass(cls, HintedError):
                 loose.append(f"{cls.__module__}.{name}")
     assert loose == []
+
+
+def test_one_class_for_a_missing_publication_whichever_job_meets_it():
+    import airflow_pgcdc.drain as drain
+    from airflow_pgcdc.drain import guards
+    from airflow_pgcdc.pg import slots, tables
+
+    assert tables.PublicationMissing is slots.PublicationMissing is drain.PublicationMissing
+    assert tables.PublicationNotFound is guards.PublicationNotFound is tables.PublicationMissing  # the 0.1 names
+    e = tables.PublicationMissing("publication 'p' does not exist", publication="p", hint="create it")
+    assert isinstance(e, tables.CatalogError) and e.kind == "publication_missing"
+    back = pickle.loads(pickle.dumps(e))
+    assert (type(back), back.publication, back.hint) == (tables.PublicationMissing, "p", "create it")
