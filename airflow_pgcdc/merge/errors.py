@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 from airflow_pgcdc.errors import HintedError
-
-if TYPE_CHECKING:
-    from airflow_pgcdc.merge.options import MergeResult
 
 __all__ = [
     "KeyNotCovered",
@@ -155,7 +152,7 @@ class TablesFailed(MergeError):
     """Some tables could not be merged; the others were (``result`` holds every table's
     outcome, the failed ones with ``action == "failed"``, their error and hint)."""
 
-    def __init__(self, message: str, *, hint: str | None = None, result: MergeResult | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, result: Any = None) -> None:
         super().__init__(message, hint=hint)
         self.result = result
         self.outcome: dict | None = None  # a composed job's own result (a rebuild's), printed instead

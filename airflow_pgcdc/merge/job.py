@@ -40,8 +40,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from datetime import datetime
+from collections.abc import Mapping
+from typing import Any
 
 from airflow_pgcdc.lake.inspect import NONE_MERGED, foreign_creator, merged_version, open_table
 from airflow_pgcdc.lake.sizing import DEFAULT_TARGET_FILE_MB
@@ -83,7 +83,7 @@ from airflow_pgcdc.merge.errors import (
     WindowsExpired,
 )
 from airflow_pgcdc.merge.history import changelog_history, scd2_history
-from airflow_pgcdc.merge.options import HISTORIES, READERS, MergeResult, TableResult
+from airflow_pgcdc.merge.options import MergeOptions, MergeResult, TableResult
 from airflow_pgcdc.merge.plan import TablePlan, plan_table, select_windows
 from airflow_pgcdc.merge.point import (
     applied_until,
@@ -144,26 +144,19 @@ def merge_slot(
     store: str | None = None,
     slot: str,
     delta: str,
-    tables: Sequence[str] | None = None,
-    keys: Mapping[str, Sequence[str]] | None = None,
-    max_windows: int | None = None,
+    options: MergeOptions | Mapping[str, Any] | None = None,
     settings: s3store.S3Settings | None = None,
-    engine: str = "delta-rs",
-    history: str | None = None,
-    reader: str = "python",
-    target_file_mb: float | None = None,
-    deletion_vectors: bool = False,
     source: str | None = None,
-    lock_wait: float | None = None,
-    driver_rows: int | None = None,
-    until_lsn: str | None = None,
-    until_time: str | datetime | None = None,
+    **fields: Any,
 ) -> MergeResult:
     """Bootstrap and merge every table of ``slot`` (or only ``tables``, ``schema.table``)
     with the Spark session ``spark`` (or a callable that starts one, called only when a table
     needs Spark: with delta-rs, a job whose batches are all small starts none)
     from the store at ``store`` (``s3://bucket/prefix``; ``source``, its 0.1 name, warns) into Delta tables under
-    ``delta`` (``s3://bucket/lake``). ``keys`` overrides merge keys per table.
+    ``delta`` (``s3://bucket/lake``), as ``options`` say: a :class:`~.options.MergeOptions`
+    (or a mapping of its fields), or its fields given as keywords, which are:
+    ``tables`` (only these, ``schema.table``); ``keys`` overrides merge keys per table;
+    ``max_windows`` per table.
     ``engine``: ``delta-rs`` (default) or ``delta-spark`` (needs the Delta and hadoop-aws
     jars on the cluster). ``history="changelog"`` also appends every change row to
     ``{schema}.{table}__changelog``; ``history="scd2"`` keeps ``{schema}.{table}__scd2``
@@ -182,21 +175,16 @@ def merge_slot(
     ``until_lsn`` / ``until_time``: replay to that point, the tables as the source was then
     (:mod:`.point`; delta-rs, no history tables)."""
     store = store_argument("merge_slot", store, "source", source)
-    target_file_mb = DEFAULT_TARGET_FILE_MB if target_file_mb is None else float(target_file_mb)
-    if not target_file_mb > 0:
-        raise MergeError(f"the target file size must be positive, got {target_file_mb} MB")
-    if reader not in READERS:
-        raise MergeError(f"unknown reader {reader!r}", hint=f"one of {', '.join(READERS)}")
+    o = MergeOptions.of(options, **fields)  # the options' own checks (BadMergeOption)
+    tables, keys, max_windows, engine, history, reader = o.tables, o.keys, o.max_windows, o.engine, o.history, o.reader
+    deletion_vectors, lock_wait, until_lsn, until_time = o.deletion_vectors, o.lock_wait, o.until_lsn, o.until_time
+    target_file_mb = DEFAULT_TARGET_FILE_MB if o.target_file_mb is None else o.target_file_mb
     sink_cls = sink_class(engine)  # the engine is chosen here, once: the rest asks the sink
     if deletion_vectors and not sink_cls.writes_deletion_vectors:
         raise MergeError(
             f"deletion vectors need --engine delta-spark (the {engine} engine writes none)",
             hint="add --engine delta-spark, or leave --deletion-vectors out")
-    driver_rows = DRIVER_ROWS if driver_rows is None else int(driver_rows)
-    if driver_rows < 0:
-        raise MergeError(f"--driver-rows must be 0 or more, got {driver_rows}")
-    if history not in HISTORIES:
-        raise MergeError(f"unknown history {history!r}", hint="history is 'changelog', 'scd2' or none")
+    driver_rows = DRIVER_ROWS if o.driver_rows is None else o.driver_rows
     until = until_lsn is not None or until_time is not None
     if until and not sink_cls.multi_transaction:
         raise PointError(

@@ -1,14 +1,26 @@
-"""What a merge answers (:class:`MergeResult`, one :class:`TableResult` per table) and the
-choices it is asked to make among (:data:`ENGINES`, :data:`HISTORIES`, :data:`READERS`):
-apart from the call (:func:`~.job.merge_slot`), so that the errors and the other modules of
-the merge name them without importing the job."""
+"""What a merge is asked (:class:`MergeOptions`) and answers (:class:`MergeResult`, one
+:class:`TableResult` per table), and the choices among which (:data:`ENGINES`,
+:data:`HISTORIES`, :data:`READERS`): apart from the call (:func:`~.job.merge_slot`), so that
+the errors and the other modules of the merge name them without importing the job.
+
+:class:`MergeOptions` is the one definition of the merge's options: the library call takes
+it (or its fields as keywords), ``pgcdc merge`` and ``spark_app.py`` build it once from their
+arguments (:meth:`MergeOptions.from_args`), and the Airflow operator turns it into
+``spark_app.py``'s arguments (:meth:`MergeOptions.to_args`): a new option is added here,
+with its flag, and reaches every door.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
-__all__ = ["ENGINES", "HISTORIES", "READERS", "MergeResult", "TableResult"]
+from airflow_pgcdc.merge.errors import MergeError
+
+__all__ = ["ENGINES", "HISTORIES", "READERS", "BadMergeOption", "MergeOptions", "MergeResult", "TableResult"]
 
 
 ENGINES = ("delta-rs", "delta-spark")
@@ -18,6 +30,131 @@ HISTORIES = (None, "changelog", "scd2")
 
 
 READERS = ("python", "s3a")
+
+
+def parse_keys(items: Sequence[str] | None) -> dict[str, list[str]]:
+    """``schema.table=col1,col2`` items (``--key``) → ``{"schema.table": ["col1", "col2"]}``."""
+    import argparse
+
+    out: dict[str, list[str]] = {}
+    for item in items or ():
+        table, sep, cols = item.rpartition("=")
+        names = [c.strip() for c in cols.split(",") if c.strip()]
+        if not sep or not table or not names:
+            raise argparse.ArgumentTypeError(f"--key expects schema.table=col1[,col2...], got {item!r}")
+        out[table] = names
+    return out
+
+
+class BadMergeOption(MergeError, ValueError):
+    """An option of the merge with a value it cannot take (named as in the library call and
+    on the command line)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergeOptions:
+    """What :func:`~.job.merge_slot` is asked, past the store, the Delta root and the slot
+    (each field's meaning is the call's; ``None``: the default). Checked when made
+    (:class:`BadMergeOption`); whether the engine can do what is asked (deletion vectors, a
+    replay to a point) is the job's check, made with the engine's sink."""
+
+    tables: tuple[str, ...] | None = None
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    max_windows: int | None = None
+    engine: str = "delta-rs"
+    history: str | None = None
+    reader: str = "python"
+    target_file_mb: float | None = None
+    deletion_vectors: bool = False
+    driver_rows: int | None = None
+    lock_wait: float | None = None
+    until_lsn: str | None = None
+    until_time: str | datetime | None = None
+
+    def __post_init__(self) -> None:
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen
+        if self.tables is not None:
+            put("tables", (self.tables,) if isinstance(self.tables, str) else tuple(self.tables))
+        keys = {}
+        for table, cols in (self.keys or {}).items():
+            cols = (cols,) if isinstance(cols, str) else tuple(cols)
+            if not cols or any(not c or "," in c for c in cols):
+                raise BadMergeOption(f"keys[{table!r}] must be a non-empty list of column names without ',': "
+                                     f"{list(cols)!r}", hint="--key SCHEMA.TABLE=COL[,COL]")
+            keys[table] = cols
+        put("keys", keys)
+        if self.engine not in ENGINES:
+            raise BadMergeOption(f"unknown engine {self.engine!r}", hint=f"one of {', '.join(ENGINES)}")
+        if self.reader not in READERS:
+            raise BadMergeOption(f"unknown reader {self.reader!r}", hint=f"one of {', '.join(READERS)}")
+        if self.history not in HISTORIES:
+            raise BadMergeOption(f"unknown history {self.history!r}", hint="history is 'changelog', 'scd2' or none")
+        if self.max_windows is not None and (isinstance(self.max_windows, bool) or not isinstance(self.max_windows, int)
+                                             or self.max_windows < 0):
+            raise BadMergeOption(f"max_windows (--max-windows) must be an integer 0 or more (0: bootstrap only), "
+                                 f"got {self.max_windows!r}")
+        if self.target_file_mb is not None:
+            if isinstance(self.target_file_mb, bool) or not float(self.target_file_mb) > 0:
+                raise BadMergeOption(f"target_file_mb must be positive, got {self.target_file_mb!r} "
+                                     "(--target-file-mb: the data files' size in MB)")
+            put("target_file_mb", float(self.target_file_mb))
+        if self.driver_rows is not None and (isinstance(self.driver_rows, bool) or not isinstance(self.driver_rows, int)
+                                             or self.driver_rows < 0):
+            raise BadMergeOption(f"driver_rows must be an integer 0 or more, got {self.driver_rows!r} (--driver-rows)")
+        if self.until_lsn and self.until_time:
+            raise BadMergeOption("give until_lsn or until_time, not both (--until-lsn, --until-time)")
+        put("deletion_vectors", bool(self.deletion_vectors))
+
+    @classmethod
+    def of(cls, options: MergeOptions | Mapping[str, Any] | None = None, /, **fields: Any) -> MergeOptions:
+        """``options`` (a :class:`MergeOptions` or a mapping of its fields), or ``fields``;
+        a name that is not a field is a :class:`TypeError`."""
+        if options is not None and fields:
+            raise TypeError(f"give the merge's options or its fields ({', '.join(sorted(fields))}), not both")
+        given = dict(options if isinstance(options, Mapping) else fields)
+        if isinstance(options, MergeOptions):
+            return options
+        unknown = sorted(set(given) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(f"the merge has no option {', '.join(map(repr, unknown))}")
+        return cls(**{k: v for k, v in given.items() if v is not None})  # None: the default
+
+    @classmethod
+    def from_args(cls, args: Any) -> MergeOptions:
+        """From ``spark_app.py``'s (``pgcdc merge``'s) parsed arguments."""
+        pick = lambda name: getattr(args, name, None)  # noqa: E731
+        return cls(tables=pick("tables"), keys=parse_keys(pick("key")), max_windows=pick("max_windows"),
+                   engine=pick("engine") or "delta-rs", history=pick("history"), reader=pick("reader") or "python",
+                   target_file_mb=pick("target_file_mb"), deletion_vectors=bool(pick("deletion_vectors")),
+                   driver_rows=pick("driver_rows"), until_lsn=pick("until_lsn"), until_time=pick("until_time"))
+
+    def to_args(self) -> list[str]:
+        """``spark_app.py``'s arguments for these options (the defaults left out); parsed back
+        by :meth:`from_args` to the same options. ``lock_wait`` has no flag."""
+        args: list[str] = []
+        for flag, value, default in (("--history", self.history, None), ("--engine", self.engine, "delta-rs"),
+                                     ("--reader", self.reader, "python"), ("--until-lsn", self.until_lsn, None),
+                                     ("--until-time", self.until_time, None)):
+            if value is not None and value != default:
+                args += [flag, value.isoformat() if isinstance(value, datetime) else str(value)]
+        if self.tables:
+            args += ["--tables", *self.tables]
+        for table, cols in self.keys.items():
+            args += ["--key", f"{table}={','.join(cols)}"]
+        if self.max_windows is not None:
+            args += ["--max-windows", str(int(self.max_windows))]
+        if self.target_file_mb is not None:
+            args += ["--target-file-mb", f"{self.target_file_mb:g}"]
+        if self.deletion_vectors:
+            args.append("--deletion-vectors")
+        if self.driver_rows is not None:
+            args += ["--driver-rows", str(self.driver_rows)]
+        return args
+
+    def fields(self) -> dict[str, Any]:
+        """The options as keywords of :func:`~.job.merge_slot` (those set)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != (f.default if f.default is not dataclasses.MISSING else f.default_factory())}
 
 
 @dataclass

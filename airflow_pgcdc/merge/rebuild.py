@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +31,7 @@ from airflow_pgcdc.lake.tables import app_id, delta_table_url
 from airflow_pgcdc.merge.checks import _ranges_text, check_copy, check_expired, expired_state
 from airflow_pgcdc.merge.context import JobContext
 from airflow_pgcdc.merge.errors import CopyExpired, MergeError, WindowsExpired
+from airflow_pgcdc.merge.options import MergeOptions
 from airflow_pgcdc.merge.plan import select_windows
 from airflow_pgcdc.merge.sinks import deltars
 from airflow_pgcdc.merge.windows import load_windows
@@ -251,23 +252,26 @@ def rebuild_slot(
     store: str,
     slot: str,
     delta: str,
-    tables: Sequence[str] | None = None,
     scratch: str | None = None,
     swap: bool = True,
     keep_scratch: bool = False,
     settings: s3store.S3Settings | None = None,
-    **merge_options: Any,
+    options: MergeOptions | Mapping[str, Any] | None = None,
+    **fields: Any,
 ) -> dict[str, Any]:
     """Rebuild the Delta tables of ``slot`` under the live root ``delta`` from the store
     (see the module doc): :func:`check_replayable`, the merge job into ``scratch``
     (default :func:`scratch_root` with a new run id), :func:`swap_in`, the scratch root
-    removed. ``merge_options``: those of :func:`.job.merge_slot` (engine, reader, history,
-    target_file_mb, deletion_vectors, keys, max_windows, driver_rows). Returns the merge's
+    removed. ``options``: the merge's (:class:`~.options.MergeOptions`, or its fields as
+    keywords: tables, engine, reader, history, target_file_mb, deletion_vectors, keys,
+    max_windows, driver_rows, until_lsn, until_time). Returns the merge's
     result whose tables point at the live tables, with ``rebuild``: the scratch root, the
     swaps and what was removed. A table that failed is reported (the others are swapped)
     and :class:`.job.TablesFailed` raised after."""
     from airflow_pgcdc.merge.job import TablesFailed, merge_slot
 
+    options = MergeOptions.of(options, **fields)
+    tables = options.tables
     t0 = time.monotonic()
     settings = settings or s3store.S3Settings.from_env()
     run = new_run_id()
@@ -275,14 +279,14 @@ def rebuild_slot(
     if scratch == delta.rstrip("/") or scratch.startswith(delta.rstrip("/") + "/"):
         raise MergeError(f"the rebuild root {scratch} must not be the live root {delta} or inside it",
                          hint="leave --scratch out (default {delta}_rebuild/{run}) or name another folder")
-    names = check_replayable(store=store, slot=slot, scratch=scratch, tables=tables, history=merge_options.get("history"),
-                             max_windows=merge_options.get("max_windows"), settings=settings,
+    names = check_replayable(store=store, slot=slot, scratch=scratch, tables=tables, history=options.history,
+                             max_windows=options.max_windows, settings=settings,
                              live=delta if swap else None)
     log.info("slot %s: rebuilding %d table(s) into %s", slot, len(names), scratch)
     failed: TablesFailed | None = None
     try:
-        result = merge_slot(spark, store=store, slot=slot, delta=scratch, tables=tables, settings=settings,
-                            **merge_options).to_dict()
+        result = merge_slot(spark, store=store, slot=slot, delta=scratch, settings=settings,
+                            options=options).to_dict()
     except TablesFailed as exc:
         if exc.result is None:
             raise
@@ -290,7 +294,7 @@ def rebuild_slot(
     done = {"swapped": [], "objects_removed": 0}
     if swap:
         done = swap_and_clean(result, delta, settings=settings, run=run, keep_scratch=keep_scratch,
-                              target_file_mb=merge_options.get("target_file_mb"))
+                              target_file_mb=options.target_file_mb)
         # the result names the live tables: the ones users read, and the Asset events' URIs
         versions = {s["live"]: s["live_version"] for s in done["swapped"]}
         for t in result["tables"]:

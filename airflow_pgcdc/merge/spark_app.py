@@ -14,23 +14,11 @@ import logging
 import os
 import sys
 
-from airflow_pgcdc.merge.options import ENGINES
+from airflow_pgcdc.merge.options import ENGINES, MergeOptions
 
 RESULT_PREFIX = "PGCDC_MERGE_RESULT "
 
 log = logging.getLogger(__name__)
-
-
-def parse_keys(items: list[str] | None) -> dict[str, list[str]]:
-    """``schema.table=col1,col2`` items → ``{"schema.table": ["col1", "col2"]}``."""
-    out: dict[str, list[str]] = {}
-    for item in items or ():
-        table, sep, cols = item.rpartition("=")
-        names = [c.strip() for c in cols.split(",") if c.strip()]
-        if not sep or not table or not names:
-            raise argparse.ArgumentTypeError(f"--key expects schema.table=col1[,col2...], got {item!r}")
-        out[table] = names
-    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,19 +91,13 @@ def run(args: argparse.Namespace, spark=None, *, lazy: bool = False) -> dict:
         # cluster the session is made at once (its manager waits for the application's
         # SparkContext)
         spark = start_spark if lazy else start_spark()
-    options = dict(
-        store=args.store, slot=args.slot, delta=args.delta, tables=args.tables,
-        keys=parse_keys(args.key), max_windows=args.max_windows, engine=args.engine,
-        history=args.history, reader=args.reader, target_file_mb=getattr(args, "target_file_mb", None),
-        deletion_vectors=bool(getattr(args, "deletion_vectors", False)),
-        driver_rows=getattr(args, "driver_rows", None),
-        until_lsn=getattr(args, "until_lsn", None), until_time=getattr(args, "until_time", None),
-    )
+    options = MergeOptions.from_args(args)  # built once, here, from the arguments
     if getattr(args, "rebuild", False):
         from airflow_pgcdc.merge.rebuild import rebuild_slot
 
-        return rebuild_slot(spark, scratch=args.scratch, swap=args.swap, keep_scratch=args.keep_scratch, **options)
-    return merge_slot(spark, **options).to_dict()
+        return rebuild_slot(spark, store=args.store, slot=args.slot, delta=args.delta, scratch=args.scratch,
+                            swap=args.swap, keep_scratch=args.keep_scratch, options=options)
+    return merge_slot(spark, store=args.store, slot=args.slot, delta=args.delta, options=options).to_dict()
 
 
 def ship_package(spark) -> None:

@@ -47,11 +47,19 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.merge.options import MergeOptions
 from airflow_pgcdc.merge.session import is_local
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators import assets
 from airflow_pgcdc.operators.renamed import renamed_argument
-from airflow_pgcdc.operators.values import checked, columns_per_table, flag, number, templated
+from airflow_pgcdc.operators.values import (
+    checked,
+    columns_per_table,
+    flag,
+    mapping,
+    number,
+    templated,
+)
 
 __all__ = [
     "MERGED_ACTIONS",
@@ -77,6 +85,7 @@ ON_FAILED_TABLES = ("fail", "succeed")
 the others (``on_failed_tables``)."""
 
 _OWNED = ("application", "application_args")
+
 
 
 class PgcdcTablesFailed(AirflowException):
@@ -130,36 +139,16 @@ def merge_application_args(
     until_lsn: str | None = None,
     until_time: str | None = None,
 ) -> list[str]:
-    """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`)."""
-    args = ["--store", store, "--slot", slot, "--delta", delta]
-    if until_lsn and until_time:
-        raise ValueError("give until_lsn or until_time, not both")
-    for option, value in (("--history", history), ("--engine", engine), ("--reader", reader),
-                          ("--until-lsn", until_lsn), ("--until-time", until_time)):
-        if value:
-            args += [option, value]
-    if tables:
-        args += ["--tables", *tables]
-    for table, cols in (keys or {}).items():
-        cols = [cols] if isinstance(cols, str) else list(cols)
-        if not cols or any(not c or "," in c for c in cols):
-            raise ValueError(f"keys[{table!r}] must be a non-empty list of column names without ',': {cols!r}")
-        args += ["--key", f"{table}={','.join(cols)}"]
-    if max_windows is not None:
-        args += ["--max-windows", str(max_windows)]
-    if target_file_mb is not None:
-        if not float(target_file_mb) > 0:
-            raise ValueError(f"target_file_mb must be positive, got {target_file_mb!r}")
-        args += ["--target-file-mb", f"{float(target_file_mb):g}"]
-    if deletion_vectors:
-        if engine != "delta-spark":
-            raise ValueError(f"deletion_vectors needs engine='delta-spark' (the {engine or 'delta-rs'} engine writes none)")
-        args.append("--deletion-vectors")
-    if driver_rows is not None:
-        if isinstance(driver_rows, bool) or not isinstance(driver_rows, int) or driver_rows < 0:
-            raise ValueError(f"driver_rows must be an integer 0 or more, got {driver_rows!r}")
-        args += ["--driver-rows", str(driver_rows)]
-    return args
+    """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`):
+    the merge's options through :meth:`~airflow_pgcdc.merge.options.MergeOptions.to_args`, their
+    one definition."""
+    if deletion_vectors and engine != "delta-spark":
+        raise ValueError(f"deletion_vectors needs engine='delta-spark' (the {engine or 'delta-rs'} engine writes none)")
+    options = MergeOptions.of(
+        tables=tables, keys=keys, max_windows=max_windows, history=history, engine=engine, reader=reader,
+        target_file_mb=target_file_mb, deletion_vectors=deletion_vectors, driver_rows=driver_rows,
+        until_lsn=until_lsn, until_time=until_time)
+    return ["--store", store, "--slot", slot, "--delta", delta, *options.to_args()]
 
 
 def merge_spark_conf(conf: Mapping[str, Any] | None = None, *, python: str | None = None) -> dict[str, Any]:
@@ -339,7 +328,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "keys", "max_windows",
         "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows", "aws_conn_id", "conn_id",
-        "until_lsn", "until_time",
+        "until_lsn", "until_time", "options",
     )
     ui_color = "#fdebd0"
 
@@ -360,6 +349,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         driver_rows: int | None = None,
         until_lsn: str | None = None,
         until_time: str | None = None,
+        options: MergeOptions | Mapping[str, Any] | str | None = None,
         aws_conn_id: str | None = None,
         conn_id: str = "spark_default",
         py_files_dir: str | None = None,
@@ -401,6 +391,17 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         # a replay to a point (merge/point.py), e.g. until_time="{{ data_interval_end }}"
         self.until_lsn = until_lsn
         self.until_time = until_time
+        # the merge's options as one object or dict (templated: e.g. "{{ params.merge }}"),
+        # instead of the fields above
+        self.options = options
+        fields = dict(tables=tables, keys=keys, max_windows=max_windows, history=history, engine=engine,
+                      reader=reader, target_file_mb=target_file_mb, deletion_vectors=deletion_vectors,
+                      driver_rows=driver_rows, until_lsn=until_lsn, until_time=until_time)
+        given = [name for name, value in fields.items() if value not in (None, False)]
+        if options is not None and given:
+            raise ValueError(f"give options or the merge's fields ({', '.join(given)}), not both")
+        if options is not None and not templated(options):
+            self._options()  # a bad option fails when the DAG is parsed
         self.aws_conn_id = aws_conn_id
         self.py_files_dir = py_files_dir
         self.on_failed_tables = on_failed_tables
@@ -486,8 +487,39 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                 mask_secret(secret)
         return s3_env(settings)
 
+    def _options(self) -> MergeOptions | None:
+        """``options``, rendered: a :class:`MergeOptions`, or a mapping of its fields whose
+        values may be rendered text (``"8"``, ``"true"``, ``"None"``)."""
+        value = self.options
+        if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
+            return None
+        if isinstance(value, MergeOptions):
+            return value
+        fields = mapping(value, "options", "a MergeOptions or a mapping of its fields") or {}
+        kinds = {"max_windows": int, "driver_rows": int, "target_file_mb": float, "lock_wait": float}
+        out: dict[str, Any] = {}
+        for name, v in fields.items():
+            if name in kinds:
+                v = number(v, kinds[name], name)
+            elif name == "deletion_vectors":
+                v = flag(v, name)
+            elif name == "keys":
+                v = columns_per_table(v, "keys")
+            elif name == "tables" and isinstance(v, str):
+                v = [t for t in v.replace(",", " ").split() if t] or None
+            elif isinstance(v, str) and v.strip() in ("", "None"):
+                v = None
+            out[name] = v
+        options = MergeOptions.of(out)
+        if options.deletion_vectors and options.engine != "delta-spark":
+            raise ValueError(f"deletion_vectors needs engine='delta-spark' (the {options.engine} engine writes none)")
+        return options
+
     def _application_args(self) -> list[str]:
-        """``spark_app.py``'s arguments, from the rendered fields."""
+        """``spark_app.py``'s arguments, from the rendered fields (or ``options``)."""
+        options = self._options()
+        if options is not None:
+            return ["--store", self.store, "--slot", self.slot, "--delta", self.delta, *options.to_args()]
         return merge_application_args(
             store=self.store, slot=self.slot, delta=self.delta, tables=self._tables(),
             keys=columns_per_table(self.keys, "keys"), max_windows=self._max_windows(),

@@ -57,12 +57,11 @@ def checked(value: Any, convert, *args, **kwargs) -> Any:
     return value if templated(value) else convert(value, *args, **kwargs)
 
 
-def columns_per_table(value: Any, name: str) -> dict[str, list[str]]:
-    """``value`` as ``{"schema.table": ["col", ...]}``: a mapping, or its rendering as text
-    (JSON, or the Python literal a Jinja template renders a dict param to); a table's
-    columns may be one name. ``None`` / ``""``: ``{}``."""
+def mapping(value: Any, name: str, what: str = "a mapping") -> Mapping | None:
+    """``value`` as a mapping: a mapping, or its rendering as text (JSON, or the Python
+    literal a Jinja template renders a dict param to). ``None`` / ``""``: ``None``."""
     if value is None or (isinstance(value, str) and value.strip() in UNSET):
-        return {}
+        return None
     if isinstance(value, str):
         import ast
         import json
@@ -73,7 +72,14 @@ def columns_per_table(value: Any, name: str) -> dict[str, list[str]]:
             try:
                 value = ast.literal_eval(value.strip())
             except (ValueError, SyntaxError):
-                raise ValueError(f"{name} must be a mapping of table to key columns, got {value!r}") from None
+                raise ValueError(f"{name} must be {what}, got {value!r}") from None
     if not isinstance(value, Mapping):
-        raise ValueError(f"{name} must be a mapping of table to key columns, got {value!r}")
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return value
+
+
+def columns_per_table(value: Any, name: str) -> dict[str, list[str]]:
+    """``value`` as ``{"schema.table": ["col", ...]}`` (see :func:`mapping`); a table's
+    columns may be one name. ``None`` / ``""``: ``{}``."""
+    value = mapping(value, name, "a mapping of table to key columns") or {}
     return {str(t): [c] if isinstance(c, str) else [str(x) for x in c] for t, c in value.items()}

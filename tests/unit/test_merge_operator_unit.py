@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from airflow.sdk import Asset, AssetAlias
 
+from airflow_pgcdc.merge.options import parse_keys
 from airflow_pgcdc.merge.session import SPARK_CONF
-from airflow_pgcdc.merge.spark_app import RESULT_PREFIX, add_arguments, parse_keys
+from airflow_pgcdc.merge.spark_app import RESULT_PREFIX, add_arguments
 from airflow_pgcdc.operators.merge import (
     PgcdcMergeSubmitHook,
     PgcdcSparkMergeOperator,
@@ -415,3 +416,51 @@ def test_rebuild_operator_submits_a_rebuild_and_announces_the_live_tables(fake_s
         "window_seq": 2, "end_lsn": "0/90", "delta_version": 9, "action": "rebuilt"})]
     op.swap, op.keep_scratch = "false", True
     assert op._application_args()[-2:] == ["--no-swap", "--keep-scratch"]
+
+
+def test_merge_options_are_one_definition_for_the_call_the_command_and_the_operator(fake_spark):
+    """MergeOptions: its command-line arguments parse back to the same options, and the
+    operator given them as one dict of rendered text passes the same arguments as its fields."""
+    from airflow_pgcdc.merge.options import BadMergeOption, MergeOptions
+
+    full = MergeOptions(tables=["public.a", "s.b"], keys={"public.a": ["k1", "k2"]}, max_windows=3,
+                        engine="delta-spark", history="scd2", reader="s3a", target_file_mb=8,
+                        deletion_vectors=True, driver_rows=0, until_lsn="0/16B3748")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    ns = parser.parse_args(["--store", "s3://b/p", "--slot", "s", "--delta", "s3://b/l", *full.to_args()])
+    assert MergeOptions.from_args(ns) == full
+    assert MergeOptions.from_args(parser.parse_args(["--store", "x", "--slot", "s", "--delta", "d"])) == MergeOptions()
+    assert MergeOptions.of({"engine": "delta-rs", "history": None}) == MergeOptions()
+    for bad, message in (({"engine": "spark"}, "unknown engine"), ({"driver_rows": -1}, "driver_rows"),
+                         ({"keys": {"t": []}}, "keys"), ({"until_lsn": "0/1", "until_time": "x"}, "not both")):
+        with pytest.raises(BadMergeOption, match=message):
+            MergeOptions.of(bad)
+    with pytest.raises(TypeError, match="no option 'enigne'"):
+        MergeOptions.of({"enigne": "delta-rs"})
+    with pytest.raises(TypeError, match="not both"):
+        MergeOptions.of(full, engine="delta-rs")
+
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
+                                 options="{{ params.merge }}")
+    assert "options" in op.template_fields
+    op.options = ("{'tables': 'public.a s.b', 'keys': {'public.a': ['k1', 'k2']}, 'max_windows': '3', "
+                  "'engine': 'delta-spark', 'history': 'scd2', 'reader': 's3a', 'target_file_mb': '8', "
+                  "'deletion_vectors': 'true', 'driver_rows': '0', 'until_lsn': '0/16B3748'}")
+    assert op._application_args() == ["--store", "s3://b/cdc", "--slot", "shop", "--delta", "s3://b/lake",
+                                      *full.to_args()]
+    with pytest.raises(ValueError, match="not both"):
+        PgcdcSparkMergeOperator(task_id="m2", store="s", slot="s", delta="d", options={"engine": "delta-spark"},
+                                history="scd2")
+    with pytest.raises(ValueError, match="deletion_vectors needs engine='delta-spark'"):
+        PgcdcSparkMergeOperator(task_id="m3", store="s", slot="s", delta="d", options={"deletion_vectors": True})
+
+
+def test_merge_slot_takes_options_or_their_fields_not_both():
+    from airflow_pgcdc.merge.job import merge_slot
+    from airflow_pgcdc.merge.options import MergeOptions
+
+    with pytest.raises(TypeError, match="not both"):
+        merge_slot(None, store="s3://b/p", slot="s", delta="s3://b/l", options=MergeOptions(), tables=["t"])
+    with pytest.raises(TypeError, match="no option 'tabels'"):
+        merge_slot(None, store="s3://b/p", slot="s", delta="s3://b/l", tabels=["t"])
