@@ -84,11 +84,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _drain(args: argparse.Namespace, drain_window):
-    return drain_window(
-        args.dsn,
-        args.store,
-        slot=args.slot,
-        publications=args.publication,
+    from airflow_pgcdc.drain.options import DrainOptions
+
+    options = DrainOptions.of(  # built once from the arguments (None: the default)
         until_lsn=args.until_lsn,
         max_rows=args.max_rows,
         max_bytes=args.max_bytes,
@@ -106,3 +104,4 @@ def _drain(args: argparse.Namespace, drain_window):
         start_without_snapshot=args.start_without_snapshot,
         as_text=args.as_text,
     )
+    return drain_window(args.dsn, args.store, slot=args.slot, publications=args.publication, options=options)

@@ -106,6 +106,7 @@ log under ``airflow_pgcdc.drain.drain``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import time
@@ -146,13 +147,11 @@ from airflow_pgcdc.drain.window import HEARTBEAT_PREFIX as HEARTBEAT_PREFIX
 from airflow_pgcdc.drain.window import TypeResolver
 from airflow_pgcdc.pg.catalog import check_encoding
 from airflow_pgcdc.pg.conninfo import redact, unverified_tls
-from airflow_pgcdc.pg.tables import parse_column_map, parse_table_names
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput.options import PgoutputOptions
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument
 from airflow_pgcdc.store.parquet import prefer_jemalloc_pool
-from airflow_pgcdc.store.window import DEFAULT_MEMORY_BUDGET
 
 log = logging.getLogger(__name__)
 
@@ -177,30 +176,18 @@ def drain_window(
     *,
     slot: str,
     publications: Sequence[str] | str,
-    until_lsn: LSN | str | int | None = None,
-    max_rows: int | None = None,
-    max_bytes: int | None = None,
-    max_seconds: float | None = None,
-    skip_origins: Sequence[str] = (),
-    message_prefixes: Sequence[str] | None = None,
-    binary: bool = False,
-    heartbeat: bool = True,
-    heartbeat_after: float = 1.0,
-    max_wait: float = 300.0,
-    status_interval: float = 1.0,
-    spool_dir: str | None = None,
-    connect_options: str | None = None,
-    target_part_bytes: int | None = None,
+    options: DrainOptions | Mapping[str, Any] | None = None,
     s3_client: Any = None,
-    forget_tables: Sequence[str] = (),
-    busy_wait: float = 10.0,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
-    start_without_snapshot: bool = False,
-    as_text: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
     to: str | s3store.S3Location | None = None,
+    **fields: Any,
 ) -> DrainResult:
-    """Drain one window of ``slot`` into ``store`` (``s3://bucket/prefix``); see the module
-    docstring. ``to`` is the 0.1 name of ``store`` (accepted for one release, with a
+    """Drain one window of ``slot`` into ``store`` (``s3://bucket/prefix``) from
+    ``publications``; see the module docstring. ``options``: a :class:`~.options.DrainOptions`
+    (or a mapping of its fields), or its fields given as keywords (``until_lsn``,
+    ``max_rows``, ``max_bytes``, ``max_seconds``, ``skip_origins``, ``message_prefixes``,
+    ``binary``, ``heartbeat``, ``heartbeat_after``, ``max_wait``, ``status_interval``,
+    ``spool_dir``, ``connect_options``, ``target_part_bytes``, ``forget_tables``,
+    ``busy_wait``, ``memory_budget``, ``start_without_snapshot``, ``as_text``), which mean: ``to`` is the 0.1 name of ``store`` (accepted for one release, with a
     :class:`DeprecationWarning`; giving both is a :class:`TypeError`). ``connect_options`` are extra libpq ``options`` for the replication
     connection (e.g. ``-c wal_sender_timeout=2s``). ``forget_tables`` (``schema.table``)
     lets tables that left the publications leave the pipeline (see
@@ -218,17 +205,7 @@ def drain_window(
     t0 = time.monotonic()
     started_at = datetime.now(UTC)
     store = store_argument("drain_window", store, "to", to)
-    if isinstance(publications, str):
-        publications = (publications,)
-    options = DrainOptions(
-        publications=tuple(publications), until_lsn=until_lsn, max_rows=max_rows, max_bytes=max_bytes,
-        max_seconds=max_seconds, skip_origins=tuple(skip_origins),
-        message_prefixes=tuple(message_prefixes) if message_prefixes is not None else None, binary=binary,
-        heartbeat=heartbeat, heartbeat_after=heartbeat_after, max_wait=max_wait, status_interval=status_interval,
-        spool_dir=spool_dir, connect_options=connect_options, target_part_bytes=target_part_bytes,
-        forget=frozenset(parse_table_names(forget_tables)), busy_wait=busy_wait, memory_budget=memory_budget,
-        start_without_snapshot=bool(start_without_snapshot), as_text=parse_column_map(as_text),
-    )
+    options = dataclasses.replace(DrainOptions.of(options, **fields), publications=publications)
     location = store if isinstance(store, s3store.S3Location) else s3store.S3Location.parse(store)
     layout = Layout(location)
     client = s3_client or s3store.make_s3_client()

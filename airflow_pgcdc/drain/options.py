@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from airflow_pgcdc.options import JobOptions
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store.window import DEFAULT_MEMORY_BUDGET
 
@@ -55,13 +56,15 @@ class DrainResult:
         }
 
 
-@dataclass(frozen=True)
-class DrainOptions:
-    """What :func:`drain_window` was asked for, past the DSN, the store and the slot (the
-    meaning of each field is :func:`drain_window`'s; ``forget`` holds the parsed
-    ``forget_tables``)."""
+@dataclass(frozen=True, kw_only=True)
+class DrainOptions(JobOptions):
+    """What :func:`~.drain.drain_window` is asked, past the DSN, the store, the slot and the
+    publications (each field's meaning is the call's). Given as the call takes them
+    (``forget_tables`` and ``as_text`` as text or a mapping) and kept parsed."""
 
-    publications: tuple[str, ...]
+    job: ClassVar[str] = "the drain"
+
+    publications: tuple[str, ...] = ()
     until_lsn: LSN | str | int | None = None
     max_rows: int | None = None
     max_bytes: int | None = None
@@ -76,9 +79,34 @@ class DrainOptions:
     spool_dir: str | None = None
     connect_options: str | None = None
     target_part_bytes: int | None = None
-    forget: frozenset[tuple[str, str]] = frozenset()
+    forget_tables: frozenset[tuple[str, str]] = frozenset()
     busy_wait: float = 10.0
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     start_without_snapshot: bool = False
     as_text: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        from airflow_pgcdc.pg.tables import parse_column_map, parse_table_names
+
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen
+        one = lambda v: (v,) if isinstance(v, str) else tuple(v)  # noqa: E731
+        put("publications", one(self.publications))
+        put("skip_origins", one(self.skip_origins))
+        if self.message_prefixes is not None:
+            put("message_prefixes", one(self.message_prefixes))
+        forget = self.forget_tables
+        put("forget_tables", frozenset(
+            t if isinstance(t, tuple) else parse_table_names([t])[0] for t in ((forget,) if isinstance(forget, str)
+                                                                                else forget)))
+        as_text = self.as_text
+        if not (isinstance(as_text, Mapping) and all(isinstance(k, tuple) for k in as_text)):
+            as_text = parse_column_map(as_text)
+        put("as_text", {k: frozenset(v) for k, v in as_text.items()})
+        put("binary", bool(self.binary))
+        put("heartbeat", bool(self.heartbeat))
+        put("start_without_snapshot", bool(self.start_without_snapshot))
+
+    @property
+    def forget(self) -> frozenset[tuple[str, str]]:
+        """``forget_tables``, parsed: ``(schema, table)`` pairs."""
+        return self.forget_tables

@@ -12,13 +12,13 @@ with its flag, and reaches every door.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow_pgcdc.merge.errors import MergeError
+from airflow_pgcdc.options import JobOptions
 
 __all__ = ["ENGINES", "HISTORIES", "READERS", "BadMergeOption", "MergeOptions", "MergeResult", "TableResult"]
 
@@ -52,11 +52,13 @@ class BadMergeOption(MergeError, ValueError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MergeOptions:
+class MergeOptions(JobOptions):
     """What :func:`~.job.merge_slot` is asked, past the store, the Delta root and the slot
     (each field's meaning is the call's; ``None``: the default). Checked when made
     (:class:`BadMergeOption`); whether the engine can do what is asked (deletion vectors, a
     replay to a point) is the job's check, made with the engine's sink."""
+
+    job: ClassVar[str] = "the merge"
 
     tables: tuple[str, ...] | None = None
     keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -106,20 +108,6 @@ class MergeOptions:
         put("deletion_vectors", bool(self.deletion_vectors))
 
     @classmethod
-    def of(cls, options: MergeOptions | Mapping[str, Any] | None = None, /, **fields: Any) -> MergeOptions:
-        """``options`` (a :class:`MergeOptions` or a mapping of its fields), or ``fields``;
-        a name that is not a field is a :class:`TypeError`."""
-        if options is not None and fields:
-            raise TypeError(f"give the merge's options or its fields ({', '.join(sorted(fields))}), not both")
-        given = dict(options if isinstance(options, Mapping) else fields)
-        if isinstance(options, MergeOptions):
-            return options
-        unknown = sorted(set(given) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise TypeError(f"the merge has no option {', '.join(map(repr, unknown))}")
-        return cls(**{k: v for k, v in given.items() if v is not None})  # None: the default
-
-    @classmethod
     def from_args(cls, args: Any) -> MergeOptions:
         """From ``spark_app.py``'s (``pgcdc merge``'s) parsed arguments."""
         pick = lambda name: getattr(args, name, None)  # noqa: E731
@@ -150,11 +138,6 @@ class MergeOptions:
         if self.driver_rows is not None:
             args += ["--driver-rows", str(self.driver_rows)]
         return args
-
-    def fields(self) -> dict[str, Any]:
-        """The options as keywords of :func:`~.job.merge_slot` (those set)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) != (f.default if f.default is not dataclasses.MISSING else f.default_factory())}
 
 
 @dataclass

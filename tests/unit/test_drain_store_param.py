@@ -65,7 +65,25 @@ def test_no_store_is_a_type_error(seen):
 
 
 def test_options_are_collected_once():
-    o = drain_mod.DrainOptions(publications=("pub",), skip_origins=("a",), max_rows=5)
-    assert o.max_rows == 5 and o.skip_origins == ("a",) and o.memory_budget == drain_mod.DEFAULT_MEMORY_BUDGET
+    from airflow_pgcdc.drain.options import DrainOptions
+    from airflow_pgcdc.store.window import DEFAULT_MEMORY_BUDGET
+
+    o = DrainOptions(publications="pub", skip_origins=("a",), max_rows=5, forget_tables=['s."Odd.T"'],
+                     as_text=["public.t=a,b"])
+    assert o.max_rows == 5 and o.skip_origins == ("a",) and o.memory_budget == DEFAULT_MEMORY_BUDGET
+    assert o.publications == ("pub",) and o.forget == {("s", "Odd.T")} and o.as_text == {("public", "t"): {"a", "b"}}
+    assert DrainOptions.of(o.fields()) == o, "its fields give it back"
     with pytest.raises(AttributeError):
         o.max_rows = 6  # frozen
+    with pytest.raises(TypeError, match="the drain has no option 'max_row'"):
+        DrainOptions.of(max_row=5)
+
+
+def test_drain_window_takes_options_or_their_fields_not_both(seen):
+    from airflow_pgcdc.drain.options import DrainOptions
+
+    with pytest.raises(TypeError, match="not both"):
+        drain_mod.drain_window("dbname=x", "s3://bkt/lake", options=DrainOptions(max_rows=1), max_rows=2, **KW)
+    with pytest.raises(TypeError, match="no option 'max_row'"):
+        drain_mod.drain_window("dbname=x", "s3://bkt/lake", max_row=2, **KW)
+    assert seen == []

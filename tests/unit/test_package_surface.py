@@ -25,4 +25,4 @@ def test_import_is_light():
 
 def test_the_root_holds_only_the_public_modules():
     root = Path(airflow_pgcdc.__file__).parent
-    assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "errors.py", "faults.py", "provider.py"]
+    assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "errors.py", "faults.py", "options.py", "provider.py"]

@@ -1,0 +1,45 @@
+"""What every job's options object shares (:class:`JobOptions`): made from an object, a
+mapping (a DAG's rendered params) or keywords, and read back as keywords. The objects
+themselves live with their jobs (``drain/options.py``, ``merge/options.py``); this is the
+bottom layer, beside :mod:`airflow_pgcdc.errors`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+__all__ = ["JobOptions"]
+
+Opts = TypeVar("Opts", bound="JobOptions")
+
+
+class JobOptions:
+    """A mixin for a job's frozen options dataclass."""
+
+    job: str = "the job"
+
+    @classmethod
+    def of(cls: type[Opts], options: Opts | Mapping[str, Any] | None = None, /, **fields: Any) -> Opts:
+        """``options`` (an object of this class, or a mapping of its fields), or ``fields``;
+        ``None`` values mean the default; a name that is not a field is a :class:`TypeError`,
+        and so is giving both."""
+        if options is not None and fields:
+            raise TypeError(f"give {cls.job}'s options or its fields ({', '.join(sorted(fields))}), not both")
+        if isinstance(options, cls):
+            return options
+        given = dict(options if options is not None else fields)
+        unknown = sorted(set(given) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(f"{cls.job} has no option {', '.join(map(repr, unknown))}")
+        return cls(**{k: v for k, v in given.items() if v is not None})
+
+    def fields(self) -> dict[str, Any]:
+        """The options that differ from their defaults, as keywords."""
+        out = {}
+        for f in dataclasses.fields(self):
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+            if getattr(self, f.name) != default:
+                out[f.name] = getattr(self, f.name)
+        return out
