@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseOperator
 
@@ -11,7 +12,10 @@ from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.runs import refuse_backfill_run
-from airflow_pgcdc.operators.values import checked, number
+from airflow_pgcdc.operators.values import checked, number, rendered_options, templated
+
+if TYPE_CHECKING:
+    from airflow_pgcdc.drain.options import DrainOptions
 
 
 def changes_asset(to: str, slot: str) -> Asset:
@@ -65,7 +69,7 @@ class PgcdcDrainOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("store", "slot", "publication", "until_lsn", "as_text", "max_rows", "max_bytes",
-                                      "max_seconds", "postgres_conn_id", "aws_conn_id")
+                                      "max_seconds", "postgres_conn_id", "aws_conn_id", "options")
     ui_color = "#d5f5e3"
 
     def __init__(
@@ -86,6 +90,7 @@ class PgcdcDrainOperator(BaseOperator):
         forget_tables: Sequence[str] = (),
         start_without_snapshot: bool = False,
         as_text: dict[str, Sequence[str]] | None = None,
+        options: DrainOptions | Mapping[str, Any] | str | None = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
@@ -109,6 +114,17 @@ class PgcdcDrainOperator(BaseOperator):
         self.forget_tables = list(forget_tables)
         self.start_without_snapshot = bool(start_without_snapshot)
         self.as_text = as_text
+        # the drain's options as one object or dict (templated), instead of the fields above
+        self.options = options
+        given = [name for name, v in (("max_rows", max_rows), ("max_bytes", max_bytes), ("max_seconds", max_seconds),
+                                      ("skip_origins", skip_origins), ("message_prefixes", message_prefixes),
+                                      ("binary", binary), ("forget_tables", forget_tables), ("as_text", as_text),
+                                      ("start_without_snapshot", start_without_snapshot))
+                 if v not in (None, False, ())]
+        if options is not None and given:
+            raise ValueError(f"give options or the drain's fields ({', '.join(given)}), not both")
+        if options is not None and not templated(options):
+            self._options()  # a bad option fails when the DAG is parsed
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
@@ -148,7 +164,18 @@ class PgcdcDrainOperator(BaseOperator):
             })
         return out
 
+    def _options(self) -> DrainOptions | None:
+        from airflow_pgcdc.drain.options import DrainOptions
+
+        return rendered_options(self.options, DrainOptions)
+
     def _drain(self, drain_window, hook: PgcdcHook, publications: list[str], until: str | None):
+        options = self._options()
+        if options is not None:
+            if until:
+                options = dataclasses.replace(options, until_lsn=until)
+            return drain_window(hook.get_dsn(), self.store, slot=self.slot, publications=publications,
+                                options=options, s3_client=hook.s3_client())
         return drain_window(
             hook.get_dsn(),
             self.store,

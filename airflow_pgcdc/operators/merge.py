@@ -56,8 +56,8 @@ from airflow_pgcdc.operators.values import (
     checked,
     columns_per_table,
     flag,
-    mapping,
     number,
+    rendered_options,
     templated,
 )
 
@@ -490,27 +490,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     def _options(self) -> MergeOptions | None:
         """``options``, rendered: a :class:`MergeOptions`, or a mapping of its fields whose
         values may be rendered text (``"8"``, ``"true"``, ``"None"``)."""
-        value = self.options
-        if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
+        options = rendered_options(self.options, MergeOptions)
+        if options is None:
             return None
-        if isinstance(value, MergeOptions):
-            return value
-        fields = mapping(value, "options", "a MergeOptions or a mapping of its fields") or {}
-        kinds = {"max_windows": int, "driver_rows": int, "target_file_mb": float, "lock_wait": float}
-        out: dict[str, Any] = {}
-        for name, v in fields.items():
-            if name in kinds:
-                v = number(v, kinds[name], name)
-            elif name == "deletion_vectors":
-                v = flag(v, name)
-            elif name == "keys":
-                v = columns_per_table(v, "keys")
-            elif name == "tables" and isinstance(v, str):
-                v = [t for t in v.replace(",", " ").split() if t] or None
-            elif isinstance(v, str) and v.strip() in ("", "None"):
-                v = None
-            out[name] = v
-        options = MergeOptions.of(out)
         if options.deletion_vectors and options.engine != "delta-spark":
             raise ValueError(f"deletion_vectors needs engine='delta-spark' (the {options.engine} engine writes none)")
         return options

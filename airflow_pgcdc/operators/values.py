@@ -83,3 +83,40 @@ def columns_per_table(value: Any, name: str) -> dict[str, list[str]]:
     columns may be one name. ``None`` / ``""``: ``{}``."""
     value = mapping(value, name, "a mapping of table to key columns") or {}
     return {str(t): [c] if isinstance(c, str) else [str(x) for x in c] for t, c in value.items()}
+
+
+def rendered_options(value: Any, cls: type, name: str = "options") -> Any:
+    """``value`` as ``cls`` (a job's options, e.g. ``MergeOptions``): the object itself, or a
+    mapping of its fields, rendered text included (a DAG's ``"{{ params.merge }}"``): a
+    field given as text is read as its type says (a number, ``"true"``/``"false"``, a list as
+    ``"a b"`` or ``"a,b"``, a mapping as JSON or a Python literal). ``None``, ``""`` and
+    ``"None"`` (the whole value or a field): not given."""
+    import types
+    import typing
+
+    if value is None or (isinstance(value, str) and value.strip() in UNSET):
+        return None
+    if isinstance(value, cls):
+        return value
+    given = mapping(value, name, f"a {cls.__name__} or a mapping of its fields") or {}
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for key, v in given.items():
+        if isinstance(v, str) and v.strip() in UNSET:
+            continue
+        if isinstance(v, str):
+            hint = hints.get(key)
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            kinds = [a for a in (typing.get_args(hint) if union else (hint,)) if a is not type(None)]
+            kind = kinds[0] if len(kinds) == 1 else None  # a union with str (an LSN, a time): as given
+            origin = typing.get_origin(kind) or kind
+            if origin in (tuple, frozenset, list):
+                v = [t for t in v.replace(",", " ").split() if t]
+            elif isinstance(origin, type) and issubclass(origin, Mapping):
+                v = mapping(v, key)
+            elif origin is bool:
+                v = flag(v, key)
+            elif origin in (int, float):
+                v = number(v, origin, key)
+        out[key] = v
+    return cls.of(out)

@@ -83,3 +83,23 @@ def test_every_operators_connection_ids_and_numbers_are_templated():
     }
     for cls, fields in expected.items():
         assert fields <= set(cls.template_fields), (cls.__name__, fields - set(cls.template_fields))
+
+
+def test_the_drain_operator_takes_its_options_as_one_rendered_dict():
+    from airflow_pgcdc.drain.options import DrainOptions
+    from airflow_pgcdc.operators.drain import PgcdcDrainOperator
+
+    op = PgcdcDrainOperator(task_id="d", store="s3://b/p", slot="s", publication="pub", options="{{ params.drain }}")
+    assert "options" in op.template_fields
+    op.options = ("{'max_rows': '500', 'max_seconds': '2.5', 'binary': 'true', 'skip_origins': 'a, b', "
+                  "'forget_tables': 'public.gone', 'as_text': {'public.t': ['c']}, 'max_bytes': 'None'}")
+    assert op._options() == DrainOptions(max_rows=500, max_seconds=2.5, binary=True, skip_origins=("a", "b"),
+                                         forget_tables=["public.gone"], as_text={"public.t": ["c"]})
+    op.options = {"max_rows": "many"}
+    with pytest.raises(ValueError, match="max_rows must be an integer"):
+        op._options()
+    with pytest.raises(ValueError, match="not both"):
+        PgcdcDrainOperator(task_id="d2", store="s3://b/p", slot="s", publication="pub", options={"binary": True},
+                           max_rows=5)
+    with pytest.raises(TypeError, match="the drain has no option 'max_row'"):
+        PgcdcDrainOperator(task_id="d3", store="s3://b/p", slot="s", publication="pub", options={"max_row": 5})
