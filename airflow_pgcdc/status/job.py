@@ -6,7 +6,10 @@ each field means)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_pgcdc.store.slot import SlotStore
 
 __all__ = [
     "committed_windows",
@@ -15,7 +18,8 @@ __all__ = [
     "slot_status",
 ]
 
-def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | None = None) -> dict[str, Any]:
+def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | None = None, *,
+                      store: SlotStore | None = None) -> dict[str, Any]:
     """What the store holds for ``slot``: ``windows_committed``, ``last_window`` (the
     newest committed manifest's ``window_seq``, ``start_lsn``, ``end_lsn`` and the rest of
     its top-level scalar fields), ``uncommitted_folders`` (window folders without a
@@ -25,11 +29,14 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
 
     Windows are written one at a time, in order, so every window folder before the
     newest committed one is committed: the manifests are checked from the newest back.
+    ``store``: the slot's folder already opened (its reads are shared with the caller's).
     """
     from airflow_pgcdc.store import s3 as s3store
     from airflow_pgcdc.store.layout import Layout, LayoutError
+    from airflow_pgcdc.store.slot import SlotStore
 
     layout = Layout.parse(store_url)
+    store = store or SlotStore(client, layout, slot)
     prefix = layout.changes_prefix(slot)
     seqs: list[int] = []
     paginator = client.get_paginator("list_objects_v2")
@@ -58,13 +65,13 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
     left: list[dict[str, Any]] = []
     without_copy: list[tuple[str, str]] = []
     if last is not None:
-        left = _left_pipeline(client, layout, slot, doc)
-        without_copy = _without_copy(client, layout, slot, doc)
+        left = _left_pipeline(store, doc)
+        without_copy = _without_copy(store, doc)
     gone = {t["table"] for t in left}
     merged_through = None
     per_table = None
     if delta_url and last is not None:
-        per_table = _merged_per_table(client, layout, slot, delta_url, last["window_seq"],
+        per_table = _merged_per_table(store, delta_url, last["window_seq"],
                                       extra=[(t["schema"], t["name"]) for t in left])
         for t in left:
             t["merged_through"] = per_table.get(t["table"])
@@ -90,7 +97,7 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
         out["merged_per_table"] = per_table
     if delta_url:
         out["delta_tables"] = delta_tables(client, layout, slot, delta_url, last_seq=(last or {}).get("window_seq"),
-                                           extra=[(t["schema"], t["name"]) for t in left])
+                                           extra=[(t["schema"], t["name"]) for t in left], store=store)
     out["left_pipeline"] = left
     out["without_copy"] = [f"{a}.{b}" for a, b in without_copy]
     out["without_copy_hint"] = None
@@ -104,24 +111,16 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
     return out
 
 
-def _without_copy(client: Any, layout: Any, slot: str, newest: Any) -> list[tuple[str, str]]:
+def _without_copy(store: SlotStore, newest: Any) -> list[tuple[str, str]]:
     """The tables the newest window's ``pipeline_tables`` holds that neither the snapshot nor
     a resync copied (added to the publication, or a partition attached to a root published
     per leaf, not resynced yet): their Delta table would miss the rows they held then; the
     merge refuses their changes (``NeedsSnapshot``) until ``pgcdc resync``."""
-    from airflow_pgcdc.store.manifest import committed_snapshot
-    from airflow_pgcdc.store.resyncs import committed_resyncs
-
     if not isinstance(newest, dict) or newest.get("pipeline_tables") is None:
         return []
-    copied: set[tuple[str, str]] = set()
-    snapshot = committed_snapshot(client, layout, slot)
-    if snapshot is None:
+    if store.snapshot is None:
         return []  # a store without a snapshot: nothing to compare with
-    copied |= {(t.schema, t.table) for t in snapshot.tables}
-    for r in committed_resyncs(client, layout, slot):
-        copied |= {(t.schema, t.table) for t in r.manifest.tables}
-    return sorted({(str(a), str(b)) for a, b in newest["pipeline_tables"]} - copied)
+    return sorted({(str(a), str(b)) for a, b in newest["pipeline_tables"]} - set(store.copied_tables))
 
 
 def _delta_url(delta_url: str, schema: str, table: str, storage: dict[str, str] | None = None) -> str:
@@ -134,34 +133,18 @@ def _delta_url(delta_url: str, schema: str, table: str, storage: dict[str, str] 
     return table_url(delta_url, schema, table, storage)
 
 
-def _left_pipeline(client: Any, layout: Any, slot: str, newest: Any) -> list[dict[str, Any]]:
+def _left_pipeline(store: SlotStore, newest: Any) -> list[dict[str, Any]]:
     """The tables the pipeline knew that the newest committed window (``newest``, its
     manifest document) no longer covers: ``[{table, schema, name, last_window}]``, where
     ``last_window`` is the last window holding its changes as far as the merge's tables
     index knows (``None``: not known)."""
-    from airflow_pgcdc.store import s3 as s3store
-    from airflow_pgcdc.store.manifest import committed_snapshot
-    from airflow_pgcdc.store.resyncs import committed_resyncs
-
     if not isinstance(newest, dict) or newest.get("pipeline_tables") is None:
         return []  # a window written before pipeline_tables existed: nothing to tell
     pipeline = {(str(a), str(b)) for a, b in newest["pipeline_tables"]}
-    known: dict[tuple[str, str], int | None] = {}
-    snapshot = committed_snapshot(client, layout, slot)
-    for t in snapshot.tables if snapshot is not None else ():
-        known[(t.schema, t.table)] = None
-    for r in committed_resyncs(client, layout, slot):
-        for t in r.manifest.tables:
-            known.setdefault((t.schema, t.table), None)
-    try:
-        index = s3store.get_json(client, layout.bucket, layout.merge_tables_index(slot))
-        for t in index.get("tables", ()) if isinstance(index, dict) else ():
-            w = t.get("last_window")
-            known[(str(t["schema"]), str(t["table"]))] = w if isinstance(w, int) and w >= 0 else None
-    except s3store.ObjectNotFound:
-        pass
-    except Exception:  # noqa: BLE001 - a cache: never fail status on it
-        pass
+    known: dict[tuple[str, str], int | None] = dict.fromkeys(store.copied_tables)
+    for t in (store.tables_index or {}).get("tables", ()):
+        w = t.get("last_window")
+        known[(str(t["schema"]), str(t["table"]))] = w if isinstance(w, int) and w >= 0 else None
     for t in newest.get("tables", ()) or ():
         if isinstance(t, dict) and "schema" in t and "table" in t:
             known[(str(t["schema"]), str(t["table"]))] = int(newest["window_seq"])
@@ -174,30 +157,15 @@ def _left_pipeline(client: Any, layout: Any, slot: str, newest: Any) -> list[dic
 HISTORY_KINDS = (("", "table"), ("__changelog", "changelog"), ("__scd2", "scd2"))  # merge/job.py's suffixes
 
 
-def _pipeline_tables(client: Any, layout: Any, slot: str, last_seq: int | None,
+def _pipeline_tables(store: SlotStore, last_seq: int | None,
                      extra: list[tuple[str, str]] = ()) -> list[tuple[str, str]]:
     """Every table the pipeline knows: the snapshot's, the resyncs', the merge's tables
     index, the newest window's and ``extra``, in that order, once each."""
-    from airflow_pgcdc.store import s3 as s3store
-    from airflow_pgcdc.store.manifest import committed_snapshot
-    from airflow_pgcdc.store.resyncs import committed_resyncs
-    from airflow_pgcdc.store.window import read_window
-
-    tables: dict[tuple[str, str], None] = {}
-    snapshot = committed_snapshot(client, layout, slot)
-    for t in snapshot.tables if snapshot is not None else ():
-        tables[(t.schema, t.table)] = None
-    for r in committed_resyncs(client, layout, slot):
-        for t in r.manifest.tables:
-            tables[(t.schema, t.table)] = None
-    try:
-        index = s3store.get_json(client, layout.bucket, layout.merge_tables_index(slot))
-        for t in index.get("tables", ()) if isinstance(index, dict) else ():
-            tables[(str(t["schema"]), str(t["table"]))] = None
-    except Exception:  # noqa: BLE001 - a cache: never fail status on it
-        pass
+    tables: dict[tuple[str, str], None] = dict.fromkeys(store.copied_tables)
+    for t in (store.tables_index or {}).get("tables", ()):
+        tables[(str(t["schema"]), str(t["table"]))] = None
     if last_seq is not None:
-        for t in read_window(client, layout, slot, last_seq).tables:
+        for t in store.window(last_seq).tables:
             tables[(t["schema"], t["table"])] = None
     for t in extra:
         tables[t] = None
@@ -205,7 +173,7 @@ def _pipeline_tables(client: Any, layout: Any, slot: str, last_seq: int | None,
 
 
 def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_seq: int | None = None,
-                 extra: list[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+                 extra: list[tuple[str, str]] = (), store: SlotStore | None = None) -> list[dict[str, Any]]:
     """Per Delta table of the pipeline (each source table's, and its ``__changelog`` /
     ``__scd2`` history tables when they exist), whichever engine wrote it: ``version``,
     ``versions_kept``, ``oldest_version``, ``checkpoint_version``, live data ``files`` and
@@ -223,7 +191,9 @@ def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_se
 
     storage = delta_storage_options(settings_of(client) or S3Settings.from_env())
     out: list[dict[str, Any]] = []
-    for schema, table in _pipeline_tables(client, layout, slot, last_seq, extra):
+    from airflow_pgcdc.store.slot import SlotStore
+
+    for schema, table in _pipeline_tables(store or SlotStore(client, layout, slot), last_seq, extra):
         base = _delta_url(delta_url, schema, table, storage)
         for suffix, kind in HISTORY_KINDS:
             url = base + suffix
@@ -248,22 +218,19 @@ def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_se
     return out
 
 
-def _merged_per_table(client: Any, layout: Any, slot: str, delta_url: str, last_seq: int,
+def _merged_per_table(store: SlotStore, delta_url: str, last_seq: int,
                       extra: list[tuple[str, str]] = ()) -> dict:
     from airflow_pgcdc.lake.inspect import merge_progress
-    from airflow_pgcdc.store.manifest import committed_snapshot
     from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options
-    from airflow_pgcdc.store.window import read_window
 
     tables: dict[tuple[str, str], None] = {}
-    snapshot = committed_snapshot(client, layout, slot)
-    for t in snapshot.tables if snapshot is not None else ():
+    for t in store.snapshot.tables if store.snapshot is not None else ():
         tables[(t.schema, t.table)] = None
-    for t in read_window(client, layout, slot, last_seq).tables:
+    for t in store.window(last_seq).tables:
         tables[(t["schema"], t["table"])] = None
     for t in extra:
         tables[t] = None
-    return merge_progress(delta_url, slot, list(tables),
+    return merge_progress(delta_url, store.slot, list(tables),
                           storage_options=delta_storage_options(S3Settings.from_env()))
 
 
@@ -318,7 +285,11 @@ def slot_status(
             from airflow_pgcdc.store.s3 import S3Settings, make_s3_client
 
             s3_client = make_s3_client(S3Settings.from_env())
-        store = committed_windows(s3_client, store_url, slot, delta_url)
+        from airflow_pgcdc.store.layout import Layout
+        from airflow_pgcdc.store.slot import SlotStore
+
+        folder = SlotStore(s3_client, Layout.parse(store_url), slot)  # every read below made once
+        store = committed_windows(s3_client, store_url, slot, delta_url, store=folder)
         last = store["last_window"]
         agreement = None
         if last and isinstance(last.get("end_lsn"), str) and health.confirmed_flush_lsn is not None:
@@ -331,22 +302,14 @@ def slot_status(
                 agreement = "recovered"  # pgcdc recover copied every table: the next drain resumes
             else:
                 agreement = "slot_ahead"  # acknowledged beyond the store: changes are missing
-        elif last is None and not _has_snapshot(s3_client, store_url, slot):
+        elif last is None and folder.snapshot is None:
             agreement = "store_empty"  # nothing of this slot here: a mistyped store, or not started
         store["slot_vs_store"] = agreement
         if store["left_pipeline"]:
             _why_left(dsn, store["left_pipeline"])
-        store["partitions_changed"] = partition_changes(dsn, s3_client, store_url, slot)
+        store["partitions_changed"] = partition_changes(dsn, s3_client, store_url, slot, store=folder)
         out["store"] = store
     return out
-
-
-def _has_snapshot(client: Any, store_url: str, slot: str) -> bool:
-    """Whether the store holds a committed snapshot of ``slot``."""
-    from airflow_pgcdc.store.layout import Layout
-    from airflow_pgcdc.store.manifest import committed_snapshot
-
-    return committed_snapshot(client, Layout.parse(store_url), slot) is not None
 
 
 _LEAVES_NOW_SQL = """
@@ -361,7 +324,8 @@ WHERE t.isleaf
 """
 
 
-def partition_changes(dsn: str, client: Any, store_url: str, slot: str) -> list[dict[str, Any]]:
+def partition_changes(dsn: str, client: Any, store_url: str, slot: str, *,
+                      store: SlotStore | None = None) -> list[dict[str, Any]]:
     """Partitioned tables copied through their root (a snapshot or resync records the leaves
     its copy holds) whose partitions changed since: leaves ATTACHed after they were created
     (the rows they held then were never streamed), and leaves DETACHed or dropped (their
@@ -374,15 +338,14 @@ def partition_changes(dsn: str, client: Any, store_url: str, slot: str) -> list[
 
     from airflow_pgcdc.protocol.quoting import quote_qualified
     from airflow_pgcdc.store.layout import Layout
-    from airflow_pgcdc.store.manifest import committed_snapshot
-    from airflow_pgcdc.store.resyncs import committed_resyncs
+    from airflow_pgcdc.store.slot import SlotStore
 
-    layout = Layout.parse(store_url)
+    store = store or SlotStore(client, Layout.parse(store_url), slot)
     copies: dict[tuple[str, str], tuple[Any, str]] = {}
-    snapshot = committed_snapshot(client, layout, slot)
+    snapshot = store.snapshot
     for t in snapshot.tables if snapshot is not None else ():
         copies[(t.schema, t.table)] = (t, snapshot.consistent_point)
-    for r in committed_resyncs(client, layout, slot):  # oldest first: the newest copy wins
+    for r in store.resyncs():  # oldest first: the newest copy wins
         for t in r.manifest.tables:
             copies[(t.schema, t.table)] = (t, r.manifest.consistent_point)
     if not any(isinstance(t.extra.get("partitions"), list) for t, _ in copies.values()):

@@ -182,3 +182,41 @@ def test_status_tables_delta_spark(pg18, request, slot_name, store, s3, spark):
         print(f"\npublic.t (delta-spark): files {before['files']} -> {after['files']}")
     finally:
         pg18.drop_database("st_delta_spark")
+
+
+class _CountingClient:
+    """An S3 client that counts the objects read (GetObject) per key."""
+
+    def __init__(self, client):
+        import collections
+
+        self._client = client
+        self.gets = collections.Counter()
+
+    def get_object(self, **kw):
+        self.gets[kw["Key"]] += 1
+        return self._client.get_object(**kw)
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def test_status_reads_each_manifest_of_the_slot_once(pg18, request, slot_name, store, s3, spark):
+    """``pgcdc status --delta`` asks for the snapshot, the resyncs and the newest window in
+    several places (tables without a copy, tables that left, merge progress, Delta figures,
+    partitions): one SlotStore reads each once (the snapshot manifest was read five times)."""
+    client, src, lake = store
+    db = pg18.create_database("st_reads")
+    try:
+        slot = slot_name()
+        setup_pipeline(db, client, src, slot)
+        run_rounds(db, client, src, slot, lake, spark, 1, "delta-rs")
+        counting = _CountingClient(client)
+        status = slot_status(db, slot, publication="pub", store_url=src, s3_client=counting, delta_url=lake)
+        assert status["store"]["windows_committed"] == 1 and status["problem"] is None
+        manifests = {k: n for k, n in counting.gets.items() if k.endswith("_manifest.json")}
+        snapshot = [k for k in manifests if "/snapshot/" in k]
+        assert len(snapshot) == 1 and manifests[snapshot[0]] == 1, manifests
+        assert max(manifests.values()) <= 2, manifests  # the newest window: its document, then the manifest
+    finally:
+        pg18.drop_database("st_reads")
