@@ -1,5 +1,6 @@
 """What every job's options object shares (:class:`JobOptions`): made from an object, a
-mapping (a DAG's rendered params) or keywords, and read back as keywords. The objects
+mapping (a DAG's rendered params) or keywords, and read back as keywords; and a parameter's
+0.1 name accepted for one release (:func:`renamed_parameter`). The objects
 themselves live with their jobs (``drain/options.py``, ``merge/options.py``); this is the
 bottom layer, beside :mod:`airflow_pgcdc.errors`."""
 
@@ -9,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-__all__ = ["JobOptions"]
+__all__ = ["JobOptions", "renamed_parameter"]
 
 Opts = TypeVar("Opts", bound="JobOptions")
 
@@ -43,3 +44,21 @@ class JobOptions:
             if getattr(self, f.name) != default:
                 out[f.name] = getattr(self, f.name)
         return out
+
+
+def renamed_parameter(call: str, name: str, value: Any, old_name: str, old: Any, *, required: str | None = None,
+                      stacklevel: int = 3) -> Any:
+    """A library call's parameter ``name``, or its 0.1 name ``old_name`` (accepted for one
+    release with a :class:`DeprecationWarning`); both is a :class:`TypeError` naming ``call``,
+    and so is neither when ``required`` says what is missing."""
+    import warnings
+
+    if old is not None:
+        if value is not None:
+            raise TypeError(f"{call}() got both {name!r} and its old name {old_name!r}: give {name!r} only")
+        warnings.warn(f"{call}({old_name}=...) is now {call}({name}=...); {old_name!r} goes in the next release",
+                      DeprecationWarning, stacklevel=stacklevel)
+        return old
+    if value is None and required is not None:
+        raise TypeError(f"{call}() missing {required}: give {name!r}")
+    return value

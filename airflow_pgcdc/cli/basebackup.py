@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from airflow_pgcdc.cli import add_dsn_argument
 
     add_dsn_argument(p, 'of the source cluster')
-    p.add_argument("--to", required=True, metavar="S3_URL", help="destination, s3://bucket/prefix")
+    p.add_argument("--store", "--to", dest="store", required=True, metavar="S3URL",
+                   help="destination: s3://bucket/prefix (--to: its 0.1 name)")
     p.add_argument("--backup-id", metavar="ID", help="backup id (default: a new time-sorted id)")
     p.add_argument("--label", default="pgcdc", help="backup label (default: pgcdc)")
     p.add_argument(
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         result = base_backup_to_s3(
             args.dsn,
-            args.to,
+            args.store,
             backup_id=args.backup_id,
             label=args.label,
             checkpoint=args.checkpoint,

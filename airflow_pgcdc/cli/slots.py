@@ -366,8 +366,8 @@ def _print_status(status: dict[str, Any]) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    status = slot_status(args.dsn, args.slot, publication=args.publication, store_url=args.store,
-                         delta_url=args.delta)
+    status = slot_status(args.dsn, args.slot, publication=args.publication, store=args.store,
+                         delta=args.delta)
     if args.json:
         _print_json(status)
     else:

@@ -136,7 +136,7 @@ def check_partitions(ctx: JobContext, schema: str, table: str, windows, entry, c
             "PostgreSQL streams neither the rows an attached partition already held nor a delete for a "
             "detached one's, so its Delta table would silently miss or keep them: nothing merged from that "
             "window on",
-            hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
+            hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --store s3://{ctx.layout.bucket}/"
                  f"{ctx.layout.root.prefix} --tables {shell_qualified(schema, table)} (a copy of "
                  "the root with its partitions now; the next merge replaces the Delta table from it and goes "
                  "on; the other tables are not affected)",
@@ -168,7 +168,7 @@ def check_copy(ctx: JobContext, layout, copy_slot: str, manifest, schema: str, t
         f"them and the copy was older than the retention (listed in s3://{ctx.layout.bucket}/"
         f"{ctx.layout.changes_prefix(ctx.slot)[:-len('changes/')]}maintain/expired.json): the Delta table was "
         "dropped since, or a history table is added after the fact. Nothing of this table was read or merged",
-        hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to {store} --tables "
+        hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --store {store} --tables "
              f"{shell_qualified(schema, table)} (a new copy: the next merge creates the Delta table from it); a __scd2 history "
              "table starts from the pipeline's snapshot and cannot be added once its copy expired",
         table=name, copy=layout.url(key),
@@ -216,7 +216,7 @@ def check_expired(ctx: JobContext, schema: str, table: str, windows, since: int 
                 f"tables): keep windows longer where history tables may be added or rebuilt (pgcdc maintain "
                 f"--retention-hours N, or --no-windows); merge without --history {history} meanwhile")
     else:
-        hint = (f"pgcdc resync --slot {ctx.slot} --publication <publication> --to {store} --tables "
+        hint = (f"pgcdc resync --slot {ctx.slot} --publication <publication> --store {store} --tables "
                 f"{shell_qualified(schema, table)} (a new copy: the next merge replaces the Delta table from it and needs "
                 "only the windows after it), or keep windows longer where rebuilds from the store must be "
                 "possible (pgcdc maintain --retention-hours N, or --no-windows)")
@@ -278,7 +278,7 @@ def check_rewritten(ctx: JobContext, schema: str, table: str, windows, plan: Tab
                         + ", ".join(f"{c['name']!r} ({c.get('expression', '?')})" for c in cols)
                         + f" in the rows already there (window {m.window_seq}), and logical decoding "
                         "carries none of those values: the Delta table cannot follow",
-                        hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to "
+                        hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --store "
                              f"s3://{ctx.layout.bucket}/{ctx.layout.root.prefix} --tables "
                              f"{shell_qualified(schema, table)} (a copy "
                              "taken after the DDL; the next merge replaces the Delta table from it; the "
@@ -330,7 +330,7 @@ def check_columns(ctx: JobContext, schema: str, table: str, windows, plan: Table
     if refusal is None:
         return
     name = f"{schema}.{table}"
-    hint = (f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
+    hint = (f"pgcdc resync --slot {ctx.slot} --publication <publication> --store s3://{ctx.layout.bucket}/"
             f"{ctx.layout.root.prefix} --tables {shell_qualified(schema, table)} (a copy taken "
             "after the DDL; the next merge replaces the Delta table from it in one commit, its older versions "
             "stay readable by time travel; the other tables are not affected)")

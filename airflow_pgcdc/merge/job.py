@@ -325,7 +325,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
                 f"table {name} has changes in the windows, but the copy {left_out['copy']} left it out: "
                 f"{left_out['error']}",
                 hint=f"{left_out.get('hint') or 'fix that'}; then pgcdc resync --slot {ctx.slot} --publication "
-                     f"<publication> --to s3://{ctx.layout.bucket}/{ctx.layout.root.prefix} --tables "
+                     f"<publication> --store s3://{ctx.layout.bucket}/{ctx.layout.root.prefix} --tables "
                      f"{shell_qualified(schema, table)}",
             )
         raise NeedsSnapshot(
@@ -334,7 +334,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
             "changed since it joined the publication"
             + (f". It is table {renamed[0]}.{renamed[1]} renamed (the same relation OID): the Delta table of the "
                "old name keeps its last state (left_pipeline), the new name needs its own copy" if renamed else ""),
-            hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --to s3://{ctx.layout.bucket}/"
+            hint=f"pgcdc resync --slot {ctx.slot} --publication <publication> --store s3://{ctx.layout.bucket}/"
                  f"{ctx.layout.root.prefix} --tables {shell_qualified(schema, table)}; the next merge then "
                  "creates it",
         )

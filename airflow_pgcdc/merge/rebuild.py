@@ -162,7 +162,7 @@ def check_replayable(*, store: str, slot: str, scratch: str, tables: Sequence[st
             hint=("check --slot and --delta: a live table of another slot's pipeline is never replaced; "
                   if any("other_slot" in p for p in problems) else "")
                  + "rebuild the other tables (--tables), and copy these again from PostgreSQL: pgcdc resync "
-                 f"--slot {slot} --publication <publication> --to {store} --tables "
+                 f"--slot {slot} --publication <publication> --store {store} --tables "
                  + " ".join(p["table"] for p in problems)
                  + "; to keep rebuilds possible, run pgcdc maintain with a longer --retention-hours (or "
                    "--no-windows): the store then keeps every window's Parquet for that long",

@@ -207,7 +207,7 @@ def _type_change_hint(plan: TablePlan) -> str:
     """A type change rewrote the table (``ALTER COLUMN … TYPE … USING``): no change carries
     the rows' new values, so the table is taken again."""
     return (f"pgcdc resync --tables {shell_qualified(plan.schema, plan.table)} (with the pipeline's --slot, "
-            "--publication and --to): a copy with the new type, the next merge replaces the Delta table from it; or cast back in "
+            "--publication and --store): a copy with the new type, the next merge replaces the Delta table from it; or cast back in "
             "PostgreSQL to the old type")
 
 

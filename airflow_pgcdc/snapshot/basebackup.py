@@ -62,6 +62,7 @@ from airflow_pgcdc.store.layout import (
     ARCHIVE_SUFFIXES,
     Layout,
     new_run_id,
+    store_argument,
     validate_archive_name,
     validate_run_id,
 )
@@ -376,7 +377,7 @@ def _archive_oid(message: NewArchive) -> int | None:
 
 def base_backup_to_s3(
     dsn: str,
-    to: str | S3Location,
+    store: str | S3Location | None = None,
     *,
     backup_id: str | None = None,
     label: str = "pgcdc",
@@ -393,8 +394,10 @@ def base_backup_to_s3(
     progress_interval: float | None = 10.0,
     s3_client: Any = None,
     part_size: int = DEFAULT_PART_SIZE,
+    to: str | S3Location | None = None,
 ) -> BaseBackupResult:
-    """Take a base backup of the cluster at ``dsn`` into ``to`` (``s3://bucket/prefix``).
+    """Take a base backup of the cluster at ``dsn`` into ``store`` (``s3://bucket/prefix``;
+    ``to``: its 0.1 name, warns).
 
     Objects go to ``{prefix}/basebackup/{backup_id}/`` (``backup_id`` defaults to a new
     time-sorted id, see :func:`~airflow_pgcdc.store.layout.new_run_id`). The role needs
@@ -422,7 +425,8 @@ def base_backup_to_s3(
     :class:`BaseBackupServerError` / :class:`BaseBackupStoreError` when the backup fails;
     in every case nothing this call wrote is left behind (no objects, no pending upload).
     """
-    root = to if isinstance(to, S3Location) else S3Location.parse(to)
+    store = store_argument("base_backup_to_s3", store, "to", to)
+    root = store if isinstance(store, S3Location) else S3Location.parse(store)
     layout = Layout(root)
     backup_id = validate_run_id(backup_id if backup_id is not None else new_run_id(), "backup id")
     progress = bool(progress_interval)

@@ -78,7 +78,7 @@ from airflow_pgcdc.snapshot.convert import (
 from airflow_pgcdc.snapshot.parts import Progress, SnapshotPart, copy_part, import_snapshot
 from airflow_pgcdc.snapshot.workers import CopyJob, ProcessWorker, retryable, table_error
 from airflow_pgcdc.store import s3 as s3store
-from airflow_pgcdc.store.layout import Layout, new_run_id
+from airflow_pgcdc.store.layout import Layout, new_run_id, store_argument
 from airflow_pgcdc.store.manifest import (
     POINT_TIME,
     SLICE_WHERE,
@@ -297,7 +297,7 @@ def _drop_slot(dsn: str, slot: str) -> None:
 
 def snapshot_to_s3(
     dsn: str,
-    to: str | s3store.S3Location,
+    store: str | s3store.S3Location | None = None,
     *,
     slot: str,
     publication: str | None = None,
@@ -315,8 +315,10 @@ def snapshot_to_s3(
     temporary: bool = False,
     as_text: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
     slice_where: str | None = None,
+    to: str | s3store.S3Location | None = None,
 ) -> SnapshotManifest:
-    """Create ``slot`` with an exported snapshot and copy the tables to ``to``.
+    """Create ``slot`` with an exported snapshot and copy the tables to ``store`` (``to``: its
+    0.1 name, warns).
 
     ``temporary``: the slot is a temporary one, gone when this call returns (or its
     process dies): a table resync (:mod:`.resync`) needs only its snapshot and its
@@ -344,7 +346,8 @@ def snapshot_to_s3(
     if copy_format not in COPY_FORMATS:
         raise SnapshotError(f"copy_format must be one of {', '.join(COPY_FORMATS)}, not {copy_format!r}")
     text_columns = parse_column_map(as_text)
-    location = to if isinstance(to, s3store.S3Location) else s3store.S3Location.parse(to)
+    store = store_argument("snapshot_to_s3", store, "to", to)
+    location = store if isinstance(store, s3store.S3Location) else s3store.S3Location.parse(store)
     layout = Layout(location)
     if s3_client is None:
         s3_settings = s3_settings or s3store.S3Settings.from_env()

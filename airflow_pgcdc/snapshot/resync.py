@@ -37,7 +37,7 @@ from airflow_pgcdc.pg.tables import check_partitions_as_published, parse_table_n
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified, shell_qualified
 from airflow_pgcdc.snapshot.export import DEFAULT_ROWS_PER_PART, snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
-from airflow_pgcdc.store.layout import Layout, validate_slot
+from airflow_pgcdc.store.layout import Layout, store_argument, validate_slot
 from airflow_pgcdc.store.resyncs import Resync, committed_resyncs
 
 __all__ = ["BadSlice", "Resync", "ResyncError", "TableNotPublished", "committed_resyncs", "resync_tables"]
@@ -149,7 +149,7 @@ def _check_slice(dsn: str, tables: Sequence[tuple[str, str]], where: str) -> Non
 
 def resync_tables(
     dsn: str,
-    to: str,
+    store: str | None = None,
     *,
     slot: str,
     publication: str,
@@ -163,12 +163,14 @@ def resync_tables(
     on_slot_created: Callable[[str, str], None] | None = None,
     as_text=None,
     where: str | None = None,
+    to: str | None = None,
 ) -> Resync:
     """Take a resync of ``tables`` (``schema.table``) for the pipeline of ``slot`` whose store
-    is ``to``; returns it once committed. See the module doc. ``as_text``: columns kept as
+    is ``store`` (``to``: its 0.1 name, warns); returns it once committed. See the module doc. ``as_text``: columns kept as
     exact text (:func:`~airflow_pgcdc.snapshot.export.snapshot_to_s3`). ``where``: a slice,
     only the rows matching this SQL predicate, kept apart (:meth:`Layout.slice_layout`);
     the merge upserts them (the tables' other rows stay), see :mod:`airflow_pgcdc.merge.slices`."""
+    store = store_argument("resync_tables", store, "to", to)
     validate_slot(slot)
     names = parse_table_names(tables)
     if not names:
@@ -176,7 +178,7 @@ def resync_tables(
     _check(dsn, slot, publication, names)
     if where is not None:
         _check_slice(dsn, names, where)
-    layout = Layout.parse(to)
+    layout = Layout.parse(store)
     _check_store(s3_client or s3store.make_s3_client(s3_settings), layout, slot, publication)
     rl = layout.resync_layout(slot) if where is None else layout.slice_layout(slot)
     resync_slot = RESYNC_SLOT_PREFIX + secrets.token_hex(6)

@@ -18,33 +18,33 @@ __all__ = [
     "slot_status",
 ]
 
-def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | None = None, *,
-                      store: SlotStore | None = None) -> dict[str, Any]:
+def committed_windows(client: Any, store: str, slot: str, delta: str | None = None, *,
+                      folder: SlotStore | None = None) -> dict[str, Any]:
     """What the store holds for ``slot``: ``windows_committed``, ``last_window`` (the
     newest committed manifest's ``window_seq``, ``start_lsn``, ``end_lsn`` and the rest of
     its top-level scalar fields), ``uncommitted_folders`` (window folders without a
     manifest: a window being written, or one a crashed drain left), ``merged_through``
-    and ``windows_not_merged`` (``None`` without ``delta_url`` once a window is committed:
+    and ``windows_not_merged`` (``None`` without ``delta`` once a window is committed:
     the merge progress is in the Delta tables, not in the store).
 
     Windows are written one at a time, in order, so every window folder before the
     newest committed one is committed: the manifests are checked from the newest back.
-    ``store``: the slot's folder already opened (its reads are shared with the caller's).
+    ``folder``: the slot's folder already opened (its reads are shared with the caller's).
     """
     from airflow_pgcdc.store import s3 as s3store
     from airflow_pgcdc.store.layout import Layout, LayoutError
     from airflow_pgcdc.store.slot import SlotStore
 
-    layout = Layout.parse(store_url)
-    store = store or SlotStore(client, layout, slot)
+    layout = Layout.parse(store)
+    folder = folder or SlotStore(client, layout, slot)
     prefix = layout.changes_prefix(slot)
     seqs: list[int] = []
     paginator = client.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=layout.bucket, Prefix=prefix, Delimiter="/"):
         for cp in page.get("CommonPrefixes", ()) or ():
-            folder = cp["Prefix"][len(prefix):].rstrip("/")
+            name = cp["Prefix"][len(prefix):].rstrip("/")
             try:
-                seqs.append(layout.parse_window_key(slot, prefix + folder + "/"))
+                seqs.append(layout.parse_window_key(slot, prefix + name + "/"))
             except LayoutError:
                 continue  # not a window folder
     seqs.sort()
@@ -65,22 +65,22 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
     left: list[dict[str, Any]] = []
     without_copy: list[tuple[str, str]] = []
     if last is not None:
-        left = _left_pipeline(store, doc)
-        without_copy = _without_copy(store, doc)
+        left = _left_pipeline(folder, doc)
+        without_copy = _without_copy(folder, doc)
     gone = {t["table"] for t in left}
     merged_through = None
     per_table = None
-    if delta_url and last is not None:
-        per_table = _merged_per_table(store, delta_url, last["window_seq"],
+    if delta and last is not None:
+        per_table = _merged_per_table(folder, delta, last["window_seq"],
                                       extra=[(t["schema"], t["name"]) for t in left])
         for t in left:
             t["merged_through"] = per_table.get(t["table"])
-            t["delta_url"] = _delta_url(delta_url, t["schema"], t["name"])
+            t["delta_url"] = _delta_url(delta, t["schema"], t["name"])
         done = [w for name, w in per_table.items() if name not in gone]
         merged_through = None if not done or None in done else min(done)
     if merged_through is not None:
         not_merged: int | None = max(last["window_seq"] - merged_through, 0)
-    elif delta_url or not committed:
+    elif delta or not committed:
         not_merged = committed  # a table with none merged yet (or nothing to merge)
     else:
         not_merged = None  # unknown: the merge progress is in the Delta tables
@@ -95,9 +95,9 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
     }
     if per_table is not None:
         out["merged_per_table"] = per_table
-    if delta_url:
-        out["delta_tables"] = delta_tables(client, layout, slot, delta_url, last_seq=(last or {}).get("window_seq"),
-                                           extra=[(t["schema"], t["name"]) for t in left], store=store)
+    if delta:
+        out["delta_tables"] = delta_tables(client, layout, slot, delta, last_seq=(last or {}).get("window_seq"),
+                                           extra=[(t["schema"], t["name"]) for t in left], folder=folder)
     out["left_pipeline"] = left
     out["without_copy"] = [f"{a}.{b}" for a, b in without_copy]
     out["without_copy_hint"] = None
@@ -111,16 +111,16 @@ def committed_windows(client: Any, store_url: str, slot: str, delta_url: str | N
     return out
 
 
-def _without_copy(store: SlotStore, newest: Any) -> list[tuple[str, str]]:
+def _without_copy(folder: SlotStore, newest: Any) -> list[tuple[str, str]]:
     """The tables the newest window's ``pipeline_tables`` holds that neither the snapshot nor
     a resync copied (added to the publication, or a partition attached to a root published
     per leaf, not resynced yet): their Delta table would miss the rows they held then; the
     merge refuses their changes (``NeedsSnapshot``) until ``pgcdc resync``."""
     if not isinstance(newest, dict) or newest.get("pipeline_tables") is None:
         return []
-    if store.snapshot is None:
+    if folder.snapshot is None:
         return []  # a store without a snapshot: nothing to compare with
-    return sorted({(str(a), str(b)) for a, b in newest["pipeline_tables"]} - set(store.copied_tables))
+    return sorted({(str(a), str(b)) for a, b in newest["pipeline_tables"]} - set(folder.copied_tables))
 
 
 def _delta_url(delta_url: str, schema: str, table: str, storage: dict[str, str] | None = None) -> str:
@@ -133,7 +133,7 @@ def _delta_url(delta_url: str, schema: str, table: str, storage: dict[str, str] 
     return table_url(delta_url, schema, table, storage)
 
 
-def _left_pipeline(store: SlotStore, newest: Any) -> list[dict[str, Any]]:
+def _left_pipeline(folder: SlotStore, newest: Any) -> list[dict[str, Any]]:
     """The tables the pipeline knew that the newest committed window (``newest``, its
     manifest document) no longer covers: ``[{table, schema, name, last_window}]``, where
     ``last_window`` is the last window holding its changes as far as the merge's tables
@@ -141,8 +141,8 @@ def _left_pipeline(store: SlotStore, newest: Any) -> list[dict[str, Any]]:
     if not isinstance(newest, dict) or newest.get("pipeline_tables") is None:
         return []  # a window written before pipeline_tables existed: nothing to tell
     pipeline = {(str(a), str(b)) for a, b in newest["pipeline_tables"]}
-    known: dict[tuple[str, str], int | None] = dict.fromkeys(store.copied_tables)
-    for t in (store.tables_index or {}).get("tables", ()):
+    known: dict[tuple[str, str], int | None] = dict.fromkeys(folder.copied_tables)
+    for t in (folder.tables_index or {}).get("tables", ()):
         w = t.get("last_window")
         known[(str(t["schema"]), str(t["table"]))] = w if isinstance(w, int) and w >= 0 else None
     for t in newest.get("tables", ()) or ():
@@ -157,23 +157,23 @@ def _left_pipeline(store: SlotStore, newest: Any) -> list[dict[str, Any]]:
 HISTORY_KINDS = (("", "table"), ("__changelog", "changelog"), ("__scd2", "scd2"))  # merge/job.py's suffixes
 
 
-def _pipeline_tables(store: SlotStore, last_seq: int | None,
+def _pipeline_tables(folder: SlotStore, last_seq: int | None,
                      extra: list[tuple[str, str]] = ()) -> list[tuple[str, str]]:
     """Every table the pipeline knows: the snapshot's, the resyncs', the merge's tables
     index, the newest window's and ``extra``, in that order, once each."""
-    tables: dict[tuple[str, str], None] = dict.fromkeys(store.copied_tables)
-    for t in (store.tables_index or {}).get("tables", ()):
+    tables: dict[tuple[str, str], None] = dict.fromkeys(folder.copied_tables)
+    for t in (folder.tables_index or {}).get("tables", ()):
         tables[(str(t["schema"]), str(t["table"]))] = None
     if last_seq is not None:
-        for t in store.window(last_seq).tables:
+        for t in folder.window(last_seq).tables:
             tables[(t["schema"], t["table"])] = None
     for t in extra:
         tables[t] = None
     return list(tables)
 
 
-def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_seq: int | None = None,
-                 extra: list[tuple[str, str]] = (), store: SlotStore | None = None) -> list[dict[str, Any]]:
+def delta_tables(client: Any, layout: Any, slot: str, delta: str, *, last_seq: int | None = None,
+                 extra: list[tuple[str, str]] = (), folder: SlotStore | None = None) -> list[dict[str, Any]]:
     """Per Delta table of the pipeline (each source table's, and its ``__changelog`` /
     ``__scd2`` history tables when they exist), whichever engine wrote it: ``version``,
     ``versions_kept``, ``oldest_version``, ``checkpoint_version``, live data ``files`` and
@@ -193,8 +193,8 @@ def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_se
     out: list[dict[str, Any]] = []
     from airflow_pgcdc.store.slot import SlotStore
 
-    for schema, table in _pipeline_tables(store or SlotStore(client, layout, slot), last_seq, extra):
-        base = _delta_url(delta_url, schema, table, storage)
+    for schema, table in _pipeline_tables(folder or SlotStore(client, layout, slot), last_seq, extra):
+        base = _delta_url(delta, schema, table, storage)
         for suffix, kind in HISTORY_KINDS:
             url = base + suffix
             entry: dict[str, Any] = {"table": f"{schema}.{table}{suffix}", "kind": kind, "delta_url": url}
@@ -218,19 +218,19 @@ def delta_tables(client: Any, layout: Any, slot: str, delta_url: str, *, last_se
     return out
 
 
-def _merged_per_table(store: SlotStore, delta_url: str, last_seq: int,
+def _merged_per_table(folder: SlotStore, delta_url: str, last_seq: int,
                       extra: list[tuple[str, str]] = ()) -> dict:
     from airflow_pgcdc.lake.inspect import merge_progress
     from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options
 
     tables: dict[tuple[str, str], None] = {}
-    for t in store.snapshot.tables if store.snapshot is not None else ():
+    for t in folder.snapshot.tables if folder.snapshot is not None else ():
         tables[(t.schema, t.table)] = None
-    for t in store.window(last_seq).tables:
+    for t in folder.window(last_seq).tables:
         tables[(t["schema"], t["table"])] = None
     for t in extra:
         tables[t] = None
-    return merge_progress(delta_url, store.slot, list(tables),
+    return merge_progress(delta_url, folder.slot, list(tables),
                           storage_options=delta_storage_options(S3Settings.from_env()))
 
 
@@ -251,17 +251,21 @@ def slot_status(
     slot: str,
     *,
     publication: str | None = None,
-    store_url: str | None = None,
+    store: str | None = None,
     s3_client: Any = None,
+    delta: str | None = None,
+    store_url: str | None = None,
     delta_url: str | None = None,
 ) -> dict[str, Any]:
-    """The status of ``slot`` (and of its windows in the store at ``store_url``).
+    """The status of ``slot`` (and of its windows in the store at ``store``; of its Delta
+    tables under ``delta``). ``store_url`` and ``delta_url``: their 0.1 names (warn).
 
     ``problem`` is None when the slot can be drained, else ``{"error", "message", "hint"}``
     (lost, unreserved, mismatched, publication missing); an active slot (a drain running)
     is not a problem: ``slot.active`` and ``slot.active_pid`` show it. A missing slot raises
     :class:`~airflow_pgcdc.pg.slots.SlotMissing`.
     """
+    from airflow_pgcdc.options import renamed_parameter
     from airflow_pgcdc.pg.slots import (
         PublicationMissing,
         SlotError,
@@ -271,6 +275,8 @@ def slot_status(
     )
     from airflow_pgcdc.protocol.lsn import LSN
 
+    store_url = renamed_parameter("slot_status", "store", store, "store_url", store_url)
+    delta_url = renamed_parameter("slot_status", "delta", delta, "delta_url", delta_url)
     health = slot_health(dsn, slot, publication=publication)
     problem = None
     try:
@@ -289,7 +295,7 @@ def slot_status(
         from airflow_pgcdc.store.slot import SlotStore
 
         folder = SlotStore(s3_client, Layout.parse(store_url), slot)  # every read below made once
-        store = committed_windows(s3_client, store_url, slot, delta_url, store=folder)
+        store = committed_windows(s3_client, store_url, slot, delta_url, folder=folder)
         last = store["last_window"]
         agreement = None
         if last and isinstance(last.get("end_lsn"), str) and health.confirmed_flush_lsn is not None:
@@ -307,7 +313,7 @@ def slot_status(
         store["slot_vs_store"] = agreement
         if store["left_pipeline"]:
             _why_left(dsn, store["left_pipeline"])
-        store["partitions_changed"] = partition_changes(dsn, s3_client, store_url, slot, store=folder)
+        store["partitions_changed"] = partition_changes(dsn, s3_client, store_url, slot, folder=folder)
         out["store"] = store
     return out
 
@@ -324,8 +330,8 @@ WHERE t.isleaf
 """
 
 
-def partition_changes(dsn: str, client: Any, store_url: str, slot: str, *,
-                      store: SlotStore | None = None) -> list[dict[str, Any]]:
+def partition_changes(dsn: str, client: Any, store: str, slot: str, *,
+                      folder: SlotStore | None = None) -> list[dict[str, Any]]:
     """Partitioned tables copied through their root (a snapshot or resync records the leaves
     its copy holds) whose partitions changed since: leaves ATTACHed after they were created
     (the rows they held then were never streamed), and leaves DETACHed or dropped (their
@@ -340,12 +346,12 @@ def partition_changes(dsn: str, client: Any, store_url: str, slot: str, *,
     from airflow_pgcdc.store.layout import Layout
     from airflow_pgcdc.store.slot import SlotStore
 
-    store = store or SlotStore(client, Layout.parse(store_url), slot)
+    folder = folder or SlotStore(client, Layout.parse(store), slot)
     copies: dict[tuple[str, str], tuple[Any, str]] = {}
-    snapshot = store.snapshot
+    snapshot = folder.snapshot
     for t in snapshot.tables if snapshot is not None else ():
         copies[(t.schema, t.table)] = (t, snapshot.consistent_point)
-    for r in store.resyncs():  # oldest first: the newest copy wins
+    for r in folder.resyncs():  # oldest first: the newest copy wins
         for t in r.manifest.tables:
             copies[(t.schema, t.table)] = (t, r.manifest.consistent_point)
     if not any(isinstance(t.extra.get("partitions"), list) for t, _ in copies.values()):

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -434,12 +433,7 @@ def store_argument(call: str, store: str | None, old_name: str, old: str | None)
     """The change store URL a library call was given: ``store``, or its 0.1 name ``old_name``
     (accepted for one release with a :class:`DeprecationWarning`); both, or neither, is a
     :class:`TypeError` naming ``call``."""
-    if old is not None:
-        if store is not None:
-            raise TypeError(f"{call}() got both 'store' and its old name {old_name!r}: give 'store' only")
-        warnings.warn(f"{call}({old_name}=...) is now {call}(store=...); {old_name!r} goes in the next release",
-                      DeprecationWarning, stacklevel=3)
-        return old
-    if store is None:
-        raise TypeError(f"{call}() missing the store (s3://bucket/prefix): give 'store'")
-    return store
+    from airflow_pgcdc.options import renamed_parameter
+
+    return renamed_parameter(call, "store", store, old_name, old, required="the store (s3://bucket/prefix)",
+                             stacklevel=4)

@@ -98,21 +98,27 @@ __all__ = [
 
 def verify_table(
     dsn: str,
-    delta_url: str,
-    schema: str,
-    table: str,
+    delta: str | None = None,
+    schema: str | None = None,
+    table: str | None = None,
     *,
     key: Sequence[str] | None = None,
     max_diffs: int = DEFAULT_MAX_DIFFS,
     storage_options: Mapping[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
+    delta_url: str | None = None,
 ) -> VerifyResult:
     """Compare PostgreSQL table ``schema.table`` (``dsn``) with its Delta table under
-    ``delta_url`` (``s3://bucket/lake`` or a local path), matching rows on ``key`` (default:
-    the replica identity index or primary key). Returns a :class:`VerifyResult`; raises
-    a :class:`VerifyError` subclass (with a ``hint``) when it cannot compare.
-    ``progress`` is called with a short message at each phase."""
+    ``delta`` (``s3://bucket/lake`` or a local path; ``delta_url``: its 0.1 name, warns),
+    matching rows on ``key`` (default: the replica identity index or primary key). Returns a
+    :class:`VerifyResult`; raises a :class:`VerifyError` subclass (with a ``hint``) when it
+    cannot compare. ``progress`` is called with a short message at each phase."""
+    from airflow_pgcdc.options import renamed_parameter
 
+    delta_url = renamed_parameter("verify_table", "delta", delta, "delta_url", delta_url,
+                                  required="the Delta root (s3://bucket/lake)")
+    if schema is None or table is None:
+        raise TypeError("verify_table() needs the table: give schema and table")
     say = progress or (lambda _m: None)
 
     dt, location = open_delta_table(delta_url, schema, table, storage_options=storage_options)

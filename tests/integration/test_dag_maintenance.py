@@ -101,7 +101,7 @@ def test_maintenance_dag_compacts_expires_and_tables_stay_equal(db, slot_name, s
     assert_equal(db, lake)
 
     # pgcdc status shows the DAG's maintenance per table
-    status = slot_status(db, slot, store_url=src, delta_url=lake)
+    status = slot_status(db, slot, store=src, delta=lake)
     tables = {t["table"]: t for t in status["store"]["delta_tables"]}
     for t in TABLES:
         m = tables[f"public.{t}"]["last_maintenance"]

@@ -148,11 +148,11 @@ def test_a_slot_acknowledged_past_the_store_is_recovered_and_kept(fresh_db, slot
     with pytest.raises(SlotAheadOfStore) as ahead:
         drain(db, src, slot, client)
     assert "pgcdc recover" in ahead.value.hint
-    assert slot_status(db, slot, store_url=src, s3_client=client)["store"]["slot_vs_store"] == "slot_ahead"
+    assert slot_status(db, slot, store=src, s3_client=client)["store"]["slot_vs_store"] == "slot_ahead"
 
     done = recover_pipeline(db, src, slot=slot, s3_client=client, worker_processes=False, workers=1)
     assert done.recovery.cause == "slot_ahead" and not done.recovery.slot_recreated
-    assert slot_status(db, slot, store_url=src, s3_client=client)["store"]["slot_vs_store"] == "recovered"
+    assert slot_status(db, slot, store=src, s3_client=client)["store"]["slot_vs_store"] == "recovered"
     _every_table_replaced_then_followed(db, src, lake, client, slot, spark)
 
 

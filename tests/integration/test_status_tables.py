@@ -111,7 +111,7 @@ def check_pipeline(db, client, src, lake, slot, spark, s3, engine, rounds):
     run_rounds(db, client, src, slot, lake, spark, rounds, engine)
 
     # after the merges: the figures are delta-rs' own, nothing maintained yet
-    tables = by_table(slot_status(db, slot, store_url=src, delta_url=lake))
+    tables = by_table(slot_status(db, slot, store=src, delta=lake))
     assert set(tables) == {f"public.{t}" for t in TABLES}, sorted(tables)  # no history tables here
     assert_matches_delta_rs(tables, lake)
     assert all(t["last_maintenance"] is None for t in tables.values()), tables
@@ -126,7 +126,7 @@ def check_pipeline(db, client, src, lake, slot, spark, s3, engine, rounds):
     # maintain, retention 0: the compaction folds the merges' files; status shows it
     result = maintain_slot(store=src, slot=slot, delta=lake, retention_hours=0).to_dict()
     done = {r["table"]: r for r in result["tables"]}
-    tables = by_table(slot_status(db, slot, store_url=src, delta_url=lake))
+    tables = by_table(slot_status(db, slot, store=src, delta=lake))
     assert_matches_delta_rs(tables, lake)
     t_after = tables["public.t"]
     assert t_after["files"] < t_before["files"], (t_before, t_after)
@@ -159,7 +159,7 @@ def check_pipeline(db, client, src, lake, slot, spark, s3, engine, rounds):
     drain_window(db, src, slot=slot, publications="pub", s3_client=client)
     kw = {"engine": "delta-spark", "reader": "s3a"} if engine == "delta-spark" else {}
     merge_slot(spark, store=src, slot=slot, delta=lake, **kw)
-    tables = by_table(slot_status(db, slot, store_url=src, delta_url=lake))
+    tables = by_table(slot_status(db, slot, store=src, delta=lake))
     assert_matches_delta_rs(tables, lake)
     assert tables["public.t"]["version"] == t_after["version"] + 1
     assert tables["public.t"]["files"] > t_after["files"]
@@ -212,7 +212,7 @@ def test_status_reads_each_manifest_of_the_slot_once(pg18, request, slot_name, s
         setup_pipeline(db, client, src, slot)
         run_rounds(db, client, src, slot, lake, spark, 1, "delta-rs")
         counting = _CountingClient(client)
-        status = slot_status(db, slot, publication="pub", store_url=src, s3_client=counting, delta_url=lake)
+        status = slot_status(db, slot, publication="pub", store=src, s3_client=counting, delta=lake)
         assert status["store"]["windows_committed"] == 1 and status["problem"] is None
         manifests = {k: n for k, n in counting.gets.items() if k.endswith("_manifest.json")}
         snapshot = [k for k in manifests if "/snapshot/" in k]

@@ -87,3 +87,32 @@ def test_drain_window_takes_options_or_their_fields_not_both(seen):
     with pytest.raises(TypeError, match="no option 'max_row'"):
         drain_mod.drain_window("dbname=x", "s3://bkt/lake", max_row=2, **KW)
     assert seen == []
+
+
+def test_one_name_for_the_store_and_the_delta_root_in_every_call():
+    """snapshot_to_s3, resync_tables and base_backup_to_s3 take ``store`` (``to``: their 0.1
+    name), slot_status ``store``/``delta`` (``store_url``/``delta_url``), verify_table
+    ``delta`` (``delta_url``): both names at once is a TypeError before any connection, the
+    old name alone warns."""
+    from airflow_pgcdc.snapshot.basebackup import base_backup_to_s3
+    from airflow_pgcdc.snapshot.export import snapshot_to_s3
+    from airflow_pgcdc.snapshot.resync import resync_tables
+    from airflow_pgcdc.status.job import slot_status
+    from airflow_pgcdc.verify import verify_table
+
+    nowhere = "host=/nonexistent/socket dbname=x connect_timeout=1"
+    with pytest.raises(TypeError, match="both 'store' and its old name 'to'"):
+        snapshot_to_s3(nowhere, "s3://b/p", to="s3://b/q", slot="s", publication="p")
+    with pytest.raises(TypeError, match="both 'store' and its old name 'to'"):
+        resync_tables(nowhere, "s3://b/p", to="s3://b/q", slot="s", publication="p", tables=["t"])
+    with pytest.raises(TypeError, match="both 'store' and its old name 'to'"):
+        base_backup_to_s3(nowhere, "s3://b/p", to="s3://b/q")
+    with pytest.raises(TypeError, match="both 'store' and its old name 'store_url'"):
+        slot_status(nowhere, "s", store="s3://b/p", store_url="s3://b/q")
+    with pytest.raises(TypeError, match="both 'delta' and its old name 'delta_url'"):
+        verify_table(nowhere, "s3://b/l", "public", "t", delta_url="s3://b/m")
+    with pytest.raises(TypeError, match="missing the Delta root"):
+        verify_table(nowhere, schema="public", table="t")
+    with pytest.warns(DeprecationWarning, match=r"slot_status\(delta_url=...\) is now slot_status\(delta=...\)"):
+        with pytest.raises(Exception):  # noqa: B017 - the warning is the point; then it cannot connect
+            slot_status(nowhere, "s", delta_url="s3://b/l")
