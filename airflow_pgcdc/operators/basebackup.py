@@ -10,6 +10,7 @@ from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.operators.renamed import renamed_argument
 
 
 class PgcdcBaseBackupOperator(BaseOperator):
@@ -19,7 +20,7 @@ class PgcdcBaseBackupOperator(BaseOperator):
     Pushes ``{"backup_id", "url", "start_lsn", "end_lsn", "timeline", "archives":
     {name: bytes}, "seconds"}``. The role needs ``REPLICATION``.
 
-    :param to: ``s3://bucket/prefix`` (templated)
+    :param store: ``s3://bucket/prefix`` (templated; ``to``: its 0.1 name, warns)
     :param backup_id: folder name (templated; default: a time-sorted id)
     :param backup_label: the BASE_BACKUP LABEL (templated; ``label`` is taken by BaseOperator)
     :param checkpoint: ``fast`` or ``spread``
@@ -30,13 +31,13 @@ class PgcdcBaseBackupOperator(BaseOperator):
     :param manifest: ``yes``, ``force-encode`` or ``no``
     """
 
-    template_fields: Sequence[str] = ("to", "backup_id", "backup_label", "postgres_conn_id", "aws_conn_id")
+    template_fields: Sequence[str] = ("store", "backup_id", "backup_label", "postgres_conn_id", "aws_conn_id")
     ui_color = "#d5f5e3"
 
     def __init__(
         self,
         *,
-        to: str,
+        store: str | None = None,
         backup_id: str | None = None,
         backup_label: str = "pgcdc",
         checkpoint: str = "fast",
@@ -51,8 +52,9 @@ class PgcdcBaseBackupOperator(BaseOperator):
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        store = renamed_argument(kwargs, "to", "store", store, "PgcdcBaseBackupOperator")
         super().__init__(**kwargs)
-        self.to = to
+        self.store = store
         self.backup_id = backup_id
         self.backup_label = backup_label
         self.checkpoint = checkpoint
@@ -70,10 +72,10 @@ class PgcdcBaseBackupOperator(BaseOperator):
         from airflow_pgcdc.snapshot.basebackup import base_backup_to_s3
 
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
-        self.log.info("base backup of %s into %s", hook.safe_dsn(), self.to)
+        self.log.info("base backup of %s into %s", hook.safe_dsn(), self.store)
         result = base_backup_to_s3(
             hook.get_dsn(),
-            self.to,
+            self.store,
             backup_id=self.backup_id or None,
             label=self.backup_label,
             checkpoint=self.checkpoint,

@@ -19,7 +19,10 @@ def test_old_names_warn_and_build_the_new_operators():
     with pytest.warns(AirflowProviderDeprecationWarning, match="PgBaseBackupToS3Operator is now PgcdcBaseBackupOperator"):
         backup = PgBaseBackupToS3Operator(task_id="bb", to="s3://b/backups", backup_id="b1")
     assert isinstance(backup, PgcdcBaseBackupOperator)
-    assert backup.backup_id == "b1"
+    assert (backup.store, backup.backup_id) == ("s3://b/backups", "b1"), "to=: the 0.1 name of store="
+    assert PgcdcBaseBackupOperator(task_id="bb2", store="s3://b/backups").store == "s3://b/backups"
+    with pytest.raises(TypeError, match="give store= only"):
+        PgcdcBaseBackupOperator(task_id="bb3", store="s3://b/backups", to="s3://b/other")
 
 
 def test_every_operator_of_the_provider_is_named_pgcdc():

@@ -31,7 +31,7 @@ with DAG("pgcdc_test_copy", schedule=None, start_date=datetime.datetime(2024, 1,
     )
     PgcdcBaseBackupOperator(
         task_id="basebackup",
-        to="{{ dag_run.conf['to'] }}",
+        store="{{ dag_run.conf['to'] }}",
         backup_label="pgcdc-test",
         postgres_conn_id="pgcdc_src",
         aws_conn_id="pgcdc_s3",
