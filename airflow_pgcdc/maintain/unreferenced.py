@@ -62,7 +62,7 @@ UNREFERENCED_FLOOR_HOURS = 24.0
 retention: a writer running now (a merge, a resync's bootstrap) writes its files first
 and names them in its commit at the end, so a young unreferenced file may be about to be
 committed, and removing it (or a new vector file) would break the table. The same bound
-as the log's (:data:`~airflow_pgcdc.maintain.delta.LOG_FLOOR_HOURS`): no writer runs that
+as the log's (:data:`~airflow_pgcdc.maintain.tables.LOG_FLOOR_HOURS`): no writer runs that
 long. ``maintain_slot(unreferenced_floor_hours=0)`` where no other writer can run (the
 benchmarks, a test)."""
 

@@ -178,7 +178,7 @@ def delta_tables(client: Any, layout: Any, slot: str, delta: str, *, last_seq: i
     ``__scd2`` history tables when they exist), whichever engine wrote it: ``version``,
     ``versions_kept``, ``oldest_version``, ``checkpoint_version``, live data ``files`` and
     their ``bytes``, ``log_bytes``, ``stored_bytes``
-    (:func:`airflow_pgcdc.maintain.delta.table_figures`) and ``last_maintenance``: the record
+    (:func:`airflow_pgcdc.maintain.tables.table_figures`) and ``last_maintenance``: the record
     ``pgcdc maintain`` wrote for it (``{slot}/maintain/tables/``), or None. A source table
     without a Delta table yet is listed with ``exists: false``; one that cannot be read
     gets ``error``."""

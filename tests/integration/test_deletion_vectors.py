@@ -56,7 +56,7 @@ def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
 
     from airflow_pgcdc.lake.tables import delta_table_url
     from airflow_pgcdc.maintain import maintain_slot
-    from airflow_pgcdc.maintain.delta import PURGE_RATIO, deleted_rows
+    from airflow_pgcdc.maintain.tables import PURGE_RATIO, deleted_rows
     from airflow_pgcdc.merge.sinks.deltaspark import DELETION_VECTORS, has_deletion_vectors
     from airflow_pgcdc.store import s3 as s3store
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from airflow_pgcdc.maintain.delta import LOG_FLOOR_HOURS, expire_log, maintain_table
+from airflow_pgcdc.maintain.tables import LOG_FLOOR_HOURS, expire_log, maintain_table
 
 
 @pytest.fixture

@@ -144,6 +144,6 @@ def test_live_paths_follow_the_commits_after_the_checkpoint():
 def test_vacuum_hours_round_up_never_down():
     """--retention-hours 0.9 ran VACUUM at 0 hours (int() cut it): files a 50-minute-old
     version needs were removed. delta-rs takes whole hours: rounded up, it keeps more."""
-    from airflow_pgcdc.maintain.delta import vacuum_hours
+    from airflow_pgcdc.maintain.tables import vacuum_hours
 
     assert [vacuum_hours(h) for h in (0, 0.9, 1, 1.01, 168)] == [0, 1, 1, 2, 168]
