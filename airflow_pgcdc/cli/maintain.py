@@ -48,18 +48,15 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_pgcdc.lake.sizing import target_bytes
-    from airflow_pgcdc.maintain import DEFAULT_TARGET_SIZE, TablesFailed, maintain_slot
+    from airflow_pgcdc.maintain import TablesFailed, maintain_slot
+    from airflow_pgcdc.maintain.options import MaintainOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     if args.retention_hours is not None and args.retention_hours < 0:
         raise argparse.ArgumentTypeError("--retention-hours must be 0 or more")
+    options = MaintainOptions.from_args(args)  # built once from the arguments
     try:
-        result = maintain_slot(
-            store=args.store, slot=args.slot, delta=args.delta, tables=args.tables,
-            retention_hours=args.retention_hours, zorder=args.zorder,
-            target_size=target_bytes(args.target_file_mb) if args.target_file_mb else DEFAULT_TARGET_SIZE, dry_run=args.dry_run, windows=args.windows,
-        )
+        result = maintain_slot(store=args.store, slot=args.slot, delta=args.delta, options=options)
     except TablesFailed as e:  # the others were maintained: print every outcome, then fail
         json.dump(e.result.to_dict(), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -20,8 +20,8 @@ from typing import Any
 from airflow_pgcdc.errors import HintedError, PgcdcError
 from airflow_pgcdc.lake.tables import CHANGELOG_SUFFIX, RESYNC_APP_SUFFIX, SCD2_SUFFIX, app_id
 from airflow_pgcdc.maintain.copies import expire_copies
+from airflow_pgcdc.maintain.options import DEFAULT_RETENTION_HOURS, MaintainOptions
 from airflow_pgcdc.maintain.tables import DEFAULT_TARGET_SIZE, DeltaTableResult, maintain_table
-from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument
@@ -52,7 +52,6 @@ __all__ = [
 
 log = logging.getLogger("airflow_pgcdc.maintain")
 
-DEFAULT_RETENTION_HOURS = 168
 TABLE_ATTEMPTS = 3  # a table's upkeep refused by a concurrent commit is started over this often
 HISTORY_SUFFIXES = (CHANGELOG_SUFFIX, SCD2_SUFFIX)
 
@@ -175,19 +174,16 @@ def maintain_slot(
     store: str | None = None,
     slot: str,
     delta: str,
-    tables: Sequence[str] | None = None,
-    retention_hours: float | None = None,
-    zorder: bool = False,
-    target_size: int | None = DEFAULT_TARGET_SIZE,
-    dry_run: bool = False,
-    windows: bool = True,
+    options: MaintainOptions | Mapping[str, Any] | None = None,
     settings: s3store.S3Settings | None = None,
     source: str | None = None,
-    unreferenced_floor_hours: float = UNREFERENCED_FLOOR_HOURS,
-    lock_wait: float | None = None,
+    **fields: Any,
 ) -> MaintainResult:
-    """Maintain every Delta table of ``slot`` under ``delta`` (or only ``tables``,
-    ``schema.table``), then the change store under ``store`` (``source``, its 0.1 name, warns). ``retention_hours``: how long
+    """Maintain every Delta table of ``slot`` under ``delta``, then the change store under
+    ``store`` (``source``, its 0.1 name, warns), as ``options`` say: a
+    :class:`~.options.MaintainOptions` (or a mapping of its fields), or its fields given as
+    keywords, which are: ``tables`` (only these, ``schema.table``); ``zorder``; ``target_size``
+    (bytes); ``dry_run``; ``windows`` (False: the Delta tables only); ``retention_hours``: how long
     removed Delta files, expired windows and staging debris are kept (default 168; any value,
     0 included, is accepted, with a warning below the default). ``unreferenced_floor_hours``:
     the age under which a file no log entry names is never removed, whatever the retention
@@ -200,11 +196,10 @@ def maintain_slot(
     from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+    o = MaintainOptions.of(options, **fields)
+    tables, retention_hours, zorder, target_size = o.tables, o.retention_hours, o.zorder, o.target_size
+    dry_run, windows, unreferenced_floor_hours, lock_wait = o.dry_run, o.windows, o.unreferenced_floor_hours, o.lock_wait
     t0 = time.monotonic()
-    if retention_hours is None:
-        retention_hours = DEFAULT_RETENTION_HOURS
-    if retention_hours < 0:
-        raise PgcdcError(f"retention must be 0 hours or more, got {retention_hours}")
     if retention_hours < DEFAULT_RETENTION_HOURS:
         log.warning(
             "retention %s h is below the default %d h: time travel to versions older than that "

@@ -10,7 +10,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.renamed import renamed_argument
-from airflow_pgcdc.operators.values import flag, number
+from airflow_pgcdc.operators.values import flag, number, rendered_options
 
 
 class PgcdcMaintainOperator(BaseOperator):
@@ -35,7 +35,8 @@ class PgcdcMaintainOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "delta", "tables", "retention_hours", "zorder", "aws_conn_id")
+    template_fields: Sequence[str] = ("store", "slot", "delta", "tables", "retention_hours", "zorder", "aws_conn_id",
+                                      "options")
     ui_color = "#e8f6f3"
 
     def __init__(
@@ -48,6 +49,7 @@ class PgcdcMaintainOperator(BaseOperator):
         retention_hours: float | None = None,
         zorder: bool = False,
         dry_run: bool = False,
+        options: Any = None,
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -60,6 +62,12 @@ class PgcdcMaintainOperator(BaseOperator):
         self.retention_hours = retention_hours
         self.zorder = zorder
         self.dry_run = dry_run
+        # upkeep's options as one MaintainOptions or dict (templated), instead of the fields above
+        self.options = options
+        given = [n for n, v in (("tables", tables), ("retention_hours", retention_hours), ("zorder", zorder),
+                                ("dry_run", dry_run)) if v not in (None, False)]
+        if options is not None and given:
+            raise ValueError(f"give options or upkeep's fields ({', '.join(given)}), not both")
         self.aws_conn_id = aws_conn_id
 
     def execute(self, context) -> dict[str, Any]:
@@ -68,11 +76,14 @@ class PgcdcMaintainOperator(BaseOperator):
         tables = [self.tables] if isinstance(self.tables, str) else (list(self.tables) if self.tables else None)
         settings = PgcdcHook(aws_conn_id=self.aws_conn_id).s3_settings()
         retention = number(self.retention_hours, float, "retention_hours", minimum=0)
+        from airflow_pgcdc.maintain.options import MaintainOptions
+
+        options = rendered_options(self.options, MaintainOptions) or MaintainOptions.of(
+            tables=tables, retention_hours=retention, zorder=flag(self.zorder, "zorder"),
+            dry_run=flag(self.dry_run, "dry_run"))
         try:
-            result = maintain_slot(
-                store=self.store, slot=self.slot, delta=self.delta, tables=tables,
-                retention_hours=retention, zorder=flag(self.zorder, "zorder"), dry_run=flag(self.dry_run, "dry_run"), settings=settings,
-            ).to_dict()
+            result = maintain_slot(store=self.store, slot=self.slot, delta=self.delta, options=options,
+                                   settings=settings).to_dict()
         except TablesFailed as e:
             self.log.error("maintain result: %s", e.result.to_dict())
             raise

@@ -94,7 +94,7 @@ def test_merge_needing_expired_windows_fails_that_table(fresh_db, slot_name, sto
         f"its Delta table {delta_table_url(lake2, 'public', 't')} has merged no window yet (missing, or rebuilt "
         "from the copy). Nothing of this table was read or merged"), t.error
     assert t.hint == (
-        f"pgcdc resync --slot {slot} --publication <publication> --to {store_url} --tables '\"public\".\"t\"' (a new copy: "
+        f"pgcdc resync --slot {slot} --publication <publication> --store {store_url} --tables '\"public\".\"t\"' (a new copy: "
         "the next merge replaces the Delta table from it and needs only the windows after it), or keep windows "
         "longer where rebuilds from the store must be possible (pgcdc maintain --retention-hours N, or "
         "--no-windows)"), t.hint
@@ -106,7 +106,7 @@ def test_merge_needing_expired_windows_fails_that_table(fresh_db, slot_name, sto
         "but pgcdc maintain removed its parts once the table's Delta table held them and the copy was older than "
         f"the retention (listed in s3://{lay.bucket}/cdc/{slot}/maintain/expired.json): the Delta table was "
         "dropped since, or a history table is added after the fact. Nothing of this table was read or merged"), q
-    assert q.hint.startswith(f"pgcdc resync --slot {slot} --publication <publication> --to {store_url} --tables "
+    assert q.hint.startswith(f"pgcdc resync --slot {slot} --publication <publication> --store {store_url} --tables "
                              "'\"public\".\"q\"' (a new copy"), q.hint
     opts = s3store.delta_storage_options()
     for name in ("t", "q"):  # not copied for nothing, nor half made

@@ -306,7 +306,7 @@ def refused_root(spark, src, slot, lake, engine) -> dict:
     by = {t.table: t for t in e.value.result.tables}
     m = by["public.m"]
     assert m.action == "failed" and m.error.startswith("PartitionsChanged: table public.m "), m
-    assert m.hint.startswith(f"pgcdc resync --slot {slot} --publication <publication> --to {src} "
+    assert m.hint.startswith(f"pgcdc resync --slot {slot} --publication <publication> --store {src} "
                              """--tables '"public"."m"'"""), m.hint
     assert [t.table for t in e.value.result.failed] == ["public.m"]
     return by

@@ -103,3 +103,24 @@ def test_the_drain_operator_takes_its_options_as_one_rendered_dict():
                            max_rows=5)
     with pytest.raises(TypeError, match="the drain has no option 'max_row'"):
         PgcdcDrainOperator(task_id="d3", store="s3://b/p", slot="s", publication="pub", options={"max_row": 5})
+
+
+def test_upkeep_options_as_one_object_from_the_command_line_or_a_rendered_dict():
+    import argparse
+
+    from airflow_pgcdc.maintain.options import DEFAULT_TARGET_SIZE, MaintainOptions
+    from airflow_pgcdc.operators.maintain import PgcdcMaintainOperator
+    from airflow_pgcdc.operators.values import rendered_options
+
+    args = argparse.Namespace(tables=["public.t"], retention_hours=None, zorder=True, target_file_mb=0.5,
+                              dry_run=False, windows=True)
+    o = MaintainOptions.from_args(args)
+    assert (o.tables, o.retention_hours, o.zorder, o.target_size) == (("public.t",), 168.0, True, 2**19)
+    assert MaintainOptions.of(o.fields()) == o and MaintainOptions().target_size == DEFAULT_TARGET_SIZE
+    assert rendered_options("{'retention_hours': '0.5', 'dry_run': 'true', 'tables': 'a.b c.d'}",
+                            MaintainOptions) == MaintainOptions(retention_hours=0.5, dry_run=True, tables=["a.b", "c.d"])
+    with pytest.raises(Exception, match="retention must be 0 hours or more"):
+        MaintainOptions(retention_hours=-1)
+    with pytest.raises(ValueError, match="not both"):
+        PgcdcMaintainOperator(task_id="m", store="s3://b/p", slot="s", delta="s3://b/l", options={"zorder": True},
+                              dry_run=True)
