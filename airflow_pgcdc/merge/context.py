@@ -36,6 +36,7 @@ __all__ = [
     "read_changes_on_driver",
     "read_files",
     "read_parts",
+    "sorted_by_key",
     "is_starter",
     "read_s3a",
     "remove_old_staging",
@@ -294,6 +295,14 @@ def read_s3a(ctx: JobContext, paths: list[str], schema: pa.Schema):
             col = F.col(quoted).cast(t)
         cols.append(col.alias(f.name))
     return df.select(*cols)
+
+def sorted_by_key(df, keys):
+    """``df`` sorted by the merge key (range partitions, each sorted): the staged files,
+    read in partition order, stream the rows in key order (see :mod:`.pruning`)."""
+    from airflow_pgcdc.merge.compact import col
+
+    return df.orderBy(*[col(k) for k in keys]) if keys else df
+
 
 def stage(ctx: JobContext, df, staging: str, schema: pa.Schema) -> None:
     (

@@ -27,7 +27,7 @@ from airflow_pgcdc.merge.errors import MergeError
 
 __all__ = [
     "CONCURRENT", "ConcurrentCommit", "TableExists", "UnreadableFeatures", "add_columns", "add_filled_columns",
-    "append", "bootstrap", "commit_once", "merge", "merge_scd2", "plain_dataset", "read_staged", "replace",
+    "append", "bootstrap", "commit_once", "merge", "merge_scd2", "plain_dataset", "read_staged", "replace", "staged_in_order",
     "staged_column", "staged_reader", "swap",
 ]
 
@@ -148,6 +148,12 @@ def commit_once(run, table, *, url: str, app: str, version: int,
 
 
 
+
+
+def staged_in_order(paths: list[str]) -> list[str]:
+    """The staged files in Spark partition order (``part-{partition:05d}-…``): a sorted
+    DataFrame's rows, read in this order, come in key order."""
+    return sorted(paths, key=lambda p: p.rsplit("/", 1)[-1])
 
 
 def read_staged(fs, staging: str) -> tuple[list[str], int]:

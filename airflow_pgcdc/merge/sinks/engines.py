@@ -22,7 +22,7 @@ import pyarrow as pa
 from airflow_pgcdc.faults import FaultPoint, fault_point
 from airflow_pgcdc.lake.sizing import target_bytes
 from airflow_pgcdc.merge import pruning
-from airflow_pgcdc.merge.context import read_files, spark_commit_once, stage
+from airflow_pgcdc.merge.context import read_files, sorted_by_key, spark_commit_once, stage
 from airflow_pgcdc.merge.errors import MergeError
 from airflow_pgcdc.merge.sinks import deltars
 from airflow_pgcdc.merge.sinks.base import Commit, DeltaSink
@@ -37,11 +37,6 @@ def _col(name: str):
     from airflow_pgcdc.merge.compact import col
 
     return col(name)
-
-
-def _staged_in_order(paths: list[str]) -> list[str]:
-    """The staged files in Spark partition order (``part-{partition:05d}-…``)."""
-    return sorted(paths, key=lambda p: p.rsplit("/", 1)[-1])
 
 
 class DeltaRsSink(DeltaSink):
@@ -71,13 +66,13 @@ class DeltaRsSink(DeltaSink):
         if isinstance(rows, pa.Table):
             return rows.cast(schema).to_reader(), rows.num_rows, None, []
         staging, paths, n = self._stage(rows, schema, where)
-        paths = _staged_in_order(paths) if ordered else paths
+        paths = deltars.staged_in_order(paths) if ordered else paths
         return deltars.staged_reader(self.ctx.fs, paths, schema), n, staging, paths
 
     def create(self, url, rows, schema, *, metadata, configuration, where, keys=(), copy_bytes=None,
                sized=True) -> int:
-        if not isinstance(rows, pa.Table) and keys:
-            rows = rows.orderBy(*[_col(k) for k in keys])  # range partitions, each sorted
+        if not isinstance(rows, pa.Table):
+            rows = sorted_by_key(rows, keys)
         reader, n, staging, _ = self._rows(rows, schema, where, ordered=True)
         try:
             deltars.bootstrap(

@@ -24,6 +24,7 @@ from airflow_pgcdc.merge.context import (
     read_changes,
     read_changes_on_driver,
     read_parts,
+    sorted_by_key,
     stage,
     window_metadata,
 )
@@ -57,19 +58,6 @@ def snapshot_input(ctx: JobContext, snapshot, entry, url: str) -> tuple[list[str
     return parts, delta_fields(table_fields(part_schema(ctx, parts[0])))
 
 
-def _sorted_by_key(df, keys: Sequence[str]):
-    """``df`` sorted by the merge key (range partitions, each sorted): the staged files,
-    read in partition order, stream the rows in key order (see :mod:`.pruning`)."""
-    from airflow_pgcdc.merge.compact import col
-
-    return df.orderBy(*[col(k) for k in keys]) if keys else df
-
-
-def _staged_in_order(paths: list[str]) -> list[str]:
-    """The staged files in Spark partition order (``part-{partition:05d}-…``)."""
-    return sorted(paths, key=lambda p: p.rsplit("/", 1)[-1])
-
-
 def _driver_copy(ctx: JobContext, parts: list[str], schema: pa.Schema, keys: Sequence[str]) -> pa.Table:
     """A small copy read by the driver, sorted by the key (the order only shapes the files)."""
     from airflow_pgcdc.merge.rows.arrow import read_table
@@ -92,9 +80,9 @@ def _copy_rows(ctx: JobContext, entry, parts: list[str], schema: pa.Schema, keys
         table = _driver_copy(ctx, parts, schema, keys)
         return table.to_reader(), table.num_rows
     staging = ctx.staging(entry.schema, entry.table, what)
-    stage(ctx, _sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
+    stage(ctx, sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
     paths, rows = deltars.read_staged(ctx.fs, staging)
-    return deltars.staged_reader(ctx.fs, _staged_in_order(paths), schema), rows
+    return deltars.staged_reader(ctx.fs, deltars.staged_in_order(paths), schema), rows
 
 
 def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: int,
