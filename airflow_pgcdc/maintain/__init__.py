@@ -2,26 +2,7 @@
 
 The job is :mod:`.job`; this face re-exports its names."""
 
-from airflow_pgcdc.maintain.job import (  # noqa: F401
-    DEFAULT_RETENTION_HOURS,
-    DEFAULT_TARGET_SIZE,
-    MaintainResult,
-    TablesFailed,
-    expired_key,
-    last_maintenance,
-    maintain_slot,
-    read_expired,
-    record_key,
-)
+from airflow_pgcdc.maintain import job as _job
+from airflow_pgcdc.maintain.job import *  # noqa: F403 - the face: every public name of the job
 
-__all__ = [
-    "DEFAULT_RETENTION_HOURS",
-    "DEFAULT_TARGET_SIZE",
-    "MaintainResult",
-    "TablesFailed",
-    "expired_key",
-    "last_maintenance",
-    "maintain_slot",
-    "read_expired",
-    "record_key",
-]
+__all__ = list(_job.__all__)

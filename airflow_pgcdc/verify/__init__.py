@@ -2,46 +2,7 @@
 
 The job is :mod:`.job`; this face re-exports its names."""
 
-from airflow_pgcdc.verify.job import (  # noqa: F401
-    MULTISET,
-    ChangedRow,
-    ColumnDiff,
-    Comparer,
-    Comparison,
-    DeltaReadError,
-    DeltaTableNotFound,
-    DuplicateKey,
-    KeyColumnError,
-    NoKey,
-    SourceTableNotFound,
-    TypeMismatch,
-    VerifyError,
-    VerifyResult,
-    compare_tables,
-    delta_table_location,
-    open_delta_table,
-    resolve_key,
-    verify_table,
-)
+from airflow_pgcdc.verify import job as _job
+from airflow_pgcdc.verify.job import *  # noqa: F403 - the face: every public name of the job
 
-__all__ = [
-    "MULTISET",
-    "ChangedRow",
-    "ColumnDiff",
-    "Comparer",
-    "Comparison",
-    "DeltaReadError",
-    "DeltaTableNotFound",
-    "DuplicateKey",
-    "KeyColumnError",
-    "NoKey",
-    "SourceTableNotFound",
-    "TypeMismatch",
-    "VerifyError",
-    "VerifyResult",
-    "compare_tables",
-    "delta_table_location",
-    "open_delta_table",
-    "resolve_key",
-    "verify_table",
-]
+__all__ = list(_job.__all__)
