@@ -23,7 +23,7 @@ table holds it and it is older than the retention (its manifest stays), the wind
 state; the snapshot's and the windows' bytes also apart), storage = Delta stored + store,
 storage ÷ table size, and the same without the snapshot; the Delta log's bytes and the
 deletion-vector files' bytes apart, and the ratio without the snapshot and the log (the log
-keeps every commit of the last 24 hours at least, ``maintain.delta.LOG_FLOOR_HOURS``, so
+keeps every commit of the last 24 hours at least, ``maintain.tables.LOG_FLOOR_HOURS``, so
 in a soak shorter than a day it only grows); read after the cycle (after the maintenance
 on a cycle that has one). Printed at the end: per pipeline, storage ÷ table size (last, and the maximum over
 the second half, with and without the snapshot), live files (last), merge seconds (mean of the first and of the last
