@@ -27,7 +27,6 @@ from airflow_pgcdc.merge.schema import (
     change_inputs,
     evolve,
     merge_key_columns,
-    table_configuration,
 )
 from airflow_pgcdc.merge.sinks.base import Commit
 from airflow_pgcdc.merge.sinks.table import snapshot_input
@@ -114,7 +113,7 @@ def scd2_history(ctx: JobContext, schema: str, table: str, snapshot, entry, mani
             F.lit("S").alias(HIST_OP),
         )
         metadata = {"pgcdc.slot": ctx.slot, "pgcdc.scd2": name, "pgcdc.snapshot_id": snapshot.snapshot_id}
-        rows = ctx.sink.create(url, df, schema_h, metadata=metadata, configuration=table_configuration(fields),
+        rows = ctx.sink.create(url, df, schema_h, metadata=metadata, configuration=ctx.sink.properties(fields, by="history"),
                                where=(schema, table, "scd2-bootstrap"), sized=False)
         out["bootstrap_rows"] = rows
         dt = open_table(url, ctx.storage)

@@ -105,16 +105,6 @@ def table_configuration(fields: list[pa.Field]) -> dict[str, str] | None:
     return {"delta.dataSkippingStatsColumns": ",".join(safe)}
 
 
-def spark_configuration(ctx: JobContext, fields: list[pa.Field]) -> dict[str, str] | None:
-    """:func:`table_configuration`, plus deletion vectors when the job turns them on."""
-    from airflow_pgcdc.merge.sinks.deltaspark import DELETION_VECTORS
-
-    conf = table_configuration(fields) or {}
-    if ctx.deletion_vectors:
-        conf[DELETION_VECTORS] = "true"
-    return conf or None
-
-
 def with_deletion_vectors(ctx: JobContext, name: str, url: str, dt):
     """``dt``, with deletion vectors turned on first when the job asks for them and the
     table (created earlier, or by delta-rs) has them off; returns the reloaded table."""
@@ -229,7 +219,7 @@ def evolve(ctx: JobContext, plan: TablePlan, url: str, dt, fields: list[pa.Field
     if dt is None:
         deltars.bootstrap(
             url, pa.RecordBatchReader.from_batches(pa.schema(fields), iter(())),
-            storage_options=ctx.storage, configuration=table_configuration(fields),
+            storage_options=ctx.storage, configuration=ctx.sink.properties(fields, by="delta-rs"),
             metadata={"pgcdc.slot": ctx.slot, **created},
         )
         return open_table(url, ctx.storage), []

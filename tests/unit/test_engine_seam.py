@@ -47,3 +47,25 @@ def test_the_check_sees_a_branch(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text('def f(ctx):\n    if ctx.engine == "delta-spark":\n        pass\n    return x in ("delta-rs",)\n')
     assert _engine_comparisons(probe) == [2, 4]
+
+
+def test_table_properties_are_decided_by_the_sink_for_every_table_a_job_creates():
+    """One place decides a new table's properties (DeltaSink.properties): deletion vectors
+    only on the tables Delta's Spark engine creates for the pipeline when asked, never on a
+    history table or a table delta-rs writes (an empty table at a first change, a resync's
+    replacement); the statistics columns on every one."""
+    import types
+
+    import pyarrow as pa
+
+    from airflow_pgcdc.merge.sinks.engines import DeltaRsSink, DeltaSparkSink
+
+    fields = [pa.field("id", pa.int64()), pa.field("d", pa.date32())]  # a date column: left out of the stats
+    ctx = types.SimpleNamespace(deletion_vectors=True)
+    common = DeltaRsSink(ctx).properties(fields)
+    assert common == {"delta.dataSkippingStatsColumns": "`id`"}
+    spark = DeltaSparkSink(ctx)
+    assert spark.properties(fields) == {**common, "delta.enableDeletionVectors": "true"}
+    assert spark.properties(fields, by="history") == spark.properties(fields, by="delta-rs") == common
+    assert DeltaSparkSink(types.SimpleNamespace(deletion_vectors=False)).properties(fields) == common
+    assert all(DeltaRsSink(ctx).properties(fields, by=by) == common for by in ("sink", "history", "delta-rs"))

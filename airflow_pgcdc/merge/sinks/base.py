@@ -62,8 +62,12 @@ class DeltaSink(ABC):
     # ``where``, in every writing method: ``(schema, table, label)``, the folder under the job's
     # staging prefix an engine that stages rows puts them in
 
-    def properties(self, fields: Sequence[pa.Field]) -> dict[str, str] | None:
-        """The table properties a table this job creates gets."""
+    def properties(self, fields: Sequence[pa.Field], *, by: str = "sink") -> dict[str, str] | None:
+        """The table properties of a table this job creates, the one place that decides them
+        (a new property is added here, or in an engine's override). ``by``: what creates it:
+        ``"sink"`` (this engine: a pipeline table's bootstrap), ``"history"`` (a changelog or
+        SCD2 table), ``"delta-rs"`` (delta-rs whatever the engine: the empty table made at a
+        table's first change, a resync's replacement)."""
         from airflow_pgcdc.merge.schema import table_configuration
 
         return table_configuration(list(fields))

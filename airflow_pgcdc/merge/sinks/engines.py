@@ -159,10 +159,15 @@ class DeltaSparkSink(DeltaSink):
     conditional_commits = False
     needs_jars = True
 
-    def properties(self, fields):
-        from airflow_pgcdc.merge.schema import spark_configuration
+    def properties(self, fields, *, by="sink"):
+        """The common properties, and deletion vectors on the tables this engine creates when
+        the job asks for them (``--deletion-vectors``)."""
+        from airflow_pgcdc.merge.sinks.deltaspark import DELETION_VECTORS
 
-        return spark_configuration(self.ctx, list(fields))
+        conf = super().properties(fields, by=by) or {}
+        if by == "sink" and self.ctx.deletion_vectors:
+            conf[DELETION_VECTORS] = "true"
+        return conf or None
 
     def before_merge(self, name, url, dt):
         from airflow_pgcdc.merge.schema import with_deletion_vectors

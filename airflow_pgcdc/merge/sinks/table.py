@@ -37,7 +37,6 @@ from airflow_pgcdc.merge.schema import (
     delta_fields,
     evolve,
     part_schema,
-    table_configuration,
     table_fields,
 )
 from airflow_pgcdc.merge.sinks import deltars
@@ -106,7 +105,7 @@ def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: 
     point = int(resync.consistent_point)
     deltars.replace(
         url, reader, storage_options=ctx.storage,
-        configuration=table_configuration(fields), target_file_size=target_bytes(ctx.target_file_mb),
+        configuration=ctx.sink.properties(fields, by="delta-rs"), target_file_size=target_bytes(ctx.target_file_mb),
         transactions={app: covered, app + RESYNC_APP_SUFFIX: point},
         metadata={"pgcdc.slot": ctx.slot, "pgcdc.resync": resync.url,
                   "pgcdc.consistent_point": resync.manifest.consistent_point,
