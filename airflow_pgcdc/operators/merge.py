@@ -87,7 +87,6 @@ the others (``on_failed_tables``)."""
 _OWNED = ("application", "application_args")
 
 
-
 class PgcdcTablesFailed(AirflowException):
     """The merge job failed some tables (the others were merged and committed); the
     message names each failed table with its error and hint."""
@@ -442,8 +441,12 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         from airflow_pgcdc.merge import jars as jarlib
         from airflow_pgcdc.merge.session import needs_delta_jars
 
-        engine = None if self.engine in (None, "", "None") else self.engine
-        reader = None if self.reader in (None, "", "None") else self.reader
+        options = self._options()
+        if options is not None:
+            engine, reader = options.engine, options.reader
+        else:
+            engine = None if self.engine in (None, "", "None") else self.engine
+            reader = None if self.reader in (None, "", "None") else self.reader
         given = [j for j in (self.jars or "").split(",") if j]
         if not needs_delta_jars(engine, reader) or self.packages or "spark.jars.packages" in (self.conf or {}):
             return ",".join(given) or None

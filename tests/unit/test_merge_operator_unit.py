@@ -464,3 +464,16 @@ def test_merge_slot_takes_options_or_their_fields_not_both():
         merge_slot(None, store="s3://b/p", slot="s", delta="s3://b/l", options=MergeOptions(), tables=["t"])
     with pytest.raises(TypeError, match="no option 'tabels'"):
         merge_slot(None, store="s3://b/p", slot="s", delta="s3://b/l", tabels=["t"])
+
+
+def test_options_choose_the_jars_a_cluster_gets_as_the_fields_do():
+    """The jars shipped to a cluster follow the engine and reader given in ``options``, as
+    they follow the separate fields (a delta-spark job without them fails on the executors)."""
+    master = "spark://h:7077"
+    by_fields = PgcdcSparkMergeOperator(task_id="f", store="s", slot="s", delta="d", engine="delta-spark",
+                                        reader="s3a")._merge_jars(master)
+    by_options = PgcdcSparkMergeOperator(task_id="o", store="s", slot="s", delta="d",
+                                         options={"engine": "delta-spark", "reader": "s3a"})._merge_jars(master)
+    assert by_options == by_fields
+    plain = PgcdcSparkMergeOperator(task_id="p", store="s", slot="s", delta="d", options={"history": "scd2"})
+    assert plain._merge_jars(master) is None
