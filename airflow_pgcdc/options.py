@@ -35,6 +35,15 @@ class JobOptions:
             raise TypeError(f"{cls.job} has no option {', '.join(map(repr, unknown))}")
         return cls(**{k: v for k, v in given.items() if v is not None})
 
+    def _put(self, name: str, value: Any) -> None:
+        """Set a field of the frozen object while it normalizes itself (``__post_init__``)."""
+        object.__setattr__(self, name, value)
+
+    @staticmethod
+    def _names(value: Any) -> tuple:
+        """One name or several, as a tuple (``"a"`` → ``("a",)``)."""
+        return (value,) if isinstance(value, str) else tuple(value)
+
     def fields(self) -> dict[str, Any]:
         """The options that differ from their defaults, as keywords."""
         out = {}

@@ -88,23 +88,21 @@ class DrainOptions(JobOptions):
     def __post_init__(self) -> None:
         from airflow_pgcdc.pg.tables import parse_column_map, parse_table_names
 
-        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen
-        one = lambda v: (v,) if isinstance(v, str) else tuple(v)  # noqa: E731
-        put("publications", one(self.publications))
-        put("skip_origins", one(self.skip_origins))
+        self._put("publications", self._names(self.publications))
+        self._put("skip_origins", self._names(self.skip_origins))
         if self.message_prefixes is not None:
-            put("message_prefixes", one(self.message_prefixes))
+            self._put("message_prefixes", self._names(self.message_prefixes))
         forget = self.forget_tables
-        put("forget_tables", frozenset(
+        self._put("forget_tables", frozenset(
             t if isinstance(t, tuple) else parse_table_names([t])[0] for t in ((forget,) if isinstance(forget, str)
                                                                                 else forget)))
         as_text = self.as_text
         if not (isinstance(as_text, Mapping) and all(isinstance(k, tuple) for k in as_text)):
             as_text = parse_column_map(as_text)
-        put("as_text", {k: frozenset(v) for k, v in as_text.items()})
-        put("binary", bool(self.binary))
-        put("heartbeat", bool(self.heartbeat))
-        put("start_without_snapshot", bool(self.start_without_snapshot))
+        self._put("as_text", {k: frozenset(v) for k, v in as_text.items()})
+        self._put("binary", bool(self.binary))
+        self._put("heartbeat", bool(self.heartbeat))
+        self._put("start_without_snapshot", bool(self.start_without_snapshot))
 
     @property
     def forget(self) -> frozenset[tuple[str, str]]:

@@ -37,16 +37,15 @@ class MaintainOptions(JobOptions):
     lock_wait: float | None = None
 
     def __post_init__(self) -> None:
-        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen
         if self.tables is not None:
-            put("tables", (self.tables,) if isinstance(self.tables, str) else tuple(self.tables))
+            self._put("tables", self._names(self.tables))
         if isinstance(self.retention_hours, bool) or float(self.retention_hours) < 0:
             raise PgcdcError(f"retention must be 0 hours or more, got {self.retention_hours}")
-        put("retention_hours", float(self.retention_hours))
+        self._put("retention_hours", float(self.retention_hours))
         if isinstance(self.target_size, bool) or int(self.target_size) < 1:
             raise PgcdcError(f"the target file size must be positive, got {self.target_size} bytes")
         for name in ("zorder", "dry_run", "windows"):
-            put(name, bool(getattr(self, name)))
+            self._put(name, bool(getattr(self, name)))
 
     @classmethod
     def from_args(cls, args: Any) -> MaintainOptions:

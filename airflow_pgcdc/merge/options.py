@@ -74,9 +74,8 @@ class MergeOptions(JobOptions):
     until_time: str | datetime | None = None
 
     def __post_init__(self) -> None:
-        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen
         if self.tables is not None:
-            put("tables", (self.tables,) if isinstance(self.tables, str) else tuple(self.tables))
+            self._put("tables", self._names(self.tables))
         keys = {}
         for table, cols in (self.keys or {}).items():
             cols = (cols,) if isinstance(cols, str) else tuple(cols)
@@ -84,7 +83,7 @@ class MergeOptions(JobOptions):
                 raise BadMergeOption(f"keys[{table!r}] must be a non-empty list of column names without ',': "
                                      f"{list(cols)!r}", hint="--key SCHEMA.TABLE=COL[,COL]")
             keys[table] = cols
-        put("keys", keys)
+        self._put("keys", keys)
         if self.engine not in ENGINES:
             raise BadMergeOption(f"unknown engine {self.engine!r}", hint=f"one of {', '.join(ENGINES)}")
         if self.reader not in READERS:
@@ -99,13 +98,13 @@ class MergeOptions(JobOptions):
             if isinstance(self.target_file_mb, bool) or not float(self.target_file_mb) > 0:
                 raise BadMergeOption(f"target_file_mb must be positive, got {self.target_file_mb!r} "
                                      "(--target-file-mb: the data files' size in MB)")
-            put("target_file_mb", float(self.target_file_mb))
+            self._put("target_file_mb", float(self.target_file_mb))
         if self.driver_rows is not None and (isinstance(self.driver_rows, bool) or not isinstance(self.driver_rows, int)
                                              or self.driver_rows < 0):
             raise BadMergeOption(f"driver_rows must be an integer 0 or more, got {self.driver_rows!r} (--driver-rows)")
         if self.until_lsn and self.until_time:
             raise BadMergeOption("give until_lsn or until_time, not both (--until-lsn, --until-time)")
-        put("deletion_vectors", bool(self.deletion_vectors))
+        self._put("deletion_vectors", bool(self.deletion_vectors))
 
     @classmethod
     def from_args(cls, args: Any) -> MergeOptions:

@@ -121,6 +121,12 @@ def delta_alias(slot: str | None = None) -> AssetAlias:
     return assets.alias("delta", slot)
 
 
+def _check_deletion_vectors(engine: str | None, deletion_vectors: bool) -> None:
+    """Deletion vectors are Delta's Spark engine's: refused with another engine at parse time."""
+    if deletion_vectors and engine != "delta-spark":
+        raise ValueError(f"deletion_vectors needs engine='delta-spark' (the {engine or 'delta-rs'} engine writes none)")
+
+
 def merge_application_args(
     *,
     store: str,
@@ -141,8 +147,7 @@ def merge_application_args(
     """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`):
     the merge's options through :meth:`~airflow_pgcdc.merge.options.MergeOptions.to_args`, their
     one definition."""
-    if deletion_vectors and engine != "delta-spark":
-        raise ValueError(f"deletion_vectors needs engine='delta-spark' (the {engine or 'delta-rs'} engine writes none)")
+    _check_deletion_vectors(engine, deletion_vectors)
     options = MergeOptions.of(
         tables=tables, keys=keys, max_windows=max_windows, history=history, engine=engine, reader=reader,
         target_file_mb=target_file_mb, deletion_vectors=deletion_vectors, driver_rows=driver_rows,
@@ -496,8 +501,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         options = rendered_options(self.options, MergeOptions)
         if options is None:
             return None
-        if options.deletion_vectors and options.engine != "delta-spark":
-            raise ValueError(f"deletion_vectors needs engine='delta-spark' (the {options.engine} engine writes none)")
+        _check_deletion_vectors(options.engine, options.deletion_vectors)
         return options
 
     def _application_args(self) -> list[str]:
