@@ -15,11 +15,16 @@ keeps working); the package's own modules import from :mod:`.map` directly.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
+    # ``from airflow_pgcdc.typemap import arrays`` asks this hook first (hasattr): a submodule
+    # must not pull in .map, which imports the codecs that are asking.
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
     value = getattr(importlib.import_module("airflow_pgcdc.typemap.map"), name)
     globals()[name] = value
     return value

@@ -223,3 +223,32 @@ def _type_only_cycles() -> list[set[str]]:
 
 def test_no_cycles_even_through_type_only_imports():
     assert _fresh("_type_only_cycles()") == []
+
+
+_EACH_FIRST = r"""
+import importlib, sys, traceback
+failed = []
+for name in sys.argv[1:]:
+    for loaded in [m for m in sys.modules if m == "airflow_pgcdc" or m.startswith("airflow_pgcdc.")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception:
+        failed.append(name + ": " + traceback.format_exc().strip().splitlines()[-1])
+print("\n".join(failed))
+"""
+
+
+def test_every_module_imports_when_it_is_the_first_one_imported():
+    """A lazy package face (``typemap``'s ``__getattr__``) once answered ``from
+    airflow_pgcdc.typemap import arrays`` by importing ``.map``, which imports the codec that
+    was asking: ``import airflow_pgcdc.typemap.decode.copy_text`` as a process's first import
+    failed, though every import order the suite used worked. Each module is imported here
+    with no module of the package loaded before it."""
+    import subprocess
+    import sys
+
+    names = sorted(n for n in _modules() if not n.endswith("__main__"))
+    out = subprocess.run([sys.executable, "-c", _EACH_FIRST, *names], capture_output=True, text=True,
+                         timeout=600, check=True).stdout.strip()
+    assert out == "", out
