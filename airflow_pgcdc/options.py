@@ -7,10 +7,10 @@ bottom layer, beside :mod:`airflow_pgcdc.errors`."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["JobOptions", "renamed_parameter"]
+__all__ = ["JobOptions", "publications_argument", "renamed_field", "renamed_parameter"]
 
 Opts = TypeVar("Opts", bound="JobOptions")
 
@@ -71,3 +71,27 @@ def renamed_parameter(call: str, name: str, value: Any, old_name: str, old: Any,
     if value is None and required is not None:
         raise TypeError(f"{call}() missing {required}: give {name!r}")
     return value
+
+
+def renamed_field(call: str, fields: dict[str, Any], name: str, value: Any, old_name: str, *,
+                  required: str | None = None) -> Any:
+    """:func:`renamed_parameter` for an old name that a call receives among its ``**fields``
+    (taken out of them): the deprecated names stay accepted without lengthening the
+    signature. For use directly in the library call (the warning points at its caller)."""
+    return renamed_parameter(call, name, value, old_name, fields.pop(old_name, None), required=required,
+                             stacklevel=4)
+
+
+def publications_argument(call: str, publications: Sequence[str] | str | None, fields: dict[str, Any], *,
+                          required: bool = False) -> tuple[str, ...]:
+    """A library call's ``publications`` (one name or several), or its 0.1 name
+    ``publication`` taken out of ``fields`` (warns); ``()`` when none was given, a
+    :class:`TypeError` then where ``required``."""
+    value = renamed_parameter(call, "publications", publications, "publication", fields.pop("publication", None),
+                              required="the publication(s)" if required else None, stacklevel=4)
+    if value is None:
+        return ()
+    names = (value,) if isinstance(value, str) else tuple(value)
+    if required and not names:
+        raise TypeError(f"{call}() needs at least one publication")
+    return names

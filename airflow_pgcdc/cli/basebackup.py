@@ -69,6 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from airflow_pgcdc.protocol.commands import CommandError
     from airflow_pgcdc.snapshot.basebackup import base_backup_to_s3
+    from airflow_pgcdc.snapshot.options import BaseBackupOptions
     from airflow_pgcdc.store.layout import LayoutError
     from airflow_pgcdc.store.s3 import InvalidS3Url
 
@@ -83,27 +84,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
-    detail: int | str | None = args.compression_detail
-    if isinstance(detail, str) and detail.strip().lstrip("+-").isdigit():
-        detail = int(detail)
     try:
-        result = base_backup_to_s3(
-            args.dsn,
-            args.store,
-            backup_id=args.backup_id,
-            label=args.label,
-            checkpoint=args.checkpoint,
-            wal=args.wal,
-            wait=args.wait,
-            compression=args.compression,
-            compression_detail=detail,
-            max_rate=args.max_rate,
-            tablespace_map=args.tablespace_map,
-            verify_checksums=args.verify_checksums,
-            manifest=args.manifest,
-            manifest_checksums=args.manifest_checksums,
-            progress_interval=None if args.quiet else (args.progress_interval or None),
-        )
+        result = base_backup_to_s3(args.dsn, args.store, options=BaseBackupOptions.from_args(args))
     except (CommandError, InvalidS3Url, LayoutError) as e:
         parser = getattr(args, "_parser", None)
         if parser is not None:

@@ -43,13 +43,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from airflow_pgcdc.snapshot.options import RecoverOptions
     from airflow_pgcdc.snapshot.recover import recover_pipeline
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    done = recover_pipeline(
-        args.dsn, args.store, slot=args.slot, publications=args.publication or None, workers=args.workers,
-        rows_per_part=args.rows_per_part, as_text=args.as_text, two_phase=args.two_phase,
-    )
+    done = recover_pipeline(args.dsn, args.store, slot=args.slot, publications=args.publication or None,
+                            options=RecoverOptions.from_args(args))
     out = done.recovery.to_dict()
     out["record"] = done.url
     json.dump(out, sys.stdout, indent=2)

@@ -27,7 +27,8 @@ def register(subparsers) -> None:
     )
     add_dsn_argument(p, "of the source database")
     p.add_argument("--slot", required=True, help="the pipeline's replication slot")
-    p.add_argument("--publication", required=True, help="the publication the pipeline's drains use")
+    p.add_argument("--publication", required=True, action="append", metavar="NAME",
+                   help="the publication the pipeline's drains use (repeatable)")
     p.add_argument("--store", "--to", dest="store", required=True, metavar="S3URL",
                    help="the pipeline's change store: s3://bucket/prefix (--to: its 0.1 name)")
     p.add_argument("--tables", nargs="+", required=True, metavar="SCHEMA.TABLE", help="the tables to copy")
@@ -45,13 +46,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from airflow_pgcdc.snapshot.options import ResyncOptions
     from airflow_pgcdc.snapshot.resync import resync_tables
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    done = resync_tables(
-        args.dsn, args.store, slot=args.slot, publication=args.publication, tables=args.tables,
-        workers=args.workers, rows_per_part=args.rows_per_part, as_text=args.as_text, where=args.where,
-    )
+    done = resync_tables(args.dsn, args.store, slot=args.slot, publications=args.publication,
+                         options=ResyncOptions.from_args(args))
     out = json.loads(done.manifest.to_json())
     out["manifest"] = done.url
     json.dump(out, sys.stdout, indent=2)

@@ -24,7 +24,9 @@ def register(subparsers) -> None:
     )
     add_dsn_argument(p, 'of the source database')
     p.add_argument("--slot", required=True, help="logical replication slot to create")
-    p.add_argument("--publication", help="copy this publication's tables (column lists and row filters honoured)")
+    p.add_argument("--publication", action="append", metavar="NAME",
+                   help="copy this publication's tables (column lists and row filters honoured; repeatable: the "
+                        "tables of several, as one stream of them carries each)")
     p.add_argument("--store", "--to", dest="store", required=True, metavar="S3URL",
                    help="the change store: s3://bucket/prefix (--to: its 0.1 name)")
     p.add_argument("--tables", nargs="+", metavar="SCHEMA.TABLE", help="copy these tables (default: the publication's)")
@@ -48,24 +50,13 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from airflow_pgcdc.snapshot.export import snapshot_to_s3
+    from airflow_pgcdc.snapshot.options import SnapshotOptions
 
     if not args.publication and not args.tables:
         args._parser.error("give --publication or --tables")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    manifest = snapshot_to_s3(
-        args.dsn,
-        args.store,
-        slot=args.slot,
-        publication=args.publication,
-        tables=args.tables,
-        workers=args.workers,
-        rows_per_part=args.rows_per_part,
-        two_phase=args.two_phase,
-        snapshot_id=args.snapshot_id,
-        progress_interval=args.progress_interval,
-        copy_format=args.copy_format,
-        as_text=args.as_text,
-    )
+    manifest = snapshot_to_s3(args.dsn, args.store, slot=args.slot, publications=args.publication,
+                              options=SnapshotOptions.from_args(args))
     json.dump(json.loads(manifest.to_json()), sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

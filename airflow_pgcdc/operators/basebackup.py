@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.renamed import renamed_argument
+from airflow_pgcdc.operators.values import options_or_fields
 
 
 class PgcdcBaseBackupOperator(BaseOperator):
@@ -29,9 +30,14 @@ class PgcdcBaseBackupOperator(BaseOperator):
     :param max_rate: KB/s limit on the server's send rate
     :param wal: include the WAL that makes the backup consistent
     :param manifest: ``yes``, ``force-encode`` or ``no``
+    :param options: the backup's options whole, a
+        :class:`~airflow_pgcdc.snapshot.options.BaseBackupOptions` or a mapping of its fields
+        (templated; ``label`` there is the BASE_BACKUP label), instead of the separate
+        arguments above
     """
 
-    template_fields: Sequence[str] = ("store", "backup_id", "backup_label", "postgres_conn_id", "aws_conn_id")
+    template_fields: Sequence[str] = ("store", "backup_id", "backup_label", "postgres_conn_id", "aws_conn_id",
+                                      "options")
     ui_color = "#d5f5e3"
 
     def __init__(
@@ -39,20 +45,22 @@ class PgcdcBaseBackupOperator(BaseOperator):
         *,
         store: str | None = None,
         backup_id: str | None = None,
-        backup_label: str = "pgcdc",
-        checkpoint: str = "fast",
+        backup_label: str | None = None,
+        checkpoint: str | None = None,
         compression: str | None = None,
         compression_detail: Any = None,
         max_rate: int | None = None,
-        wal: bool = True,
-        verify_checksums: bool = True,
-        manifest: str = "yes",
-        manifest_checksums: str = "CRC32C",
+        wal: bool | None = None,
+        verify_checksums: bool | None = None,
+        manifest: str | None = None,
+        manifest_checksums: str | None = None,
+        options: Any = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         store = renamed_argument(kwargs, "to", "store", store, "PgcdcBaseBackupOperator")
+        options_or_fields("PgcdcBaseBackupOperator", options, **self._fields(locals()))
         super().__init__(**kwargs)
         self.store = store
         self.backup_id = backup_id
@@ -65,29 +73,29 @@ class PgcdcBaseBackupOperator(BaseOperator):
         self.verify_checksums = verify_checksums
         self.manifest = manifest
         self.manifest_checksums = manifest_checksums
+        self.options = options
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
+    @staticmethod
+    def _fields(given: dict[str, Any]) -> dict[str, Any]:
+        """The backup's options among the operator's arguments, by their options' names."""
+        names = ("backup_id", "checkpoint", "compression", "compression_detail", "max_rate", "wal",
+                 "verify_checksums", "manifest", "manifest_checksums")
+        out = {n: given.get(n) for n in names}
+        out["backup_id"] = out["backup_id"] or None
+        out["label"] = given.get("backup_label")
+        return out
+
     def execute(self, context) -> dict[str, Any]:
         from airflow_pgcdc.snapshot.basebackup import base_backup_to_s3
+        from airflow_pgcdc.snapshot.options import BaseBackupOptions
 
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
         self.log.info("base backup of %s into %s", hook.safe_dsn(), self.store)
-        result = base_backup_to_s3(
-            hook.get_dsn(),
-            self.store,
-            backup_id=self.backup_id or None,
-            label=self.backup_label,
-            checkpoint=self.checkpoint,
-            wal=self.wal,
-            compression=self.compression,
-            compression_detail=self.compression_detail,
-            max_rate=self.max_rate,
-            verify_checksums=self.verify_checksums,
-            manifest=self.manifest,
-            manifest_checksums=self.manifest_checksums,
-            s3_client=hook.s3_client(),
-        )
+        options = options_or_fields("PgcdcBaseBackupOperator", self.options, BaseBackupOptions,
+                                    **self._fields(vars(self)))
+        result = base_backup_to_s3(hook.get_dsn(), self.store, options=options, s3=hook.s3_client())
         info = result.info
         return {
             "backup_id": result.backup_id,

@@ -11,7 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
 from airflow_pgcdc.operators.resync import resync_asset
-from airflow_pgcdc.operators.values import number
+from airflow_pgcdc.operators.values import flag, number, options_or_fields
 
 
 class PgcdcRecoverOperator(BaseOperator):
@@ -31,15 +31,18 @@ class PgcdcRecoverOperator(BaseOperator):
     :param slot: the pipeline's replication slot (templated)
     :param publications: the drains' publications; None: those the store's newest window
         records (templated)
-    :param workers: parallel COPY sessions
+    :param workers: parallel COPY sessions (default 4)
     :param as_text: ``{"schema.table": ["column", ...]}``, as the drain has it (templated)
     :param two_phase: for a slot created again whose old one is gone (None: as it was, else off)
+    :param options: the recovery's options whole, a
+        :class:`~airflow_pgcdc.snapshot.options.RecoverOptions` or a mapping of its fields
+        (templated), instead of ``workers``, ``rows_per_part``, ``as_text`` and ``two_phase``
     :param postgres_conn_id: Airflow ``postgres`` connection
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
     template_fields: Sequence[str] = ("store", "slot", "publications", "workers", "rows_per_part", "as_text",
-                                      "postgres_conn_id", "aws_conn_id")
+                                      "postgres_conn_id", "aws_conn_id", "options")
     ui_color = "#f5b7b1"
 
     def __init__(
@@ -48,20 +51,24 @@ class PgcdcRecoverOperator(BaseOperator):
         store: str,
         slot: str,
         publications: Sequence[str] | str | None = None,
-        workers: int = 4,
-        rows_per_part: int = 1_000_000,
+        workers: int | None = None,
+        rows_per_part: int | None = None,
         as_text: dict[str, Sequence[str]] | None = None,
         two_phase: bool | None = None,
+        options: Any = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        options_or_fields("PgcdcRecoverOperator", options, workers=workers, rows_per_part=rows_per_part,
+                          as_text=as_text, two_phase=two_phase)
         if "outlets" not in kwargs:
             kwargs["outlets"] = default_outlets("resync", store, slot, resync_asset)
         super().__init__(**kwargs)
         self.store = store
         self.slot = slot
         self.publications = publications
+        self.options = options
         self.workers = workers
         self.rows_per_part = rows_per_part
         self.as_text = as_text
@@ -70,16 +77,17 @@ class PgcdcRecoverOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
 
     def execute(self, context) -> dict[str, Any]:
+        from airflow_pgcdc.snapshot.options import RecoverOptions
         from airflow_pgcdc.snapshot.recover import recover_pipeline
 
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
         self.log.info("recovery of slot %s from %s into %s", self.slot, hook.safe_dsn(), self.store)
-        done = recover_pipeline(
-            hook.get_dsn(), self.store, slot=self.slot, publications=self.publications or None,
-            workers=number(self.workers, int, "workers", minimum=1),
-            rows_per_part=number(self.rows_per_part, int, "rows_per_part", minimum=1), s3_client=hook.s3_client(),
-            as_text=self.as_text, two_phase=self.two_phase,
-        )
+        options = options_or_fields(
+            "PgcdcRecoverOperator", self.options, RecoverOptions, workers=number(self.workers, int, "workers", minimum=1),
+            rows_per_part=number(self.rows_per_part, int, "rows_per_part", minimum=1), as_text=self.as_text or None,
+            two_phase=None if self.two_phase is None else flag(self.two_phase, "two_phase"))
+        done = recover_pipeline(hook.get_dsn(), self.store, slot=self.slot, publications=self.publications or None,
+                                options=options, s3=hook.s3_client())
         result = {**done.recovery.to_dict(), "record": done.url}
         emit(self, context, resync_asset(self.store, self.slot), {
             "recovery_id": done.recovery.recovery_id,

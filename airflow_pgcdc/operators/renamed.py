@@ -11,10 +11,12 @@ from airflow.exceptions import AirflowProviderDeprecationWarning
 __all__ = ["renamed_argument"]
 
 
-def renamed_argument(kwargs: dict[str, Any], old: str, new: str, value: Any, owner: str) -> Any:
+def renamed_argument(kwargs: dict[str, Any], old: str, new: str, value: Any, owner: str, *,
+                     required: str | None = "the change store, s3://bucket/prefix") -> Any:
     """``value`` (the argument ``new``), or the value given under its old name ``old``
-    (taken out of ``kwargs``, with an :class:`AirflowProviderDeprecationWarning`). Both, or
-    neither, is a :class:`TypeError` naming the operator."""
+    (taken out of ``kwargs``, with an :class:`AirflowProviderDeprecationWarning`). Both is a
+    :class:`TypeError` naming the operator, and so is neither unless ``required`` is
+    ``None`` (else it says what is missing)."""
     if old in kwargs:
         if value is not None:
             raise TypeError(f"{owner}: give {new}= only ({old}= is its former name)")
@@ -24,6 +26,6 @@ def renamed_argument(kwargs: dict[str, Any], old: str, new: str, value: Any, own
             stacklevel=3,
         )
         value = kwargs.pop(old)
-    if value is None:
-        raise TypeError(f"{owner} needs {new}= (the change store, s3://bucket/prefix)")
+    if value is None and required is not None:
+        raise TypeError(f"{owner} needs {new}= ({required})")
     return value

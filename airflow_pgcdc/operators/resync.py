@@ -11,7 +11,7 @@ from airflow.sdk import Asset, BaseOperator
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
 from airflow_pgcdc.operators.renamed import renamed_argument
-from airflow_pgcdc.operators.values import number
+from airflow_pgcdc.operators.values import number, options_or_fields
 
 
 def resync_asset(to: str, slot: str) -> Asset:
@@ -30,17 +30,21 @@ class PgcdcResyncOperator(BaseOperator):
 
     :param store: the pipeline's store, ``s3://bucket/prefix`` (templated)
     :param slot: the pipeline's replication slot (templated)
-    :param publication: the publication the drains use; the tables must be in it (templated)
+    :param publications: the publication(s) the drains use; the tables must be in them
+        (templated; ``publication``: its 0.2 name, warns)
     :param tables: ``["schema.table", ...]`` (templated)
-    :param workers: parallel COPY sessions
+    :param workers: parallel COPY sessions (default 4)
     :param as_text: ``{"schema.table": ["column", ...]}``: columns kept as their exact
         PostgreSQL text whatever their type (templated; give the drain the same)
+    :param options: the resync's options whole, a
+        :class:`~airflow_pgcdc.snapshot.options.ResyncOptions` or a mapping of its fields
+        (templated), instead of ``tables``, ``workers``, ``rows_per_part``, ``as_text`` and ``where``
     :param postgres_conn_id: Airflow ``postgres`` connection
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers", "rows_per_part", "as_text",
-                                      "postgres_conn_id", "aws_conn_id", "where")
+    template_fields: Sequence[str] = ("store", "slot", "publications", "tables", "workers", "rows_per_part", "as_text",
+                                      "postgres_conn_id", "aws_conn_id", "where", "options")
     ui_color = "#d6eaf8"
 
     def __init__(
@@ -48,43 +52,52 @@ class PgcdcResyncOperator(BaseOperator):
         *,
         store: str | None = None,
         slot: str,
-        publication: str,
-        tables: Sequence[str] | str,
-        workers: int = 4,
-        rows_per_part: int = 1_000_000,
+        publications: str | Sequence[str] | None = None,
+        tables: Sequence[str] | str | None = None,
+        workers: int | None = None,
+        rows_per_part: int | None = None,
         as_text: dict[str, Sequence[str]] | None = None,
         where: str | None = None,
+        options: Any = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         store = renamed_argument(kwargs, "to", "store", store, "PgcdcResyncOperator")
+        publications = renamed_argument(kwargs, "publication", "publications", publications, "PgcdcResyncOperator",
+                                        required="the publication(s) the drains use")
+        options_or_fields("PgcdcResyncOperator", options, tables=tables, workers=workers,
+                          rows_per_part=rows_per_part, as_text=as_text, where=where)
         if "outlets" not in kwargs:
             kwargs["outlets"] = default_outlets("resync", store, slot, resync_asset)
         super().__init__(**kwargs)
         self.store = store
         self.slot = slot
-        self.publication = publication
+        self.publications = publications
         self.tables = tables
         self.workers = workers
         self.rows_per_part = rows_per_part
         self.as_text = as_text
         self.where = where  # a slice resync (pgcdc resync --where): the rows to copy again
+        self.options = options
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
     def execute(self, context) -> dict[str, Any]:
+        from airflow_pgcdc.snapshot.options import ResyncOptions
         from airflow_pgcdc.snapshot.resync import resync_tables
 
-        tables = [self.tables] if isinstance(self.tables, str) else list(self.tables or ())
-        hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
-        self.log.info("resync of %s from %s into %s, slot %s", tables, hook.safe_dsn(), self.store, self.slot)
-        done = resync_tables(
-            hook.get_dsn(), self.store, slot=self.slot, publication=self.publication, tables=tables,
+        tables = [self.tables] if isinstance(self.tables, str) else (list(self.tables) if self.tables else None)
+        options = options_or_fields(
+            "PgcdcResyncOperator", self.options, ResyncOptions, tables=tables,
             workers=number(self.workers, int, "workers", minimum=1),
-            rows_per_part=number(self.rows_per_part, int, "rows_per_part", minimum=1), s3_client=hook.s3_client(),
-            as_text=self.as_text, where=None if self.where in (None, "", "None") else str(self.where),
-        )
+            rows_per_part=number(self.rows_per_part, int, "rows_per_part", minimum=1), as_text=self.as_text or None,
+            where=None if self.where in (None, "", "None") else str(self.where))
+        hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
+        self.log.info("resync of %s from %s into %s, slot %s", list(options.tables), hook.safe_dsn(), self.store,
+                      self.slot)
+        done = resync_tables(hook.get_dsn(), self.store, slot=self.slot, publications=self.publications,
+                             options=options, s3=hook.s3_client())
         m = done.manifest
         result = {
             "slot": self.slot,
@@ -92,7 +105,7 @@ class PgcdcResyncOperator(BaseOperator):
             "consistent_point": m.consistent_point,
             "manifest": done.url,
             "rows": m.rows,
-            "where": None if self.where in (None, "", "None") else str(self.where),
+            "where": options.where,
             "tables": {f"{t.schema}.{t.table}": {"rows": t.rows, "parts": len(t.parts)} for t in m.tables},
         }
         emit(self, context, resync_asset(self.store, self.slot), {

@@ -12,7 +12,7 @@ from airflow.sdk import Asset, BaseOperator
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
 from airflow_pgcdc.operators.renamed import renamed_argument
-from airflow_pgcdc.operators.values import number
+from airflow_pgcdc.operators.values import flag, number, options_or_fields
 
 
 def snapshot_asset(to: str, slot: str) -> Asset:
@@ -36,19 +36,23 @@ class PgcdcSnapshotOperator(BaseOperator):
 
     :param store: ``s3://bucket/prefix`` (templated)
     :param slot: replication slot to create (templated)
-    :param publication: copy its tables (templated); or ``tables``
+    :param publications: copy their tables: a name or a list of names (templated); or
+        ``tables`` (``publication``: its 0.2 name, warns)
     :param tables: ``["schema.table", ...]`` (templated)
-    :param workers: parallel COPY sessions
-    :param rows_per_part: rows per Parquet part (CTID ranges)
+    :param workers: parallel COPY sessions (default 4)
+    :param rows_per_part: rows per Parquet part (CTID ranges; default 1,000,000)
     :param two_phase: create the slot with TWO_PHASE
     :param as_text: ``{"schema.table": ["column", ...]}``: columns kept as their exact
         PostgreSQL text whatever their type (templated; give the drain the same)
+    :param options: the snapshot's options whole, a
+        :class:`~airflow_pgcdc.snapshot.options.SnapshotOptions` or a mapping of its fields
+        (templated), instead of the separate arguments above
     :param postgres_conn_id: Airflow ``postgres`` connection
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publication", "tables", "workers", "rows_per_part", "as_text",
-                                      "postgres_conn_id", "aws_conn_id")
+    template_fields: Sequence[str] = ("store", "slot", "publications", "tables", "workers", "rows_per_part", "as_text",
+                                      "postgres_conn_id", "aws_conn_id", "options")
     ui_color = "#d6eaf8"
 
     def __init__(
@@ -56,49 +60,52 @@ class PgcdcSnapshotOperator(BaseOperator):
         *,
         store: str | None = None,
         slot: str,
-        publication: str | None = None,
+        publications: str | Sequence[str] | None = None,
         tables: Sequence[str] | None = None,
-        workers: int = 4,
-        rows_per_part: int = 1_000_000,
-        two_phase: bool = False,
+        workers: int | None = None,
+        rows_per_part: int | None = None,
+        two_phase: bool | None = None,
         as_text: dict[str, Sequence[str]] | None = None,
+        options: Any = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         store = renamed_argument(kwargs, "to", "store", store, "PgcdcSnapshotOperator")
+        publications = renamed_argument(kwargs, "publication", "publications", publications, "PgcdcSnapshotOperator",
+                                        required=None)
+        options_or_fields("PgcdcSnapshotOperator", options, tables=tables, workers=workers,
+                          rows_per_part=rows_per_part, two_phase=two_phase, as_text=as_text)
         if "outlets" not in kwargs:
             kwargs["outlets"] = default_outlets("snapshot", store, slot, snapshot_asset)
         super().__init__(**kwargs)
         self.store = store
         self.slot = slot
-        self.publication = publication
+        self.publications = publications
         self.tables = list(tables) if tables else None
         self.workers = workers
         self.rows_per_part = rows_per_part
         self.two_phase = two_phase
         self.as_text = as_text
+        self.options = options
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
     def execute(self, context) -> dict[str, Any]:
         from airflow_pgcdc.snapshot.export import snapshot_to_s3
+        from airflow_pgcdc.snapshot.options import SnapshotOptions
         from airflow_pgcdc.store.layout import Layout
 
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
         self.log.info("snapshot of %s into %s, slot %s", hook.safe_dsn(), self.store, self.slot)
-        manifest = snapshot_to_s3(
-            hook.get_dsn(),
-            self.store,
-            slot=self.slot,
-            publication=self.publication,
-            tables=self.tables,
+        options = options_or_fields(
+            "PgcdcSnapshotOperator", self.options, SnapshotOptions, tables=self.tables,
             workers=number(self.workers, int, "workers", minimum=1),
             rows_per_part=number(self.rows_per_part, int, "rows_per_part", minimum=1),
-            two_phase=self.two_phase,
-            s3_client=hook.s3_client(),
-            as_text=self.as_text,
-        )
+            two_phase=None if self.two_phase is None else flag(self.two_phase, "two_phase"),
+            as_text=self.as_text or None)
+        manifest = snapshot_to_s3(hook.get_dsn(), self.store, slot=self.slot, publications=self.publications or None,
+                                  options=options, s3=hook.s3_client())
         layout = Layout.parse(self.store)
         result = {
             "snapshot_id": manifest.snapshot_id,

@@ -120,3 +120,16 @@ def rendered_options(value: Any, cls: type, name: str = "options") -> Any:
                 v = number(v, origin, key)
         out[key] = v
     return cls.of(out)
+
+
+def options_or_fields(owner: str, options: Any, cls: type | None = None, **fields: Any) -> Any:
+    """A job's options for an operator that takes them whole (``options``: an object or a
+    mapping, templated, see :func:`rendered_options`) or as its own arguments (``fields``;
+    ``None`` means not given): giving both is a :class:`ValueError` naming the arguments.
+    Without ``cls`` (when the DAG is parsed) only that check is made and ``None`` returned."""
+    given = sorted(k for k, v in fields.items() if v is not None)
+    if options is not None and not (isinstance(options, str) and options.strip() in UNSET) and given:
+        raise ValueError(f"{owner}: give options or its separate arguments ({', '.join(given)}), not both")
+    if cls is None:
+        return None
+    return rendered_options(options, cls) or cls.of(**{k: v for k, v in fields.items() if v is not None})

@@ -22,7 +22,7 @@ is read as of the snapshot.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psycopg
 
@@ -48,6 +48,12 @@ class PublicationMissing(HintedError, CatalogError):
 
 PublicationNotFound = PublicationMissing
 """The 0.1 name of :class:`PublicationMissing` (here and in the drain): the same class."""
+
+
+class PublicationsDisagree(HintedError, CatalogError):
+    """Two publications publish one table with different column lists: the server refuses
+    to stream it ("cannot use different column lists for table ... in different
+    publications"), so the copy refuses it too."""
 
 
 class TableNotFound(CatalogError):
@@ -263,6 +269,31 @@ def publication_tables(conn: psycopg.Connection, publication: str) -> list[Table
     ).fetchone()[0]
     return [_as_streamed(conn, schema, table, attnames, rowfilter, bool(gencols), pg18)
             for schema, table, attnames, rowfilter in rows]
+
+
+def publications_tables(conn: psycopg.Connection, publications: Sequence[str]) -> list[TableInfo]:
+    """The tables ``publications`` publish together, as one stream of them carries each
+    table (PostgreSQL's own initial table sync reads them so too): a table in several
+    publications has the OR of their row filters, or none when one of them has none, and the
+    column list they all give it (:class:`PublicationsDisagree` when they differ)."""
+    if len(publications) == 1:
+        return publication_tables(conn, publications[0])
+    found: dict[tuple[str, str], list[tuple[str, TableInfo]]] = {}
+    for pub in publications:
+        for t in publication_tables(conn, pub):
+            found.setdefault((t.schema, t.name), []).append((pub, t))
+    out = []
+    for (schema, name), given in sorted(found.items()):
+        first = given[0][1]
+        if len({tuple(c.name for c in t.columns) for _, t in given}) > 1:
+            raise PublicationsDisagree(
+                f"publications {', '.join(p for p, _ in given)} publish {quote_qualified(schema, name)} with different "
+                "columns: PostgreSQL cannot stream it to one subscriber",
+                hint="give the table the same column list in every publication, or leave it in one of them")
+        filters = [t.row_filter for _, t in given]
+        row_filter = None if None in filters else " OR ".join(f"({f})" for f in dict.fromkeys(filters))
+        out.append(first if row_filter == first.row_filter else replace(first, row_filter=row_filter))
+    return out
 
 
 def _as_streamed(conn, schema: str, table: str, attnames, rowfilter, gencols: bool, pg18: bool) -> TableInfo:

@@ -50,14 +50,13 @@ from typing import Any
 from airflow_pgcdc.errors import HintedError, InvalidFieldValue, PgcdcError, UnexpectedMessage
 from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.pg.replication import BackupResult, ReplicationConnection
-from airflow_pgcdc.protocol import commands
-from airflow_pgcdc.protocol.commands import Checkpoint, Compression, Manifest, ManifestChecksums
 from airflow_pgcdc.protocol.frames import ArchiveData, ManifestStart, NewArchive, Progress
 from airflow_pgcdc.protocol.results import (
     TablespaceInfo,
     parse_base_backup_position,
     parse_base_backup_tablespace,
 )
+from airflow_pgcdc.snapshot.options import BaseBackupOptions
 from airflow_pgcdc.store.layout import (
     ARCHIVE_SUFFIXES,
     Layout,
@@ -69,12 +68,12 @@ from airflow_pgcdc.store.layout import (
 from airflow_pgcdc.store.manifest import ArchiveEntry, BaseBackupInfo, write_manifest
 from airflow_pgcdc.store.multipart import MultipartWriter
 from airflow_pgcdc.store.s3 import (
-    DEFAULT_PART_SIZE,
     S3Location,
     StoreError,
     abort_uploads_under,
     list_keys,
     make_s3_client,
+    s3_argument,
 )
 
 log = logging.getLogger(__name__)
@@ -379,25 +378,16 @@ def base_backup_to_s3(
     dsn: str,
     store: str | S3Location | None = None,
     *,
-    backup_id: str | None = None,
-    label: str = "pgcdc",
-    checkpoint: Checkpoint = "fast",
-    wal: bool = True,
-    wait: bool = True,
-    compression: Compression | None = None,
-    compression_detail: int | str | Mapping[str, int | None] | None = None,
-    max_rate: int | None = None,
-    tablespace_map: bool = True,
-    verify_checksums: bool = True,
-    manifest: Manifest = "yes",
-    manifest_checksums: ManifestChecksums = "CRC32C",
-    progress_interval: float | None = 10.0,
-    s3_client: Any = None,
-    part_size: int = DEFAULT_PART_SIZE,
-    to: str | S3Location | None = None,
+    options: BaseBackupOptions | Mapping[str, Any] | None = None,
+    s3: Any = None,
+    **fields: Any,
 ) -> BaseBackupResult:
-    """Take a base backup of the cluster at ``dsn`` into ``store`` (``s3://bucket/prefix``;
-    ``to``: its 0.1 name, warns).
+    """Take a base backup of the cluster at ``dsn`` into ``store`` (``s3://bucket/prefix``).
+    ``options``: a :class:`~.options.BaseBackupOptions` (or a mapping of its fields), or its
+    fields given as keywords, described below. ``s3``: S3Settings or a client (default:
+    :func:`~airflow_pgcdc.store.s3.make_s3_client`, boto3's environment conventions). The
+    0.1 names ``to`` and ``s3_client`` are accepted for one release, with a
+    :class:`DeprecationWarning`.
 
     Objects go to ``{prefix}/basebackup/{backup_id}/`` (``backup_id`` defaults to a new
     time-sorted id, see :func:`~airflow_pgcdc.store.layout.new_run_id`). The role needs
@@ -418,35 +408,26 @@ def base_backup_to_s3(
 
     Progress (bytes, percent of the size the server announced, rate, ETA) is logged
     every ``progress_interval`` seconds (``None`` or 0: no ``PROGRESS`` option, no log).
-    ``s3_client`` defaults to :func:`~airflow_pgcdc.store.s3.make_s3_client` (boto3's
-    environment conventions). Memory stays below about ``2 * part_size``.
+    Memory stays below about ``2 * part_size``.
 
     Raises :class:`BackupExists` when the destination already holds objects, and
     :class:`BaseBackupServerError` / :class:`BaseBackupStoreError` when the backup fails;
     in every case nothing this call wrote is left behind (no objects, no pending upload).
     """
-    store = store_argument("base_backup_to_s3", store, "to", to)
+    store = store_argument("base_backup_to_s3", store, "to", fields.pop("to", None))
+    settings, client = s3_argument("base_backup_to_s3", s3, fields)
+    o = BaseBackupOptions.of(options, **fields)  # CommandError on invalid values, before any I/O
     root = store if isinstance(store, S3Location) else S3Location.parse(store)
     layout = Layout(root)
-    backup_id = validate_run_id(backup_id if backup_id is not None else new_run_id(), "backup id")
-    progress = bool(progress_interval)
-    options: dict[str, Any] = dict(
-        label=label,
-        progress=progress,
-        checkpoint=checkpoint,
-        wal=wal,
-        wait=wait,
-        compression=compression,
-        compression_detail=compression_detail,
-        max_rate=max_rate or None,
-        tablespace_map=tablespace_map,
-        verify_checksums=verify_checksums,
-        manifest=manifest,
-        manifest_checksums=manifest_checksums if manifest != "no" else None,
-    )
-    commands.base_backup(**options)  # CommandError on invalid values, before any I/O
+    backup_id = validate_run_id(o.backup_id if o.backup_id is not None else new_run_id(), "backup id")
+    label, checkpoint, wal, wait, compression = o.label, o.checkpoint, o.wal, o.wait, o.compression
+    max_rate, tablespace_map, verify_checksums = o.max_rate, o.tablespace_map, o.verify_checksums
+    manifest, manifest_checksums, progress_interval, part_size = (o.manifest, o.manifest_checksums,
+                                                                 o.progress_interval, o.part_size)
+    command = o.command()
+    compression_detail = command["compression_detail"]
     suffix = ARCHIVE_SUFFIXES[compression]
-    client = s3_client if s3_client is not None else make_s3_client()
+    client = client if client is not None else make_s3_client(settings)
     run = _Run(client, layout, backup_id, part_size)
     safe_dsn = redact(dsn)
 
@@ -489,7 +470,7 @@ def base_backup_to_s3(
         # Events are handled in any order of the result sets relative to the CopyData:
         # the protocol sends start and tablespaces first, but the percent/ETA only needs
         # the tablespace sizes once they are known.
-        for ev in conn.base_backup(**options):
+        for ev in conn.base_backup(**command):
             t = type(ev)
             if t is ArchiveData:
                 run.write(ev.data)

@@ -51,10 +51,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 
-from airflow_pgcdc.errors import HintedError
+from airflow_pgcdc.options import publications_argument
 from airflow_pgcdc.pg.catalog import check_encoding
 from airflow_pgcdc.pg.conninfo import redact, unverified_tls
 from airflow_pgcdc.pg.errors import DuplicateObject, UndefinedObject
@@ -66,15 +67,16 @@ from airflow_pgcdc.pg.tables import (
     describe_table,
     parse_column_map,
     parse_table_names,
-    publication_tables,
+    publications_tables,
 )
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_literal
 from airflow_pgcdc.snapshot.convert import (
-    COPY_FORMATS,
     function_casts,
     table_converter,
 )
+from airflow_pgcdc.snapshot.errors import SnapshotError
+from airflow_pgcdc.snapshot.options import SnapshotOptions, as_text_map
 from airflow_pgcdc.snapshot.parts import Progress, SnapshotPart, copy_part, import_snapshot
 from airflow_pgcdc.snapshot.workers import CopyJob, ProcessWorker, retryable, table_error
 from airflow_pgcdc.store import s3 as s3store
@@ -91,13 +93,8 @@ from airflow_pgcdc.store.window import window_folders
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ROWS_PER_PART = 1_000_000
 SMALL_TABLE_PAGES = 128  # 1 MiB of heap: one part, no CTID filter
 MAX_PART_ATTEMPTS = 3
-
-
-class SnapshotError(HintedError):
-    """The snapshot could not be taken."""
 
 
 class SnapshotExists(SnapshotError):
@@ -145,22 +142,22 @@ def plan_parts(table: TableInfo, rows_per_part: int, workers: int = 1) -> list[S
 
 
 def _discover(
-    catalog: psycopg.Connection, publication: str | None, tables: Sequence[str] | None
+    catalog: psycopg.Connection, publications: tuple[str, ...], tables: Sequence[str] | None
 ) -> list[TableInfo]:
     if tables:
         names = parse_table_names(tables)
-        if publication:  # a partitioned table or a partition named as the stream never names it
-            check_partitions_as_published(catalog, publication, names)
+        for pub in publications:  # a partitioned table or a partition named as the stream never names it
+            check_partitions_as_published(catalog, pub, names)
         found = [describe_table(catalog, s, t) for s, t in names]
-        if publication:
-            published = {(t.schema, t.name): t for t in publication_tables(catalog, publication)}
+        if publications:
+            published = {(t.schema, t.name): t for t in publications_tables(catalog, publications)}
             found = [published.get((t.schema, t.name), t) for t in found]
         return found
-    if not publication:
+    if not publications:
         raise SnapshotError("give a publication or a list of tables to copy")
-    found = publication_tables(catalog, publication)
+    found = publications_tables(catalog, publications)
     if not found:
-        raise SnapshotError(f"publication {publication!r} has no tables")
+        raise SnapshotError(f"publication(s) {', '.join(map(repr, publications))} have no tables")
     return found
 
 
@@ -300,25 +297,23 @@ def snapshot_to_s3(
     store: str | s3store.S3Location | None = None,
     *,
     slot: str,
-    publication: str | None = None,
-    tables: Sequence[str] | None = None,
-    workers: int = 4,
-    rows_per_part: int = DEFAULT_ROWS_PER_PART,
-    two_phase: bool = False,
-    snapshot_id: str | None = None,
-    s3_client=None,
-    progress_interval: float = 10.0,
+    publications: Sequence[str] | str | None = None,
+    options: SnapshotOptions | Mapping[str, Any] | None = None,
+    s3: Any = None,
     on_slot_created: Callable[[str, str], None] | None = None,
-    copy_format: str = "binary",
-    s3_settings: s3store.S3Settings | None = None,
-    worker_processes: bool | None = None,
-    temporary: bool = False,
-    as_text: Mapping[str, Sequence[str]] | Sequence[str] | None = None,
-    slice_where: str | None = None,
-    to: str | s3store.S3Location | None = None,
+    **fields: Any,
 ) -> SnapshotManifest:
-    """Create ``slot`` with an exported snapshot and copy the tables to ``store`` (``to``: its
-    0.1 name, warns).
+    """Create ``slot`` with an exported snapshot and copy the tables of ``publications`` (one
+    name or several; a table in several is copied as one stream of them carries it, see
+    :func:`~airflow_pgcdc.pg.tables.publications_tables`), or ``options.tables``, to ``store``.
+
+    ``options``: a :class:`~.options.SnapshotOptions` (or a mapping of its fields), or its
+    fields given as keywords (``tables``, ``workers``, ``rows_per_part``, ``two_phase``,
+    ``snapshot_id``, ``progress_interval``, ``copy_format``, ``worker_processes``,
+    ``temporary``, ``as_text``, ``slice_where``). ``s3``: an
+    :class:`~airflow_pgcdc.store.s3.S3Settings` or a boto3 client (default: the
+    environment's settings). The 0.1 names ``to``, ``publication``, ``s3_client`` and
+    ``s3_settings`` are accepted for one release, with a :class:`DeprecationWarning`.
 
     ``temporary``: the slot is a temporary one, gone when this call returns (or its
     process dies): a table resync (:mod:`.resync`) needs only its snapshot and its
@@ -335,29 +330,27 @@ def snapshot_to_s3(
     :mod:`.resync`; recorded in each table entry as ``where``).
 
     Workers run in their own processes (:mod:`airflow_pgcdc.snapshot.workers`) when the
-    S3 settings are known: ``s3_settings``, or those of a client made by
-    :func:`~airflow_pgcdc.store.s3.make_s3_client` (the default client is). With a client
-    of unknown settings, or ``worker_processes=False``, they are threads of this process.
+    S3 settings are known: given as ``s3``, or those of a client made by
+    :func:`~airflow_pgcdc.store.s3.make_s3_client`. With a client of unknown settings, or
+    ``worker_processes=False``, they are threads of this process.
     """
-    if workers < 1:
-        raise SnapshotError("workers must be at least 1")
-    if rows_per_part < 1:
-        raise SnapshotError("rows_per_part must be at least 1")
-    if copy_format not in COPY_FORMATS:
-        raise SnapshotError(f"copy_format must be one of {', '.join(COPY_FORMATS)}, not {copy_format!r}")
-    text_columns = parse_column_map(as_text)
-    store = store_argument("snapshot_to_s3", store, "to", to)
+    store = store_argument("snapshot_to_s3", store, "to", fields.pop("to", None))
+    publications = publications_argument("snapshot_to_s3", publications, fields)
+    settings, client = s3store.s3_argument("snapshot_to_s3", s3, fields)
+    o = SnapshotOptions.of(options, **fields)
+    tables, workers, rows_per_part, two_phase = o.tables, o.workers, o.rows_per_part, o.two_phase
+    snapshot_id, progress_interval, copy_format = o.snapshot_id, o.progress_interval, o.copy_format
+    worker_processes, temporary, slice_where = o.worker_processes, o.temporary, o.slice_where
+    text_columns = parse_column_map(as_text_map(o.as_text))
     location = store if isinstance(store, s3store.S3Location) else s3store.S3Location.parse(store)
     layout = Layout(location)
-    if s3_client is None:
-        s3_settings = s3_settings or s3store.S3Settings.from_env()
-        s3_client = s3store.make_s3_client(s3_settings)
-    client = s3_client
-    settings = s3_settings or s3store.settings_of(client)
+    if client is None:
+        client = s3store.make_s3_client(settings)
     if worker_processes is None:
         worker_processes = settings is not None
     elif worker_processes and settings is None:
-        raise SnapshotError("worker processes need the S3 settings: pass s3_settings with s3_client")
+        raise SnapshotError("worker processes need the S3 settings: pass s3=S3Settings(...), or a client made by "
+                            "make_s3_client")
     with ExitStack() as stack:
         # the worker processes start first: their start-up overlaps the slot's creation,
         # and a forked one inherits no connection of this run
@@ -427,7 +420,7 @@ def snapshot_to_s3(
                 # exported snapshot lives, and a worker whose session died imports it again
                 if on_slot_created is not None:
                     on_slot_created(str(created.consistent_point), snapshot_name)
-                discovered = _discover(catalog_conn, publication, tables)
+                discovered = _discover(catalog_conn, publications, tables)
                 if slice_where:  # a slice resync: the named tables' matching rows only
                     discovered = [dataclasses.replace(t, slice_where=slice_where) for t in discovered]
                 refusals = {t.oid: why for t in discovered if (why := _cannot_copy(t)) is not None}

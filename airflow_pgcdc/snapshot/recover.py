@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 
@@ -49,7 +50,8 @@ from airflow_pgcdc.pg.slotlock import lock_holder, wait_lock_slot
 from airflow_pgcdc.pg.slots import create_slot, drop_slot, slot_health
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified
-from airflow_pgcdc.snapshot.export import DEFAULT_ROWS_PER_PART, REFUSED_TABLES
+from airflow_pgcdc.snapshot.export import REFUSED_TABLES
+from airflow_pgcdc.snapshot.options import RecoverOptions, ResyncOptions
 from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, new_run_id, validate_slot
@@ -207,29 +209,29 @@ def recover_pipeline(
     *,
     slot: str,
     publications: Sequence[str] | str | None = None,
-    workers: int = 4,
-    rows_per_part: int = DEFAULT_ROWS_PER_PART,
-    s3_client=None,
-    s3_settings: s3store.S3Settings | None = None,
-    copy_format: str = "binary",
-    worker_processes: bool | None = None,
-    as_text=None,
-    two_phase: bool | None = None,
-    busy_wait: float = 10.0,
-    prepared_wait: float = 60.0,
+    options: RecoverOptions | Mapping[str, Any] | None = None,
+    s3: Any = None,
     on_slot_ready: Callable[[LSN], None] | None = None,
+    **fields: Any,
 ) -> RecoveryDone:
     """Recover the pipeline of ``slot`` whose store is ``store`` (see the module doc).
-    ``publications``: the drains' (default: those the newest window records).
-    ``two_phase``: for a slot that must be created and whose old one is gone (default:
-    as the lost slot was, else off). ``prepared_wait``: seconds to wait for prepared
-    transactions to end (see :func:`_wait_prepared`). ``on_slot_ready(position)`` is called once the slot
-    exists again (tests use it to write meanwhile). Raises :class:`NothingToRecover` for a
-    slot that lost nothing, :class:`RecoverError` for anything else; returns the committed
-    recovery."""
+    ``publications``: the drains' (default: those the newest window records). ``options``: a
+    :class:`~.options.RecoverOptions` (or a mapping of its fields), or its fields given as
+    keywords (``workers``, ``rows_per_part``, ``copy_format``, ``worker_processes``,
+    ``as_text``: how the tables are copied again, as for a snapshot; ``two_phase``: for a
+    slot that must be created and whose old one is gone (default: as the lost slot was, else
+    off); ``busy_wait``; ``prepared_wait``: seconds to wait for prepared transactions to end,
+    see :func:`_wait_prepared`). ``s3``: S3Settings or a client (``s3_client`` and
+    ``s3_settings``, the 0.1 names, warn). ``on_slot_ready(position)`` is called once the
+    slot exists again (tests use it to write meanwhile). Raises :class:`NothingToRecover`
+    for a slot that lost nothing, :class:`RecoverError` for anything else; returns the
+    committed recovery."""
+    settings, client = s3store.s3_argument("recover_pipeline", s3, fields)
+    o = RecoverOptions.of(options, **fields)
+    two_phase, busy_wait, prepared_wait = o.two_phase, o.busy_wait, o.prepared_wait
     validate_slot(slot)
     layout = Layout.parse(store)
-    client = s3_client or s3store.make_s3_client(s3_settings)
+    client = client or s3store.make_s3_client(settings)
     end = _store_end(client, layout, slot)
     pubs = _publications(publications, end, slot)
     _check_server(dsn, end, slot)
@@ -305,11 +307,10 @@ def recover_pipeline(
             on_slot_ready(position)
         copies, refused = [], []
         for pub, tables in groups.items():
-            done = resync_tables(
-                dsn, store, slot=slot, publication=pub, tables=[quote_qualified(*t) for t in tables],
-                workers=workers, rows_per_part=rows_per_part, s3_client=client, s3_settings=s3_settings,
-                copy_format=copy_format, worker_processes=worker_processes, as_text=as_text,
-            )
+            copy = ResyncOptions(tables=tuple(quote_qualified(*t) for t in tables), workers=o.workers,
+                                 rows_per_part=o.rows_per_part, copy_format=o.copy_format,
+                                 worker_processes=o.worker_processes, as_text=o.as_text)
+            done = resync_tables(dsn, store, slot=slot, publications=pub, options=copy, s3=client)
             m = done.manifest
             copies.append(RecoveryCopy(done.resync_slot, m.snapshot_id, m.consistent_point, pub,
                                        tuple((t.schema, t.table) for t in m.tables)))

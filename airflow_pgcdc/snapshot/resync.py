@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import psycopg
 
 from airflow_pgcdc.errors import HintedError
+from airflow_pgcdc.options import publications_argument
 from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.pg.tables import check_partitions_as_published, parse_table_names
 from airflow_pgcdc.protocol.quoting import quote_ident, quote_qualified, shell_qualified
-from airflow_pgcdc.snapshot.export import DEFAULT_ROWS_PER_PART, snapshot_to_s3
+from airflow_pgcdc.snapshot.export import snapshot_to_s3
+from airflow_pgcdc.snapshot.options import ResyncOptions, SnapshotOptions
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument, validate_slot
 from airflow_pgcdc.store.resyncs import Resync, committed_resyncs
@@ -66,9 +69,9 @@ class PublicationNotStreamed(ResyncError):
     a change."""
 
 
-def _check_store(client, layout: Layout, slot: str, publication: str) -> None:
-    """The store must follow ``slot`` (a snapshot or a window of it), and ``publication``
-    must be one of those its drains stream (the newest window's ``publications``)."""
+def _check_store(client, layout: Layout, slot: str, publications: tuple[str, ...]) -> None:
+    """The store must follow ``slot`` (a snapshot or a window of it), and each of
+    ``publications`` must be one of those its drains stream (the newest window's ``publications``)."""
     from airflow_pgcdc.store.manifest import committed_snapshot
     from airflow_pgcdc.store.window import latest_window
 
@@ -82,17 +85,18 @@ def _check_store(client, layout: Layout, slot: str, publication: str) -> None:
                 hint=f"check the store URL and the slot (pgcdc status --slot {slot} --store <url>)",
             )
         return
-    if newest.publications and publication not in newest.publications:
+    foreign = [p for p in publications if newest.publications and p not in newest.publications]
+    if foreign:
         raise PublicationNotStreamed(
             f"slot {slot}'s drains stream publication(s) {', '.join(sorted(newest.publications))} (window "
-            f"{newest.window_seq}), not {publication!r}: a table copied through it would be replaced in Delta "
+            f"{newest.window_seq}), not {', '.join(map(repr, foreign))}: a table copied through it would be replaced in Delta "
             "and then never get a change; nothing was copied",
             hint=f"--publication {sorted(newest.publications)[0]} (add the table to it first if needed: the "
                  "error then gives the ALTER PUBLICATION)",
         )
 
 
-def _check(dsn: str, slot: str, publication: str, tables: Sequence[tuple[str, str]]) -> None:
+def _check(dsn: str, slot: str, publications: tuple[str, ...], tables: Sequence[tuple[str, str]]) -> None:
     with psycopg.connect(dsn, autocommit=True, application_name="pgcdc-resync") as conn:
         row = conn.execute(
             "SELECT database = current_database() FROM pg_replication_slots WHERE slot_name = %s", (slot,)
@@ -103,19 +107,25 @@ def _check(dsn: str, slot: str, publication: str, tables: Sequence[tuple[str, st
                 "a running pipeline",
                 hint="start the pipeline with `pgcdc snapshot` (it creates the slot)",
             )
-        if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
-            raise ResyncError(f"publication {publication!r} does not exist in database {conn.info.dbname!r}",
-                              hint="give the publication the pipeline's drains use")
-        check_partitions_as_published(conn, publication, tables)  # before "not published": its hint would mislead
+        found = {r[0] for r in conn.execute("SELECT pubname::text FROM pg_publication WHERE pubname = ANY(%s)",
+                                            (list(publications),))}
+        for publication in publications:
+            if publication not in found:
+                raise ResyncError(f"publication {publication!r} does not exist in database {conn.info.dbname!r}",
+                                  hint="give the publication the pipeline's drains use")
         published = set(conn.execute(
-            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
+            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = ANY(%s)",
+            (list(publications),),
         ).fetchall())
+        for publication in publications:  # before "not published": its hint would mislead
+            check_partitions_as_published(conn, publication, [n for n in tables if n not in published])
     missing = [(s, t) for s, t in tables if (s, t) not in published]
     if missing:
         names = ", ".join(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in missing)
+        shown = ", ".join(map(repr, publications))
         raise TableNotPublished(
-            f"not in publication {publication!r}: {names}; the slot would not stream their changes",
-            hint=f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {names}; then rerun the resync",
+            f"not in publication(s) {shown}: {names}; the slot would not stream their changes",
+            hint=f"ALTER PUBLICATION {quote_ident(publications[0])} ADD TABLE {names}; then rerun the resync",
         )
 
 
@@ -152,45 +162,48 @@ def resync_tables(
     store: str | None = None,
     *,
     slot: str,
-    publication: str,
-    tables: Sequence[str],
-    workers: int = 4,
-    rows_per_part: int = DEFAULT_ROWS_PER_PART,
-    s3_client=None,
-    s3_settings: s3store.S3Settings | None = None,
-    copy_format: str = "binary",
-    worker_processes: bool | None = None,
+    publications: Sequence[str] | str | None = None,
+    options: ResyncOptions | Mapping[str, Any] | None = None,
+    s3: Any = None,
     on_slot_created: Callable[[str, str], None] | None = None,
-    as_text=None,
-    where: str | None = None,
-    to: str | None = None,
+    **fields: Any,
 ) -> Resync:
-    """Take a resync of ``tables`` (``schema.table``) for the pipeline of ``slot`` whose store
-    is ``store`` (``to``: its 0.1 name, warns); returns it once committed. See the module doc. ``as_text``: columns kept as
-    exact text (:func:`~airflow_pgcdc.snapshot.export.snapshot_to_s3`). ``where``: a slice,
-    only the rows matching this SQL predicate, kept apart (:meth:`Layout.slice_layout`);
-    the merge upserts them (the tables' other rows stay), see :mod:`airflow_pgcdc.merge.slices`."""
-    store = store_argument("resync_tables", store, "to", to)
+    """Take a resync of ``options.tables`` (``schema.table``) for the pipeline of ``slot``
+    whose store is ``store``, through ``publications`` (one name or several, each one the
+    slot's drains stream); returns it once committed. See the module doc. ``options``: a
+    :class:`~.options.ResyncOptions` (or a mapping of its fields), or its fields given as
+    keywords (``tables``, ``where``, ``workers``, ``rows_per_part``, ``copy_format``,
+    ``worker_processes``, ``as_text``). ``as_text``: columns kept as exact text
+    (:func:`~airflow_pgcdc.snapshot.export.snapshot_to_s3`). ``where``: a slice, only the
+    rows matching this SQL predicate, kept apart (:meth:`Layout.slice_layout`); the merge
+    upserts them (the tables' other rows stay), see :mod:`airflow_pgcdc.merge.slices`.
+    ``s3``: S3Settings or a client. The 0.1 names ``to``, ``publication``, ``s3_client`` and
+    ``s3_settings`` are accepted for one release, with a :class:`DeprecationWarning`."""
+    store = store_argument("resync_tables", store, "to", fields.pop("to", None))
+    publications = publications_argument("resync_tables", publications, fields, required=True)
+    settings, client = s3store.s3_argument("resync_tables", s3, fields)
+    o = ResyncOptions.of(options, **fields)
+    where = o.where
     validate_slot(slot)
-    names = parse_table_names(tables)
+    names = parse_table_names(o.tables)
     if not names:
         raise ResyncError("name the tables to resync", hint="--tables schema.table [...]")
-    _check(dsn, slot, publication, names)
+    _check(dsn, slot, publications, names)
     if where is not None:
         _check_slice(dsn, names, where)
     layout = Layout.parse(store)
-    _check_store(s3_client or s3store.make_s3_client(s3_settings), layout, slot, publication)
+    client = client or s3store.make_s3_client(settings)
+    _check_store(client, layout, slot, publications)
     rl = layout.resync_layout(slot) if where is None else layout.slice_layout(slot)
     resync_slot = RESYNC_SLOT_PREFIX + secrets.token_hex(6)
     log.info("resync of %s for slot %s from %s (temporary slot %s)",
              ", ".join(f"{s}.{t}" for s, t in names), slot, redact(dsn), resync_slot)
-    manifest = snapshot_to_s3(
-        dsn, rl.root, slot=resync_slot, publication=publication, tables=[f"{quote_ident(s)}.{quote_ident(t)}"
-                                                                         for s, t in names],
-        workers=workers, rows_per_part=rows_per_part, s3_client=s3_client, s3_settings=s3_settings,
-        copy_format=copy_format, worker_processes=worker_processes, on_slot_created=on_slot_created,
-        temporary=True, as_text=as_text, slice_where=where,
-    )
+    copy = SnapshotOptions(tables=tuple(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in names),
+                           workers=o.workers, rows_per_part=o.rows_per_part, copy_format=o.copy_format,
+                           worker_processes=o.worker_processes, temporary=True, as_text=o.as_text, slice_where=where)
+    manifest = snapshot_to_s3(dsn, rl.root, slot=resync_slot, publications=publications, options=copy,
+                              s3=client,
+                              on_slot_created=on_slot_created)
     done = Resync(manifest=manifest, layout=rl, resync_slot=resync_slot)
     log.info("resync committed at consistent point %s: %s (%d rows); the next merge %s these tables",
              manifest.consistent_point, done.url, manifest.rows,

@@ -483,6 +483,46 @@ def make_s3_client(settings: S3Settings | None = None, **overrides: Any):
     return client
 
 
+S3_OLD_NAMES = ("s3_client", "s3_settings", "settings")
+"""The 0.1 names of a library call's ``s3`` parameter (accepted for one release)."""
+
+
+def s3_argument(call: str, s3: Any, fields: dict[str, Any], *, needs_settings: bool = False
+                ) -> tuple[S3Settings | None, Any]:
+    """``(settings, client)`` from a library call's ``s3`` parameter: an :class:`S3Settings`
+    (client ``None``: the call makes one when it needs one), or a boto3 S3 client (its
+    settings known when :func:`make_s3_client` made it, else ``None``); ``None`` means the
+    environment's settings. The 0.1 names ``s3_client``, ``s3_settings`` and ``settings`` are
+    taken out of ``fields`` and accepted for one release with a :class:`DeprecationWarning`
+    (the old pair of a client and its settings still works); giving ``s3`` and an old name is
+    a :class:`TypeError`, and so is a client made elsewhere where ``needs_settings`` (delta-rs
+    and Spark are given settings, not a client)."""
+    import warnings
+
+    old = {name: fields.pop(name) for name in S3_OLD_NAMES if fields.get(name) is not None}
+    for name in S3_OLD_NAMES:
+        fields.pop(name, None)
+    if old:
+        if s3 is not None:
+            raise TypeError(f"{call}() got both 's3' and its old name(s) {', '.join(map(repr, old))}: give 's3' only")
+        warnings.warn(f"{call}({'=..., '.join(old)}=...) is now {call}(s3=...) (S3Settings, or a client); the old "
+                      "names go in the next release", DeprecationWarning, stacklevel=3)
+    settings = client = None
+    for value in (*old.values(), s3):
+        if isinstance(value, S3Settings):
+            settings = value
+        elif value is not None:
+            client = value
+    if settings is None and client is not None:
+        settings = settings_of(client)
+    elif settings is None:
+        settings = S3Settings.from_env()
+    if needs_settings and settings is None:
+        raise TypeError(f"{call}() needs S3Settings (or a client made by make_s3_client, which carries them), "
+                        "not a client made elsewhere: delta-rs and Spark are given settings")
+    return settings, client
+
+
 def settings_of(client: Any) -> S3Settings | None:
     """The settings ``client`` was made from by :func:`make_s3_client` (None for a client
     made elsewhere): what another process needs to make the same client."""

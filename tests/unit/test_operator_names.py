@@ -15,7 +15,7 @@ def test_old_names_warn_and_build_the_new_operators():
     with pytest.warns(AirflowProviderDeprecationWarning, match="PgSnapshotToS3Operator is now PgcdcSnapshotOperator"):
         snap = PgSnapshotToS3Operator(task_id="snap", store="s3://b/p", slot="s", publication="pub", workers=2)
     assert isinstance(snap, PgcdcSnapshotOperator)
-    assert (snap.store, snap.slot, snap.publication, snap.workers) == ("s3://b/p", "s", "pub", 2)
+    assert (snap.store, snap.slot, snap.publications, snap.workers) == ("s3://b/p", "s", "pub", 2)
     with pytest.warns(AirflowProviderDeprecationWarning, match="PgBaseBackupToS3Operator is now PgcdcBaseBackupOperator"), \
             pytest.warns(AirflowProviderDeprecationWarning, match=r"\(to=...\) is now PgcdcBaseBackupOperator\(store=...\)"):
         backup = PgBaseBackupToS3Operator(task_id="bb", to="s3://b/backups", backup_id="b1")
