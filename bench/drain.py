@@ -113,7 +113,7 @@ def child(spec: dict) -> int:
     ru0 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
     t0 = time.perf_counter()
     r = drain_window(spec["dsn"], spec["url"], slot=spec["slot"], publications=spec["publication"],
-                     until_lsn=spec["until"], s3_client=client, start_without_snapshot=True,
+                     until_lsn=spec["until"], s3=client, start_without_snapshot=True,
                      **spec.get("kw", {}))
     dt = time.perf_counter() - t0
     if profiles is not None:  # every thread's profile, merged (profiling slows the drain: not timed)
@@ -291,7 +291,7 @@ def child_loop(spec: dict) -> int:
     while True:
         started = time.time()
         r = drain_window(spec["dsn"], spec["url"], slot=spec["slot"], publications=spec["publication"],
-                         max_seconds=spec["max_seconds"], s3_client=client, start_without_snapshot=True)
+                         max_seconds=spec["max_seconds"], s3=client, start_without_snapshot=True)
         done = time.time()
         if r.manifest:
             windows += 1

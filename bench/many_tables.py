@@ -114,11 +114,11 @@ def run(args, sizes: list[int], paths: list[str], pg: PostgresServer, s3: S3Serv
     most = max(sizes)
     build(pg, most, args.rows)
     t0 = time.perf_counter()
-    snapshot_to_s3(pg.dsn, src, slot=SLOT, publication=PUB, workers=2, s3_client=client)
+    snapshot_to_s3(pg.dsn, src, slot=SLOT, publications=PUB, workers=2, s3=client)
     say(f"snapshot of {most} tables: {time.perf_counter() - t0:.1f}s")
     workload(pg, most, args.rows, args.changes)
     t0 = time.perf_counter()
-    w = drain_window(pg.dsn, src, slot=SLOT, publications=PUB, s3_client=client, until_lsn=current_lsn(pg))
+    w = drain_window(pg.dsn, src, slot=SLOT, publications=PUB, s3=client, until_lsn=current_lsn(pg))
     say(f"one window drained: {w.rows:,} change rows of {most} tables in {time.perf_counter() - t0:.1f}s")
     expect = {name(i): digest_pg(pg, name(i)) for i in range(most)}
     work = tempfile.mkdtemp(prefix="bench-many-")

@@ -182,7 +182,7 @@ def drain_all(pg: PostgresServer, client, src: str, target: LSN, total: int, win
     t0 = time.perf_counter()
     while True:
         r = drain_window(pg.dsn, src, slot=SLOT, publications=PUB, until_lsn=target, max_rows=per,
-                         s3_client=client)
+                         s3=client)
         if r.window_seq is None:
             break
         rows += r.rows
@@ -514,7 +514,7 @@ def run(args, pg: PostgresServer, s3: S3Server) -> int:
     storage, fs = s3store.delta_storage_options(settings), s3store.make_pyarrow_fs(settings)
     build_table(pg, args.rows)
     t0 = time.perf_counter()
-    snap = snapshot_to_s3(pg.dsn, src, slot=SLOT, publication=PUB, workers=args.workers, s3_client=client,
+    snap = snapshot_to_s3(pg.dsn, src, slot=SLOT, publications=PUB, workers=args.workers, s3=client,
                           progress_interval=30)
     say(f"snapshot {snap.snapshot_id}: {sum(t.rows for t in snap.tables):,} rows, "
         f"{sum(len(t.parts) for t in snap.tables)} parts, {time.perf_counter() - t0:.1f}s")

@@ -219,7 +219,7 @@ def run(args, engines: list[str], pg: PostgresServer, s3: S3Server) -> int:
     sizes = {"small": args.rows, "big": args.rows * args.factor}
     src = f"s3://{BUCKET}/cdc"
     build(pg, {WARMUP: WARMUP_ROWS, **sizes})
-    snap = snapshot_to_s3(pg.dsn, src, slot=SLOT, publication=PUB, workers=2, s3_client=client)
+    snap = snapshot_to_s3(pg.dsn, src, slot=SLOT, publications=PUB, workers=2, s3=client)
     say(f"snapshot: {sum(t.rows for t in snap.tables):,} rows")
     work = tempfile.mkdtemp(prefix="bench-merge-cost-")
     bases = {}
@@ -234,7 +234,7 @@ def run(args, engines: list[str], pg: PostgresServer, s3: S3Server) -> int:
     workload(pg, {WARMUP: WARMUP_ROWS}, max(20, args.changes // 100), mix=mix, recent=WARMUP_ROWS // 50)
     workload(pg, sizes, args.changes, mix=mix)
     target = current_lsn(pg)
-    w = drain_window(pg.dsn, src, slot=SLOT, publications=PUB, until_lsn=target, s3_client=client)
+    w = drain_window(pg.dsn, src, slot=SLOT, publications=PUB, until_lsn=target, s3=client)
     say(f"drained window {w.window_seq}: {w.rows:,} change rows {w.tables}")
     if LSN.parse(w.end_lsn) < target:
         raise SystemExit(f"the window ended at {w.end_lsn}, before {target}")

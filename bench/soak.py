@@ -199,7 +199,7 @@ def run(args, pg: PostgresServer, s3: S3Server, out: Path) -> int:
     pipes = {}
     for name in RUNS:
         p = Pipeline(name, pg, args.rows, seed=7)
-        snapshot_to_s3(p.dsn, p.src, slot=p.slot, publication=PUB, s3_client=client)
+        snapshot_to_s3(p.dsn, p.src, slot=p.slot, publications=PUB, s3=client)
         t0 = time.perf_counter()
         merge_slot(spark, store=p.src, slot=p.slot, delta=p.lake, **merge_kw)  # the bootstrap
         f = table_figures(p.url, storage_options=storage, client=client)
@@ -215,7 +215,7 @@ def run(args, pg: PostgresServer, s3: S3Server, out: Path) -> int:
             for name, p in pipes.items():
                 p.workload(args.changes, mix)
                 t0 = time.perf_counter()
-                w = drain_window(p.dsn, p.src, slot=p.slot, publications=PUB, s3_client=client)
+                w = drain_window(p.dsn, p.src, slot=p.slot, publications=PUB, s3=client)
                 drain_s = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 res = merge_slot(spark, store=p.src, slot=p.slot, delta=p.lake, **merge_kw)

@@ -182,7 +182,8 @@ def register(subparsers) -> None:
     )
     add_dsn_argument(p, "of the slot's database")
     p.add_argument("--slot", required=True, help="slot name")
-    p.add_argument("--publication", help="also check that this publication exists")
+    p.add_argument("--publication", action="append", metavar="NAME",
+                   help="also check that this publication exists (repeatable)")
     p.add_argument("--store", "--from", dest="store", metavar="S3_URL",
                    help="the change store, s3://bucket/prefix (--from: its 0.1 name)")
     p.add_argument("--delta", metavar="S3_URL",
@@ -366,7 +367,7 @@ def _print_status(status: dict[str, Any]) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    status = slot_status(args.dsn, args.slot, publication=args.publication, store=args.store,
+    status = slot_status(args.dsn, args.slot, publications=args.publication, store=args.store,
                          delta=args.delta)
     if args.json:
         _print_json(status)

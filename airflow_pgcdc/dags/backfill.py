@@ -116,7 +116,7 @@ def build(p: Pipeline) -> DAG:
             task_id="resync",
             store="{{ params.store }}",
             slot="{{ params.slot }}",
-            publication="{{ params.publication }}",
+            publications="{{ params.publication }}",
             tables="{{ params.tables }}",
             where="{{ params.where }}",
             workers=p.workers,

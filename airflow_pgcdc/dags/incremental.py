@@ -74,7 +74,7 @@ def build(p: Pipeline) -> DAG:
             task_id="drain",
             store="{{ params.store }}",
             slot="{{ params.slot }}",
-            publication="{{ params.publication }}",
+            publications="{{ params.publication }}",
             sensor_task_id="wait_for_changes",
             max_rows="{{ params.max_rows }}",
             max_bytes="{{ params.max_bytes }}",

@@ -43,7 +43,7 @@ def build(p: Pipeline) -> DAG:
             task_id="snapshot",
             store="{{ params.store }}",
             slot="{{ params.slot }}",
-            publication="{{ params.publication }}",
+            publications="{{ params.publication }}",
             workers="{{ params.workers }}",
             as_text=p.as_text,
             postgres_conn_id=p.postgres_conn_id,

@@ -177,8 +177,7 @@ def drain_window(
     slot: str,
     publications: Sequence[str] | str,
     options: DrainOptions | Mapping[str, Any] | None = None,
-    s3_client: Any = None,
-    to: str | s3store.S3Location | None = None,
+    s3: Any = None,
     **fields: Any,
 ) -> DrainResult:
     """Drain one window of ``slot`` into ``store`` (``s3://bucket/prefix``) from
@@ -187,8 +186,11 @@ def drain_window(
     ``max_rows``, ``max_bytes``, ``max_seconds``, ``skip_origins``, ``message_prefixes``,
     ``binary``, ``heartbeat``, ``heartbeat_after``, ``max_wait``, ``status_interval``,
     ``spool_dir``, ``connect_options``, ``target_part_bytes``, ``forget_tables``,
-    ``busy_wait``, ``memory_budget``, ``start_without_snapshot``, ``as_text``), which mean: ``to`` is the 0.1 name of ``store`` (accepted for one release, with a
-    :class:`DeprecationWarning`; giving both is a :class:`TypeError`). ``connect_options`` are extra libpq ``options`` for the replication
+    ``busy_wait``, ``memory_budget``, ``start_without_snapshot``, ``as_text``), which mean below. ``s3``: an
+    :class:`~airflow_pgcdc.store.s3.S3Settings` or a boto3 client (default: the environment's
+    settings). The 0.1 names ``to`` (of ``store``) and ``s3_client`` (of ``s3``) are accepted for
+    one release, with a :class:`DeprecationWarning`; giving both names is a :class:`TypeError`.
+    ``connect_options`` are extra libpq ``options`` for the replication
     connection (e.g. ``-c wal_sender_timeout=2s``). ``forget_tables`` (``schema.table``)
     lets tables that left the publications leave the pipeline (see
     :mod:`airflow_pgcdc.drain.guards`). ``busy_wait``: how long to wait for another run
@@ -204,11 +206,12 @@ def drain_window(
     cannot carry otherwise leaves that table out of the window: the merge refuses it)."""
     t0 = time.monotonic()
     started_at = datetime.now(UTC)
-    store = store_argument("drain_window", store, "to", to)
+    store = store_argument("drain_window", store, "to", fields.pop("to", None))
+    settings, client = s3store.s3_argument("drain_window", s3, fields)
     options = dataclasses.replace(DrainOptions.of(options, **fields), publications=publications)
     location = store if isinstance(store, s3store.S3Location) else s3store.S3Location.parse(store)
     layout = Layout(location)
-    client = s3_client or s3store.make_s3_client()
+    client = client or s3store.make_s3_client(settings)
     prefer_jemalloc_pool()  # the window's Arrow buffers (see there; ARROW_DEFAULT_MEMORY_POOL wins)
 
     if (tls := unverified_tls(dsn)) is not None:

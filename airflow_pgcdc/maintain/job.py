@@ -175,12 +175,12 @@ def maintain_slot(
     slot: str,
     delta: str,
     options: MaintainOptions | Mapping[str, Any] | None = None,
-    settings: s3store.S3Settings | None = None,
-    source: str | None = None,
+    s3: Any = None,
     **fields: Any,
 ) -> MaintainResult:
     """Maintain every Delta table of ``slot`` under ``delta``, then the change store under
-    ``store`` (``source``, its 0.1 name, warns), as ``options`` say: a
+    ``store``, reached with ``s3`` (S3Settings, or a client made by ``make_s3_client``;
+    ``source`` and ``settings``, the 0.1 names, warn), as ``options`` say: a
     :class:`~.options.MaintainOptions` (or a mapping of its fields), or its fields given as
     keywords, which are: ``tables`` (only these, ``schema.table``); ``zorder``; ``target_size``
     (bytes); ``dry_run``; ``windows`` (False: the Delta tables only); ``retention_hours``: how long
@@ -192,7 +192,8 @@ def maintain_slot(
     merge on Delta's Spark engine that holds the Delta root's lock (:mod:`airflow_pgcdc.lake.lock`;
     default 600 s) before :class:`~airflow_pgcdc.lake.lock.DeltaRootBusy`. Raises
     :class:`TablesFailed` when some tables failed (the others were maintained)."""
-    store = store_argument("maintain_slot", store, "source", source)
+    store = store_argument("maintain_slot", store, "source", fields.pop("source", None))
+    settings, _ = s3store.s3_argument("maintain_slot", s3, fields, needs_settings=True)
     from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
@@ -206,7 +207,6 @@ def maintain_slot(
             "breaks, and a reader or merge still reading a removed file fails (a merge then reruns)",
             retention_hours, DEFAULT_RETENTION_HOURS,
         )
-    settings = settings or s3store.S3Settings.from_env()
     client = s3store.make_s3_client(settings)
     storage = s3store.delta_storage_options(settings)
     layout = Layout.parse(store)

@@ -145,15 +145,17 @@ def merge_slot(
     slot: str,
     delta: str,
     options: MergeOptions | Mapping[str, Any] | None = None,
-    settings: s3store.S3Settings | None = None,
-    source: str | None = None,
+    s3: Any = None,
     **fields: Any,
 ) -> MergeResult:
     """Bootstrap and merge every table of ``slot`` (or only ``tables``, ``schema.table``)
     with the Spark session ``spark`` (or a callable that starts one, called only when a table
     needs Spark: with delta-rs, a job whose batches are all small starts none)
-    from the store at ``store`` (``s3://bucket/prefix``; ``source``, its 0.1 name, warns) into Delta tables under
-    ``delta`` (``s3://bucket/lake``), as ``options`` say: a :class:`~.options.MergeOptions`
+    from the store at ``store`` (``s3://bucket/prefix``) into Delta tables under
+    ``delta`` (``s3://bucket/lake``), reached with ``s3`` (an
+    :class:`~airflow_pgcdc.store.s3.S3Settings`, or a client made by
+    :func:`~airflow_pgcdc.store.s3.make_s3_client`; default: the environment's settings;
+    ``source`` and ``settings``, the 0.1 names, warn), as ``options`` say: a :class:`~.options.MergeOptions`
     (or a mapping of its fields), or its fields given as keywords, which are:
     ``tables`` (only these, ``schema.table``); ``keys`` overrides merge keys per table;
     ``max_windows`` per table.
@@ -174,7 +176,8 @@ def merge_slot(
     0: every batch by Spark (default :data:`~.rows.arrow.DRIVER_ROWS`).
     ``until_lsn`` / ``until_time``: replay to that point, the tables as the source was then
     (:mod:`.point`; delta-rs, no history tables)."""
-    store = store_argument("merge_slot", store, "source", source)
+    store = store_argument("merge_slot", store, "source", fields.pop("source", None))
+    settings, _ = s3store.s3_argument("merge_slot", s3, fields, needs_settings=True)
     o = MergeOptions.of(options, **fields)  # the options' own checks (BadMergeOption)
     tables, keys, max_windows, engine, history, reader = o.tables, o.keys, o.max_windows, o.engine, o.history, o.reader
     deletion_vectors, lock_wait, until_lsn, until_time = o.deletion_vectors, o.lock_wait, o.until_lsn, o.until_time
@@ -195,7 +198,6 @@ def merge_slot(
         raise PointError("a replay to a point does not build history tables (changelog, SCD2)",
                          hint="leave --history out: the history tables hold every version with its LSN already")
     t0 = time.monotonic()
-    settings = settings or s3store.S3Settings.from_env()
     layout = Layout.parse(store)
     client = s3store.make_s3_client(settings)
     if delta.startswith("s3://"):  # delta-rs commits the Delta log with If-None-Match too

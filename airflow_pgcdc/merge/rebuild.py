@@ -255,8 +255,8 @@ def rebuild_slot(
     scratch: str | None = None,
     swap: bool = True,
     keep_scratch: bool = False,
-    settings: s3store.S3Settings | None = None,
     options: MergeOptions | Mapping[str, Any] | None = None,
+    s3: Any = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """Rebuild the Delta tables of ``slot`` under the live root ``delta`` from the store
@@ -264,16 +264,17 @@ def rebuild_slot(
     (default :func:`scratch_root` with a new run id), :func:`swap_in`, the scratch root
     removed. ``options``: the merge's (:class:`~.options.MergeOptions`, or its fields as
     keywords: tables, engine, reader, history, target_file_mb, deletion_vectors, keys,
-    max_windows, driver_rows, until_lsn, until_time). Returns the merge's
+    max_windows, driver_rows, until_lsn, until_time). ``s3``: S3Settings (or a client made by
+    ``make_s3_client``; ``settings``, the 0.1 name, warns). Returns the merge's
     result whose tables point at the live tables, with ``rebuild``: the scratch root, the
     swaps and what was removed. A table that failed is reported (the others are swapped)
     and :class:`.job.TablesFailed` raised after."""
     from airflow_pgcdc.merge.job import TablesFailed, merge_slot
 
+    settings, _ = s3store.s3_argument("rebuild_slot", s3, fields, needs_settings=True)
     options = MergeOptions.of(options, **fields)
     tables = options.tables
     t0 = time.monotonic()
-    settings = settings or s3store.S3Settings.from_env()
     run = new_run_id()
     scratch = (scratch or scratch_root(delta, run)).rstrip("/")
     if scratch == delta.rstrip("/") or scratch.startswith(delta.rstrip("/") + "/"):
@@ -285,7 +286,7 @@ def rebuild_slot(
     log.info("slot %s: rebuilding %d table(s) into %s", slot, len(names), scratch)
     failed: TablesFailed | None = None
     try:
-        result = merge_slot(spark, store=store, slot=slot, delta=scratch, settings=settings,
+        result = merge_slot(spark, store=store, slot=slot, delta=scratch, s3=settings,
                             options=options).to_dict()
     except TablesFailed as exc:
         if exc.result is None:

@@ -44,7 +44,8 @@ class PgcdcDrainOperator(BaseOperator):
 
     :param store: ``s3://bucket/prefix`` (templated)
     :param slot: the logical replication slot (pgoutput) (templated)
-    :param publication: publication name, or a list of names (templated)
+    :param publications: publication name, or a list of names (templated; ``publication``:
+        its 0.2 name, warns)
     :param until_lsn: window end ``X/Y`` (templated)
     :param sensor_task_id: take the window end from this sensor task's ``observed_lsn``
     :param skip_origins: drop transactions from these replication origins
@@ -68,7 +69,7 @@ class PgcdcDrainOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment (templated)
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publication", "until_lsn", "as_text", "max_rows", "max_bytes",
+    template_fields: Sequence[str] = ("store", "slot", "publications", "until_lsn", "as_text", "max_rows", "max_bytes",
                                       "max_seconds", "postgres_conn_id", "aws_conn_id", "options")
     ui_color = "#d5f5e3"
 
@@ -77,7 +78,7 @@ class PgcdcDrainOperator(BaseOperator):
         *,
         store: str | None = None,
         slot: str,
-        publication: str | Sequence[str],
+        publications: str | Sequence[str] | None = None,
         until_lsn: str | None = None,
         sensor_task_id: str | None = None,
         max_rows: int | None = None,
@@ -96,12 +97,14 @@ class PgcdcDrainOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         store = renamed_argument(kwargs, "to", "store", store, "PgcdcDrainOperator")
+        publications = renamed_argument(kwargs, "publication", "publications", publications, "PgcdcDrainOperator",
+                                        required="the publication(s) to stream")
         if "outlets" not in kwargs:
             kwargs["outlets"] = default_outlets("changes", store, slot, changes_asset)
         super().__init__(**kwargs)
         self.store = store
         self.slot = slot
-        self.publication = publication
+        self.publications = publications
         self.until_lsn = until_lsn
         self.sensor_task_id = sensor_task_id
         self.max_rows = checked(max_rows, number, int, "max_rows", minimum=0)
@@ -147,7 +150,7 @@ class PgcdcDrainOperator(BaseOperator):
 
         refuse_backfill_run(context, f"drain {self.task_id} (slot {self.slot})")
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
-        publications = [self.publication] if isinstance(self.publication, str) else list(self.publication)
+        publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
         until = self._window_end(context)
         self.log.info("drain of slot %s (%s) into %s, window end %s", self.slot, hook.safe_dsn(), self.store,
                       until or "current WAL insert position")
@@ -175,7 +178,7 @@ class PgcdcDrainOperator(BaseOperator):
             if until:
                 options = dataclasses.replace(options, until_lsn=until)
             return drain_window(hook.get_dsn(), self.store, slot=self.slot, publications=publications,
-                                options=options, s3_client=hook.s3_client())
+                                options=options, s3=hook.s3_client())
         return drain_window(
             hook.get_dsn(),
             self.store,
@@ -189,7 +192,7 @@ class PgcdcDrainOperator(BaseOperator):
             message_prefixes=self.message_prefixes,
             binary=self.binary,
             max_wait=self.max_wait,
-            s3_client=hook.s3_client(),
+            s3=hook.s3_client(),
             forget_tables=self.forget_tables,
             start_without_snapshot=self.start_without_snapshot,
             as_text=self.as_text,

@@ -83,7 +83,7 @@ class PgcdcMaintainOperator(BaseOperator):
             dry_run=flag(self.dry_run, "dry_run"))
         try:
             result = maintain_slot(store=self.store, slot=self.slot, delta=self.delta, options=options,
-                                   settings=settings).to_dict()
+                                   s3=settings).to_dict()
         except TablesFailed as e:
             self.log.error("maintain result: %s", e.result.to_dict())
             raise

@@ -66,18 +66,17 @@ class PgcdcVerifyOperator(BaseOperator):
 
     def execute(self, context) -> dict[str, Any]:
         from airflow_pgcdc.pg.tables import parse_table_names
-        from airflow_pgcdc.store.s3 import delta_storage_options
         from airflow_pgcdc.verify import verify_table
 
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
-        storage = delta_storage_options(hook.s3_settings())
+        settings = hook.s3_settings()
         out: dict[str, Any] = {}
         different = []
         for name in self._table_list():
             [(schema, table)] = parse_table_names([name])
             result = verify_table(
                 hook.get_dsn(), self.delta, schema, table, key=self.keys.get(name),
-                max_diffs=number(self.max_diffs, int, "max_diffs", minimum=0), storage_options=storage,
+                max_diffs=number(self.max_diffs, int, "max_diffs", minimum=0), s3=settings,
                 progress=lambda m: self.log.info("%s", m),
             )
             report = result.to_dict()

@@ -6,6 +6,7 @@ each field means)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -250,22 +251,23 @@ def slot_status(
     dsn: str,
     slot: str,
     *,
-    publication: str | None = None,
+    publications: Sequence[str] | str | None = None,
     store: str | None = None,
-    s3_client: Any = None,
     delta: str | None = None,
-    store_url: str | None = None,
-    delta_url: str | None = None,
+    s3: Any = None,
+    **old: Any,
 ) -> dict[str, Any]:
-    """The status of ``slot`` (and of its windows in the store at ``store``; of its Delta
-    tables under ``delta``). ``store_url`` and ``delta_url``: their 0.1 names (warn).
+    """The status of ``slot`` (and of its windows in the store at ``store``, read with ``s3``:
+    S3Settings or a client; of its Delta tables under ``delta``); ``publications`` (one name
+    or several) are checked to exist. ``store_url``, ``delta_url``, ``publication`` and
+    ``s3_client``: their 0.1 names (warn).
 
     ``problem`` is None when the slot can be drained, else ``{"error", "message", "hint"}``
     (lost, unreserved, mismatched, publication missing); an active slot (a drain running)
     is not a problem: ``slot.active`` and ``slot.active_pid`` show it. A missing slot raises
     :class:`~airflow_pgcdc.pg.slots.SlotMissing`.
     """
-    from airflow_pgcdc.options import renamed_parameter
+    from airflow_pgcdc.options import publications_argument, renamed_parameter
     from airflow_pgcdc.pg.slots import (
         PublicationMissing,
         SlotError,
@@ -274,10 +276,21 @@ def slot_status(
         slot_health,
     )
     from airflow_pgcdc.protocol.lsn import LSN
+    from airflow_pgcdc.store import s3 as s3store
 
-    store_url = renamed_parameter("slot_status", "store", store, "store_url", store_url)
-    delta_url = renamed_parameter("slot_status", "delta", delta, "delta_url", delta_url)
-    health = slot_health(dsn, slot, publication=publication)
+    store_url = renamed_parameter("slot_status", "store", store, "store_url", old.pop("store_url", None))
+    delta_url = renamed_parameter("slot_status", "delta", delta, "delta_url", old.pop("delta_url", None))
+    pubs = publications_argument("slot_status", publications, old)
+    settings, s3_client = s3store.s3_argument("slot_status", s3, old)
+    if old:
+        raise TypeError(f"slot_status() got unexpected keyword argument(s) {', '.join(map(repr, sorted(old)))}")
+    health = None
+    for pub in pubs:  # the first missing one is the problem
+        health = slot_health(dsn, slot, publication=pub)
+        if not health.publication_exists:
+            break
+    if health is None:
+        health = slot_health(dsn, slot)
     problem = None
     try:
         check_slot_usable(health, plugin=None, allow_active=True)  # active: a drain is running
@@ -288,9 +301,7 @@ def slot_status(
     out: dict[str, Any] = {"slot": health.to_dict(), "problem": problem}
     if store_url:
         if s3_client is None:
-            from airflow_pgcdc.store.s3 import S3Settings, make_s3_client
-
-            s3_client = make_s3_client(S3Settings.from_env())
+            s3_client = s3store.make_s3_client(settings)
         from airflow_pgcdc.store.layout import Layout
         from airflow_pgcdc.store.slot import SlotStore
 

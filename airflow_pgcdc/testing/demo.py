@@ -243,7 +243,7 @@ def _summary(dsn: str, env: dict[str, str], delta: str, runs: list[dict]) -> tup
     from airflow_pgcdc.store import s3 as s3store
     from airflow_pgcdc.verify import verify_table
 
-    storage = s3store.delta_storage_options(s3store.S3Settings.from_env(env))
+    settings = s3store.S3Settings.from_env(env)
     last_merge = {t["table"]: t for t in runs[-1]["result"].xcom("merge")["tables"]}
     merged_rows: dict[str, int] = {}
     merge_seconds: dict[str, float] = {}
@@ -259,7 +259,7 @@ def _summary(dsn: str, env: dict[str, str], delta: str, runs: list[dict]) -> tup
     rows = []
     for name in TABLES:
         schema, table = name.split(".")
-        r = verify_table(dsn, delta, schema, table, storage_options=storage)
+        r = verify_table(dsn, delta, schema, table, s3=settings)
         d = r.to_dict()
         ok &= r.equal
         t = last_merge.get(name, {})

@@ -40,7 +40,8 @@ The library never imports Airflow or Spark.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -104,19 +105,37 @@ def verify_table(
     *,
     key: Sequence[str] | None = None,
     max_diffs: int = DEFAULT_MAX_DIFFS,
-    storage_options: Mapping[str, str] | None = None,
+    s3: Any = None,
     progress: Callable[[str], None] | None = None,
-    delta_url: str | None = None,
+    **old: Any,
 ) -> VerifyResult:
     """Compare PostgreSQL table ``schema.table`` (``dsn``) with its Delta table under
     ``delta`` (``s3://bucket/lake`` or a local path; ``delta_url``: its 0.1 name, warns),
     matching rows on ``key`` (default: the replica identity index or primary key). Returns a
     :class:`VerifyResult`; raises a :class:`VerifyError` subclass (with a ``hint``) when it
-    cannot compare. ``progress`` is called with a short message at each phase."""
-    from airflow_pgcdc.options import renamed_parameter
+    cannot compare. ``progress`` is called with a short message at each phase. ``s3``: how
+    to reach an ``s3://`` root (S3Settings, or a client made by ``make_s3_client``; default:
+    the environment's settings). ``storage_options`` (delta-rs' own options, the 0.1 way to
+    say it) is accepted for one release with a :class:`DeprecationWarning`."""
+    import warnings
 
-    delta_url = renamed_parameter("verify_table", "delta", delta, "delta_url", delta_url,
-                                  required="the Delta root (s3://bucket/lake)")
+    from airflow_pgcdc.options import renamed_field
+
+    delta_url = renamed_field("verify_table", old, "delta", delta, "delta_url",
+                              required="the Delta root (s3://bucket/lake)")
+    storage_options = old.pop("storage_options", None)
+    if old:
+        raise TypeError(f"verify_table() got unexpected keyword argument(s) {', '.join(map(repr, sorted(old)))}")
+    if storage_options is not None:
+        if s3 is not None:
+            raise TypeError("verify_table() got both 's3' and the old 'storage_options': give 's3' only")
+        warnings.warn("verify_table(storage_options=...) is now verify_table(s3=...) (S3Settings, or a client); "
+                      "storage_options goes in the next release", DeprecationWarning, stacklevel=2)
+    elif s3 is not None:
+        from airflow_pgcdc.store import s3 as s3store
+
+        settings, _ = s3store.s3_argument("verify_table", s3, {}, needs_settings=True)
+        storage_options = s3store.delta_storage_options(settings)
     if schema is None or table is None:
         raise TypeError("verify_table() needs the table: give schema and table")
     say = progress or (lambda _m: None)

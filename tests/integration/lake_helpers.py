@@ -63,7 +63,7 @@ def assert_equal(dsn, lake, table, key):
 
 
 def drain(dsn, url, slot, client, **kw):
-    return drain_window(dsn, url, slot=slot, publications="pub", s3_client=client,
+    return drain_window(dsn, url, slot=slot, publications="pub", s3=client,
                         connect_options=SMALL_WORK_MEM, **{"start_without_snapshot": True, **kw})
 
 

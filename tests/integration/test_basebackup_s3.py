@@ -336,7 +336,7 @@ def test_backup_to_s3_restores(fresh_db, tablespace, s3, s3_bucket, compression,
     try:
         result = base_backup_to_s3(
             fresh_db, f"s3://{s3_bucket}/backups", compression=compression,
-            compression_detail=detail, s3_client=client, part_size=MIN_PART_SIZE,
+            compression_detail=detail, s3=client, part_size=MIN_PART_SIZE,
             label="restore test",
         )
     except BaseBackupServerError as e:
@@ -393,7 +393,7 @@ def test_options_are_sent_and_recorded(fresh_db, s3, s3_bucket):
         fresh_db, f"s3://{s3_bucket}", backup_id="opts-1", label=label, wal=False,
         wait=False, compression="gzip", compression_detail="level=1", max_rate=1_000_000,
         tablespace_map=False, verify_checksums=False, manifest="force-encode",
-        manifest_checksums="sha256", progress_interval=None, s3_client=client,
+        manifest_checksums="sha256", progress_interval=None, s3=client,
     )
     info = result.info
     assert result.backup_id == "opts-1" and info.label == label
@@ -420,7 +420,7 @@ def test_options_are_sent_and_recorded(fresh_db, s3, s3_bucket):
 def test_no_manifest(pg18, s3, s3_bucket):
     client = s3.client()
     result = base_backup_to_s3(
-        pg18.dsn, f"s3://{s3_bucket}/p", manifest="no", s3_client=client, progress_interval=None
+        pg18.dsn, f"s3://{s3_bucket}/p", manifest="no", s3=client, progress_interval=None
     )
     assert result.info.manifest is False and result.manifest_key is None
     assert {k.rsplit("/", 1)[1] for k in _objects(client, s3_bucket)} == {"base.tar", "backup.json"}
@@ -429,11 +429,11 @@ def test_no_manifest(pg18, s3, s3_bucket):
 def test_memory_stays_bounded(pg18, s3, s3_bucket):
     """An archive much larger than a part streams through with about two parts in memory."""
     client = s3.client()
-    base_backup_to_s3(pg18.dsn, f"s3://{s3_bucket}/warm", s3_client=client, compression="gzip")
+    base_backup_to_s3(pg18.dsn, f"s3://{s3_bucket}/warm", s3=client, compression="gzip")
     tracemalloc.start()
     try:
         result = base_backup_to_s3(
-            pg18.dsn, f"s3://{s3_bucket}", s3_client=client, part_size=MIN_PART_SIZE,
+            pg18.dsn, f"s3://{s3_bucket}", s3=client, part_size=MIN_PART_SIZE,
             progress_interval=None,
         )
         peak = tracemalloc.get_traced_memory()[1]
@@ -449,7 +449,7 @@ def test_progress_is_logged(pg18, s3, s3_bucket, caplog):
     caplog.set_level(logging.INFO, logger="airflow_pgcdc.snapshot.basebackup")
     result = base_backup_to_s3(
         pg18.dsn, f"s3://{s3_bucket}", max_rate=24_000, progress_interval=0.01,
-        s3_client=s3.client(),
+        s3=s3.client(),
     )
     lines = [r.getMessage() for r in caplog.records if r.name.endswith("basebackup")]
     progress = [m for m in lines if "/s" in m and "done in" not in m]
@@ -472,7 +472,7 @@ def test_progress_is_logged(pg18, s3, s3_bucket, caplog):
 def test_refused_option_leaves_nothing(pg_server, s3, s3_bucket):
     client = s3.client()
     with pytest.raises(BaseBackupServerError) as info:
-        base_backup_to_s3(pg_server.dsn, f"s3://{s3_bucket}/x", label="L" * 2000, s3_client=client)
+        base_backup_to_s3(pg_server.dsn, f"s3://{s3_bucket}/x", label="L" * 2000, s3=client)
     e = info.value
     assert "backup label too long" in str(e) and e.cause.sqlstate == "22023"
     assert e.stage == "running BASE_BACKUP" and e.url.startswith(f"s3://{s3_bucket}/x/basebackup/")
@@ -484,7 +484,7 @@ def test_unsupported_compression_leaves_nothing(pg18, s3, s3_bucket):
     """The embedded PostgreSQL 18 build has no lz4: the server refuses, nothing is left."""
     client = s3.client()
     try:
-        result = base_backup_to_s3(pg18.dsn, f"s3://{s3_bucket}", compression="lz4", s3_client=client)
+        result = base_backup_to_s3(pg18.dsn, f"s3://{s3_bucket}", compression="lz4", s3=client)
     except BaseBackupServerError as e:
         assert _unsupported(e) and "LZ4" in str(e)
         _assert_bucket_clean(client, s3_bucket)
@@ -497,7 +497,7 @@ def test_missing_bucket(pg_server, s3):
     client = s3.client()
     before = pg_server.execute("SELECT count(*) FROM pg_stat_replication")
     with pytest.raises(BaseBackupStoreError) as info:
-        base_backup_to_s3(pg_server.dsn, "s3://no-such-bucket-pgcdc/x", backup_id="b1", s3_client=client)
+        base_backup_to_s3(pg_server.dsn, "s3://no-such-bucket-pgcdc/x", backup_id="b1", s3=client)
     e = info.value
     assert isinstance(e.cause, ObjectNotFound) and e.cause.code == "NoSuchBucket"
     assert "checking the destination" in e.stage and e.hint
@@ -521,7 +521,7 @@ def test_s3_fault_cleans_up(
     faulty = FaultyClient(client, operation, key_suffix, nth)
     with pytest.raises(BaseBackupStoreError) as info:
         base_backup_to_s3(
-            pg_server.dsn, f"s3://{s3_bucket}/f", s3_client=faulty, part_size=MIN_PART_SIZE,
+            pg_server.dsn, f"s3://{s3_bucket}/f", s3=faulty, part_size=MIN_PART_SIZE,
             progress_interval=None, compression=compression,
         )
     e = info.value
@@ -554,7 +554,7 @@ def test_walsender_killed_mid_stream(pg_server, s3, s3_bucket):
     thread.start()
     with pytest.raises(BaseBackupServerError) as info:
         base_backup_to_s3(
-            pg_server.dsn, f"s3://{s3_bucket}/k", max_rate=16_384, s3_client=client,
+            pg_server.dsn, f"s3://{s3_bucket}/k", max_rate=16_384, s3=client,
             part_size=MIN_PART_SIZE, progress_interval=None,
         )
     thread.join(5)
@@ -568,12 +568,12 @@ def test_walsender_killed_mid_stream(pg_server, s3, s3_bucket):
 def test_existing_backup_id_is_refused(pg18, s3, s3_bucket):
     client = s3.client()
     first = base_backup_to_s3(
-        pg18.dsn, f"s3://{s3_bucket}", backup_id="same", compression="gzip", s3_client=client,
+        pg18.dsn, f"s3://{s3_bucket}", backup_id="same", compression="gzip", s3=client,
         progress_interval=None,
     )
     before = _objects(client, s3_bucket)
     with pytest.raises(BackupExists) as info:
-        base_backup_to_s3(pg18.dsn, f"s3://{s3_bucket}", backup_id="same", s3_client=client)
+        base_backup_to_s3(pg18.dsn, f"s3://{s3_bucket}", backup_id="same", s3=client)
     assert "already exists" in str(info.value) and info.value.hint
     assert _objects(client, s3_bucket) == before  # the first backup is untouched
     assert read_basebackup_info(client, s3_bucket, first.info_key) == first.info

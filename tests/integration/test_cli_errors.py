@@ -96,13 +96,13 @@ def test_a_sql_ascii_database_is_refused_up_front(pg_server, slot_name, store):
             c.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t")
         slot = slot_name()
         with pytest.raises(UnsupportedEncoding, match="SQL_ASCII"):
-            snapshot_to_s3(dsn, src, slot=slot, publication="pub", s3_client=client, workers=1,
+            snapshot_to_s3(dsn, src, slot=slot, publications="pub", s3=client, workers=1,
                            worker_processes=False)
         with psycopg.connect(dsn, autocommit=True) as c:
             assert c.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
                              (slot,)).fetchone()[0] == 0
         with pytest.raises(UnsupportedEncoding):
-            drain_window(dsn, src, slot=slot, publications="pub", s3_client=client)
+            drain_window(dsn, src, slot=slot, publications="pub", s3=client)
         import pyarrow as pa
         from deltalake import write_deltalake
 

@@ -42,7 +42,7 @@ def test_renames_readds_and_rewriting_type_changes_fail_that_table_until_a_resyn
         sql(db, f"INSERT INTO {t} SELECT g, g, 'v' || g, g FROM generate_series(1, 30) g")
     sql(db, f"CREATE PUBLICATION pub FOR TABLE {', '.join(TABLES)}")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     merge_slot(spark, store=src, slot=slot, delta=lake)
     copy = {t["table"]: t for t in _snapshot_tables(client, src, slot)}
     assert [c.get("attnum") for c in copy["ren"]["columns"]] == [1, 2, 3, 4]
@@ -97,7 +97,7 @@ def test_renames_readds_and_rewriting_type_changes_fail_that_table_until_a_resyn
         assert not verify_table(db, lake, "public", t).equal, t
 
     # a resync of the refused tables: replaced from copies taken after the DDL, then followed
-    resync_tables(db, src, slot=slot, publication="pub", tables=list(REFUSED), s3_client=client,
+    resync_tables(db, src, slot=slot, publications="pub", tables=list(REFUSED), s3=client,
                   worker_processes=False)
     for t in TABLES:
         sql(db, f"UPDATE {t} SET a = 7 WHERE id BETWEEN 10 AND 12")

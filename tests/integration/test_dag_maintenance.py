@@ -45,7 +45,7 @@ def change(db, i):
 
 def assert_equal(db, lake):
     for t in TABLES:
-        r = verify_table(db, lake, "public", t, storage_options=s3store.delta_storage_options())
+        r = verify_table(db, lake, "public", t, s3=s3store.S3Settings.from_env())
         assert r.equal, r.to_dict()
 
 
@@ -61,11 +61,11 @@ def test_maintenance_dag_compacts_expires_and_tables_stay_equal(db, slot_name, s
     sql(db, "INSERT INTO t SELECT g, 'v' || g, g FROM generate_series(1, 1000) g")
     sql(db, "INSERT INTO u SELECT 'k' || g, g FROM generate_series(1, 40) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t, u")
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     rounds = 5
     for i in range(rounds):
         change(db, i)
-        drain_window(db, src, slot=slot, publications="pub", s3_client=client)
+        drain_window(db, src, slot=slot, publications="pub", s3=client)
         merge_slot(spark, store=src, slot=slot, delta=lake)
     assert_equal(db, lake)
     opts = s3store.delta_storage_options()
@@ -111,7 +111,7 @@ def test_maintenance_dag_compacts_expires_and_tables_stay_equal(db, slot_name, s
 
     # the pipeline goes on: a drain and a merge after the maintenance, still equal
     change(db, rounds)
-    drain_window(db, src, slot=slot, publications="pub", s3_client=client)
+    drain_window(db, src, slot=slot, publications="pub", s3=client)
     res = merge_slot(spark, store=src, slot=slot, delta=lake).to_dict()
     merged = {r["table"]: r for r in res["tables"]}
     assert merged["public.t"]["action"] == "merged" and merged["public.t"]["first_window"] == rounds, merged

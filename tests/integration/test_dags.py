@@ -53,7 +53,7 @@ def connections(dsn: str, s3) -> dict[str, str]:
 def assert_all_equal(dsn, delta):
     for name in TABLES:
         schema, table = name.split(".")
-        r = verify_table(dsn, delta, schema, table, storage_options=s3store.delta_storage_options())
+        r = verify_table(dsn, delta, schema, table, s3=s3store.S3Settings.from_env())
         assert r.equal, r.to_dict()
 
 
@@ -130,7 +130,7 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     assert sorted(e["uri"] for e in events) == sorted(live_urls), events
     assert all(e["task"] == "swap" and e["extra"]["action"] == "rebuilt" for e in events), events
     assert list(s3store.list_keys(s3.client(), s3_bucket, "delta_rebuild/")) == []
-    live = DeltaTable(delta_table_url(delta, "shop", "orders"), storage_options=s3store.delta_storage_options())
+    live = DeltaTable(delta_table_url(delta, "shop", "orders"), s3=s3store.S3Settings.from_env())
     assert live.transaction_version(app_id(slot, "shop", "orders")) == 0, "the swap keeps the merge position"
     # secrets never reach the task logs
     password = conninfo_to_dict(db)["password"]
@@ -161,7 +161,7 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     assert merged["shop.orders"]["first_window"] == merged["shop.orders"]["last_window"] == 1
     assert run.xcom("check_tables") == {"failed": []}
     assert_all_equal(db, delta)
-    r = verify_table(db, delta, "shop", "refunds", storage_options=s3store.delta_storage_options())
+    r = verify_table(db, delta, "shop", "refunds", s3=s3store.S3Settings.from_env())
     assert r.equal and r.to_dict()["postgres"]["rows"] == 49, r.to_dict()
     assert s3.secret_key not in res.output and password not in res.output
 
@@ -178,7 +178,7 @@ def test_an_airflow_backfill_of_the_incremental_dag_is_refused(db, slot_name, s3
     sql(db, "CREATE PUBLICATION demo_pub FOR TABLE shop.orders")
     slot = slot_name()
     store, delta = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/delta"
-    snapshot_to_s3(db, store, slot=slot, publication="demo_pub", s3_client=s3.client())
+    snapshot_to_s3(db, store, slot=slot, publications="demo_pub", s3=s3.client())
     sql(db, "INSERT INTO shop.orders VALUES (2, 2.5)")
     env = airflow_env(tmp_path / "airflow", DAGS, connections(db, s3))
     conf = {"slot": slot, "publication": "demo_pub", "tables": ["shop.orders"], "store": store, "delta": delta}

@@ -37,7 +37,7 @@ def _run(db, src, lake, client, slot, spark, **merge):
     sql(db, "INSERT INTO parent SELECT g, 'p' || g FROM generate_series(1, 10) g")
     sql(db, "INSERT INTO child SELECT g, 'c' || g, g FROM generate_series(11, 20) g")
     sql(db, f"CREATE PUBLICATION pub FOR TABLE {', '.join(TABLES)}")
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "UPDATE busy SET v = 'w0' WHERE id = 1")
     drain(db, src, slot, client)  # window 0: records the tables' columns
     merge_slot(spark, store=src, slot=slot, delta=lake, **merge)

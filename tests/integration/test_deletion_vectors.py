@@ -68,7 +68,7 @@ def test_merges_with_deletion_vectors(fresh_db, slot_name, store, spark):
     sql(db, "INSERT INTO plain VALUES (1, 'a'), (2, 'b')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t, plain")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     url = delta_table_url(lake, "public", "t")
     storage = s3store.delta_storage_options()
 
@@ -199,7 +199,7 @@ def test_turned_on_for_an_existing_table_and_refused_for_delta_rs(fresh_db, slot
     sql(db, "INSERT INTO t SELECT g, md5(g::text), g FROM generate_series(1, 500) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     with pytest.raises(MergeError, match="deletion vectors need --engine delta-spark"):
         merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-rs", deletion_vectors=True)
     merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-rs")  # created without them

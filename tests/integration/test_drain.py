@@ -72,7 +72,7 @@ def assert_tiled(ms, start: LSN):
 
 def drain(dsn, url, slot, client, **kw):
     kw.setdefault("publications", "pub")
-    return drain_window(dsn, url, slot=slot, s3_client=client, **{"start_without_snapshot": True, **kw})
+    return drain_window(dsn, url, slot=slot, s3=client, **{"start_without_snapshot": True, **kw})
 
 
 def test_windows_tile_and_hold_every_change_once(fresh_db, slot_name, store):
@@ -371,7 +371,7 @@ with DAG("pgcdc_test_drain", schedule=None, start_date=datetime.datetime(2024, 1
         task_id="drain",
         store="{{ dag_run.conf['to'] }}",
         slot="{{ dag_run.conf['slot'] }}",
-        publication="pub",
+        publications="pub",
         sensor_task_id="wait",
         start_without_snapshot=True,
         postgres_conn_id="pgcdc_src",

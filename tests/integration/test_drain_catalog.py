@@ -133,7 +133,7 @@ def test_drain_reads_the_catalog_once_for_many_tables(fresh_db, slot_name, s3, s
 
     monkeypatch.setattr(TypeResolver, "__init__", spy)
     r = drain_window(str(fresh_db), f"s3://{s3_bucket}/lake", slot=slot, publications="pub",
-                     s3_client=s3.client(), max_wait=30, start_without_snapshot=True)
+                     s3=s3.client(), max_wait=30, start_without_snapshot=True)
     assert r.rows == TABLES + 2
     types = made[-1]
     assert types.queries == 3  # the prefetch's two, and t0 alone for its second shape

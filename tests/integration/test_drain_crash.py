@@ -46,7 +46,7 @@ def rerun(dsn, url, slot, client, **kw):
     deadline = time.monotonic() + 30
     while True:  # the dead drain's walsender may hold the slot for a moment
         try:
-            return drain_window(dsn, url, slot=slot, publications="pub", s3_client=client,
+            return drain_window(dsn, url, slot=slot, publications="pub", s3=client,
                                 **{"start_without_snapshot": True, **kw})
         except (ObjectInUse, ConnectionFailed, ConnectionLost, psycopg.OperationalError):
             if time.monotonic() > deadline:

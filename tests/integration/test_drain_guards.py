@@ -54,7 +54,7 @@ def store(s3, s3_bucket, monkeypatch):
 
 def drain(dsn, url, slot, client, **kw):
     kw.setdefault("publications", "pub")
-    return drain_window(dsn, url, slot=slot, s3_client=client, **{"start_without_snapshot": True, **kw})
+    return drain_window(dsn, url, slot=slot, s3=client, **{"start_without_snapshot": True, **kw})
 
 
 def manifests(client, url, slot) -> dict[int, bytes]:
@@ -304,7 +304,7 @@ def test_first_window_checks_the_snapshot_tables(fresh_db, slot_name, store, s3)
         sql(fresh_db, f"CREATE TABLE {t} (id int PRIMARY KEY)")
         sql(fresh_db, f"INSERT INTO {t} VALUES (1)")
     sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t1, t2")
-    snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, s3_client=client,
+    snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=1, s3=client,
                    worker_processes=False)
     sql(fresh_db, "ALTER PUBLICATION pub DROP TABLE t2")
     sql(fresh_db, "INSERT INTO t2 VALUES (2)")
@@ -329,14 +329,14 @@ def test_snapshot_never_drops_another_pipelines_slot(fresh_db, slot_name, store,
     sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY)")
     sql(fresh_db, "INSERT INTO t VALUES (1)")
     sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
-    snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, s3_client=client, worker_processes=False)
+    snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=1, s3=client, worker_processes=False)
     sql(fresh_db, "INSERT INTO t VALUES (2)")
     drain(fresh_db, url, slot, client)
     sql(fresh_db, "INSERT INTO t VALUES (3)")  # pending in the slot
     pos = _slot_row(fresh_db, slot)
     other = f"s3://{s3_bucket}/elsewhere"
     with pytest.raises(SlotTaken, match="not a leftover") as ei:
-        snapshot_to_s3(fresh_db, other, slot=slot, publication="pub", workers=1, s3_client=client,
+        snapshot_to_s3(fresh_db, other, slot=slot, publications="pub", workers=1, s3=client,
                        worker_processes=False)
     assert "pg_drop_replication_slot" in ei.value.hint
     assert _slot_row(fresh_db, slot) == pos, "the slot is still there, where it was"
@@ -344,7 +344,7 @@ def test_snapshot_never_drops_another_pipelines_slot(fresh_db, slot_name, store,
     hand = slot_name()
     create_slot(fresh_db, hand)
     with pytest.raises(SlotTaken):
-        snapshot_to_s3(fresh_db, other, slot=hand, publication="pub", workers=1, s3_client=client,
+        snapshot_to_s3(fresh_db, other, slot=hand, publications="pub", workers=1, s3=client,
                        worker_processes=False)
     assert _slot_row(fresh_db, hand) is not None
     assert drain(fresh_db, url, slot, client).tables == {"public.t": 1}, "the pipeline goes on"
@@ -363,7 +363,7 @@ def test_snapshot_refuses_a_slot_someone_streams_at_once(fresh_db, slot_name, st
 
     def run():
         try:
-            snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, s3_client=client,
+            snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=1, s3=client,
                            worker_processes=False)
         except Exception as e:  # noqa: BLE001
             box["error"] = e
@@ -758,13 +758,13 @@ def test_a_store_that_holds_nothing_of_the_slot_is_refused(fresh_db, slot_name, 
     sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'a')")
     sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snap = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", s3_client=client, workers=1,
+    snap = snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", s3=client, workers=1,
                           worker_processes=False)
     sql(fresh_db, "INSERT INTO t VALUES (2, 'b')")
     before = confirmed(fresh_db, slot)
     typo = url + "-typo"
     with pytest.raises(StoreHasNoCopy) as refused:
-        drain_window(fresh_db, typo, slot=slot, publications="pub", s3_client=client)
+        drain_window(fresh_db, typo, slot=slot, publications="pub", s3=client)
     assert typo in str(refused.value) and "--start-without-snapshot" in refused.value.hint
     assert confirmed(fresh_db, slot) == before
     layout = Layout.parse(typo)
@@ -782,5 +782,5 @@ def test_a_store_that_holds_nothing_of_the_slot_is_refused(fresh_db, slot_name, 
     assert json.loads(status.stdout)["store"]["slot_vs_store"] == "store_empty"
     assert confirmed(fresh_db, slot) == before
     # the real store drains the change from the snapshot's consistent point
-    w = drain_window(fresh_db, url, slot=slot, publications="pub", s3_client=client)
+    w = drain_window(fresh_db, url, slot=slot, publications="pub", s3=client)
     assert w.window_seq == 0 and w.start_lsn == snap.consistent_point and w.rows == 1

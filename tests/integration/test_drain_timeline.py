@@ -92,7 +92,7 @@ def wal_end(server: PostgresServer) -> LSN:
 
 def drain(server: PostgresServer, store, **kw):
     client, url = store
-    return drain_window(server.dsn, url, slot=SLOT, publications="pub", s3_client=client,
+    return drain_window(server.dsn, url, slot=SLOT, publications="pub", s3=client,
                         **{"start_without_snapshot": True, **kw})
 
 

@@ -65,7 +65,7 @@ def test_generated_columns_follow_the_publication(mode, fresh_db, slot_name, sto
     else:
         sql(db, "CREATE PUBLICATION pub FOR TABLE g, late")
     slot = slot_name()
-    manifest = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1,
+    manifest = snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1,
                               worker_processes=False)
     g_cols = [c.name for c in manifest.table("public", "g").columns]
     assert g_cols == (["id", "a", "v", "twice"] if published else ["id", "a", "v"]), g_cols
@@ -93,7 +93,7 @@ def test_generated_columns_follow_the_publication(mode, fresh_db, slot_name, sto
         assert by["public.late"].action == "failed" and "TableRewritten" in by["public.late"].error, by
         assert "'g2'" in by["public.late"].error and """--tables '"public"."late"'""" in by["public.late"].hint
         assert by["public.g"].action in ("merged", "no-changes"), by["public.g"]
-        resync = resync_tables(db, src, slot=slot, publication="pub", tables=["late"], s3_client=client,
+        resync = resync_tables(db, src, slot=slot, publications="pub", tables=["late"], s3=client,
                                worker_processes=False)
         assert [c.name for c in resync.manifest.table("public", "late").columns] == ["id", "a", "g2"]
         sql(db, "UPDATE late SET a = 0 WHERE id = 20")
@@ -133,7 +133,7 @@ def test_a_publication_that_starts_streaming_a_generated_column(fresh_db, slot_n
     sql(db, "INSERT INTO g (id, a) SELECT i, i FROM generate_series(1, 10) i")
     sql(db, "CREATE PUBLICATION pub FOR TABLE g")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "ALTER PUBLICATION pub SET (publish_generated_columns = stored)")
     sql(db, "UPDATE g SET a = 100 WHERE id = 1")
     drain(db, src, slot, client)
@@ -142,7 +142,7 @@ def test_a_publication_that_starts_streaming_a_generated_column(fresh_db, slot_n
     assert (rows[1]["twice"], rows[5]["twice"]) == (200, None)
     result = verify_table(db, lake, "public", "g")
     assert not result.equal and "twice" in result.comparison.compared_columns, result.comparison
-    resync_tables(db, src, slot=slot, publication="pub", tables=["g"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["g"], s3=client, worker_processes=False)
     sql(db, "UPDATE g SET a = 0 WHERE id = 2")
     drain(db, src, slot, client)
     out = merge_slot(spark, store=src, slot=slot, delta=lake)

@@ -71,7 +71,7 @@ def test_keyless_full_table_updates_and_deletes_as_a_multiset(engine, fresh_db, 
     sql(db, "INSERT INTO m VALUES (1, 'one'), (2, 'two')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE k, m")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     url = delta_table_url(lake, "public", "k")
     app = app_id(slot, "public", "k")
 

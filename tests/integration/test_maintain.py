@@ -45,7 +45,7 @@ def setup_pipeline(db, client, src, slot):
     sql(db, "INSERT INTO u SELECT 'k' || g, g FROM generate_series(1, 50) g")
     sql(db, "INSERT INTO q SELECT g, 'q' FROM generate_series(1, 10) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t, u, q")
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
 
 
 def change(db, i):

@@ -155,7 +155,7 @@ def test_merge_needing_expired_windows_fails_that_table(fresh_db, slot_name, sto
     assert_equal(db, lake, ["t", "q"])
 
     # 5) the hints work: a resync of the three, then both roots equal PostgreSQL
-    resync_tables(db, src, slot=slot, publication="pub", tables=["t", "u", "q"], s3_client=client,
+    resync_tables(db, src, slot=slot, publications="pub", tables=["t", "u", "q"], s3=client,
                   worker_processes=False)
     change(db, 6)  # t and u change
     drain(db, src, slot, client)

@@ -43,8 +43,8 @@ def end_to_end(db, client, src, lake, slot, merge, *, history=None):
             "ARRAY[g, NULL, 3], '2024-01-01'::timestamptz + g * interval '1 hour' FROM generate_series(1, 300) g")
     sql(db, "INSERT INTO u VALUES ('a', '{\"x\": 1}'), ('b''q', NULL)")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t, u")
-    manifest = snapshot_to_s3(db, src, slot=slot, publication="pub", workers=2, rows_per_part=100,
-                              two_phase=True, s3_client=client)
+    manifest = snapshot_to_s3(db, src, slot=slot, publications="pub", workers=2, rows_per_part=100,
+                              two_phase=True, s3=client)
     # window 0: every kind of change
     sql(db, "INSERT INTO t (id, v) VALUES (1001, 'new')")
     sql(db, "UPDATE t SET v = 'toast kept' WHERE id IN (1, 2)")  # big not sent ('u'): kept from the target
@@ -122,7 +122,7 @@ def test_refuses_to_skip_a_window(fresh_db, slot_name, store, spark):
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     for i in range(3):
         sql(db, "INSERT INTO t VALUES (%s, 'x')", (i,))
         drain(db, src, slot, client)
@@ -152,7 +152,7 @@ def test_killed_merge_then_rerun_merges_exactly_once(fault, db18, slot_name, sto
     sql(db, "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 50) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     sql(db, "UPDATE t SET v = 'changed' WHERE id <= 10; DELETE FROM t WHERE id > 40; INSERT INTO t VALUES (100, 'n')")
     drain(db, src, slot, client)
     env = dict(os.environ, **s3.aws_env(), PGCDC_FAULT=fault, SPARK_LOCAL_IP="127.0.0.1")
@@ -214,7 +214,7 @@ def test_pgcdc_merge_of_small_batches_starts_no_spark(db18, slot_name, store, s3
     sql(db, "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 50) g; INSERT INTO k VALUES ('a')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t, k")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     sql(db, "UPDATE t SET v = 'changed' WHERE id <= 10; DELETE FROM t WHERE id > 40; INSERT INTO k VALUES ('b')")
     drain(db, src, slot, client)
     env = dict(os.environ, **s3.aws_env(), SPARK_HOME="/nonexistent/spark", SPARK_LOCAL_IP="127.0.0.1")
@@ -244,7 +244,7 @@ def test_changelog_history_appends_every_change_once(db18, slot_name, store, spa
     sql(db, "INSERT INTO t VALUES (1, 'a')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     sql(db, "INSERT INTO t VALUES (2, 'b'); UPDATE t SET v = 'a2' WHERE id = 1")
     drain(db, src, slot, client)
     sql(db, "DELETE FROM t WHERE id = 2; UPDATE t SET id = 3 WHERE id = 1")
@@ -281,7 +281,7 @@ def test_two_phase_and_replica_identity_full(fresh_db, slot_name, store, spark, 
     sql(db, "INSERT INTO f VALUES (1, repeat('q', 4000), 1), (2, repeat('r', 4000), 2)")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t, f")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", two_phase=True, s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", two_phase=True, s3=client)
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("BEGIN")
         c.execute("INSERT INTO t VALUES (1, 'prepared')")
@@ -326,7 +326,7 @@ def test_types_survive_the_merge_exactly(fresh_db, slot_name, store, spark, driv
     sql(db, "INSERT INTO t VALUES " + rows)
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     sql(db, "INSERT INTO t SELECT id + 10, i2, f8, n, nn, b, d, ts, tz, tm, iv, u, j, ba, arr, tarr, m, r, x FROM t")
     sql(db, "UPDATE t SET d = '-infinity', iv = '-1 year', tm = '23:59:59.999999', nn = '-Infinity' WHERE id = 2")
     sql(db, "DELETE FROM t WHERE id = 13")
@@ -352,7 +352,7 @@ def test_scd2_history_keeps_every_version_with_its_lsn_validity(db18, slot_name,
     sql(db, "INSERT INTO t VALUES (1, 'a', repeat('B', 3000)), (2, 'b', NULL)")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snap = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snap = snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     sql(db, "UPDATE t SET v = 'a2' WHERE id = 1")  # big unchanged: taken from the history's current row
     sql(db, "DELETE FROM t WHERE id = 2")
     sql(db, "INSERT INTO t VALUES (3, 'c', NULL); UPDATE t SET v = 'c2' WHERE id = 3")
@@ -415,7 +415,7 @@ def test_key_change_keeps_unsent_toast_values(fresh_db, slot_name, store, spark,
     sql(db, "INSERT INTO t SELECT g, 'v' || g, repeat(chr(64 + g), 3000) FROM generate_series(1, 12) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", workers=1, s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", workers=1, s3=client)
     merge_slot(spark, store=src, slot=slot, delta=lake, driver_rows=driver_rows)  # bootstrap: rows 1..12 in Delta
     sql(db, "UPDATE t SET id = 101 WHERE id = 1")  # a plain move
     sql(db, "UPDATE t SET id = 102 WHERE id = 2")
@@ -458,7 +458,7 @@ def test_scd2_keeps_the_versions_before_a_truncate_in_the_batch(fresh_db, slot_n
     sql(db, "INSERT INTO t VALUES (1, 'a'), (2, 'b'), (5, 'e')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snap = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snap = snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     sql(db, "UPDATE t SET v = 'a2' WHERE id = 1")
     sql(db, "UPDATE t SET v = 'e2' WHERE id = 5")
     sql(db, "UPDATE t SET v = 'e3' WHERE id = 5")
@@ -503,14 +503,14 @@ def test_a_job_reads_only_the_window_manifests_it_needs(db18, slot_name, store, 
     sql(db, "INSERT INTO t0 VALUES (1)")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t1, t0")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     sql(db, "UPDATE t1 SET v = 'w0' WHERE id = 1")
     drain(db, src, slot, client)  # window 0
     sql(db, "CREATE TABLE t2 (id int PRIMARY KEY, v text)")
     sql(db, "ALTER PUBLICATION pub ADD TABLE t2")
     # a table that joins later needs its copy, even an empty one (the merge cannot tell a
     # new table from an old one whose rows it never saw)
-    resync_tables(db, src, slot=slot, publication="pub", tables=["t2"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["t2"], s3=client, worker_processes=False)
     sql(db, "INSERT INTO t2 VALUES (1, 'only in window 1')")
     drain(db, src, slot, client)  # window 1: the only one holding t2
     sql(db, "UPDATE t1 SET v = 'w2' WHERE id = 2")

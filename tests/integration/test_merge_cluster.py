@@ -211,7 +211,7 @@ def test_killed_and_overlapping_jobs_on_the_cluster(engine, db, slot_name, s3, s
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
     sql(db, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 2000) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     sql(db, "UPDATE t SET v = 'w0' WHERE id % 7 = 0; DELETE FROM t WHERE id > 1900; "
             "INSERT INTO t SELECT g, 'new' FROM generate_series(5000, 5100) g")
     assert drain(db, src, slot, client).window_seq == 0
@@ -270,7 +270,7 @@ def test_a_window_larger_than_the_driver_memory_merges_on_the_cluster(db, slot_n
     sql(db, "CREATE TABLE big (id bigint PRIMARY KEY, pad text)")
     sql(db, "INSERT INTO big SELECT g, 'first' FROM generate_series(1, 1000) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE big")
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     n = 380_000
     for first in range(1001, n + 1, 100_000):  # 4 transactions
         sql(db, "INSERT INTO big SELECT g, repeat(md5(g::text), 56) FROM generate_series(%s, %s) g",

@@ -39,7 +39,7 @@ def test_delta_spark_sink_merges_like_delta_rs(reader, fresh_db, slot_name, s3, 
     sql(fresh_db, "INSERT INTO t SELECT g, 'x' FROM generate_series(1, 20) g")
     sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snapshot_to_s3(fresh_db, src, slot=slot, publication="pub")
+    snapshot_to_s3(fresh_db, src, slot=slot, publications="pub")
     sql(fresh_db, "UPDATE t SET v = 'y' WHERE id < 5; DELETE FROM t WHERE id > 15; UPDATE t SET id = 99 WHERE id = 10")
     drain_window(fresh_db, src, slot=slot, publications="pub")
     merge_slot(spark_with_delta, store=src, slot=slot, delta=lake, engine="delta-spark", reader=reader)
@@ -114,7 +114,7 @@ def test_delta_rs_and_delta_spark_take_turns_on_one_table(db18, slot_name, store
     sql(db, "INSERT INTO t SELECT g, 'v' || g, 'infinity', '-infinity' FROM generate_series(1, 100) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     url = delta_table_url(lake, "public", "t")
     for n, engine in enumerate(["delta-spark", "delta-rs", "delta-spark", "delta-rs"]):
         sql(db, "UPDATE t SET v = %s WHERE id %% 4 = %s", (f"turn {n}", n))

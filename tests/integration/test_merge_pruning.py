@@ -47,7 +47,7 @@ def test_merge_rewrites_only_the_files_of_the_key_range_it_touches(engine, fresh
             "ORDER BY random()")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     boot = merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine, max_windows=0,
                       target_file_mb=0.1).tables[0]
     assert boot.action == "bootstrapped", boot

@@ -42,7 +42,7 @@ def test_odd_column_names_on_delta_spark(reader, fresh_db, slot_name, store, spa
     sql(db, "INSERT INTO plain VALUES (1, 'a'), (2, 'b')")
     sql(db, 'CREATE PUBLICATION pub FOR TABLE "my.schema"."Odd Table", plain')
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, """INSERT INTO "my.schema"."Odd Table" VALUES (3, 'z', 3, 's', 'n', 3, 'g')""")
     sql(db, """UPDATE "my.schema"."Odd Table" SET "a.b" = 'x2', "sp ace" = 10, "x=(1,2);" = 'h' WHERE "k.id" = 1""")
     sql(db, """UPDATE "my.schema"."Odd Table" SET "k.id" = 20 WHERE "k.id" = 2""")

@@ -55,7 +55,6 @@ def run_merge_dag(db, slot_name, s3, s3_bucket, tmp_path, *, master, engine=None
     client = s3.client()
     settings = s3store.S3Settings(endpoint_url=s3.endpoint_url, access_key_id=s3.access_key,
                                   secret_access_key=s3.secret_key, region=s3.region)
-    storage = s3store.delta_storage_options(settings)
     source, lake = f"s3://{s3_bucket}/cdc", f"s3://{s3_bucket}/lake"
     sql(db, "CREATE TABLE orders (id int PRIMARY KEY, total numeric(10,2), note text)")
     sql(db, "INSERT INTO orders SELECT g, g * 1.5, 'n' || g FROM generate_series(1, 200) g")
@@ -64,18 +63,18 @@ def run_merge_dag(db, slot_name, s3, s3_bucket, tmp_path, *, master, engine=None
     sql(db, "INSERT INTO nokey VALUES (1, 'a'), (2, 'b')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE orders, nokey")
     slot = slot_name()
-    snapshot_to_s3(db, source, slot=slot, publication="pub", workers=2, s3_client=client)
+    snapshot_to_s3(db, source, slot=slot, publications="pub", workers=2, s3=client)
     # window 0
     sql(db, "INSERT INTO orders VALUES (1001, 9.99, 'new')")
     sql(db, "UPDATE orders SET total = total + 1, note = 'upd' WHERE id <= 10")
     sql(db, "DELETE FROM orders WHERE id BETWEEN 50 AND 59")
     sql(db, "INSERT INTO nokey VALUES (3, 'c')")
-    w0 = drain_window(db, source, slot=slot, publications=["pub"], s3_client=client)
+    w0 = drain_window(db, source, slot=slot, publications=["pub"], s3=client)
     # window 1
     sql(db, "UPDATE orders SET id = 2000 WHERE id = 100")  # key change
     sql(db, "UPDATE orders SET note = NULL WHERE id = 1001")
     sql(db, "INSERT INTO orders SELECT g, 0, 'late' FROM generate_series(3000, 3099) g")
-    w1 = drain_window(db, source, slot=slot, publications=["pub"], s3_client=client)
+    w1 = drain_window(db, source, slot=slot, publications=["pub"], s3=client)
     assert (w0.window_seq, w1.window_seq) == (0, 1) and w1.rows > 100
 
     home = tmp_path / "airflow"
@@ -116,7 +115,7 @@ def run_merge_dag(db, slot_name, s3, s3_bucket, tmp_path, *, master, engine=None
 
     # the Delta tables equal PostgreSQL
     for table, key in (("orders", None), ("nokey", ["k"])):
-        v = verify_table(db, lake, "public", table, key=key, storage_options=storage)
+        v = verify_table(db, lake, "public", table, key=key, s3=settings)
         assert v.equal, json.dumps(v.to_dict(), indent=1, default=str)[:3000]
 
     # Asset events: one per merged table per run, through the slot's alias

@@ -49,10 +49,10 @@ def test_merge_operator_with_a_failed_table(fresh_db, slot_name, s3, s3_bucket, 
     sql(db, "INSERT INTO bad VALUES (1, 'A', 'a')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE good, bad")
     slot = slot_name()
-    snapshot_to_s3(db, source, slot=slot, publication="pub", workers=1, s3_client=client)
+    snapshot_to_s3(db, source, slot=slot, publications="pub", workers=1, s3=client)
     sql(db, "UPDATE good SET v = 'upd' WHERE id <= 5")
     sql(db, "INSERT INTO bad VALUES (2, 'B', 'b')")
-    w0 = drain_window(db, source, slot=slot, publications=["pub"], s3_client=client)
+    w0 = drain_window(db, source, slot=slot, publications=["pub"], s3=client)
 
     home = tmp_path / "airflow"
     env = airflow_env(home, DAGS, {
@@ -85,7 +85,6 @@ def test_merge_operator_with_a_failed_table(fresh_db, slot_name, s3, s3_bucket, 
     assert got == [("merge", delta_table_url(lake, "public", "good"), 0, w0.end_lsn)], events
 
     # good is in both lakes, equal to PostgreSQL
-    storage = s3store.delta_storage_options(settings)
     for root in (lake, lake_strict):
-        v = verify_table(db, root, "public", "good", storage_options=storage)
+        v = verify_table(db, root, "public", "good", s3=settings)
         assert v.equal, json.dumps(v.to_dict(), indent=1, default=str)[:3000]

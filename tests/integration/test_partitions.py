@@ -64,7 +64,7 @@ def make_partitioned(db, via_root: bool) -> None:
 
 
 def drain(db, src, slot, client, **kw):
-    return drain_window(db, src, slot=slot, publications=["pub"], s3_client=client,
+    return drain_window(db, src, slot=slot, publications=["pub"], s3=client,
                         **{"start_without_snapshot": True, **kw})
 
 
@@ -86,17 +86,17 @@ def test_root_named_but_published_per_leaf_is_refused(fresh_db, slot_name, store
     make_partitioned(db, via_root=False)
     slot = slot_name()
     with pytest.raises(PublishedPerLeaf) as e:
-        snapshot_to_s3(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, workers=1,
+        snapshot_to_s3(db, src, slot=slot, publications="pub", tables=["m"], s3=client, workers=1,
                        worker_processes=False)
     assert '"public"."m_eu", "public"."m_us"' in str(e.value) and "publish_via_partition_root = false" in str(e.value)
     assert """--tables '"public"."m_eu"' '"public"."m_us"'""" in e.value.hint  # as the shell needs them
     assert e.value.names == ('"public"."m_eu"', '"public"."m_us"')
     assert not slot_exists(db, slot)
     # the leaves themselves are fine: the pipeline starts, and a resync of the root is refused too
-    snapshot_to_s3(db, src, slot=slot, publication="pub", tables=["m_eu", "m_us"], s3_client=client, workers=1,
+    snapshot_to_s3(db, src, slot=slot, publications="pub", tables=["m_eu", "m_us"], s3=client, workers=1,
                    worker_processes=False)
     with pytest.raises(PublishedPerLeaf, match='the stream names its leaves "public"."m_eu", "public"."m_us"'):
-        resync_tables(db, src, slot=slot, publication="pub", tables=["public.m"], s3_client=client,
+        resync_tables(db, src, slot=slot, publications="pub", tables=["public.m"], s3=client,
                       worker_processes=False)
 
 
@@ -108,15 +108,15 @@ def test_partition_named_but_published_via_root_is_refused(fresh_db, slot_name, 
     make_partitioned(db, via_root=True)
     slot = slot_name()
     with pytest.raises(PublishedViaRoot) as e:
-        snapshot_to_s3(db, src, slot=slot, publication="pub", tables=["m", "m_eu"], s3_client=client, workers=1,
+        snapshot_to_s3(db, src, slot=slot, publications="pub", tables=["m", "m_eu"], s3=client, workers=1,
                        worker_processes=False)
     assert 'through its root "public"."m"' in str(e.value)
     assert e.value.hint.startswith("""copy the root: --tables '"public"."m"'""") and e.value.names == ('"public"."m"',)
     assert not slot_exists(db, slot)
-    snapshot_to_s3(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, workers=1,
+    snapshot_to_s3(db, src, slot=slot, publications="pub", tables=["m"], s3=client, workers=1,
                    worker_processes=False)
     with pytest.raises(PublishedViaRoot):
-        resync_tables(db, src, slot=slot, publication="pub", tables=["m_us"], s3_client=client,
+        resync_tables(db, src, slot=slot, publications="pub", tables=["m_us"], s3=client,
                       worker_processes=False)
 
 
@@ -135,7 +135,7 @@ def test_attach_and_detach_via_root_are_shown_by_status_and_repaired_by_a_resync
     db = fresh_db
     make_partitioned(db, via_root=True)
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "CREATE TABLE m_sa PARTITION OF m FOR VALUES IN ('sa')")  # created as a partition: streamed
     sql(db, "INSERT INTO m VALUES (300, 'sa', 'streamed')")
     sql(db, "CREATE TABLE m_asia (id int, region text, v text, PRIMARY KEY (id, region))")
@@ -163,7 +163,7 @@ def test_attach_and_detach_via_root_are_shown_by_status_and_repaired_by_a_resync
     proc = pgcdc("status", "--dsn", db, "--slot", slot, "--from", src, env=env)
     assert proc.returncode == 1 and "PARTITIONS" in proc.stdout and "attached public.m_asia" in proc.stdout
 
-    resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["m"], s3=client, worker_processes=False)
     sql(db, "UPDATE m SET v = 'later' WHERE id = 100")
     drain(db, src, slot, client)
     out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
@@ -182,7 +182,7 @@ def test_attach_per_leaf_is_refused_until_resynced(fresh_db, slot_name, store, s
     db = fresh_db
     make_partitioned(db, via_root=False)
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "CREATE TABLE m_asia (id int, region text, v text, PRIMARY KEY (id, region))")
     sql(db, "INSERT INTO m_asia SELECT g, 'asia', 'pre' || g FROM generate_series(100, 104) g")
     sql(db, "ALTER TABLE m ATTACH PARTITION m_asia FOR VALUES IN ('asia')")
@@ -204,7 +204,7 @@ def test_attach_per_leaf_is_refused_until_resynced(fresh_db, slot_name, store, s
     proc = pgcdc("status", "--dsn", db, "--slot", slot, "--from", src, env=env)
     assert "NO COPY" in proc.stdout and """pgcdc resync --tables '"public"."m_asia"'""" in proc.stdout, proc.stdout
 
-    resync_tables(db, src, slot=slot, publication="pub", tables=["m_asia"], s3_client=client,
+    resync_tables(db, src, slot=slot, publications="pub", tables=["m_asia"], s3=client,
                   worker_processes=False)
     sql(db, "UPDATE m SET v = 'later' WHERE id = 100")
     drain(db, src, slot, client)
@@ -226,7 +226,7 @@ def test_detach_per_leaf_is_refused_by_the_drain(fresh_db, slot_name, store, spa
     db = fresh_db
     make_partitioned(db, via_root=False)
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "UPDATE m SET v = 'w0' WHERE id IN (1, 2)")
     drain(db, src, slot, client)
     sql(db, "ALTER TABLE m DETACH PARTITION m_us")
@@ -256,7 +256,7 @@ def test_window_records_the_roots_leaves(fresh_db, slot_name, store):
     db = fresh_db
     make_partitioned(db, via_root=True)
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "CREATE TABLE m_sa PARTITION OF m FOR VALUES IN ('sa')")
     sql(db, "INSERT INTO m VALUES (200, 'eu', 'e')")
     w0 = drain(db, src, slot, client)
@@ -297,7 +297,7 @@ def make_pipeline_with_other(db, client, src, slot) -> None:
     sql(db, "CREATE TABLE other (id int PRIMARY KEY, v text)")
     sql(db, "INSERT INTO other SELECT g, 'o' || g FROM generate_series(1, 5) g")
     sql(db, "ALTER PUBLICATION pub ADD TABLE other")
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
 
 
 def refused_root(spark, src, slot, lake, engine) -> dict:
@@ -347,7 +347,7 @@ def test_attach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     assert by["public.other"].action == "merged"
     assert_equal(db, lake, "other")
 
-    resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["m"], s3=client, worker_processes=False)
     sql(db, "UPDATE m SET v = 'later' WHERE id IN (100, 2)")
     drain(db, src, slot, client)
     out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine).tables}
@@ -402,7 +402,7 @@ def test_a_staging_table_loaded_and_attached_in_one_transaction_is_refused(fresh
     by = refused_root(spark, src, slot, lake, "delta-rs")
     assert 'attached "public"."m_af", "public"."m_asia"' in by["public.m"].error, by["public.m"].error
     assert by["public.other"].action == "merged"
-    resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["m"], s3=client, worker_processes=False)
     drain(db, src, slot, client)
     out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert out["public.m"].action.startswith("resynced"), out["public.m"]
@@ -435,7 +435,7 @@ def test_detach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     assert by["public.other"].action == "merged"
     assert_equal(db, lake, "other")
 
-    resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["m"], s3=client, worker_processes=False)
     sql(db, "INSERT INTO m VALUES (201, 'eu', 'after resync')")
     drain(db, src, slot, client)
     out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine).tables}
@@ -454,7 +454,7 @@ def test_detach_via_root_is_refused_until_resynced(fresh_db, slot_name, store, s
     drain(db, src, slot, client)
     by = refused_root(spark, src, slot, lake, engine)
     assert 'detached or dropped "public"."m_af"' in by["public.m"].error, by["public.m"].error
-    resync_tables(db, src, slot=slot, publication="pub", tables=["m"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["m"], s3=client, worker_processes=False)
     drain(db, src, slot, client)
     merge_slot(spark, store=src, slot=slot, delta=lake, engine=engine)
     assert_equal(db, lake, "m")

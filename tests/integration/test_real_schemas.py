@@ -41,7 +41,7 @@ def test_covering_keys_defaults_added_mid_window_and_tables_dropped_before_any_c
     sql(db, 'INSERT INTO "a.b".c SELECT generate_series(1, 5); INSERT INTO a."b.c" SELECT generate_series(1, 5)')
     sql(db, 'CREATE PUBLICATION pub FOR TABLE inc, e, "a.b".c, a."b.c"')
     slot = slot_name()
-    snap = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snap = snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     assert {t.table: t.key_columns for t in snap.tables if t.schema == "public"} == {
         "inc": ("c1", "c2"), "e": ("id",)}
     boot = merge_slot(spark, store=src, slot=slot, delta=lake)
@@ -86,12 +86,12 @@ def test_covering_keys_defaults_added_mid_window_and_tables_dropped_before_any_c
     # a resync through a publication the drains do not stream, or into another store: refused
     sql(db, "CREATE PUBLICATION other_pub FOR TABLE inc2")
     with pytest.raises(PublicationNotStreamed, match="stream publication"):
-        resync_tables(db, src, slot=slot, publication="other_pub", tables=["inc2"], s3_client=client,
+        resync_tables(db, src, slot=slot, publications="other_pub", tables=["inc2"], s3=client,
                       worker_processes=False)
     with pytest.raises(ResyncError, match="holds no snapshot and no window"):
-        resync_tables(db, src + "-typo", slot=slot, publication="pub", tables=["inc2"], s3_client=client,
+        resync_tables(db, src + "-typo", slot=slot, publications="pub", tables=["inc2"], s3=client,
                       worker_processes=False)
-    resync_tables(db, src, slot=slot, publication="pub", tables=["inc2"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["inc2"], s3=client, worker_processes=False)
     out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert out["public.inc2"].action.startswith("resynced") or out["public.inc2"].action.startswith("bootstrapped")
     assert verify_table(db, lake, "public", "inc2").equal
@@ -117,7 +117,7 @@ def test_a_value_one_table_cannot_carry_stops_only_that_table(fresh_db, slot_nam
     sql(db, "INSERT INTO arr VALUES (1, '{1,2}'); INSERT INTO ok VALUES (1, 'a')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE arr, ok")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     merge_slot(spark, store=src, slot=slot, delta=lake)
 
     sql(db, "INSERT INTO arr VALUES (2, '[4:4]={NULL}'); UPDATE ok SET v = 'b' WHERE id = 1")
@@ -134,7 +134,7 @@ def test_a_value_one_table_cannot_carry_stops_only_that_table(fresh_db, slot_nam
     assert by["public.ok"].action == "merged" and verify_table(db, lake, "public", "ok").equal
 
     # the way out the hint gives: the column as text in a new copy and in the drains
-    resync_tables(db, src, slot=slot, publication="pub", tables=["arr"], s3_client=client, worker_processes=False,
+    resync_tables(db, src, slot=slot, publications="pub", tables=["arr"], s3=client, worker_processes=False,
                   as_text=["public.arr=a"])
     sql(db, "INSERT INTO arr VALUES (3, '[0:1]={7,8}')")
     drain(db, src, slot, client, as_text={"public.arr": ["a"]})
@@ -168,7 +168,7 @@ def test_tables_a_snapshot_cannot_copy_are_left_out_alone(fresh_db, slot_name, s
     sql(db, "CREATE TABLE ok (id int PRIMARY KEY, v text); INSERT INTO ok VALUES (1, 'a')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE nocol, genkey, arr, ok")
     slot = slot_name()
-    snap = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=2, rows_per_part=200)
+    snap = snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=2, rows_per_part=200)
     assert [t.table for t in snap.tables] == ["ok"]
     refused = {r["table"]: r for r in snap.extra["refused_tables"]}
     assert sorted(refused) == ["arr", "genkey", "nocol"], refused
@@ -205,7 +205,7 @@ def test_infinity_timestamps_in_a_table_without_a_key(fresh_db, slot_name, store
             "('infinity', '-infinity', '2024-01-02', 'd')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE ev")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     merge_slot(spark, store=src, slot=slot, delta=lake)
     assert verify_table(db, lake, "public", "ev").equal
     sql(db, "DELETE FROM ev WHERE v = 'a'; UPDATE ev SET v = 'b2' WHERE v = 'b'")
@@ -229,12 +229,12 @@ def test_a_second_slot_is_not_merged_onto_another_slots_tables(fresh_db, slot_na
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'a' FROM generate_series(1, 20) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     old = slot_name()
-    snapshot_to_s3(db, src, slot=old, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=old, publications="pub", s3=client, workers=1, worker_processes=False)
     merge_slot(spark, store=src, slot=old, delta=lake)
     sql(db, "SELECT pg_drop_replication_slot(%s)", (old,))  # the slot is lost
     sql(db, "UPDATE t SET v = 'lost' WHERE id <= 5")  # changes no window holds
     new = slot_name()
-    snapshot_to_s3(db, src, slot=new, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=new, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "UPDATE t SET v = 'after' WHERE id = 10")
     drain(db, src, new, client)
     with pytest.raises(TablesFailed) as failed:

@@ -44,7 +44,7 @@ def _setup(db, src, client, slot):
     sql(db, "CREATE TABLE gone (id int PRIMARY KEY)")
     sql(db, "INSERT INTO gone SELECT generate_series(1, 5)")
     sql(db, f"CREATE PUBLICATION pub FOR TABLE {', '.join(TABLES)}")
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
 
 
 def _every_table_replaced_then_followed(db, src, lake, client, slot, spark):
@@ -85,7 +85,7 @@ def test_a_dropped_slot_is_recovered_into_the_existing_delta_tables(fresh_db, sl
     def meanwhile(position):  # after the slot exists again, before the copies: in both, applied once
         sql(db, "UPDATE k SET v = 'during' WHERE id BETWEEN 16 AND 20; INSERT INTO nk VALUES (9, 'during')")
 
-    done = recover_pipeline(db, src, slot=slot, s3_client=client, worker_processes=False, workers=1,
+    done = recover_pipeline(db, src, slot=slot, s3=client, worker_processes=False, workers=1,
                             on_slot_ready=meanwhile)
     rec = done.recovery
     assert rec.cause == "slot_missing" and rec.slot_recreated, rec
@@ -94,7 +94,7 @@ def test_a_dropped_slot_is_recovered_into_the_existing_delta_tables(fresh_db, sl
     assert [r["table"] for r in rec.refused] == ["arr"] and "lower bound" in rec.refused[0]["error"]
     assert rec.extra["dropped_tables"] == [["public", "gone"]]
     with pytest.raises(NothingToRecover, match="recovered already"):  # a rerun: its record covers the slot
-        recover_pipeline(db, src, slot=slot, s3_client=client, worker_processes=False, busy_wait=1)
+        recover_pipeline(db, src, slot=slot, s3=client, worker_processes=False, busy_wait=1)
 
     sql(db, "UPDATE k SET v = 'after' WHERE id BETWEEN 21 AND 25; INSERT INTO nk VALUES (9, 'after')")
     drain(db, src, slot, client)
@@ -120,7 +120,7 @@ def test_a_dropped_slot_is_recovered_into_the_existing_delta_tables(fresh_db, sl
 
     # the refused table, once its value is fixed, is resynced and followed again
     sql(db, "UPDATE arr SET a = '{5}' WHERE id = 1")
-    resync_tables(db, src, slot=slot, publication="pub", tables=["arr"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["arr"], s3=client, worker_processes=False)
     sql(db, "UPDATE arr SET a = '{6}' WHERE id = 2; UPDATE k SET v = 'end' WHERE id = 1")
     drain(db, src, slot, client)
     out = merge_slot(spark, store=src, slot=slot, delta=lake)
@@ -138,7 +138,7 @@ def test_a_slot_acknowledged_past_the_store_is_recovered_and_kept(fresh_db, slot
     slot = slot_name()
     _setup(db, src, client, slot)
     with pytest.raises(NothingToRecover):  # a healthy slot in step with its store lost nothing
-        recover_pipeline(db, src, slot=slot, publications="pub", s3_client=client, worker_processes=False)
+        recover_pipeline(db, src, slot=slot, publications="pub", s3=client, worker_processes=False)
     sql(db, "UPDATE k SET v = 'a' WHERE id <= 5")
     drain(db, src, slot, client)
     merge_slot(spark, store=src, slot=slot, delta=lake)
@@ -148,11 +148,11 @@ def test_a_slot_acknowledged_past_the_store_is_recovered_and_kept(fresh_db, slot
     with pytest.raises(SlotAheadOfStore) as ahead:
         drain(db, src, slot, client)
     assert "pgcdc recover" in ahead.value.hint
-    assert slot_status(db, slot, store=src, s3_client=client)["store"]["slot_vs_store"] == "slot_ahead"
+    assert slot_status(db, slot, store=src, s3=client)["store"]["slot_vs_store"] == "slot_ahead"
 
-    done = recover_pipeline(db, src, slot=slot, s3_client=client, worker_processes=False, workers=1)
+    done = recover_pipeline(db, src, slot=slot, s3=client, worker_processes=False, workers=1)
     assert done.recovery.cause == "slot_ahead" and not done.recovery.slot_recreated
-    assert slot_status(db, slot, store=src, s3_client=client)["store"]["slot_vs_store"] == "recovered"
+    assert slot_status(db, slot, store=src, s3=client)["store"]["slot_vs_store"] == "recovered"
     _every_table_replaced_then_followed(db, src, lake, client, slot, spark)
 
 
@@ -181,11 +181,11 @@ def test_a_slot_that_lost_its_wal_is_dropped_created_again_and_recovered(s3, s3_
         with psycopg.connect(db, autocommit=True) as c:
             c.execute("BEGIN; INSERT INTO k VALUES (100, 'prepared'); PREPARE TRANSACTION 'forgotten'")
         with pytest.raises(RecoverError, match="'forgotten'") as held:
-            recover_pipeline(db, src, slot=slot, publications="pub", s3_client=client, worker_processes=False,
+            recover_pipeline(db, src, slot=slot, publications="pub", s3=client, worker_processes=False,
                              prepared_wait=1)
         assert "COMMIT PREPARED" in held.value.hint and slots.slot_health(db, slot).lost  # the lost slot untouched
         sql(db, "COMMIT PREPARED 'forgotten'")
-        done = recover_pipeline(db, src, slot=slot, publications="pub", s3_client=client, worker_processes=False,
+        done = recover_pipeline(db, src, slot=slot, publications="pub", s3=client, worker_processes=False,
                                 workers=1)  # no window yet: no publication recorded
         assert done.recovery.cause == "slot_lost" and done.recovery.slot_recreated
         health = slots.slot_health(db, slot)

@@ -58,7 +58,7 @@ def test_replay_to_a_time_and_an_lsn_then_catch_up(fresh_db, slot_name, store, s
     sql(db, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 300) g")
     sql(db, "INSERT INTO ev SELECT g, 'copied' FROM generate_series(1, 5) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t, ev")
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
 
     # window 0, cut at an LSN between its two transactions
     sql(db, "UPDATE t SET v = 'w0a' WHERE id <= 20; INSERT INTO ev VALUES (6, 'w0a')")

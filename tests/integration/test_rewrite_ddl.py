@@ -49,7 +49,7 @@ def test_rewriting_ddl_fails_that_table_until_a_resync(fresh_db, slot_name, stor
         sql(db, f"INSERT INTO {t} SELECT g, g, 'v' || g FROM generate_series(1, 40) g")
     sql(db, f"CREATE PUBLICATION pub FOR TABLE {', '.join(TABLES)}")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     merge_slot(spark, store=src, slot=slot, delta=lake)
 
     # volatile defaults: the table is rewritten, every existing row gets its own value
@@ -92,7 +92,7 @@ def test_rewriting_ddl_fails_that_table_until_a_resync(fresh_db, slot_name, stor
     sql(db, "ALTER TABLE st ADD COLUMN r float8 DEFAULT random()")
     sql(db, "ALTER TABLE st ALTER COLUMN a TYPE text USING a::text || '!'")
     sql(db, "UPDATE st SET v = 'between' WHERE id BETWEEN 5 AND 8")
-    resync_tables(db, src, slot=slot, publication="pub", tables=["vol", "typ", "st"], s3_client=client,
+    resync_tables(db, src, slot=slot, publications="pub", tables=["vol", "typ", "st"], s3=client,
                   worker_processes=False)
     for t in TABLES:
         sql(db, f"UPDATE {t} SET v = 'after' WHERE id BETWEEN 10 AND 12")
@@ -134,7 +134,7 @@ def test_vacuum_full_is_fine_a_materialized_default_and_a_generated_column_are_n
     sql(db, "INSERT INTO gen SELECT g, g FROM generate_series(1, 30) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE vf, cf, gen")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     merge_slot(spark, store=src, slot=slot, delta=lake)
     sql(db, "VACUUM FULL vf")
     sql(db, "UPDATE vf SET v = 'u' WHERE id <= 3; INSERT INTO vf (id, v) VALUES (100, 'new')")
@@ -155,7 +155,7 @@ def test_vacuum_full_is_fine_a_materialized_default_and_a_generated_column_are_n
     assert by["public.cf"].action == "failed" and "TableRewritten" in by["public.cf"].error
     assert "'n' (DEFAULT 5)" in by["public.cf"].error and """--tables '"public"."cf"'""" in by["public.cf"].hint
     assert by["public.gen"].action == "merged"
-    resync_tables(db, src, slot=slot, publication="pub", tables=["cf"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["cf"], s3=client, worker_processes=False)
     sql(db, "UPDATE cf SET v = 'after' WHERE id > 25; UPDATE gen SET a = 0 WHERE id > 25")
     drain(db, src, slot, client)
     out = merge_slot(spark, store=src, slot=slot, delta=lake)

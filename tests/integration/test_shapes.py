@@ -39,7 +39,7 @@ def test_inheritance_parent_is_its_own_rows(only, fresh_db, slot_name, store, sp
     sql(db, "INSERT INTO c VALUES (3, 'c3', 30), (4, 'c4', 40)")
     sql(db, f"CREATE PUBLICATION pub FOR TABLE {'ONLY p' if only else 'p'}")
     slot = slot_name()
-    manifest = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1,
+    manifest = snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1,
                               worker_processes=False)
     assert manifest.table("public", "p").rows == 2
     sql(db, "INSERT INTO p VALUES (5, 'p5')")
@@ -69,7 +69,7 @@ def test_partitioned_table_both_ways(via_root, fresh_db, slot_name, store, spark
     sql(db, "INSERT INTO m VALUES (1, 'eu', 'a'), (2, 'us', 'b'), (3, 'eu', 'c')")
     sql(db, f"CREATE PUBLICATION pub FOR TABLE m WITH (publish_via_partition_root = {str(via_root).lower()})")
     slot = slot_name()
-    manifest = snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1,
+    manifest = snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1,
                               worker_processes=False)
     names = sorted(t.table for t in manifest.tables)
     assert names == (["m"] if via_root else ["m_eu", "m_us"])
@@ -95,7 +95,7 @@ def test_generated_columns_agree_between_snapshot_and_stream(fresh_db, slot_name
     sql(db, "INSERT INTO g (id, a) VALUES (1, 1), (2, 2)")
     sql(db, "CREATE PUBLICATION pub FOR TABLE g")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "INSERT INTO g (id, a) VALUES (3, 3)")
     sql(db, "UPDATE g SET a = 10 WHERE id = 1")
     drain(db, src, slot, client)
@@ -133,7 +133,7 @@ def test_pgbench_database_with_a_keyless_table(fresh_db, slot_name, store, spark
     sql(db, "INSERT INTO notes VALUES ('first')")
     sql(db, "CREATE PUBLICATION pub FOR ALL TABLES")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     bench("-t", "200", "-c", "2", "-n")
     sql(db, "INSERT INTO notes VALUES ('second')")
     drain(db, src, slot, client)
@@ -170,7 +170,7 @@ def test_odd_column_names_through_drain_merge_and_verify(fresh_db, slot_name, st
     sql(db, """INSERT INTO "my.schema"."Odd Table" VALUES (1, 'x', 1, 'q', 'l', 1), (2, 'y', 2, 'r', 'm', 2)""")
     sql(db, 'CREATE PUBLICATION pub FOR TABLE "my.schema"."Odd Table"')
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, """INSERT INTO "my.schema"."Odd Table" VALUES (3, 'z', 3, 's', 'n', 3)""")
     sql(db, """UPDATE "my.schema"."Odd Table" SET "a.b" = 'x2', "sp ace" = 10 WHERE "k.id" = 1""")
     sql(db, """UPDATE "my.schema"."Odd Table" SET "k.id" = 20 WHERE "k.id" = 2""")
@@ -191,7 +191,7 @@ def test_key_swap_in_one_statement_under_a_deferrable_key(fresh_db, slot_name, s
     sql(db, "INSERT INTO t VALUES (1, 'one', 10), (2, 'two', 20), (5, 'five', 50)")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "UPDATE t SET id = 3 - id WHERE id IN (1, 2)")  # the swap, one statement
     drain(db, src, slot, client)
     merge_slot(spark, store=src, slot=slot, delta=lake)
@@ -259,12 +259,12 @@ def test_resync_while_a_writer_and_drains_run(case, fresh_db, slot_name, store, 
     sql(db, "INSERT INTO l SELECT -g, 'old' FROM generate_series(1, 20) g")
     sql(db, f"CREATE PUBLICATION pub FOR TABLE {'a' if case == 'new_table' else 'a, b, l'}")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     storage = s3store.delta_storage_options()
     b_url = delta_table_url(lake, "public", "b")
 
     def resync():
-        return resync_tables(db, src, slot=slot, publication="pub", tables=["public.b", "l"], s3_client=client,
+        return resync_tables(db, src, slot=slot, publications="pub", tables=["public.b", "l"], s3=client,
                              workers=2, rows_per_part=100, worker_processes=False)
 
     if case == "new_table":
@@ -398,14 +398,14 @@ def test_a_merge_killed_while_replacing_from_a_resync_keeps_the_old_table(fresh_
     sql(db, "INSERT INTO b SELECT g, 'b' FROM generate_series(1, 300) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE b")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     merge_slot(spark, store=src, slot=slot, delta=lake)
     url = delta_table_url(lake, "public", "b")
     dt = DeltaTable(url, storage_options=s3store.delta_storage_options())
     dt.delete("id <= 150")  # the incident
     dt.update_incremental()
     damaged = dt.version()
-    resync_tables(db, src, slot=slot, publication="pub", tables=["b"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["b"], s3=client, worker_processes=False)
     sql(db, "UPDATE b SET v = 'after' WHERE id % 3 = 0")
     drain(db, src, slot, client)
     env = dict(os.environ, **s3.aws_env(), PGCDC_FAULT="merge-after-stage", SPARK_LOCAL_IP="127.0.0.1")
@@ -432,7 +432,7 @@ def test_add_column_with_a_default_reads_it_in_delta_too(fresh_db, slot_name, st
     sql(db, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 50) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     merge_slot(spark, store=src, slot=slot, delta=lake)
     sql(db, "ALTER TABLE t ADD COLUMN n int DEFAULT 42, ADD COLUMN s text DEFAULT 'it''s', "
             "ADD COLUMN ts timestamptz DEFAULT now(), ADD COLUMN iv interval DEFAULT '1 day 02:00', "
@@ -474,7 +474,7 @@ def test_columns_named_like_our_metadata(fresh_db, slot_name, store, spark):
     sql(db, "INSERT INTO odd SELECT g, 'o', 'v' FROM generate_series(1, 20) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE ok, odd")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "UPDATE ok SET \"_pgcdc_mine\" = 'changed', v = 'w0' WHERE id <= 5; DELETE FROM ok WHERE id = 20")
     sql(db, "UPDATE odd SET v = 'lost?' WHERE id <= 3")
     w = drain(db, src, slot, client)
@@ -489,7 +489,7 @@ def test_columns_named_like_our_metadata(fresh_db, slot_name, store, spark):
     assert verify_table(db, lake, "public", "ok").equal
     assert w.rows == 6
     sql(db, 'ALTER TABLE odd RENAME COLUMN "_pgcdc_op" TO op')
-    resync_tables(db, src, slot=slot, publication="pub", tables=["odd"], s3_client=client, worker_processes=False)
+    resync_tables(db, src, slot=slot, publications="pub", tables=["odd"], s3=client, worker_processes=False)
     sql(db, "UPDATE odd SET v = 'after' WHERE id > 15")
     drain(db, src, slot, client)
     out = merge_slot(spark, store=src, slot=slot, delta=lake)
@@ -509,7 +509,7 @@ def test_columns_differing_only_in_case_fail_that_table_alone(fresh_db, slot_nam
     sql(db, "INSERT INTO c VALUES (1, 'A', 'a'); INSERT INTO fine VALUES (1, 'x')")
     sql(db, "CREATE PUBLICATION pub FOR TABLE c, fine")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     with pytest.raises(TablesFailed) as failed:
         merge_slot(spark, store=src, slot=slot, delta=lake)
     by = {t.table: t for t in failed.value.result.tables}
@@ -533,7 +533,7 @@ def test_a_dropped_table_keeps_its_delta_table_and_is_marked(fresh_db, slot_name
     sql(db, "INSERT INTO a VALUES (1, 'a'); INSERT INTO b SELECT g, 'b' FROM generate_series(1, 10) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE a, b")
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "UPDATE b SET v = 'last' WHERE id = 1")
     drain(db, src, slot, client)
     first = merge_slot(spark, store=src, slot=slot, delta=lake)

@@ -58,7 +58,7 @@ def test_a_slice_is_upserted_under_a_concurrent_writer(fresh_db, slot_name, stor
     sql(db, "INSERT INTO t SELECT g, g % 5 + 1, 'v' || g FROM generate_series(1, 3000) g")
     sql(db, "CREATE TABLE nokey (tenant int, v text)")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t, nokey")
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
     drain(db, src, slot, client)
     merge_slot(spark, store=src, slot=slot, delta=lake)
     url = delta_table_url(lake, "public", "t")
@@ -82,8 +82,8 @@ def test_a_slice_is_upserted_under_a_concurrent_writer(fresh_db, slot_name, stor
         merged_meanwhile.append(merge_slot(spark, store=src, slot=slot, delta=lake).to_dict())
 
     proc_env = dict(os.environ, **s3.aws_env())
-    done = resync_tables(db, src, slot=slot, publication="pub", tables=["public.t"], where="tenant = 3",
-                         s3_client=client, worker_processes=False, on_slot_created=drain_and_merge_past_the_point)
+    done = resync_tables(db, src, slot=slot, publications="pub", tables=["public.t"], where="tenant = 3",
+                         s3=client, worker_processes=False, on_slot_created=drain_and_merge_past_the_point)
     writer.stop.set()
     writer.join(60)
     assert writer.error is None and not writer.is_alive()
@@ -135,7 +135,7 @@ def test_a_slice_is_upserted_under_a_concurrent_writer(fresh_db, slot_name, stor
         ("  ", "public.t", "needs a predicate"),
     ]:
         with pytest.raises(BadSlice, match=words):
-            resync_tables(db, src, slot=slot, publication="pub", tables=[table], where=where, s3_client=client,
+            resync_tables(db, src, slot=slot, publications="pub", tables=[table], where=where, s3=client,
                           worker_processes=False)
     assert sql(db, "SELECT count(*) FROM t")[0][0] > 3000, "the table is still there"
     assert not sql(db, "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'pgcdc_rs_%'")

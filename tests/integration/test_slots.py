@@ -295,7 +295,7 @@ def test_unreserved_slot_is_drained_at_once_and_saved(flavour, monkeypatch, s3, 
         # one every 15 s on a busy server; here, at once)
         sql(dsn, "SELECT pg_log_standby_snapshot()")
         r = drain_window(dsn, f"s3://{s3_bucket}/lake", slot="rescued", publications="pub",
-                         s3_client=s3.client(), start_without_snapshot=True)
+                         s3=s3.client(), start_without_snapshot=True)
         assert r.rows == 4
         sql(dsn, "CHECKPOINT")
         h = slots.slot_health(dsn, "rescued")

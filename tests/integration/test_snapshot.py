@@ -76,7 +76,7 @@ def test_snapshot_copies_every_table_consistently(fresh_db, slot_name, store, s3
     client, url = store
     make_source(fresh_db)
     slot = slot_name()
-    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=2, rows_per_part=3000, s3_client=client)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=2, rows_per_part=3000, s3=client)
     assert slot_exists(fresh_db, slot)
     assert manifest.consistent_point == str(LSN.parse(manifest.consistent_point))
     assert manifest.timeline == 1 and manifest.system_id
@@ -102,7 +102,7 @@ def test_snapshot_copies_every_table_consistently(fresh_db, slot_name, store, s3
     assert stored["format"] == 1 and stored["consistent_point"] == manifest.consistent_point
     # a second snapshot on the same slot is refused
     with pytest.raises(SnapshotExists):
-        snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", s3_client=client)
+        snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", s3=client)
 
 
 def test_publication_column_list_and_row_filter(fresh_db, slot_name, store, s3):
@@ -112,7 +112,7 @@ def test_publication_column_list_and_row_filter(fresh_db, slot_name, store, s3):
     sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, secret text, region text)")
     sql(fresh_db, "INSERT INTO t SELECT g, 'pw' || g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END FROM generate_series(1, 100) g")
     sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t (id, region) WHERE (region = 'eu')")
-    manifest = snapshot_to_s3(fresh_db, url, slot=slot_name(), publication="pub", workers=1, s3_client=client)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot_name(), publications="pub", workers=1, s3=client)
     entry = manifest.table("public", "t")
     assert [c.name for c in entry.columns] == ["id", "region"]
     assert entry.row_filter and "eu" in entry.row_filter
@@ -144,7 +144,7 @@ def test_snapshot_and_stream_meet_exactly_at_consistent_point(fresh_db, slot_nam
         while written[0] < 200:
             time.sleep(0.01)
         slot = slot_name()
-        manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=2, s3_client=client)
+        manifest = snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=2, s3=client)
         while written[0] < manifest.table("public", "seq").rows + 200:
             time.sleep(0.01)
     finally:
@@ -185,7 +185,7 @@ def test_killed_worker_part_is_retried(fresh_db, slot_name, store, s3):
     def killer(_cp, _name):
         kill_one_copy(fresh_db.socket_dsn, killed)
 
-    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=3, rows_per_part=10000, s3_client=client, on_slot_created=killer)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=3, rows_per_part=10000, s3=client, on_slot_created=killer)
     assert killed, "a worker backend was terminated mid-copy"
     assert manifest.table("public", "big").rows == 300000
     ids = read_table(s3, url, manifest, "public", "big").column("id").to_pylist()
@@ -205,7 +205,7 @@ def test_only_worker_killed_reimports_the_snapshot(fresh_db, slot_name, store, s
         sql(fresh_db.socket_dsn, "INSERT INTO big (id) VALUES (-1)")
         kill_one_copy(fresh_db.socket_dsn, killed)
 
-    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, rows_per_part=10000, s3_client=client, on_slot_created=both)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=1, rows_per_part=10000, s3=client, on_slot_created=both)
     assert killed, "the worker backend was terminated mid-copy"
     ids = read_table(s3, url, manifest, "public", "big").column("id").to_pylist()
     assert sorted(ids) == list(range(1, 300001))
@@ -223,12 +223,12 @@ def test_failed_run_drops_its_slot_and_prefix(fresh_db, slot_name, store):
         sql(fresh_db.socket_dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgcdc-snapshot'")
 
     with pytest.raises(SnapshotError) as ei:
-        snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=2, s3_client=client, on_slot_created=kill_workers)
+        snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=2, s3=client, on_slot_created=kill_workers)
     assert "failed" in str(ei.value)
     assert not slot_exists(fresh_db, slot), "no orphan slot keeps WAL"
     # a usage error before anything starts leaves nothing either
     with pytest.raises(SnapshotError):
-        snapshot_to_s3(fresh_db, url, slot=slot, s3_client=client)  # neither publication nor tables
+        snapshot_to_s3(fresh_db, url, slot=slot, s3=client)  # neither publication nor tables
     assert not slot_exists(fresh_db, slot)
     layout = Layout.parse(url)
     assert list(s3store.list_keys(client, layout.bucket, layout.snapshots_prefix(slot))) == []
@@ -270,11 +270,11 @@ def test_second_run_on_a_live_slot_is_refused(fresh_db, slot_name, store):
 
     def start_second(_cp, _name):
         try:
-            snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, s3_client=client)
+            snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=1, s3=client)
         except BaseException as exc:
             second.append(exc)
 
-    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, s3_client=client, on_slot_created=start_second)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=1, s3=client, on_slot_created=start_second)
     assert len(second) == 1 and isinstance(second[0], SnapshotBusy), second
     assert slot in str(second[0])
     assert manifest.table("public", "big").rows == 20000
@@ -296,7 +296,7 @@ def test_dead_run_objects_landing_late_are_swept(fresh_db, slot_name, store):
         client.put_object(Bucket=layout.bucket, Key=dead + "public.big/part-00000.parquet", Body=b"x")
         client.create_multipart_upload(Bucket=layout.bucket, Key=dead + "public.big/part-00001.parquet")
 
-    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, s3_client=client, on_slot_created=late_landing)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=1, s3=client, on_slot_created=late_landing)
     keys = list(s3store.list_keys(client, layout.bucket, layout.snapshots_prefix(slot)))
     assert keys and all(k.startswith(layout.snapshot_prefix(slot, manifest.snapshot_id)) for k in keys), keys
     assert s3store.pending_uploads(client, layout.bucket, dead) == []
@@ -349,8 +349,8 @@ def test_snapshot_logs_progress(fresh_db, slot_name, store, caplog):
     make_source(fresh_db, rows=100000)
     slot = slot_name()
     with caplog.at_level("INFO", logger="airflow_pgcdc.snapshot.export"):
-        snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=2, rows_per_part=20000,
-                       s3_client=client, progress_interval=0.0)
+        snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=2, rows_per_part=20000,
+                       s3=client, progress_interval=0.0)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("snapshot: ")]
     assert len(lines) >= 2, lines
     assert "100.0% of pages" in lines[-1] and "tables," in lines[-1] and "rows/s" in lines[-1]
@@ -385,8 +385,8 @@ def test_every_worker_mode_copies_the_same_rows(fresh_db, slot_name, store, s3, 
     make_source(fresh_db)
     if mode != "threads":
         monkeypatch.setattr(workers.threading, "active_count", lambda: 1 if mode == "fork" else 2)
-    manifest = snapshot_to_s3(fresh_db, url, slot=slot_name(), publication="pub", workers=2, rows_per_part=3000,
-                              s3_client=client, worker_processes=mode != "threads")
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot_name(), publications="pub", workers=2, rows_per_part=3000,
+                              s3=client, worker_processes=mode != "threads")
     if mode == "threads":
         assert recorded_workers == []
     else:
@@ -423,8 +423,8 @@ def test_killed_worker_process_part_is_retried_on_a_new_process(fresh_db, slot_n
                 time.sleep(0.005)
         threading.Thread(target=run, daemon=True).start()
 
-    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=2, rows_per_part=10000,
-                              s3_client=client, on_slot_created=kill_a_worker)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=2, rows_per_part=10000,
+                              s3=client, on_slot_created=kill_a_worker)
     assert killed, "a worker process was killed mid-copy"
     assert len(recorded_workers) == 3, "a new worker process replaced the killed one"
     ids = read_table(s3, url, manifest, "public", "big").column("id").to_pylist()
@@ -443,7 +443,7 @@ def test_the_text_casts_catalog_query_runs_once_per_run(fresh_db, slot_name, sto
     calls = []
     real = export.function_casts
     monkeypatch.setattr(export, "function_casts", lambda conn: calls.append(1) or real(conn))
-    manifest = snapshot_to_s3(fresh_db, url, slot=slot_name(), publication="pub", workers=1, s3_client=client)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot_name(), publications="pub", workers=1, s3=client)
     assert len(manifest.tables) == 3 and calls == [1]
 
 
@@ -475,7 +475,7 @@ def test_manifest_put_retried_after_an_unseen_success_commits_the_snapshot(fresh
     sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
     slot = slot_name()
     flaky = _RetriedAfterUnseenSuccess(client)
-    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publication="pub", workers=1, s3_client=flaky)
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot, publications="pub", workers=1, s3=flaky)
     layout = Layout.parse(url)
     key = layout.snapshot_manifest(slot, manifest.snapshot_id)
     assert flaky.retried == [key], "the manifest's put was the retried one"

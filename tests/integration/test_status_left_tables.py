@@ -35,18 +35,18 @@ def test_status_lists_dropped_and_forgotten_tables(fresh_db, slot_name, s3, s3_b
     sql(db, "INSERT INTO a VALUES (1, 'a'); INSERT INTO b VALUES (1, 'b'); INSERT INTO \"C t\" VALUES (1, 'c')")
     sql(db, 'CREATE PUBLICATION pub FOR TABLE a, b, "C t"')
     slot = slot_name()
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client, workers=1, worker_processes=False)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     sql(db, "UPDATE a SET v = 'a0'; UPDATE b SET v = 'b0'; UPDATE \"C t\" SET v = 'c0'")
-    drain_window(db, src, slot=slot, publications=["pub"], s3_client=client)  # window 0
+    drain_window(db, src, slot=slot, publications=["pub"], s3=client)  # window 0
     merge_slot(spark, store=src, slot=slot, delta=lake)
 
     sql(db, "DROP TABLE b")
     sql(db, 'ALTER PUBLICATION pub DROP TABLE "C t"')
     sql(db, "UPDATE a SET v = 'a1'")
-    drain_window(db, src, slot=slot, publications=["pub"], s3_client=client,
+    drain_window(db, src, slot=slot, publications=["pub"], s3=client,
                  forget_tables=['public."C t"'])  # window 1
     sql(db, "UPDATE a SET v = 'a2'")
-    drain_window(db, src, slot=slot, publications=["pub"], s3_client=client)  # window 2
+    drain_window(db, src, slot=slot, publications=["pub"], s3=client)  # window 2
     out = {t.table: t for t in merge_slot(spark, store=src, slot=slot, delta=lake).tables}
     assert out["public.b"].left_pipeline and out["public.C t"].left_pipeline and not out["public.a"].left_pipeline
 

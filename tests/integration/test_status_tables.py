@@ -39,7 +39,7 @@ def setup_pipeline(db, client, src, slot):
     sql(db, "INSERT INTO u SELECT 'k' || g, g FROM generate_series(1, 50) g")
     sql(db, "INSERT INTO q SELECT g, 'q' FROM generate_series(1, 10) g")
     sql(db, "CREATE PUBLICATION pub FOR TABLE t, u, q")
-    snapshot_to_s3(db, src, slot=slot, publication="pub", s3_client=client)
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
 
 
 def change(db, i):
@@ -56,7 +56,7 @@ def change(db, i):
 def run_rounds(db, client, src, slot, lake, spark, rounds, engine):
     for i in range(rounds):
         change(db, i)
-        drain_window(db, src, slot=slot, publications="pub", s3_client=client)
+        drain_window(db, src, slot=slot, publications="pub", s3=client)
         kw = {"engine": "delta-spark", "reader": "s3a"} if engine == "delta-spark" else {}
         merge_slot(spark, store=src, slot=slot, delta=lake, **kw)
 
@@ -156,7 +156,7 @@ def check_pipeline(db, client, src, lake, slot, spark, s3, engine, rounds):
 
     # a merge after the maintenance: one version more, the maintenance record stays
     change(db, 102)  # inserts only into t: one file more
-    drain_window(db, src, slot=slot, publications="pub", s3_client=client)
+    drain_window(db, src, slot=slot, publications="pub", s3=client)
     kw = {"engine": "delta-spark", "reader": "s3a"} if engine == "delta-spark" else {}
     merge_slot(spark, store=src, slot=slot, delta=lake, **kw)
     tables = by_table(slot_status(db, slot, store=src, delta=lake))
@@ -212,7 +212,7 @@ def test_status_reads_each_manifest_of_the_slot_once(pg18, request, slot_name, s
         setup_pipeline(db, client, src, slot)
         run_rounds(db, client, src, slot, lake, spark, 1, "delta-rs")
         counting = _CountingClient(client)
-        status = slot_status(db, slot, publication="pub", store=src, s3_client=counting, delta=lake)
+        status = slot_status(db, slot, publications="pub", store=src, s3=counting, delta=lake)
         assert status["store"]["windows_committed"] == 1 and status["problem"] is None
         manifests = {k: n for k, n in counting.gets.items() if k.endswith("_manifest.json")}
         snapshot = [k for k in manifests if "/snapshot/" in k]

@@ -32,7 +32,7 @@ def seen(monkeypatch):
     return got
 
 
-KW = {"slot": "s1", "publications": "pub", "s3_client": object()}
+KW = {"slot": "s1", "publications": "pub", "s3": object()}
 
 
 @pytest.mark.parametrize("call", [
@@ -102,9 +102,9 @@ def test_one_name_for_the_store_and_the_delta_root_in_every_call():
 
     nowhere = "host=/nonexistent/socket dbname=x connect_timeout=1"
     with pytest.raises(TypeError, match="both 'store' and its old name 'to'"):
-        snapshot_to_s3(nowhere, "s3://b/p", to="s3://b/q", slot="s", publication="p")
+        snapshot_to_s3(nowhere, "s3://b/p", to="s3://b/q", slot="s", publications="p")
     with pytest.raises(TypeError, match="both 'store' and its old name 'to'"):
-        resync_tables(nowhere, "s3://b/p", to="s3://b/q", slot="s", publication="p", tables=["t"])
+        resync_tables(nowhere, "s3://b/p", to="s3://b/q", slot="s", publications="p", tables=["t"])
     with pytest.raises(TypeError, match="both 'store' and its old name 'to'"):
         base_backup_to_s3(nowhere, "s3://b/p", to="s3://b/q")
     with pytest.raises(TypeError, match="both 'store' and its old name 'store_url'"):

@@ -29,15 +29,15 @@ def test_number_and_flag():
 
 
 def test_the_drain_takes_its_limits_and_connections_from_templates():
-    op = PgcdcDrainOperator(task_id="d", store="s3://b/cdc", slot="s", publication="p",
+    op = PgcdcDrainOperator(task_id="d", store="s3://b/cdc", slot="s", publications="p",
                             max_rows="{{ params.max_rows }}", max_bytes=1000, max_seconds="{{ params.s }}",
                             postgres_conn_id="{{ params.pg }}", aws_conn_id="{{ params.aws }}")
     assert {"max_rows", "max_bytes", "max_seconds", "postgres_conn_id", "aws_conn_id"} <= set(op.template_fields)
     assert op.max_rows == "{{ params.max_rows }}" and op.max_bytes == 1000  # kept until rendered
     with pytest.raises(ValueError, match="max_rows must be an integer of at least 0, got 'many'"):
-        PgcdcDrainOperator(task_id="d2", store="s3://b/cdc", slot="s", publication="p", max_rows="many")
+        PgcdcDrainOperator(task_id="d2", store="s3://b/cdc", slot="s", publications="p", max_rows="many")
     with pytest.raises(ValueError, match="max_seconds must be a number of at least 0, got -5"):
-        PgcdcDrainOperator(task_id="d3", store="s3://b/cdc", slot="s", publication="p", max_seconds=-5)
+        PgcdcDrainOperator(task_id="d3", store="s3://b/cdc", slot="s", publications="p", max_seconds=-5)
 
 
 def test_the_sensor_takes_its_thresholds_and_connection_from_templates():
@@ -89,7 +89,7 @@ def test_the_drain_operator_takes_its_options_as_one_rendered_dict():
     from airflow_pgcdc.drain.options import DrainOptions
     from airflow_pgcdc.operators.drain import PgcdcDrainOperator
 
-    op = PgcdcDrainOperator(task_id="d", store="s3://b/p", slot="s", publication="pub", options="{{ params.drain }}")
+    op = PgcdcDrainOperator(task_id="d", store="s3://b/p", slot="s", publications="pub", options="{{ params.drain }}")
     assert "options" in op.template_fields
     op.options = ("{'max_rows': '500', 'max_seconds': '2.5', 'binary': 'true', 'skip_origins': 'a, b', "
                   "'forget_tables': 'public.gone', 'as_text': {'public.t': ['c']}, 'max_bytes': 'None'}")
@@ -99,10 +99,10 @@ def test_the_drain_operator_takes_its_options_as_one_rendered_dict():
     with pytest.raises(ValueError, match="max_rows must be an integer"):
         op._options()
     with pytest.raises(ValueError, match="not both"):
-        PgcdcDrainOperator(task_id="d2", store="s3://b/p", slot="s", publication="pub", options={"binary": True},
+        PgcdcDrainOperator(task_id="d2", store="s3://b/p", slot="s", publications="pub", options={"binary": True},
                            max_rows=5)
     with pytest.raises(TypeError, match="the drain has no option 'max_row'"):
-        PgcdcDrainOperator(task_id="d3", store="s3://b/p", slot="s", publication="pub", options={"max_row": 5})
+        PgcdcDrainOperator(task_id="d3", store="s3://b/p", slot="s", publications="pub", options={"max_row": 5})
 
 
 def test_upkeep_options_as_one_object_from_the_command_line_or_a_rendered_dict():
