@@ -61,7 +61,7 @@ def build(p: Pipeline) -> DAG:
         wait = PgcdcChangesSensor(
             task_id="wait_for_changes",
             slot="{{ params.slot }}",
-            publication="{{ params.publication }}",
+            publications="{{ params.publication }}",
             min_bytes="{{ params.min_bytes }}",
             max_delay="{{ params.max_delay }}",
             postgres_conn_id=p.postgres_conn_id,

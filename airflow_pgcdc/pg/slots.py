@@ -275,7 +275,7 @@ _SERVER = [
     ("w.current_database", "current_database"),
     ("w.track_commit_timestamp", "track_commit_timestamp"),
     ("w.last_commit_time", "last_commit_time"),
-    ("w.publication_exists", "publication_exists"),
+    ("w.missing_publication", "missing_publication"),
 ]
 
 # The server's position and clock, read once per statement. pg_last_committed_xact()
@@ -288,9 +288,9 @@ _W = """(SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
             current_setting('track_commit_timestamp')::boolean AS track_commit_timestamp,
             CASE WHEN current_setting('track_commit_timestamp')::boolean
                  THEN (SELECT x.timestamp FROM pg_last_committed_xact() x) END AS last_commit_time,
-            CASE WHEN %(publication)s::text IS NULL THEN NULL
-                 ELSE EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %(publication)s::text)
-            END AS publication_exists) w"""
+            (SELECT u.name FROM unnest(%(publications)s::text[]) WITH ORDINALITY AS u(name, i)
+             WHERE NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = u.name)
+             ORDER BY u.i LIMIT 1) AS missing_publication) w"""
 
 
 def _health_query(version: int, slot: str | None) -> tuple[str, list[str]]:
@@ -307,7 +307,7 @@ def _lsn(value: str | None) -> LSN | None:
     return None if value is None else LSN.parse(value)
 
 
-def _health(row: Sequence[Any], names: list[str], slot: str | None, publication: str | None,
+def _health(row: Sequence[Any], names: list[str], slot: str | None, publications: tuple[str, ...],
             version: int) -> SlotHealth:
     d = dict(zip(names, row, strict=True))
     exists = d["slot"] is not None
@@ -315,11 +315,22 @@ def _health(row: Sequence[Any], names: list[str], slot: str | None, publication:
         d["slot"] = slot
     for name in ("current_lsn", "confirmed_flush_lsn", "restart_lsn"):
         d[name] = _lsn(d[name])
-    return SlotHealth(exists=exists, server_version=version, publication=publication, **d)
+    missing = d.pop("missing_publication")
+    # publication: the first missing one, else those checked (None: none was)
+    publication = missing if missing is not None else (", ".join(publications) or None)
+    return SlotHealth(exists=exists, server_version=version, publication=publication,
+                      publication_exists=None if not publications else missing is None, **d)
 
 
-def slot_health(conn: psycopg.Connection | str, slot: str, *, publication: str | None = None) -> SlotHealth:
-    """The health of ``slot`` (and whether ``publication`` exists, when given).
+def _publications(publications: Sequence[str] | str | None) -> tuple[str, ...]:
+    return () if publications is None else ((publications,) if isinstance(publications, str) else tuple(publications))
+
+
+def slot_health(conn: psycopg.Connection | str, slot: str, *,
+                publications: Sequence[str] | str | None = None) -> SlotHealth:
+    """The health of ``slot`` (and whether ``publications``, one name or several, exist:
+    ``publication_exists`` is False and ``publication`` the first missing one when one does
+    not).
 
     ``conn``: a psycopg connection to the slot's database, or a DSN (a connection is
     opened and closed). A missing slot gives ``exists=False``, not an error: use
@@ -327,20 +338,23 @@ def slot_health(conn: psycopg.Connection | str, slot: str, *, publication: str |
     """
     if isinstance(conn, str):
         with psycopg.connect(conn, autocommit=True) as c:
-            return slot_health(c, slot, publication=publication)
+            return slot_health(c, slot, publications=publications)
+    pubs = _publications(publications)
     version = conn.info.server_version
     sql, names = _health_query(version, slot)
-    row = conn.execute(sql, {"slot": slot, "publication": publication}).fetchone()
-    return _health(row, names, slot, publication, version)
+    row = conn.execute(sql, {"slot": slot, "publications": list(pubs)}).fetchone()
+    return _health(row, names, slot, pubs, version)
 
 
-async def aslot_health(conn: psycopg.AsyncConnection, slot: str, *, publication: str | None = None) -> SlotHealth:
+async def aslot_health(conn: psycopg.AsyncConnection, slot: str, *,
+                       publications: Sequence[str] | str | None = None) -> SlotHealth:
     """:func:`slot_health` on an asyncio connection."""
+    pubs = _publications(publications)
     version = conn.info.server_version
     sql, names = _health_query(version, slot)
-    cur = await conn.execute(sql, {"slot": slot, "publication": publication})
+    cur = await conn.execute(sql, {"slot": slot, "publications": list(pubs)})
     row = await cur.fetchone()
-    return _health(row, names, slot, publication, version)
+    return _health(row, names, slot, pubs, version)
 
 
 def list_slots(conn: psycopg.Connection | str) -> list[SlotHealth]:
@@ -350,8 +364,8 @@ def list_slots(conn: psycopg.Connection | str) -> list[SlotHealth]:
             return list_slots(c)
     version = conn.info.server_version
     sql, names = _health_query(version, None)
-    rows = conn.execute(sql, {"publication": None}).fetchall()
-    return [_health(r, names, None, None, version) for r in rows]
+    rows = conn.execute(sql, {"publications": []}).fetchall()
+    return [_health(r, names, None, (), version) for r in rows]
 
 
 def current_wal_lsn(conn: psycopg.Connection) -> LSN:

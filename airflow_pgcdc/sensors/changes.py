@@ -33,6 +33,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_pgcdc.errors import HintedError
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.runs import refuse_backfill_run
 from airflow_pgcdc.operators.values import checked, number
 from airflow_pgcdc.pg.slots import PendingClock, PublicationMissing, SlotError
@@ -83,7 +84,8 @@ class PgcdcChangesSensor(BaseSensorOperator):
     """Wait until ``slot`` has ``min_bytes`` of pending WAL or a change older than ``max_delay``.
 
     :param slot: logical replication slot (templated)
-    :param publication: fail if this publication is missing (templated; None: not checked)
+    :param publications: fail if this publication (a name or a list) is missing (templated;
+        None: not checked; ``publication``: its 0.2 name, warns)
     :param min_bytes: pending WAL that makes a window worth draining (default 16 MiB; templated).
         WAL is per cluster: this counts other databases' WAL too (an upper bound on
         what the slot decodes)
@@ -97,14 +99,14 @@ class PgcdcChangesSensor(BaseSensorOperator):
     :param poke_interval: seconds between polls (the trigger's poll interval too)
     """
 
-    template_fields: Sequence[str] = ("slot", "publication", "min_bytes", "max_delay", "postgres_conn_id")
+    template_fields: Sequence[str] = ("slot", "publications", "min_bytes", "max_delay", "postgres_conn_id")
     ui_color = "#d5f5e3"
 
     def __init__(
         self,
         *,
         slot: str,
-        publication: str | None = None,
+        publications: str | Sequence[str] | None = None,
         min_bytes: int = DEFAULT_MIN_BYTES,
         max_delay: timedelta | float | None = DEFAULT_MAX_DELAY,
         warn_retained_bytes: int | None = DEFAULT_WARN_RETAINED_BYTES,
@@ -114,9 +116,11 @@ class PgcdcChangesSensor(BaseSensorOperator):
         poke_interval: timedelta | float = 30,
         **kwargs: Any,
     ) -> None:
+        publications = renamed_argument(kwargs, "publication", "publications", publications, "PgcdcChangesSensor",
+                                        required=None)
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.slot = slot
-        self.publication = publication
+        self.publications = publications
         self.min_bytes = checked(min_bytes, number, int, "min_bytes", minimum=0)
         self.max_delay = checked(seconds(max_delay) if isinstance(max_delay, timedelta) else max_delay,
                                  number, float, "max_delay", minimum=0)
@@ -143,7 +147,7 @@ class PgcdcChangesSensor(BaseSensorOperator):
         hook = PgcdcHook(self.postgres_conn_id)
         try:
             with psycopg.connect(hook.get_dsn(), autocommit=True, connect_timeout=30) as conn:
-                health = slot_health(conn, self.slot, publication=self.publication)
+                health = slot_health(conn, self.slot, publications=self.publications or None)
         except psycopg.OperationalError as e:
             raise PgcdcSlotBusy(
                 f"cannot read replication slot {self.slot!r} on {hook.safe_dsn()}: {str(e).strip()}",
@@ -184,7 +188,7 @@ class PgcdcChangesSensor(BaseSensorOperator):
         self.defer(
             trigger=PgcdcChangesTrigger(
                 slot=self.slot,
-                publication=self.publication,
+                publications=self.publications or None,
                 postgres_conn_id=self.postgres_conn_id,
                 min_bytes=self._min_bytes(),
                 max_delay=self._max_delay(),

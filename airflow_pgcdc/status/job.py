@@ -284,13 +284,7 @@ def slot_status(
     settings, s3_client = s3store.s3_argument("slot_status", s3, old)
     if old:
         raise TypeError(f"slot_status() got unexpected keyword argument(s) {', '.join(map(repr, sorted(old)))}")
-    health = None
-    for pub in pubs:  # the first missing one is the problem
-        health = slot_health(dsn, slot, publication=pub)
-        if not health.publication_exists:
-            break
-    if health is None:
-        health = slot_health(dsn, slot)
+    health = slot_health(dsn, slot, publications=pubs)
     problem = None
     try:
         check_slot_usable(health, plugin=None, allow_active=True)  # active: a drain is running

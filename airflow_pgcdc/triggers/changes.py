@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -159,7 +159,8 @@ class PgcdcChangesTrigger(BaseTrigger):
     """Fire when ``slot`` has ``min_bytes`` of pending WAL or a change older than ``max_delay``.
 
     :param slot: logical replication slot
-    :param publication: also check that this publication exists (None: do not check)
+    :param publications: also check that these publications exist (a name or a list; None:
+        do not check; ``publication``, the 0.2 name a trigger serialized then carries, is read too)
     :param postgres_conn_id: Airflow connection of the slot's database (resolved in the triggerer)
     :param min_bytes: pending WAL (bytes) that makes a window worth draining
     :param max_delay: seconds the oldest unacknowledged change may wait (None: no limit)
@@ -175,7 +176,7 @@ class PgcdcChangesTrigger(BaseTrigger):
         self,
         *,
         slot: str,
-        publication: str | None = None,
+        publications: str | Sequence[str] | None = None,
         postgres_conn_id: str = "postgres_default",
         min_bytes: int = DEFAULT_MIN_BYTES,
         max_delay: float | None = DEFAULT_MAX_DELAY,
@@ -185,10 +186,12 @@ class PgcdcChangesTrigger(BaseTrigger):
         pending_since: float | None = None,
         pending_confirmed_lsn: str | None = None,
         connect_retries: int = 5,
+        publication: str | None = None,
     ) -> None:
         super().__init__()
         self.slot = slot
-        self.publication = publication
+        given = publications if publications is not None else publication  # one deferred before the rename
+        self.publications = [given] if isinstance(given, str) else (list(given) if given else None)
         self.postgres_conn_id = postgres_conn_id
         self.min_bytes = int(min_bytes)
         self.max_delay = seconds(max_delay)
@@ -204,7 +207,7 @@ class PgcdcChangesTrigger(BaseTrigger):
             f"{type(self).__module__}.{type(self).__qualname__}",
             {
                 "slot": self.slot,
-                "publication": self.publication,
+                "publications": self.publications,
                 "postgres_conn_id": self.postgres_conn_id,
                 "min_bytes": self.min_bytes,
                 "max_delay": self.max_delay,
@@ -248,7 +251,7 @@ class PgcdcChangesTrigger(BaseTrigger):
                         conn = await psycopg.AsyncConnection.connect(
                             dsn, autocommit=True, connect_timeout=max(2, int(self.poll_interval))
                         )
-                    health = await aslot_health(conn, self.slot, publication=self.publication)
+                    health = await aslot_health(conn, self.slot, publications=self.publications)
                     failures = 0
                 except psycopg.OperationalError as e:
                     failures += 1

@@ -76,7 +76,7 @@ def first_event(trigger, timeout: float = 20.0) -> dict:
 
 def test_trigger_fires_on_pending_wal_and_serializes_without_secrets(source):
     dsn, slot, conn_id = source
-    trigger = trigger_for(slot, conn_id, publication="p", min_bytes=1 << 20, max_delay=None)
+    trigger = trigger_for(slot, conn_id, publications="p", min_bytes=1 << 20, max_delay=None)
 
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_pgcdc.triggers.changes.PgcdcChangesTrigger"
@@ -136,7 +136,7 @@ def test_trigger_error_events(source):
     assert event["status"] == "error" and event["error"] == "slot_missing"
     assert "'no_such_slot' does not exist" in event["message"] and event["hint"]
 
-    event = first_event(trigger_for(slot, conn_id, publication="nope"))
+    event = first_event(trigger_for(slot, conn_id, publications="nope"))
     assert event["error"] == "publication_missing" and "'nope' does not exist" in event["message"]
 
     event = first_event(trigger_for(slot, "no_such_connection"))
@@ -162,7 +162,7 @@ def test_sensor_poke_defer_and_failures(source):
     )
 
     dsn, slot, conn_id = source
-    sensor = PgcdcChangesSensor(task_id="s", slot=slot, publication="p", postgres_conn_id=conn_id,
+    sensor = PgcdcChangesSensor(task_id="s", slot=slot, publications="p", postgres_conn_id=conn_id,
                                 min_bytes=1 << 20, max_delay=None, deferrable=False)
     assert sensor.poke({}) is False
     write_rows(dsn, 20_000)

@@ -145,12 +145,19 @@ def test_in_use_missing_mismatch_and_publication_errors(fresh_db, slot_name):
             slots.check_slot_usable(missing)
         assert e.value.kind == "slot_missing" and "pgcdc snapshot" in e.value.hint
         # missing publication
-        h = slots.slot_health(conn, name, publication="no such pub")
+        h = slots.slot_health(conn, name, publications="no such pub")
         assert h.publication_exists is False
         with pytest.raises(slots.PublicationMissing, match="no such pub") as e:
             slots.check_slot_usable(h)
         assert "pgcdc publication ensure" in e.value.hint
-        assert slots.slot_health(conn, name, publication="p").publication_exists is True
+        assert slots.slot_health(conn, name, publications="p").publication_exists is True
+        # several: the first missing one is named, in the order given
+        several = slots.slot_health(conn, name, publications=["p", "gone_b", "gone_a"])
+        assert several.publication_exists is False and several.publication == "gone_b"
+        with pytest.raises(slots.PublicationMissing, match="'gone_b'"):
+            slots.check_slot_usable(several)
+        assert slots.slot_health(conn, name, publications=["p", "p"]).publication_exists is True
+        assert slots.slot_health(conn, name).publication_exists is None  # none checked
         # wrong plugin expectation
         with pytest.raises(slots.SlotMismatch, match="output plugin"):
             slots.check_slot_usable(h, plugin="wal2json")

@@ -121,6 +121,34 @@ def test_publication_column_list_and_row_filter(fresh_db, slot_name, store, s3):
     assert "secret" not in data.schema.names
 
 
+def test_several_publications_copy_each_table_as_their_stream_carries_it(fresh_db, slot_name, store, s3):
+    """A table in two publications gets the OR of their row filters (PostgreSQL's own
+    initial sync and pgoutput combine them so); a table in one of them is copied too; two
+    column lists for one table are refused, as the server refuses to stream it."""
+    if fresh_db.server.version_num < 150000:
+        pytest.skip("column lists and row filters need PostgreSQL 15+")
+    from airflow_pgcdc.pg.tables import PublicationsDisagree
+
+    client, url = store
+    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, secret text, region text)")
+    sql(fresh_db, "INSERT INTO t SELECT g, 'pw' || g, CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END "
+                  "FROM generate_series(1, 100) g")
+    sql(fresh_db, "CREATE TABLE u (id int PRIMARY KEY)")
+    sql(fresh_db, "INSERT INTO u SELECT generate_series(1, 7)")
+    sql(fresh_db, "CREATE PUBLICATION pub_eu FOR TABLE t (id, region) WHERE (region = 'eu')")
+    sql(fresh_db, "CREATE PUBLICATION pub_us FOR TABLE t (id, region) WHERE (region = 'us' AND id <= 21), TABLE u")
+    manifest = snapshot_to_s3(fresh_db, url, slot=slot_name(), publications=["pub_eu", "pub_us"], workers=1, s3=client)
+    assert sorted(f"{e.schema}.{e.table}" for e in manifest.tables) == ["public.t", "public.u"]
+    data = read_table(s3, url, manifest, "public", "t")
+    ids = sorted(data.column("id").to_pylist())
+    assert ids == sorted(set(range(2, 101, 2)) | set(range(1, 22, 2)))  # 50 eu + 11 us
+    assert "secret" not in data.schema.names
+    assert read_table(s3, url, manifest, "public", "u").num_rows == 7
+    sql(fresh_db, "CREATE PUBLICATION pub_secret FOR TABLE t (id, secret)")
+    with pytest.raises(PublicationsDisagree, match="pub_eu, pub_secret publish public.t with different columns"):
+        snapshot_to_s3(fresh_db, url, slot=slot_name(), publications=["pub_eu", "pub_secret"], workers=1, s3=client)
+
+
 def test_snapshot_and_stream_meet_exactly_at_consistent_point(fresh_db, slot_name, store, s3):
     """A writer commits numbered rows the whole time: every number is in the snapshot or
     in the stream from the slot, never both, never neither."""

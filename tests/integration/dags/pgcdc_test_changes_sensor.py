@@ -22,7 +22,7 @@ with DAG("pgcdc_test_changes_sensor", schedule=None, start_date=datetime.datetim
     wait = PgcdcChangesSensor(
         task_id="wait",
         slot="{{ dag_run.conf['slot'] }}",
-        publication="{{ dag_run.conf['publication'] }}",
+        publications="{{ dag_run.conf['publication'] }}",
         min_bytes=2 << 20,
         max_delay=None,
         poke_interval=0.5,
