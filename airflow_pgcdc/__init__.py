@@ -14,8 +14,11 @@ Airflow operator; they are imported on first use, so ``import airflow_pgcdc`` st
 - :func:`verify_table` — compare a Delta table with its PostgreSQL table;
 - :func:`slot_status` — the slot's health and the pipeline's progress.
 
-Their options and results (:class:`DrainOptions`, :class:`DrainResult`, :class:`MergeResult`,
-:class:`TableResult`) are re-exported the same way.
+Their options objects (:class:`SnapshotOptions`, :class:`ResyncOptions`,
+:class:`RecoverOptions`, :class:`BaseBackupOptions`, :class:`DrainOptions`,
+:class:`MergeOptions`, :class:`MaintainOptions`), results (:class:`DrainResult`,
+:class:`MergeResult`, :class:`TableResult`) and :class:`S3Settings` (every call's ``s3``)
+are re-exported the same way.
 
 Layers (imports point down only; ``tests/unit/test_import_graph.py`` pins the ranks,
 ``docs/design.md`` has the full map):
@@ -50,10 +53,17 @@ _EXPORTS = {
     "maintain_slot": "airflow_pgcdc.maintain.job",
     "verify_table": "airflow_pgcdc.verify.job",
     "slot_status": "airflow_pgcdc.status.job",
+    "SnapshotOptions": "airflow_pgcdc.snapshot.options",
+    "ResyncOptions": "airflow_pgcdc.snapshot.options",
+    "RecoverOptions": "airflow_pgcdc.snapshot.options",
+    "BaseBackupOptions": "airflow_pgcdc.snapshot.options",
     "DrainOptions": "airflow_pgcdc.drain.options",
     "DrainResult": "airflow_pgcdc.drain.options",
+    "MergeOptions": "airflow_pgcdc.merge.options",
     "MergeResult": "airflow_pgcdc.merge.options",
     "TableResult": "airflow_pgcdc.merge.options",
+    "MaintainOptions": "airflow_pgcdc.maintain.options",
+    "S3Settings": "airflow_pgcdc.store.s3",
 }
 
 __all__ = sorted(_EXPORTS)
