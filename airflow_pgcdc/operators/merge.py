@@ -522,6 +522,14 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             until_time=None if self.until_time in (None, "", "None") else str(self.until_time),
         )
 
+    def _describe(self) -> str:
+        """The start line: the tables and windows asked, from ``options`` when given there."""
+        given = self._options()
+        tables = list(given.tables or ()) if given is not None else self._tables()
+        windows = given.max_windows if given is not None else self._max_windows()
+        return (f"merge of slot {self.slot} from {self.store} into {self.delta} (tables "
+                f"{', '.join(tables) if tables else 'all'}, max windows {windows or 'all'})")
+
     # ------------------------------------------------------------------ running
 
     def execute(self, context) -> dict[str, Any]:
@@ -532,8 +540,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         with tempfile.TemporaryDirectory(prefix="pgcdc-merge-") as tmp:
             zip_path = build_py_files(self.py_files_dir or tmp)
             self.py_files = ",".join([zip_path, *user_py_files])
-            self.log.info("merge of slot %s from %s into %s (tables %s, max windows %s)", self.slot,
-                          self.store, self.delta, self._tables() or "all", self._max_windows() or "all")
+            self.log.info("%s", self._describe())
             submit_error: Exception | None = None
             try:
                 super().execute(context)

@@ -32,6 +32,8 @@ def committed_windows(client: Any, store: str, slot: str, delta: str | None = No
     newest committed one is committed: the manifests are checked from the newest back.
     ``folder``: the slot's folder already opened (its reads are shared with the caller's).
     """
+    import json
+
     from airflow_pgcdc.store import s3 as s3store
     from airflow_pgcdc.store.layout import Layout, LayoutError
     from airflow_pgcdc.store.slot import SlotStore
@@ -53,8 +55,13 @@ def committed_windows(client: Any, store: str, slot: str, delta: str | None = No
     uncommitted: list[int] = []
     for seq in reversed(seqs):
         key = layout.window_manifest(slot, seq)
-        if s3store.exists(client, layout.bucket, key):
-            doc = s3store.get_json(client, layout.bucket, key)
+        raw = folder.window_document(seq)  # one GET, shared with the reads of the window below
+        if raw is not None:
+            try:
+                doc = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise s3store.CorruptObject(f"not a JSON document: {e}", bucket=layout.bucket, key=key,
+                                            operation="GetObject") from None
             last = {"window_seq": seq, "manifest": layout.url(key)}
             if isinstance(doc, dict):
                 for name, value in doc.items():

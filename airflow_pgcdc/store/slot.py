@@ -24,6 +24,7 @@ class SlotStore:
         self.layout = layout
         self.slot = slot
         self._windows: dict[int, Any] = {}
+        self._documents: dict[int, bytes | None] = {}
         self._resyncs: dict[bool, list] = {}
 
     @functools.cached_property
@@ -41,12 +42,25 @@ class SlotStore:
             self._resyncs[slices] = committed_resyncs(self.client, self.layout, self.slot, slices=slices)
         return self._resyncs[slices]
 
+    def window_document(self, seq: int) -> bytes | None:
+        """The committed window ``seq``'s manifest as stored, or ``None`` when the window is
+        not committed (one GET either way)."""
+        if seq not in self._documents:
+            try:
+                self._documents[seq] = s3store.get_bytes(self.client, self.layout.bucket,
+                                                         self.layout.window_manifest(self.slot, seq))
+            except s3store.ObjectNotFound:
+                self._documents[seq] = None
+        return self._documents[seq]
+
     def window(self, seq: int):
-        """The committed window ``seq``'s manifest (``ObjectNotFound`` if not committed)."""
+        """The committed window ``seq``'s manifest (``ObjectNotFound`` if not committed),
+        parsed from :meth:`window_document`."""
         if seq not in self._windows:
             from airflow_pgcdc.store.window import read_window
 
-            self._windows[seq] = read_window(self.client, self.layout, self.slot, seq)
+            self._windows[seq] = read_window(self.client, self.layout, self.slot, seq,
+                                             document=self.window_document(seq))
         return self._windows[seq]
 
     @functools.cached_property

@@ -410,10 +410,14 @@ def held_tables(m: WindowManifest) -> set[tuple[str, str]]:
     return out
 
 
-def read_window(client: Any, layout: Layout, slot: str, window_seq: int) -> WindowManifest:
-    """The committed window (:class:`ObjectNotFound` if it is not committed)."""
+def read_window(client: Any, layout: Layout, slot: str, window_seq: int, *,
+                document: bytes | None = None) -> WindowManifest:
+    """The committed window (:class:`ObjectNotFound` if it is not committed); ``document``:
+    its manifest already read (``None``: read it now)."""
     key = layout.window_manifest(slot, window_seq)
-    m = WindowManifest.from_json(s3store.get_bytes(client, layout.bucket, key), key=key)
+    if document is None:
+        document = s3store.get_bytes(client, layout.bucket, key)
+    m = WindowManifest.from_json(document, key=key)
     if m.window_seq != window_seq or m.slot != slot:
         raise ManifestError(
             f"the manifest says slot {m.slot} window {m.window_seq}", bucket=layout.bucket, key=key

@@ -477,3 +477,15 @@ def test_options_choose_the_jars_a_cluster_gets_as_the_fields_do():
     assert by_options == by_fields
     plain = PgcdcSparkMergeOperator(task_id="p", store="s", slot="s", delta="d", options={"history": "scd2"})
     assert plain._merge_jars(master) is None
+
+
+def test_the_start_line_names_the_tables_and_windows_options_ask_for():
+    """With options=, the start line said "tables all, max windows all" whatever the options
+    asked (it read only the separate fields)."""
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="s", delta="s3://b/l",
+                                 options={"tables": ["public.a", "public.b"], "max_windows": 3})
+    assert op._describe().endswith("(tables public.a, public.b, max windows 3)")
+    fields = PgcdcSparkMergeOperator(task_id="m2", store="s3://b/cdc", slot="s", delta="s3://b/l", tables=["x.y"])
+    assert fields._describe().endswith("(tables x.y, max windows all)")
+    assert PgcdcSparkMergeOperator(task_id="m3", store="s3://b/cdc", slot="s", delta="s3://b/l")._describe() \
+        .endswith("(tables all, max windows all)")
