@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -49,6 +50,9 @@ __all__ = [
 STAGING_TTL_HOURS = 6
 
 META = {f.name: f for f in META_FIELDS}
+
+_START_LOCK = threading.Lock()
+
 
 @dataclass
 class JobContext:
@@ -97,9 +101,12 @@ class JobContext:
 
     @property
     def spark(self):
-        """The job's Spark session, started on first use when the job was given a starter."""
+        """The job's Spark session, started on first use when the job was given a starter
+        (once, whichever of the job's table threads asks first)."""
         if is_starter(self.session):
-            self.session = self.session()
+            with _START_LOCK:
+                if is_starter(self.session):
+                    self.session = self.session()
         return self.session
 
     def table_url(self, schema: str, table: str) -> str:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -83,7 +84,12 @@ from airflow_pgcdc.merge.errors import (
     WindowsExpired,
 )
 from airflow_pgcdc.merge.history import changelog_history, scd2_history
-from airflow_pgcdc.merge.options import MergeOptions, MergeResult, TableResult
+from airflow_pgcdc.merge.options import (
+    DEFAULT_TABLE_WORKERS,
+    MergeOptions,
+    MergeResult,
+    TableResult,
+)
 from airflow_pgcdc.merge.plan import TablePlan, plan_table, select_windows
 from airflow_pgcdc.merge.point import (
     applied_until,
@@ -174,6 +180,9 @@ def merge_slot(
     ``driver_rows`` (delta-rs): a table's batch of at most this many change rows is compacted
     on the driver in Arrow (:mod:`.rows.arrow`), with no Spark job; a larger one by Spark;
     0: every batch by Spark (default :data:`~.rows.arrow.DRIVER_ROWS`).
+    ``table_workers``: tables merged at once by driver threads (default
+    :data:`~.options.DEFAULT_TABLE_WORKERS` with delta-rs; delta-spark: one); each table's
+    result, errors and commit (with its app transaction) are its own as with one.
     ``until_lsn`` / ``until_time``: replay to that point, the tables as the source was then
     (:mod:`.point`; delta-rs, no history tables)."""
     store = store_argument("merge_slot", store, "source", fields.pop("source", None))
@@ -188,6 +197,10 @@ def merge_slot(
             f"deletion vectors need --engine delta-spark (the {engine} engine writes none)",
             hint="add --engine delta-spark, or leave --deletion-vectors out")
     driver_rows = DRIVER_ROWS if o.driver_rows is None else o.driver_rows
+    if o.table_workers is not None and o.table_workers > 1 and not sink_cls.concurrent_tables:
+        raise MergeError(f"--table-workers {o.table_workers}: the {engine} engine merges one table at a time",
+                         hint="leave --table-workers out with --engine delta-spark (its executors do the work)")
+    table_workers = o.table_workers or (DEFAULT_TABLE_WORKERS if sink_cls.concurrent_tables else 1)
     until = until_lsn is not None or until_time is not None
     if until and not sink_cls.multi_transaction:
         raise PointError(
@@ -247,21 +260,24 @@ def merge_slot(
 
     with root_lock_if(not sink_cls.conditional_commits, client, delta, job=f"pgcdc merge of slot {slot} (delta-spark)",
                       wait=lock_wait):
+        def one(name: tuple[str, str]) -> TableResult:
+            schema, table = name
+            # one table's trouble never stops the others: it is reported, they are merged
+            try:
+                res = _one_table(ctx, schema, table, snapshot, manifests, keys or {}, max_windows)
+            except (WindowGap, WindowOrderError):  # the store's windows, not this table: stop
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported per table, raised below
+                log.error("%s.%s: not merged: %s", schema, table, exc, exc_info=not isinstance(exc, MergeError))
+                res = TableResult(
+                    table=f"{schema}.{table}", delta_url=target_url(ctx, schema, table)[0], action="failed",
+                    error=f"{type(exc).__name__}: {exc}", hint=getattr(exc, "hint", None),
+                )
+            res.left_pipeline = table_left_pipeline(manifests, schema, table)
+            return res
+
         try:
-            for schema, table in wanted:
-                # one table's trouble never stops the others: it is reported, they are merged
-                try:
-                    res = _one_table(ctx, schema, table, snapshot, manifests, keys or {}, max_windows)
-                except (WindowGap, WindowOrderError):  # the store's windows, not this table: stop
-                    raise
-                except Exception as exc:  # noqa: BLE001 - reported per table, raised below
-                    log.error("%s.%s: not merged: %s", schema, table, exc, exc_info=not isinstance(exc, MergeError))
-                    res = TableResult(
-                        table=f"{schema}.{table}", delta_url=target_url(ctx, schema, table)[0], action="failed",
-                        error=f"{type(exc).__name__}: {exc}", hint=getattr(exc, "hint", None),
-                    )
-                res.left_pipeline = table_left_pipeline(manifests, schema, table)
-                result.tables.append(res)
+            result.tables.extend(each_table(one, wanted, table_workers))
         finally:
             s3store.delete_prefix(client, layout.bucket, layout.merge_staging_prefix(slot, ctx.run_id))
     result.seconds = round(time.monotonic() - t0, 3)
@@ -273,6 +289,32 @@ def merge_slot(
             result=result,
         )
     return result
+
+
+def each_table(one, wanted: list[tuple[str, str]], workers: int) -> list[TableResult]:
+    """``one(table)`` for every table of ``wanted``, ``workers`` at a time on driver threads
+    (the job's I/O, delta-rs and Spark's job submission release the GIL: small tables' fixed
+    costs, S3 round trips and commits, overlap), their results in ``wanted``'s order. A
+    store-wide error (a window gap) stops the tables not started and is raised once the
+    started ones end; with one worker, the tables run one after another in this thread."""
+    if workers <= 1 or len(wanted) <= 1:
+        return [one(name) for name in wanted]
+    from concurrent.futures import ThreadPoolExecutor
+
+    stop = threading.Event()
+
+    def guarded(name):
+        if stop.is_set():
+            return None
+        try:
+            return one(name)
+        except BaseException:
+            stop.set()
+            raise
+
+    with ThreadPoolExecutor(max_workers=min(workers, len(wanted)), thread_name_prefix="pgcdc-merge") as pool:
+        futures = [pool.submit(guarded, name) for name in wanted]
+    return [f.result() for f in futures]  # the first store-wide error, in wanted's order
 
 
 def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, keys, max_windows) -> TableResult:

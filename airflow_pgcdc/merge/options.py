@@ -51,6 +51,11 @@ class BadMergeOption(MergeError, ValueError):
     on the command line)."""
 
 
+DEFAULT_TABLE_WORKERS = 4
+"""Tables a delta-rs merge job merges at once (driver threads), unless ``--table-workers``
+says otherwise; Delta's Spark engine merges one at a time."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class MergeOptions(JobOptions):
     """What :func:`~.job.merge_slot` is asked, past the store, the Delta root and the slot
@@ -69,6 +74,7 @@ class MergeOptions(JobOptions):
     target_file_mb: float | None = None
     deletion_vectors: bool = False
     driver_rows: int | None = None
+    table_workers: int | None = None
     lock_wait: float | None = None
     until_lsn: str | None = None
     until_time: str | datetime | None = None
@@ -102,6 +108,10 @@ class MergeOptions(JobOptions):
         if self.driver_rows is not None and (isinstance(self.driver_rows, bool) or not isinstance(self.driver_rows, int)
                                              or self.driver_rows < 0):
             raise BadMergeOption(f"driver_rows must be an integer 0 or more, got {self.driver_rows!r} (--driver-rows)")
+        if self.table_workers is not None and (isinstance(self.table_workers, bool)
+                                               or not isinstance(self.table_workers, int) or self.table_workers < 1):
+            raise BadMergeOption(f"table_workers must be an integer 1 or more, got {self.table_workers!r} "
+                                 "(--table-workers)")
         if self.until_lsn and self.until_time:
             raise BadMergeOption("give until_lsn or until_time, not both (--until-lsn, --until-time)")
         self._put("deletion_vectors", bool(self.deletion_vectors))
@@ -113,7 +123,8 @@ class MergeOptions(JobOptions):
         return cls(tables=pick("tables"), keys=parse_keys(pick("key")), max_windows=pick("max_windows"),
                    engine=pick("engine") or "delta-rs", history=pick("history"), reader=pick("reader") or "python",
                    target_file_mb=pick("target_file_mb"), deletion_vectors=bool(pick("deletion_vectors")),
-                   driver_rows=pick("driver_rows"), until_lsn=pick("until_lsn"), until_time=pick("until_time"))
+                   driver_rows=pick("driver_rows"), table_workers=pick("table_workers"), until_lsn=pick("until_lsn"),
+                   until_time=pick("until_time"))
 
     def to_args(self) -> list[str]:
         """``spark_app.py``'s arguments for these options (the defaults left out); parsed back
@@ -136,6 +147,8 @@ class MergeOptions(JobOptions):
             args.append("--deletion-vectors")
         if self.driver_rows is not None:
             args += ["--driver-rows", str(self.driver_rows)]
+        if self.table_workers is not None:
+            args += ["--table-workers", str(self.table_workers)]
         return args
 
 

@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="delta-rs: a table's batch of at most N change rows is compacted on the driver in "
                    "Arrow, with no Spark job (most tables of most windows); larger ones by Spark. 0: every "
                    "batch by Spark (default 20000)")
+    p.add_argument("--table-workers", type=int, metavar="N",
+                   help="delta-rs: merge N tables at once on the driver's threads (default 4; each table's "
+                   "commit stays its own): a window touching many small tables is paid once, not per table. "
+                   "delta-spark: 1")
     p.add_argument("--deletion-vectors", action="store_true",
                    help="delta-spark only: Delta tables get deletion vectors (delta.enableDeletionVectors), "
                    "so a MERGE marks changed rows deleted instead of rewriting every file they are in; "

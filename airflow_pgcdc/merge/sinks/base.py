@@ -55,6 +55,9 @@ class DeltaSink(ABC):
     """Commits are conditional puts on S3: no lock of the Delta root is needed against upkeep."""
     needs_jars: ClassVar[bool]
     """The Spark session needs Delta's and hadoop-aws' jars."""
+    concurrent_tables: ClassVar[bool]
+    """Tables of one job may be merged at once by driver threads (``--table-workers`` above 1;
+    each table's commit stays its own, with its app transaction)."""
 
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx

@@ -47,6 +47,7 @@ class DeltaRsSink(DeltaSink):
     writes_deletion_vectors = False
     conditional_commits = True
     needs_jars = False
+    concurrent_tables = True
 
     # -- staging: a Spark job's rows as Parquet files the driver streams into the commit
     def _stage(self, df, schema: pa.Schema, where: tuple[str, str, str]) -> tuple[str, list[str], int]:
@@ -158,6 +159,7 @@ class DeltaSparkSink(DeltaSink):
     writes_deletion_vectors = True
     conditional_commits = False
     needs_jars = True
+    concurrent_tables = False
 
     def properties(self, fields, *, by="sink"):
         """The common properties, and deletion vectors on the tables this engine creates when
