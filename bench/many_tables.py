@@ -7,17 +7,20 @@ PostgreSQL, one publication, snapshotted by the real pipeline; then one workload
 each size in ``--sizes`` (the first N tables) and each path, two ``pgcdc merge`` jobs into
 a fresh Delta root: the bootstrap (``--max-windows 0``) and the merge of that window:
 
-* ``spark`` (the baseline, ``--driver-rows 0``): every table's rows read, compacted and
-  staged by a Spark job, then committed by delta-rs (what every merge did before);
-* ``driver`` (the default): a small batch read and compacted on the driver in Arrow and
-  merged by delta-rs, no Spark job.
+* ``spark`` (``--driver-rows 0 --table-workers 1``): every table's rows read, compacted
+  and staged by a Spark job, then committed by delta-rs, one table after another (what
+  every merge did before the driver path);
+* ``serial`` (``--table-workers 1``): a small batch read and compacted on the driver in
+  Arrow and merged by delta-rs, no Spark job, one table after another (what every merge
+  did before the table workers);
+* ``driver`` (the default): the same on ``--table-workers`` driver threads (default 4).
 
 Printed per job: wall seconds (Spark's start-up included), the job's own seconds, seconds
-per table, and the ratios driver/spark and N-table/first-size. Every merged Delta table is
+per table, and the ratios driver/serial, driver/spark and N-table/first-size. Every merged Delta table is
 checked against PostgreSQL (row count and a digest of ids and quantities).
 
     .venv/bin/python bench/many_tables.py [--sizes 30,300] [--rows 2000] [--changes 5]
-                                          [--paths spark,driver]
+                                          [--paths serial,driver[,spark]] [--table-workers N]
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from airflow_pgcdc.testing.postgres import PostgresServer  # noqa: E402
 from airflow_pgcdc.testing.s3 import S3Server  # noqa: E402
 
 SLOT, PUB, BUCKET = "bench_many", "bench_many_pub", "bench"
-PATHS = {"spark": ["--driver-rows", "0"], "driver": []}
+PATHS = {"spark": ["--driver-rows", "0", "--table-workers", "1"], "serial": ["--table-workers", "1"], "driver": []}
 
 
 def name(i: int) -> str:
@@ -87,10 +90,14 @@ def main() -> int:
     ap.add_argument("--sizes", default="30,300", help="table counts merged, comma-separated")
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--changes", type=int, default=5, help="rows updated per table (one more inserted)")
-    ap.add_argument("--paths", default="spark,driver", help="spark (baseline, --driver-rows 0) and/or driver")
+    ap.add_argument("--paths", default="serial,driver",
+                    help="serial (baseline: one table at a time), driver (table workers), spark (--driver-rows 0)")
+    ap.add_argument("--table-workers", type=int, help="the driver path's --table-workers (default: the job's)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     paths = args.paths.split(",")
+    if args.table_workers:
+        PATHS["driver"] = ["--table-workers", str(args.table_workers)]
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} CPUs", flush=True)
     pg = PostgresServer("pg18", settings={"max_wal_size": "4GB", "wal_sender_timeout": "0",
@@ -142,9 +149,11 @@ def run(args, sizes: list[int], paths: list[str], pg: PostgresServer, s3: S3Serv
     print("\nratios (seconds inside the job):")
     for step in ("bootstrap", "merge"):
         for n in sizes:
-            if "spark" in paths and "driver" in paths:
-                s, d = results[("spark", n, step)]["inside"], results[("driver", n, step)]["inside"]
-                print(f"  {step:9s} {n:5d} tables: driver/spark = {d / s:.3f}  ({d / n:.3f} vs {s / n:.3f} s/table)")
+            for base in ("serial", "spark"):
+                if base in paths and "driver" in paths:
+                    s, d = results[(base, n, step)]["inside"], results[("driver", n, step)]["inside"]
+                    print(f"  {step:9s} {n:5d} tables: driver/{base} = {d / s:.3f}  ({d / n:.3f} vs {s / n:.3f} "
+                          "s/table)")
         if len(sizes) > 1:
             for path in paths:
                 a, b = results[(path, sizes[0], step)]["inside"], results[(path, sizes[-1], step)]["inside"]

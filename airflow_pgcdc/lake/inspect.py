@@ -19,8 +19,8 @@ from airflow_pgcdc.store import s3 as s3store
 
 __all__ = [
     "CHECKPOINT_RE", "COMMIT_RE", "NONE_MERGED", "creator_slot", "data_files", "foreign_creator",
-    "merge_progress", "merged_version", "object_sizes", "open_table", "table_figures", "table_url",
-    "unreadable_features",
+    "latest_version", "merge_progress", "merged_version", "object_sizes", "open_table", "table_figures",
+    "table_url", "unreadable_features",
 ]
 
 log = logging.getLogger("airflow_pgcdc.lake")
@@ -50,6 +50,16 @@ def open_table(url: str, storage_options: dict[str, str]):
         return DeltaTable(url, storage_options=storage_options)
     except TableNotFoundError:
         return None
+
+
+def latest_version(dt, url: str, storage_options: dict[str, str]) -> int | None:
+    """The newest version of the Delta table at ``url``: ``dt`` (already open) brought up to
+    date, which reads only the commits after its own; opened when ``dt`` is ``None``."""
+    if dt is None:
+        dt = open_table(url, storage_options)
+        return None if dt is None else dt.version()
+    dt.update_incremental()
+    return dt.version()
 
 
 def table_url(delta: str, schema: str, table: str, storage_options: dict[str, str], *,

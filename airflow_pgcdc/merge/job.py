@@ -44,7 +44,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_pgcdc.lake.inspect import NONE_MERGED, foreign_creator, merged_version, open_table
+from airflow_pgcdc.lake.inspect import (
+    NONE_MERGED,
+    foreign_creator,
+    latest_version,
+    merged_version,
+    open_table,
+)
 from airflow_pgcdc.lake.sizing import DEFAULT_TARGET_FILE_MB
 from airflow_pgcdc.lake.tables import shared_legacy_places
 from airflow_pgcdc.merge.checks import (
@@ -480,7 +486,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
     res.action = f"{res.action}+merged" if res.action in ("bootstrapped", "resynced") else "merged"
     if metrics.get("concurrent_commit"):
         res.action = "merged-by-concurrent-job"
-    res.delta_version = open_table(url, ctx.storage).version()
+    res.delta_version = latest_version(dt, url, ctx.storage)  # the commits after dt's only
     res.seconds = round(time.monotonic() - t0, 3)
     log.info(
         "%s: windows %s..%s (%s..%s), %d change rows -> %d merged rows, Delta version %s, %.1fs",

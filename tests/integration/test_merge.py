@@ -140,6 +140,49 @@ def db18(pg18, request):
     pg18.drop_database(name)
 
 
+def test_tables_merged_at_once_killed_mid_job_then_rerun_each_commit_once(db18, slot_name, store, spark, s3):
+    """Eight tables on four table workers, the job killed when the first of them commits:
+    the others are at any step then (reading, compacting, committing or done); the rerun
+    merges each one that had not committed, once, and leaves the ones that had; every
+    table equals PostgreSQL and holds one merge commit, with its window's app transaction."""
+    import os
+    import subprocess
+    import sys
+
+    client, src, lake = store
+    db = db18
+    names = [f"t{i}" for i in range(8)]
+    for t in names:
+        sql(db, f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+        sql(db, f"INSERT INTO {t} SELECT g, 'v' FROM generate_series(1, 40) g")
+    sql(db, "CREATE PUBLICATION pub FOR ALL TABLES")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
+    merge_slot(spark, store=src, slot=slot, delta=lake, max_windows=0)  # the bootstrap: version 0 each
+    for i, t in enumerate(names):
+        sql(db, f"UPDATE {t} SET v = 'changed' WHERE id <= {i + 2}; DELETE FROM {t} WHERE id > 38; "
+                f"INSERT INTO {t} VALUES (100 + {i}, 'n')")
+    drain(db, src, slot, client)
+    env = dict(os.environ, **s3.aws_env(), PGCDC_FAULT="merge-after-commit", SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow_pgcdc.cli", "merge", "--store", src, "--slot", slot, "--delta", lake,
+         "--table-workers", "4"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    tables = {t: DeltaTable(delta_table_url(lake, "public", t), storage_options=s3store.delta_storage_options())
+              for t in names}
+    committed = {t for t, dt in tables.items() if dt.transaction_version(app_id(slot, "public", t)) == 0}
+    assert committed and all(tables[t].version() == 1 for t in committed), "killed when one had committed"
+    rerun = merge_slot(spark, store=src, slot=slot, delta=lake, table_workers=4)
+    actions = {r.table.split(".")[1]: r.action for r in rerun.tables}
+    assert [r.table for r in rerun.tables] == [f"public.{t}" for t in names], "results in the job's order"
+    assert {t for t, a in actions.items() if a == "up-to-date"} == committed, actions
+    assert all(a == "merged" for t, a in actions.items() if t not in committed), actions
+    for t, dt in tables.items():
+        dt.update_incremental()
+        assert dt.version() == 1 and dt.transaction_version(app_id(slot, "public", t)) == 0, t
+        assert_equal(db, lake, f"public.{t}", "id")
+
+
 @pytest.mark.parametrize("fault", ["merge-after-stage", "merge-after-commit"])
 def test_killed_merge_then_rerun_merges_exactly_once(fault, db18, slot_name, store, spark, s3):
     import os
