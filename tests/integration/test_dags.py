@@ -130,7 +130,7 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     assert sorted(e["uri"] for e in events) == sorted(live_urls), events
     assert all(e["task"] == "swap" and e["extra"]["action"] == "rebuilt" for e in events), events
     assert list(s3store.list_keys(s3.client(), s3_bucket, "delta_rebuild/")) == []
-    live = DeltaTable(delta_table_url(delta, "shop", "orders"), s3=s3store.S3Settings.from_env())
+    live = DeltaTable(delta_table_url(delta, "shop", "orders"), storage_options=s3store.delta_storage_options())
     assert live.transaction_version(app_id(slot, "shop", "orders")) == 0, "the swap keeps the merge position"
     # secrets never reach the task logs
     password = conninfo_to_dict(db)["password"]

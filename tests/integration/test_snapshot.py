@@ -145,7 +145,7 @@ def test_several_publications_copy_each_table_as_their_stream_carries_it(fresh_d
     assert "secret" not in data.schema.names
     assert read_table(s3, url, manifest, "public", "u").num_rows == 7
     sql(fresh_db, "CREATE PUBLICATION pub_secret FOR TABLE t (id, secret)")
-    with pytest.raises(PublicationsDisagree, match="pub_eu, pub_secret publish public.t with different columns"):
+    with pytest.raises(PublicationsDisagree, match=r"pub_eu, pub_secret publish \"public\".\"t\" with different columns"):
         snapshot_to_s3(fresh_db, url, slot=slot_name(), publications=["pub_eu", "pub_secret"], workers=1, s3=client)
 
 
