@@ -98,16 +98,32 @@ class JobContext:
     # (deltars.table_url), and each table's resolved location
     legacy_shared: frozenset = frozenset()
     urls: dict[tuple[str, str], str] = field(default_factory=dict)
+    # with table workers (the job's threads, merge.job.each_table): the turn a table takes
+    # when it first needs Spark, kept until the table ends (release_spark_turn): a large
+    # batch or copy is compacted by Spark and merged by delta-rs on the driver, and two at
+    # once would double the driver's memory; small tables never ask and run at once
+    spark_turns: Any = None
+    _turn: threading.local = field(default_factory=threading.local, repr=False)
 
     @property
     def spark(self):
         """The job's Spark session, started on first use when the job was given a starter
-        (once, whichever of the job's table threads asks first)."""
+        (once, whichever of the job's table threads asks first). With table workers, the
+        asking table waits for its turn (:attr:`spark_turns`) and keeps it to its end."""
+        if self.spark_turns is not None and not getattr(self._turn, "held", False):
+            self.spark_turns.acquire()
+            self._turn.held = True
         if is_starter(self.session):
             with _START_LOCK:
                 if is_starter(self.session):
                     self.session = self.session()
         return self.session
+
+    def release_spark_turn(self) -> None:
+        """End this thread's turn with Spark, if it took one (its table is done)."""
+        if getattr(self._turn, "held", False):
+            self._turn.held = False
+            self.spark_turns.release()
 
     def table_url(self, schema: str, table: str) -> str:
         """Where the Delta table of ``schema.table`` is (:func:`.deltars.table_url`), once per job."""

@@ -246,6 +246,8 @@ def merge_slot(
         driver_rows=driver_rows,
     )
     ctx.sink = sink_cls(ctx)
+    if table_workers > 1:  # small tables at once; those that need Spark take turns
+        ctx.spark_turns = threading.Lock()
     remove_old_staging(ctx)
     snapshot = committed_snapshot(client, layout, slot)
     ctx.resyncs = committed_resyncs(client, layout, slot)
@@ -279,6 +281,8 @@ def merge_slot(
                     table=f"{schema}.{table}", delta_url=target_url(ctx, schema, table)[0], action="failed",
                     error=f"{type(exc).__name__}: {exc}", hint=getattr(exc, "hint", None),
                 )
+            finally:
+                ctx.release_spark_turn()
             res.left_pipeline = table_left_pipeline(manifests, schema, table)
             return res
 

@@ -82,3 +82,42 @@ def test_delta_spark_refuses_more_than_one_table_worker():
     with pytest.raises(MergeError, match="the delta-spark engine merges one table at a time"):
         merge_slot(None, store="s3://b/p", slot="s", delta="s3://b/l", engine="delta-spark", table_workers=2,
                    s3=S3Settings(region="us-east-1"))
+
+
+def test_tables_that_need_spark_take_turns_and_small_ones_do_not_wait():
+    """A table that asks for the Spark session keeps its turn until it ends: a second such
+    table waits; a table that never asks (a small batch on the driver) runs meanwhile."""
+    from airflow_pgcdc.merge.context import JobContext
+
+    session = object()
+    ctx = JobContext(session=session, layout=None, client=None, fs=None, storage={}, slot="s", delta="d",
+                     run_id="r", s3_options={}, spark_turns=threading.Lock())
+    order: list[str] = []
+    first_has_it = threading.Event()
+
+    def big(name, hold):
+        assert ctx.spark is session
+        assert ctx.spark is session  # asking again in the same table does not wait for itself
+        order.append(f"{name} got spark")
+        first_has_it.set()
+        time.sleep(hold)
+        order.append(f"{name} done")
+        ctx.release_spark_turn()
+
+    def small():
+        first_has_it.wait(5)
+        order.append("small ran")
+
+    a = threading.Thread(target=big, args=("a", 0.3))
+    a.start()
+    first_has_it.wait(5)
+    b = threading.Thread(target=big, args=("b", 0))
+    c = threading.Thread(target=small)
+    b.start()
+    c.start()
+    for t in (a, b, c):
+        t.join(5)
+    assert order.index("small ran") < order.index("a done")  # did not wait for a's turn
+    assert order.index("a done") < order.index("b got spark")  # b waited for it
+    ctx.release_spark_turn()  # a thread without a turn: nothing to release
+    assert not ctx.spark_turns.locked()
