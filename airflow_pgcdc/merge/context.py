@@ -117,6 +117,8 @@ class JobContext:
             with _START_LOCK:
                 if is_starter(self.session):
                     self.session = self.session()
+        if self.spark_turns is not None:
+            _make_active(self.session)
         return self.session
 
     def release_spark_turn(self) -> None:
@@ -150,6 +152,17 @@ class JobContext:
         """``bucket/…/merge-staging/{run}/{segment}/{what}/`` (a pyarrow fs path)."""
         prefix = self.layout.merge_staging_prefix(self.slot, self.run_id)
         return f"{self.layout.bucket}/{prefix}{encode_table_segment(schema, table)}/{what}/"
+
+
+def _make_active(session) -> None:
+    """Make ``session`` the JVM's active session for this thread. Each Python thread runs its
+    Spark calls on a JVM thread of its own (PySpark's pinned threads), whose active session is
+    not the one the job set up; a write to a Python data source (``pgcdc_staging``) looks its
+    provider up through the active session and did not find the job's registration."""
+    try:
+        session._jvm.SparkSession.setActiveSession(session._jsparkSession)
+    except AttributeError:  # not a classic session (Spark Connect): nothing thread-bound to set
+        pass
 
 
 def is_starter(spark) -> bool:
