@@ -272,9 +272,7 @@ def _drain_on(conn, ident, sql, client, layout: Layout, slot: str, plan: Plan, o
                          acknowledged_lost=lost_ack)
     if end_lsn <= start and not lost_ack and plan.resumed is None:
         log.info("slot %s: nothing to drain (store at %s, end %s)", slot, start, end_lsn)
-        result.end_lsn = str(start)
-        result.seconds = time.monotonic() - t0
-        return result
+        return dataclasses.replace(result, end_lsn=str(start), seconds=time.monotonic() - t0)
 
     options = PgoutputOptions(
         publications=o.publications,
@@ -294,9 +292,7 @@ def _drain_on(conn, ident, sql, client, layout: Layout, slot: str, plan: Plan, o
             conn.confirm(start)
         if end_lsn <= start:
             conn.stop()
-            result.end_lsn = str(start)
-            result.seconds = time.monotonic() - t0
-            return result
+            return dataclasses.replace(result, end_lsn=str(start), seconds=time.monotonic() - t0)
         return WindowRun(conn, stream, sql, types, client, layout, slot, plan, o, end_lsn=end_lsn, spool=spool,
                           result=result, ident=ident, t0=t0, started_at=started_at).run()
     finally:

@@ -15,7 +15,7 @@ from airflow_pgcdc.store.window import DEFAULT_MEMORY_BUDGET
 __all__ = ["DrainOptions", "DrainResult"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class DrainResult:
     """What one drain did. ``window_seq`` is ``None`` when there was nothing to drain
     (``end_lsn <= start_lsn``); ``acknowledged_only`` when it only re-sent a lost

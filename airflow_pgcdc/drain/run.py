@@ -5,6 +5,7 @@ fault points (:mod:`airflow_pgcdc.faults`). Part of the drain (:mod:`airflow_pgc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -422,17 +423,11 @@ class WindowRun:
                 "earlier in the same batch (then NULL); set REPLICA IDENTITY FULL on %s to be sure",
                 slot, seq, lost["updates"], table, ", ".join(lost["columns"]), lost["first_commit_lsn"], table,
             )
-        result.lost_toast = window.lost_toast
-        result.window_seq = seq
-        result.end_lsn = str(window_end)
-        result.end_reason = manifest.end_reason
-        result.transactions = manifest.transactions
-        result.rows = manifest.rows
-        result.bytes = manifest.bytes
-        result.tables = manifest.table_rows
-        result.manifest = layout.url(layout.window_manifest(slot, seq))
-        result.seconds = time.monotonic() - self.t0
-        return result
+        return dataclasses.replace(
+            result, lost_toast=window.lost_toast, window_seq=seq, end_lsn=str(window_end),
+            end_reason=manifest.end_reason, transactions=manifest.transactions, rows=manifest.rows,
+            bytes=manifest.bytes, tables=manifest.table_rows, manifest=layout.url(layout.window_manifest(slot, seq)),
+            seconds=time.monotonic() - self.t0)
 
 
 def _while_pumping(fn, pump, interval: float = 0.5):

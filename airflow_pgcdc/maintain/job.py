@@ -10,6 +10,7 @@ and the table copies (snapshot, resyncs) whose Delta tables hold them
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -56,7 +57,7 @@ TABLE_ATTEMPTS = 3  # a table's upkeep refused by a concurrent commit is started
 HISTORY_SUFFIXES = (CHANGELOG_SUFFIX, SCD2_SUFFIX)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MaintainResult:
     slot: str
     source: str
@@ -318,13 +319,14 @@ def maintain_slot(
                     if base is not None and (mark is None or mark < int(r.consistent_point)):
                         blocked = f"the slice of {e.schema}.{e.table} ({r.url}) is not merged yet"
                         break
-            result.windows = expire_windows(client, layout, slot, merged=merged, cutoff=cutoff, blocked=blocked,
-                                            dry_run=dry_run)
-            result.copies = expire_copies(client, layout, slot, _copies(layout, slot, snapshot, resyncs + slices),
-                                          done=_copy_done(slot, snapshot, applied), cutoff=cutoff,
-                                          dry_run=dry_run)
-            result.staging = remove_staging(client, layout, slot, cutoff=cutoff, dry_run=dry_run)
-    result.seconds = round(time.monotonic() - t0, 3)
+            result = dataclasses.replace(
+                result,
+                windows=expire_windows(client, layout, slot, merged=merged, cutoff=cutoff, blocked=blocked,
+                                       dry_run=dry_run),
+                copies=expire_copies(client, layout, slot, _copies(layout, slot, snapshot, resyncs + slices),
+                                     done=_copy_done(slot, snapshot, applied), cutoff=cutoff, dry_run=dry_run),
+                staging=remove_staging(client, layout, slot, cutoff=cutoff, dry_run=dry_run))
+    result = dataclasses.replace(result, seconds=round(time.monotonic() - t0, 3))
     if result.failed:
         raise TablesFailed(
             f"{len(result.failed)} of {len(result.tables)} Delta table(s) not maintained (the others were): "

@@ -290,7 +290,7 @@ def merge_slot(
             result.tables.extend(each_table(one, wanted, table_workers))
         finally:
             s3store.delete_prefix(client, layout.bucket, layout.merge_staging_prefix(slot, ctx.run_id))
-    result.seconds = round(time.monotonic() - t0, 3)
+    result = dataclasses.replace(result, seconds=round(time.monotonic() - t0, 3))
     if result.failed:
         raise TablesFailed(
             f"{len(result.failed)} of {len(result.tables)} table(s) not merged (the others were): "

@@ -181,7 +181,7 @@ class TableResult:
     note: str | None = None  # why a table was skipped
 
 
-@dataclass
+@dataclass(frozen=True)
 class MergeResult:
     slot: str
     source: str

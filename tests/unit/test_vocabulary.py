@@ -230,3 +230,24 @@ def test_two_names_for_one_thing_or_an_unknown_name_is_a_type_error_before_any_i
         warnings.simplefilter("ignore", DeprecationWarning)
         with pytest.raises(TypeError):
             call()
+
+
+def test_every_jobs_options_and_result_are_frozen():
+    """What a job is asked and what it answers cannot be changed after the fact (a DAG's
+    XCom, a log line and the object the caller holds say the same)."""
+    import dataclasses
+
+    import airflow_pgcdc as root
+    from airflow_pgcdc.maintain.job import MaintainResult
+    from airflow_pgcdc.snapshot.basebackup import BaseBackupResult
+    from airflow_pgcdc.snapshot.recover import RecoveryDone
+    from airflow_pgcdc.store.manifest import SnapshotManifest
+    from airflow_pgcdc.store.resyncs import Resync
+
+    objects = [root.SnapshotOptions, root.ResyncOptions, root.RecoverOptions, root.BaseBackupOptions,
+               root.DrainOptions, root.MergeOptions, root.MaintainOptions, root.DrainResult, root.MergeResult,
+               MaintainResult, SnapshotManifest, Resync, RecoveryDone, BaseBackupResult]
+    assert [c.__name__ for c in objects if not dataclasses.fields(c) or not c.__dataclass_params__.frozen] == []
+    result = root.DrainResult(slot="s", window_seq=None, start_lsn="0/1", end_lsn="0/2")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.rows = 5
