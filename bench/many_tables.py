@@ -50,6 +50,13 @@ SLOT, PUB, BUCKET = "bench_many", "bench_many_pub", "bench"
 PATHS = {"spark": ["--driver-rows", "0", "--table-workers", "1"], "serial": ["--table-workers", "1"], "driver": []}
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (the snapshot's coordinator and the drain run here)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def name(i: int) -> str:
     return f"t{i:05d}"
 
@@ -122,11 +129,13 @@ def run(args, sizes: list[int], paths: list[str], pg: PostgresServer, s3: S3Serv
     build(pg, most, args.rows)
     t0 = time.perf_counter()
     snapshot_to_s3(pg.dsn, src, slot=SLOT, publications=PUB, workers=2, s3=client)
-    say(f"snapshot of {most} tables: {time.perf_counter() - t0:.1f}s")
+    say(f"snapshot of {most} tables: {time.perf_counter() - t0:.1f}s (this process's peak RSS so far "
+        f"{peak_rss_mb():,.0f} MB; the copies ran in worker processes)")
     workload(pg, most, args.rows, args.changes)
     t0 = time.perf_counter()
     w = drain_window(pg.dsn, src, slot=SLOT, publications=PUB, s3=client, until_lsn=current_lsn(pg))
-    say(f"one window drained: {w.rows:,} change rows of {most} tables in {time.perf_counter() - t0:.1f}s")
+    say(f"one window drained: {w.rows:,} change rows of {most} tables in {time.perf_counter() - t0:.1f}s "
+        f"(peak RSS so far {peak_rss_mb():,.0f} MB)")
     expect = {name(i): digest_pg(pg, name(i)) for i in range(most)}
     work = tempfile.mkdtemp(prefix="bench-many-")
     results: dict[tuple[str, int, str], dict] = {}

@@ -103,6 +103,8 @@ class JobContext:
     # batch or copy is compacted by Spark and merged by delta-rs on the driver, and two at
     # once would double the driver's memory; small tables never ask and run at once
     spark_turns: Any = None
+    # tables merged at once (--table-workers): also how many Delta logs are read at once
+    table_workers: int = 1
     _turn: threading.local = field(default_factory=threading.local, repr=False)
 
     @property

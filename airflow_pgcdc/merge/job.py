@@ -246,6 +246,7 @@ def merge_slot(
         driver_rows=driver_rows,
     )
     ctx.sink = sink_cls(ctx)
+    ctx.table_workers = table_workers
     if table_workers > 1:  # small tables at once; those that need Spark take turns
         ctx.spark_turns = threading.Lock()
     remove_old_staging(ctx)

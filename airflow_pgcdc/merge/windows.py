@@ -174,14 +174,21 @@ def _merged_floor(ctx: JobContext, wanted: list[tuple[str, str]], through: int, 
     table's last merged window (over it and its history tables; ``0`` when one has
     merged none), or ``through`` when no window up to ``through`` holds it after that."""
     floor = through
+    targets = {}
     for schema, table in wanted:
-        targets = [target_url(ctx, schema, table)]
+        targets[(schema, table)] = [target_url(ctx, schema, table)]
         if ctx.history:
-            targets.append(target_url(ctx, schema, table, ctx.history))
-        merged = []
-        for url, app in targets:
-            ctx.loaded[url] = open_table(url, ctx.storage)
-            merged.append(merged_version(ctx.loaded[url], app))
+            targets[(schema, table)].append(target_url(ctx, schema, table, ctx.history))
+    urls = [url for pairs in targets.values() for url, _app in pairs]
+    if ctx.table_workers > 1 and len(urls) > 1:  # each open is a log read: S3 round trips and Rust, overlapped
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(ctx.table_workers, thread_name_prefix="pgcdc-open") as pool:
+            ctx.loaded.update(zip(urls, pool.map(lambda url: open_table(url, ctx.storage), urls), strict=True))
+    else:
+        ctx.loaded.update((url, open_table(url, ctx.storage)) for url in urls)
+    for (schema, table), pairs in targets.items():
+        merged = [merged_version(ctx.loaded[url], app) for url, app in pairs]
         lowest = min(-1 if v is None else v for v in merged)
         if last_seen.get((schema, table), -1) <= lowest:
             ctx.anchors[f"{schema}.{table}"] = through
