@@ -99,9 +99,9 @@ class JobContext:
     legacy_shared: frozenset = frozenset()
     urls: dict[tuple[str, str], str] = field(default_factory=dict)
     # with table workers (the job's threads, merge.job.each_table): the turn a table takes
-    # when it first needs Spark, kept until the table ends (release_spark_turn): a large
-    # batch or copy is compacted by Spark and merged by delta-rs on the driver, and two at
-    # once would double the driver's memory; small tables never ask and run at once
+    # (take_turn) when it first needs Spark or holds a batch above a quarter of the driver's
+    # limits, kept until the table ends (release_spark_turn): two such at once would double
+    # the driver's memory; small tables never ask and run at once
     spark_turns: Any = None
     # tables merged at once (--table-workers): also how many Delta logs are read at once
     table_workers: int = 1
@@ -112,9 +112,7 @@ class JobContext:
         """The job's Spark session, started on first use when the job was given a starter
         (once, whichever of the job's table threads asks first). With table workers, the
         asking table waits for its turn (:attr:`spark_turns`) and keeps it to its end."""
-        if self.spark_turns is not None and not getattr(self._turn, "held", False):
-            self.spark_turns.acquire()
-            self._turn.held = True
+        self.take_turn()
         if is_starter(self.session):
             with _START_LOCK:
                 if is_starter(self.session):
@@ -122,6 +120,14 @@ class JobContext:
         if self.spark_turns is not None:
             _make_active(self.session)
         return self.session
+
+    def take_turn(self) -> None:
+        """With table workers: wait for the job's turn for a large table (one that needs
+        Spark, or a large batch on the driver) and keep it until the table ends; nothing
+        when this thread holds it already, or when the job runs one table at a time."""
+        if self.spark_turns is not None and not getattr(self._turn, "held", False):
+            self.spark_turns.acquire()
+            self._turn.held = True
 
     def release_spark_turn(self) -> None:
         """End this thread's turn with Spark, if it took one (its table is done)."""

@@ -121,3 +121,25 @@ def test_tables_that_need_spark_take_turns_and_small_ones_do_not_wait():
     assert order.index("a done") < order.index("b got spark")  # b waited for it
     ctx.release_spark_turn()  # a thread without a turn: nothing to release
     assert not ctx.spark_turns.locked()
+
+
+def test_a_batch_above_a_quarter_of_the_drivers_limits_takes_the_turn_too():
+    """The driver reads batches up to --driver-rows rows and DRIVER_BYTES itself; with table
+    workers only one batch above a quarter of either limit is held at once (and no table
+    that needs Spark beside it), so four workers hold at most about twice one table's."""
+    from airflow_pgcdc.merge.context import JobContext
+    from airflow_pgcdc.merge.rows.arrow import DRIVER_BYTES
+    from airflow_pgcdc.merge.sinks.table import _fits_driver
+
+    ctx = JobContext(session=object(), layout=None, client=None, fs=None, storage={}, slot="s", delta="d",
+                     run_id="r", s3_options={}, driver_rows=100, spark_turns=threading.Lock())
+    assert _fits_driver(ctx, 20, 1000) and not ctx.spark_turns.locked()  # small: no turn
+    assert not _fits_driver(ctx, 101, 1000) and not ctx.spark_turns.locked()  # Spark's: it asks later
+    assert _fits_driver(ctx, 30, 1000) and ctx.spark_turns.locked()  # above 25 rows: the turn
+    assert _fits_driver(ctx, 30, 1000)  # the same thread again: no wait for itself
+    ctx.release_spark_turn()
+    assert _fits_driver(ctx, 1, DRIVER_BYTES // 4 + 1) and ctx.spark_turns.locked()  # by bytes too
+    ctx.release_spark_turn()
+    one_at_a_time = JobContext(session=object(), layout=None, client=None, fs=None, storage={}, slot="s",
+                               delta="d", run_id="r", s3_options={}, driver_rows=100)
+    assert _fits_driver(one_at_a_time, 90, 1000)  # no workers: nothing to take

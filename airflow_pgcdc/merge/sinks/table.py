@@ -185,10 +185,15 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
 
 def _fits_driver(ctx: JobContext, rows: int, parquet_bytes: int) -> bool:
     """Whether the driver reads a batch or copy of ``rows`` rows in ``parquet_bytes`` itself
-    (``--driver-rows``, 0: never; :data:`~.rows.arrow.DRIVER_BYTES`)."""
+    (``--driver-rows``, 0: never; :data:`~.rows.arrow.DRIVER_BYTES`). With table workers, one
+    above a quarter of either limit takes the job's turn (as a table that needs Spark does):
+    the driver holds at most one such batch and a few smaller ones at once."""
     from airflow_pgcdc.merge.rows.arrow import DRIVER_BYTES
 
-    return 0 < ctx.driver_rows and rows <= ctx.driver_rows and parquet_bytes <= DRIVER_BYTES
+    fits = 0 < ctx.driver_rows and rows <= ctx.driver_rows and parquet_bytes <= DRIVER_BYTES
+    if fits and (rows > ctx.driver_rows // 4 or parquet_bytes > DRIVER_BYTES // 4):
+        ctx.take_turn()
+    return fits
 
 
 def _compacted_on_driver(ctx: JobContext, plan: TablePlan, read_schema: pa.Schema, args: dict):
