@@ -169,6 +169,11 @@ def _write_tables_index(ctx: JobContext, through: int, end_lsn: str, last_seen: 
         log.warning("could not write the merge tables index: %s", exc)
 
 
+KEEP_OPEN_TABLES = 500
+"""Up to this many tables in a job, the first pass keeps each table's open Delta log for its
+merge (one log read per table instead of two); above it, memory would grow with the tables."""
+
+
 def _merged_floor(ctx: JobContext, wanted: list[tuple[str, str]], through: int, last_seen: dict) -> int:
     """The lowest window the tables in ``wanted`` need read (and set ``ctx.anchors``): a
     table's last merged window (over it and its history tables; ``0`` when one has
@@ -179,16 +184,27 @@ def _merged_floor(ctx: JobContext, wanted: list[tuple[str, str]], through: int, 
         targets[(schema, table)] = [target_url(ctx, schema, table)]
         if ctx.history:
             targets[(schema, table)].append(target_url(ctx, schema, table, ctx.history))
-    urls = [url for pairs in targets.values() for url, _app in pairs]
-    if ctx.table_workers > 1 and len(urls) > 1:  # each open is a log read: S3 round trips and Rust, overlapped
+    apps = dict(pair for pairs in targets.values() for pair in pairs)
+    # a table's open log is kept for its merge (ctx.open) when the job has few tables; with
+    # many, each table's state would be held for the whole job (2 GB at 10,000 tables):
+    # then only its merged version is kept, and its merge opens it again
+    keep = len(apps) <= KEEP_OPEN_TABLES
+
+    def version_of(url: str) -> int | None:
+        dt = open_table(url, ctx.storage)
+        if keep:
+            ctx.loaded[url] = dt
+        return merged_version(dt, apps[url])
+
+    if ctx.table_workers > 1 and len(apps) > 1:  # each open is a log read: S3 round trips and Rust, overlapped
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(ctx.table_workers, thread_name_prefix="pgcdc-open") as pool:
-            ctx.loaded.update(zip(urls, pool.map(lambda url: open_table(url, ctx.storage), urls), strict=True))
+            versions = dict(zip(apps, pool.map(version_of, apps), strict=True))
     else:
-        ctx.loaded.update((url, open_table(url, ctx.storage)) for url in urls)
+        versions = {url: version_of(url) for url in apps}
     for (schema, table), pairs in targets.items():
-        merged = [merged_version(ctx.loaded[url], app) for url, app in pairs]
+        merged = [versions[url] for url, _app in pairs]
         lowest = min(-1 if v is None else v for v in merged)
         if last_seen.get((schema, table), -1) <= lowest:
             ctx.anchors[f"{schema}.{table}"] = through
