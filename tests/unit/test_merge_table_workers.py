@@ -143,3 +143,24 @@ def test_a_batch_above_a_quarter_of_the_drivers_limits_takes_the_turn_too():
     one_at_a_time = JobContext(session=object(), layout=None, client=None, fs=None, storage={}, slot="s",
                                delta="d", run_id="r", s3_options={}, driver_rows=100)
     assert _fits_driver(one_at_a_time, 90, 1000)  # no workers: nothing to take
+
+
+@pytest.mark.parametrize("tables", [3, 12])
+def test_the_first_pass_keeps_open_logs_only_for_a_job_of_few_tables(monkeypatch, tables):
+    """Each table's log is read once in the job's first pass; it is kept for the table's
+    merge when the job has few tables, and dropped (only the merged version kept) when it
+    has many: holding every table's open log made a 10,000-table merge peak at 2 GB."""
+    from airflow_pgcdc.merge import windows
+    from airflow_pgcdc.merge.context import JobContext
+
+    opened = []
+    monkeypatch.setattr(windows, "open_table", lambda url, storage: opened.append(url) or f"dt:{url}")
+    monkeypatch.setattr(windows, "merged_version", lambda dt, app: 4)
+    monkeypatch.setattr(windows, "KEEP_OPEN_TABLES", 5)
+    ctx = JobContext(session=object(), layout=None, client=None, fs=None, storage={}, slot="s", delta="d",
+                     run_id="r", s3_options={}, table_workers=4)
+    wanted = [("s", f"t{i}") for i in range(tables)]
+    ctx.urls.update({name: f"d/{name[1]}" for name in wanted})  # where each table is (no S3 here)
+    assert windows._merged_floor(ctx, wanted, through=9, last_seen={name: 6 for name in wanted}) == 4
+    assert sorted(opened) == sorted(f"d/{t}" for _, t in wanted)  # each log read once, every table
+    assert len(ctx.loaded) == (tables if tables <= 5 else 0)
