@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["JobOptions", "publications_argument", "renamed_field", "renamed_parameter"]
+__all__ = ["JobOptions", "names", "publications_argument", "renamed_field", "renamed_parameter"]
 
 Opts = TypeVar("Opts", bound="JobOptions")
 
@@ -42,7 +42,7 @@ class JobOptions:
     @staticmethod
     def _names(value: Any) -> tuple:
         """One name or several, as a tuple (``"a"`` → ``("a",)``)."""
-        return (value,) if isinstance(value, str) else tuple(value)
+        return names(value)
 
     def fields(self) -> dict[str, Any]:
         """The options that differ from their defaults, as keywords."""
@@ -53,6 +53,13 @@ class JobOptions:
             if getattr(self, f.name) != default:
                 out[f.name] = getattr(self, f.name)
         return out
+
+
+def names(value: Any) -> tuple:
+    """One name or several (any iterable), as a tuple: ``"a"`` → ``("a",)``, ``None`` → ``()``."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def renamed_parameter(call: str, name: str, value: Any, old_name: str, old: Any, *, required: str | None = None,
@@ -89,9 +96,7 @@ def publications_argument(call: str, publications: Sequence[str] | str | None, f
     :class:`TypeError` then where ``required``."""
     value = renamed_parameter(call, "publications", publications, "publication", fields.pop("publication", None),
                               required="the publication(s)" if required else None, stacklevel=4)
-    if value is None:
-        return ()
-    names = (value,) if isinstance(value, str) else tuple(value)
-    if required and not names:
+    given = names(value)
+    if required and not given:
         raise TypeError(f"{call}() needs at least one publication")
-    return names
+    return given

@@ -53,6 +53,7 @@ from typing import Any
 import psycopg
 
 from airflow_pgcdc.errors import HintedError
+from airflow_pgcdc.options import names as as_names
 from airflow_pgcdc.pg.errors import DuplicateObject, ObjectInUse, UndefinedObject
 from airflow_pgcdc.pg.replication import ReplicationConnection
 from airflow_pgcdc.pg.tables import (
@@ -322,10 +323,6 @@ def _health(row: Sequence[Any], names: list[str], slot: str | None, publications
                       publication_exists=None if not publications else missing is None, **d)
 
 
-def _publications(publications: Sequence[str] | str | None) -> tuple[str, ...]:
-    return () if publications is None else ((publications,) if isinstance(publications, str) else tuple(publications))
-
-
 def slot_health(conn: psycopg.Connection | str, slot: str, *,
                 publications: Sequence[str] | str | None = None) -> SlotHealth:
     """The health of ``slot`` (and whether ``publications``, one name or several, exist:
@@ -339,7 +336,7 @@ def slot_health(conn: psycopg.Connection | str, slot: str, *,
     if isinstance(conn, str):
         with psycopg.connect(conn, autocommit=True) as c:
             return slot_health(c, slot, publications=publications)
-    pubs = _publications(publications)
+    pubs = as_names(publications)
     version = conn.info.server_version
     sql, names = _health_query(version, slot)
     row = conn.execute(sql, {"slot": slot, "publications": list(pubs)}).fetchone()
@@ -349,7 +346,7 @@ def slot_health(conn: psycopg.Connection | str, slot: str, *,
 async def aslot_health(conn: psycopg.AsyncConnection, slot: str, *,
                        publications: Sequence[str] | str | None = None) -> SlotHealth:
     """:func:`slot_health` on an asyncio connection."""
-    pubs = _publications(publications)
+    pubs = as_names(publications)
     version = conn.info.server_version
     sql, names = _health_query(version, slot)
     cur = await conn.execute(sql, {"slot": slot, "publications": list(pubs)})

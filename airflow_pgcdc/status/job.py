@@ -32,8 +32,6 @@ def committed_windows(client: Any, store: str, slot: str, delta: str | None = No
     newest committed one is committed: the manifests are checked from the newest back.
     ``folder``: the slot's folder already opened (its reads are shared with the caller's).
     """
-    import json
-
     from airflow_pgcdc.store import s3 as s3store
     from airflow_pgcdc.store.layout import Layout, LayoutError
     from airflow_pgcdc.store.slot import SlotStore
@@ -57,11 +55,7 @@ def committed_windows(client: Any, store: str, slot: str, delta: str | None = No
         key = layout.window_manifest(slot, seq)
         raw = folder.window_document(seq)  # one GET, shared with the reads of the window below
         if raw is not None:
-            try:
-                doc = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as e:
-                raise s3store.CorruptObject(f"not a JSON document: {e}", bucket=layout.bucket, key=key,
-                                            operation="GetObject") from None
+            doc = s3store.json_document(raw, layout.bucket, key)
             last = {"window_seq": seq, "manifest": layout.url(key)}
             if isinstance(doc, dict):
                 for name, value in doc.items():

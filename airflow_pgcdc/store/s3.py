@@ -748,7 +748,12 @@ def download_to(client: Any, bucket: str, key: str, fileobj: Any, *, chunk_bytes
 def get_json(client: Any, bucket: str, key: str) -> Any:
     """The JSON document at ``key``; :class:`ObjectNotFound` if absent,
     :class:`CorruptObject` if it is not UTF-8 JSON."""
-    data = get_bytes(client, bucket, key)
+    return json_document(get_bytes(client, bucket, key), bucket, key)
+
+
+def json_document(data: bytes, bucket: str, key: str) -> Any:
+    """``data``, the object ``key``'s content, as JSON; :class:`CorruptObject` if it is not
+    UTF-8 JSON."""
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
