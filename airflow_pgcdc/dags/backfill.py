@@ -67,6 +67,18 @@ def path_segment(run_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
 
 
+def whole_result(p: Pipeline, value: dict) -> dict:
+    """The rebuild's whole merge result from its XCom (a summary past 100 tables: the rest
+    read from the store with the pipeline's ``aws`` connection)."""
+    from airflow_pgcdc.merge.results import whole
+
+    if not value.get("tables_omitted"):
+        return value
+    from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+
+    return whole(value, PgcdcHook(aws_conn_id=p.aws_conn_id).s3_settings())
+
+
 def build(p: Pipeline) -> DAG:
     params = {
         **common_params(p),
@@ -92,7 +104,9 @@ def build(p: Pipeline) -> DAG:
         "swap": Param(True, type="boolean", description="swap the rebuilt tables in"),
     }
     with pipeline_dag(p, "backfill", __doc__, schedule=None, params=params,
-                      user_defined_macros={"path_segment": path_segment}) as dag:
+                      user_defined_macros={"path_segment": path_segment,
+                                           "rebuilt_tables": lambda value: [t["table"] for t in
+                                                                            whole_result(p, value)["tables"]]}) as dag:
         @task.branch
         def choose(params=None) -> str:
             if params["mode"] == "resync" and not params["tables"]:
@@ -137,7 +151,7 @@ def build(p: Pipeline) -> DAG:
         verify = PgcdcVerifyOperator(
             task_id="verify",
             delta=REBUILT,
-            tables="{{ (params.tables or ti.xcom_pull(task_ids='rebuild')['tables'] | map(attribute='table') | list)"
+            tables="{{ (params.tables or rebuilt_tables(ti.xcom_pull(task_ids='rebuild')))"
                    " if params.verify else [] }}",
             postgres_conn_id=p.postgres_conn_id,
             aws_conn_id=p.aws_conn_id,
@@ -149,10 +163,12 @@ def build(p: Pipeline) -> DAG:
             each live table; then the run's rebuild folder is removed."""
             from airflow_pgcdc.hooks.pgcdc import PgcdcHook
             from airflow_pgcdc.merge.rebuild import rebuilt_events, swap_and_clean
+            from airflow_pgcdc.merge.results import whole
 
             if not params["swap"]:
                 return []
             settings = PgcdcHook(aws_conn_id=p.aws_conn_id).s3_settings()
+            merge_result = whole(merge_result, settings)  # every table, when its XCom left some out
             # merge_result["delta"]: the run's rebuild root (REBUILT, rendered), removed after
             out = swap_and_clean(merge_result, params["delta"], settings=settings, run=run_id,
                                  target_file_mb=params["target_file_mb"])["swapped"]

@@ -103,6 +103,7 @@ from airflow_pgcdc.merge.point import (
     past_the_point,
     resolve_point,
 )
+from airflow_pgcdc.merge.results import write_detail
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.schema import merge_key_columns
 from airflow_pgcdc.merge.sinks.engines import sink_class
@@ -138,16 +139,9 @@ __all__ = [  # the errors are merge/errors.py's, importable from here as before
 
 log = logging.getLogger(__name__)
 
-
-
-
-
-
-
-
-
-
-
+FAILED_NAMED = 20
+"""Failed tables a ``TablesFailed`` message names with their error (the rest: counted; every
+one is in the result)."""
 
 
 def merge_slot(
@@ -291,12 +285,18 @@ def merge_slot(
             result.tables.extend(each_table(one, wanted, table_workers))
         finally:
             s3store.delete_prefix(client, layout.bucket, layout.merge_staging_prefix(slot, ctx.run_id))
-    result = dataclasses.replace(result, seconds=round(time.monotonic() - t0, 3))
+    result = dataclasses.replace(result, seconds=round(time.monotonic() - t0, 3),
+                                 detail=layout.url(layout.merge_result(slot, ctx.run_id)))
+    if write_detail(client, layout, slot, ctx.run_id, result.to_dict()) is None:
+        result = dataclasses.replace(result, detail=None)
     if result.failed:
+        shown = result.failed[:FAILED_NAMED]
+        more = len(result.failed) - len(shown)
         raise TablesFailed(
             f"{len(result.failed)} of {len(result.tables)} table(s) not merged (the others were): "
-            + "; ".join(f"{t.table}: {t.error}" for t in result.failed),
-            hint=" | ".join(f"{t.table}: {t.hint}" for t in result.failed if t.hint) or None,
+            + "; ".join(f"{t.table}: {t.error}" for t in shown)
+            + (f"; and {more} more (every one: {result.detail or 'the result printed'})" if more else ""),
+            hint=" | ".join(f"{t.table}: {t.hint}" for t in shown if t.hint) or None,
             result=result,
         )
     return result

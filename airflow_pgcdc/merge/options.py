@@ -190,6 +190,8 @@ class MergeResult:
     seconds: float = 0.0
     # a replay to a point: {lsn, window (the one cut there), asked}
     until: dict[str, Any] | None = None
+    # the whole result's document in the store (merge.results): what a summary left out
+    detail: str | None = None
 
     @property
     def failed(self) -> list[TableResult]:

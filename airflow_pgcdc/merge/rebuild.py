@@ -270,6 +270,7 @@ def rebuild_slot(
     swaps and what was removed. A table that failed is reported (the others are swapped)
     and :class:`.job.TablesFailed` raised after."""
     from airflow_pgcdc.merge.job import TablesFailed, merge_slot
+    from airflow_pgcdc.merge.results import rewrite_detail
 
     settings, _ = s3store.s3_argument("rebuild_slot", s3, fields, needs_settings=True)
     options = MergeOptions.of(options, **fields)
@@ -304,6 +305,7 @@ def rebuild_slot(
                 t["delta_version"] = versions.get(t["delta_url"], t.get("delta_version"))
         result["delta"] = delta
     result["rebuild"] = {"scratch": scratch, **done, "swap": swap, "seconds": round(time.monotonic() - t0, 3)}
+    rewrite_detail(s3store.make_s3_client(settings), result)  # the store's copy names the live tables too
     if failed is not None:
         failed.outcome = result  # what the CLI and the operator print and read
         raise failed

@@ -48,6 +48,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.merge.options import MergeOptions
+from airflow_pgcdc.merge.results import QUIET_ACTIONS, XCOM_TABLES, summary
 from airflow_pgcdc.merge.session import is_local
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators import assets
@@ -93,7 +94,8 @@ class PgcdcTablesFailed(AirflowException):
 
 
 def failed_tables(result: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    """The tables of a merge result the job failed (``action == "failed"``)."""
+    """The tables of a merge result (or its summary: those it lists, failed ones first) the
+    job failed (``action == "failed"``)."""
     return [t for t in (result or {}).get("tables", ()) if t.get("action") == "failed"]
 
 
@@ -102,15 +104,31 @@ def merged_tables(result: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
     return [t for t in (result or {}).get("tables", ()) if t.get("action") in MERGED_ACTIONS]
 
 
+FAILED_NAMED = 20
+"""Failed tables a message names with their error and hint (and committed ones it names);
+the others are counted, every one being in the result (``detail``)."""
+
+
 def tables_failed_message(result: Mapping[str, Any]) -> str:
-    """One message naming every failed table of ``result`` with its error and hint, and
-    the tables that did get a commit."""
+    """One message naming the failed tables of ``result`` (a job's result or its summary)
+    with their error and hint, and the tables that did get a commit, up to
+    :data:`FAILED_NAMED` of each (the rest counted)."""
     failed = failed_tables(result)
     moved = merged_tables(result)
-    lines = [f"{len(failed)} of {len(result.get('tables', ()))} table(s) not merged"
-             + (f" (merged and committed: {', '.join(t['table'] for t in moved)})" if moved else "") + ":"]
-    for t in failed:
+    actions = result.get("actions") or {}
+    n_failed = actions.get("failed", len(failed))
+    n_moved = sum(actions.get(a, 0) for a in MERGED_ACTIONS) if actions else len(moved)
+    total = result.get("tables_total", len(result.get("tables", ())))
+    named = ", ".join(t["table"] for t in moved[:FAILED_NAMED])
+    if named and n_moved > FAILED_NAMED:
+        named += f" and {n_moved - min(len(moved), FAILED_NAMED)} more"
+    lines = [f"{n_failed} of {total} table(s) not merged"
+             + (f" (merged and committed: {named})" if named else "") + ":"]
+    for t in failed[:FAILED_NAMED]:
         lines.append(f"  {t.get('table')}: {t.get('error')}" + (f" (hint: {t['hint']})" if t.get("hint") else ""))
+    if n_failed > min(len(failed), FAILED_NAMED):
+        lines.append(f"  and {n_failed - min(len(failed), FAILED_NAMED)} more: every one in "
+                     f"{result.get('detail') or 'the XCom result'}")
     return "\n".join(lines)
 
 
@@ -201,6 +219,10 @@ def parse_result_line(line: str) -> dict[str, Any] | None:
     return value
 
 
+LOGGED_RESULT_CHARS = 20_000
+"""A merge result line longer than this is logged summed up (the whole one: ``detail``)."""
+
+
 class PgcdcMergeSubmitHook(SparkSubmitHook):
     """:class:`SparkSubmitHook` that keeps the merge's result line (``merge_result``) while
     the provider logs spark-submit's output as usual, and finds ``spark-submit`` next to
@@ -219,6 +241,9 @@ class PgcdcMergeSubmitHook(SparkSubmitHook):
                 value = None
             if value is not None:
                 self.merge_result, self.merge_result_error = value, None
+                if len(line) > LOGGED_RESULT_CHARS:  # one line of megabytes in the task's log: its summary
+                    short = {k: v for k, v in summary(value, 0).items() if k != "tables"}
+                    line = f"{RESULT_PREFIX}(summed up: {len(line):,} characters) {json.dumps(short)}"
             yield line
 
     def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
@@ -254,9 +279,15 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     twice. ``max_windows`` is templated, e.g. to bound a catch-up run.
 
     Returns (XCom ``return_value``) the job's result as ``spark_app.py`` prints it
-    (:meth:`airflow_pgcdc.merge.options.MergeResult.to_dict`)::
+    (:meth:`airflow_pgcdc.merge.options.MergeResult.to_dict`), summed up by
+    :func:`airflow_pgcdc.merge.results.summary` so that it stays small however many tables
+    the slot has: ``actions`` (tables per action), ``rows``, ``tables_total``,
+    ``tables_omitted``, ``detail`` (the whole result's document in the store), and
+    ``tables``: every table when there are at most ``xcom_tables`` (100), else the failed
+    ones, then those that got a commit, up to that many
+    (:func:`airflow_pgcdc.merge.results.whole` reads every table back)::
 
-        {"slot", "source", "delta", "seconds",
+        {"slot", "source", "delta", "seconds", "detail", "actions", "rows", "tables_total", "tables_omitted",
          "tables": [{"table": "schema.table", "delta_url": "s3://…/schema.table",
                      "action": "bootstrapped+merged" | "bootstrapped" | "merged"
                                | "up-to-date" | "no-changes" | "merged-by-concurrent-job"
@@ -324,6 +355,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         tables as an error — put :class:`PgcdcMergeCheckOperator` downstream so that the run
         still fails naming them. Any other failure of the job (``WindowGap``, a lost
         executor, no result) fails the task either way.
+    :param xcom_tables: the most tables the XCom result lists (templated; default 100)
     :param kwargs: any other :class:`SparkSubmitOperator` argument (``conf`` is laid
         over the merge's conf; ``py_files`` and ``env_vars`` are added to the merge's;
         ``application`` and ``application_args`` are the operator's own)
@@ -332,7 +364,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "keys", "max_windows",
         "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows", "aws_conn_id", "conn_id",
-        "until_lsn", "until_time", "options",
+        "until_lsn", "until_time", "options", "xcom_tables",
     )
     ui_color = "#fdebd0"
 
@@ -358,6 +390,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         conn_id: str = "spark_default",
         py_files_dir: str | None = None,
         on_failed_tables: str = "fail",
+        xcom_tables: int | str = XCOM_TABLES,
         conf: Mapping[str, Any] | None = None,
         name: str = "pgcdc-merge",
         **kwargs: Any,
@@ -409,6 +442,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.aws_conn_id = aws_conn_id
         self.py_files_dir = py_files_dir
         self.on_failed_tables = on_failed_tables
+        self.xcom_tables = xcom_tables
+        if not templated(xcom_tables):
+            self._xcom_tables()
         # bad keys, file size or driver rows fail at parse time (templated ones when rendered)
         merge_application_args(
             store=store, slot=slot, delta=delta, keys=None if templated(keys) else self.keys,
@@ -522,6 +558,10 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             until_time=None if self.until_time in (None, "", "None") else str(self.until_time),
         )
 
+    def _xcom_tables(self) -> int:
+        n = number(self.xcom_tables, int, "xcom_tables", minimum=0)
+        return XCOM_TABLES if n is None else n
+
     def _describe(self) -> str:
         """The start line: the tables and windows asked, from ``options`` when given there."""
         given = self._options()
@@ -559,31 +599,43 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                 f"spark-submit finished but printed no {RESULT_PREFIX.strip()} line: the merge "
                 "result is unknown (see the spark-submit output above)"
             )
+        short = summary(result, self._xcom_tables())
+        quiet = 0
         for t in result.get("tables", ()):
+            if t.get("action") in QUIET_ACTIONS:
+                quiet += 1
+                continue
             self.log.info("%s: %s, windows %s..%s (%s..%s), Delta version %s", t.get("table"),
                           t.get("action"), t.get("first_window"), t.get("last_window"),
                           t.get("start_lsn"), t.get("end_lsn"), t.get("delta_version"))
+        self.log.info("%d table(s): %s%s; %s", short["tables_total"],
+                      ", ".join(f"{n} {a}" for a, n in short["actions"].items()) or "none",
+                      f" ({quiet} with nothing to merge, not listed above)" if quiet else "",
+                      f"the whole result: {result['detail']}" if result.get("detail") else
+                      "the whole result was not recorded in the store")
         if failed_tables(result):
-            return self._tables_failed(context, result)
+            return self._tables_failed(context, result, short)
         self._emit_asset_events(context, result)
-        return result
+        return short
 
-    def _tables_failed(self, context, result: dict[str, Any]) -> dict[str, Any]:
+    def _tables_failed(self, context, result: dict[str, Any], short: dict[str, Any]) -> dict[str, Any]:
         message = tables_failed_message(result)
         moved = [t["table"] for t in merged_tables(result)]
+        named = ", ".join(moved[:FAILED_NAMED]) + (f" and {len(moved) - FAILED_NAMED} more"
+                                                   if len(moved) > FAILED_NAMED else "")
         if self.on_failed_tables == "succeed":
             self.log.error("%s\nthe task succeeds (on_failed_tables='succeed'): Asset events for %s; "
-                           "the failed tables are in the XCom result", message, ", ".join(moved) or "no table")
+                           "the failed tables are in the XCom result", message, named or "no table")
             self._emit_asset_events(context, result)
-            return result
+            return short
         ti = context.get("ti") if hasattr(context, "get") else None
         if ti is not None:  # the runner pushes a return value only for a task that succeeds
-            ti.xcom_push(key="return_value", value=result)
+            ti.xcom_push(key="return_value", value=short)
         if moved:
             self.log.warning(
                 "%s were merged and committed, but get no Asset event from this run: Airflow records "
                 "Asset events only for a task that succeeds (on_failed_tables='succeed' with a "
-                "PgcdcMergeCheckOperator downstream emits them and still fails the run)", ", ".join(moved))
+                "PgcdcMergeCheckOperator downstream emits them and still fails the run)", named)
         raise PgcdcTablesFailed(message)
 
     def _emit_asset_events(self, context, result: Mapping[str, Any]) -> None:
@@ -622,6 +674,6 @@ class PgcdcMergeCheckOperator(BaseOperator):
         result = context["ti"].xcom_pull(task_ids=self.merge_task_id, key="return_value")
         if not isinstance(result, Mapping):
             raise AirflowException(f"no merge result from task {self.merge_task_id!r} (XCom return_value): {result!r}")
-        if failed_tables(result):
+        if failed_tables(result) or (result.get("actions") or {}).get("failed"):
             raise PgcdcTablesFailed(tables_failed_message(result))
         return {"failed": []}

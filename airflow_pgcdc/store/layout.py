@@ -369,6 +369,15 @@ class Layout:
         up to a window (a merge job's cache, so that it need not read every manifest)."""
         return self._key(validate_slot(slot), "merge-state", "tables.json")
 
+    def merge_results_prefix(self, slot: str) -> str:
+        """``{prefix}/{slot}/merge-results/``: one document per merge job, its whole result
+        (every table's outcome), named by the job's run id (they sort by time)."""
+        return self._key(validate_slot(slot), "merge-results") + "/"
+
+    def merge_result(self, slot: str, run_id: str) -> str:
+        """``{prefix}/{slot}/merge-results/{run_id}.json``."""
+        return self.merge_results_prefix(slot) + validate_run_id(run_id) + ".json"
+
     def merge_staging_prefix(self, slot: str, run_id: str | None = None) -> str:
         """``{prefix}/{slot}/merge-staging/[{run_id}/]``: files a merge job stages for its
         Delta commits (removed after each commit; debris of a killed job is removed later)."""

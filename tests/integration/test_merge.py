@@ -183,6 +183,41 @@ def test_tables_merged_at_once_killed_mid_job_then_rerun_each_commit_once(db18, 
         assert_equal(db, lake, f"public.{t}", "id")
 
 
+def test_the_whole_result_is_kept_in_the_store_and_read_back_from_a_summary(db18, slot_name, store, spark):
+    """Each job writes its whole result to {slot}/merge-results/; a summary that left tables
+    out reads them back from it (merge.results.whole); results older than seven days are
+    removed by the next job, newer ones kept."""
+    from datetime import UTC, datetime, timedelta
+
+    from airflow_pgcdc.merge.results import summary, whole
+
+    client, src, lake = store
+    db = db18
+    names = [f"r{i}" for i in range(5)]
+    for t in names:
+        sql(db, f"CREATE TABLE {t} (id int PRIMARY KEY, v text); INSERT INTO {t} VALUES (1, 'a'), (2, 'b')")
+    sql(db, "CREATE PUBLICATION pub FOR ALL TABLES")
+    slot = slot_name()
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client)
+    first = merge_slot(spark, store=src, slot=slot, delta=lake)
+    layout = Layout.parse(src)
+    prefix = layout.merge_results_prefix(slot)
+    old, recent = (f"{(datetime.now(UTC) - timedelta(days=d)):%Y%m%dT%H%M%SZ}-0000000{d}.json" for d in (8, 6))
+    for name in (old, recent):
+        s3store.put_bytes(client, layout.bucket, prefix + name, "{}")
+    sql(db, "UPDATE r3 SET v = 'c' WHERE id = 1")
+    drain(db, src, slot, client)
+    second = merge_slot(spark, store=src, slot=slot, delta=lake)
+    assert second.detail and second.detail != first.detail
+    kept = sorted(k[len(prefix):] for k in s3store.list_keys(client, layout.bucket, prefix))
+    assert kept == sorted([first.detail.rsplit("/", 1)[1], second.detail.rsplit("/", 1)[1], recent]), kept
+    short = summary(second.to_dict(), limit=1)
+    assert [t["table"] for t in short["tables"]] == ["public.r3"] and short["tables_omitted"] == 4
+    assert short["actions"] == {"merged": 1, "no-changes": 4}
+    assert whole(short, client) == second.to_dict()  # every table, read back from the store
+    assert whole(second.to_dict()) == second.to_dict()  # a whole result is its own
+
+
 @pytest.mark.parametrize("fault", ["merge-after-stage", "merge-after-commit"])
 def test_killed_merge_then_rerun_merges_exactly_once(fault, db18, slot_name, store, spark, s3):
     import os

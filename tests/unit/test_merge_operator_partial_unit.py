@@ -32,6 +32,10 @@ RESULT = {
     ],
 }
 
+# what the XCom adds to a result of three tables (all listed)
+SUMMED = {"actions": {"bootstrapped+merged": 1, "failed": 1, "no-changes": 1},
+          "rows": {"bootstrap_rows": 0, "change_rows": 0, "merged_rows": 0}, "tables_total": 3, "tables_omitted": 0}
+
 
 def test_failed_and_merged_tables_and_the_message():
     assert [t["table"] for t in failed_tables(RESULT)] == ["public.bad"]
@@ -96,7 +100,7 @@ def test_fail_mode_fails_naming_the_tables_and_pushes_the_result(failing_spark):
     with pytest.raises(PgcdcTablesFailed, match=r"public\.bad: MergeError: columns Name") as e:
         op.execute({"outlet_events": events, "ti": ti})
     assert "merged and committed: public.good" in str(e.value)
-    assert ti.pushed == {"return_value": RESULT}
+    assert ti.pushed == {"return_value": {**RESULT, **SUMMED}}
     assert all(not ev.added and not ev.extra for ev in events.values())  # Airflow would drop them anyway
 
 
@@ -104,7 +108,7 @@ def test_succeed_mode_emits_the_moved_tables_events(failing_spark):
     op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
                                  on_failed_tables="succeed")
     events = _Events()
-    assert op.execute({"outlet_events": events, "ti": _TI()}) == RESULT
+    assert op.execute({"outlet_events": events, "ti": _TI()}) == {**RESULT, **SUMMED}
     added = events[AssetAlias(name="pgcdc-delta-shop")].added
     assert [(a.uri, x["action"]) for a, x in added] == [("s3://b/lake/public.good", "bootstrapped+merged")]
 
@@ -130,3 +134,57 @@ def test_check_operator():
     assert check.execute({"ti": _TI({**RESULT, "tables": [RESULT["tables"][0]]})}) == {"failed": []}
     with pytest.raises(Exception, match="no merge result from task 'merge'"):
         check.execute({"ti": _TI(None)})
+
+
+def _many(n_quiet: int, n_merged: int, n_failed: int) -> dict:
+    """A result of many tables: quiet ones first, then merged, then failed (the job's order)."""
+    tables = [{"table": f"public.q{i:05}", "delta_url": f"s3://b/lake/public.q{i:05}", "action": "no-changes"}
+              for i in range(n_quiet)]
+    tables += [{"table": f"public.m{i}", "delta_url": f"s3://b/lake/public.m{i}", "action": "merged",
+                "change_rows": 2, "merged_rows": 2, "last_window": 7, "delta_version": 3} for i in range(n_merged)]
+    tables += [{"table": f"public.f{i}", "delta_url": f"s3://b/lake/public.f{i}", "action": "failed",
+                "error": "MergeError: boom", "hint": "fix it"} for i in range(n_failed)]
+    return {**RESULT, "tables": tables, "detail": "s3://b/cdc/shop/merge-results/20261129T000000Z-00000000.json"}
+
+
+def test_a_result_of_many_tables_is_summed_up_in_the_xcom_and_the_log(failing_spark, capfd):
+    big = _many(3000, 150, 2)
+    (failing_spark / "result.json").write_text(json.dumps(big))
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
+                                 on_failed_tables="succeed", xcom_tables="40")
+    events = _Events()
+    out = op.execute({"outlet_events": events, "ti": _TI()})
+    # the failed tables first, then those that got a commit, 40 in all; the quiet ones counted only
+    assert [t["table"] for t in out["tables"]] == ["public.f0", "public.f1", *(f"public.m{i}" for i in range(38))]
+    assert out["actions"] == {"failed": 2, "merged": 150, "no-changes": 3000}
+    assert out["rows"] == {"bootstrap_rows": 0, "change_rows": 300, "merged_rows": 300}
+    assert (out["tables_total"], out["tables_omitted"]) == (3152, 3112)
+    assert out["detail"] == big["detail"]
+    assert len(json.dumps(out)) < 20_000
+    # every committed table still gets its Asset event: they come from the whole result
+    assert len(events[AssetAlias(name="pgcdc-delta-shop")].added) == 150
+    logged = "".join(capfd.readouterr())  # the task's log (structlog writes to the process' streams)
+    assert "PGCDC_MERGE_RESULT (summed up:" in logged and "public.q00001" not in logged
+    assert "3152 table(s): 2 failed, 150 merged, 3000 no-changes (3000 with nothing to merge" in logged
+
+
+def test_the_check_operator_fails_on_failed_tables_its_summary_does_not_list():
+    summed = {**RESULT, "tables": [], "actions": {"failed": 30, "merged": 5}, "tables_total": 35,
+              "tables_omitted": 35, "detail": "s3://b/cdc/shop/merge-results/x.json"}
+    check = PgcdcMergeCheckOperator(task_id="c", merge_task_id="m")
+    with pytest.raises(PgcdcTablesFailed, match=r"30 of 35 table\(s\) not merged") as e:
+        check.execute({"ti": _TI(pulled=summed)})
+    assert "and 30 more: every one in s3://b/cdc/shop/merge-results/x.json" in str(e.value)
+
+
+def test_the_message_names_twenty_failed_tables_and_counts_the_rest():
+    msg = tables_failed_message(_many(0, 25, 23)).splitlines()
+    assert msg[0].startswith("23 of 48 table(s) not merged (merged and committed: public.m0, ")
+    assert msg[0].endswith("public.m19 and 5 more):")
+    assert len(msg) == 1 + 20 + 1 and msg[-1].startswith("  and 3 more: every one in s3://b/cdc/")
+
+
+@pytest.mark.parametrize("bad", [-1, "many", 2.5])
+def test_a_bad_xcom_tables_fails_when_the_dag_is_parsed(bad):
+    with pytest.raises(ValueError, match="xcom_tables must be an integer"):
+        PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake", xcom_tables=bad)

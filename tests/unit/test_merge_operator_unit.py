@@ -218,7 +218,8 @@ def test_execute_submits_reads_the_result_and_emits_asset_events(fake_spark):
     )
     events = _Events()
     out = op.execute({"outlet_events": events})
-    assert out == RESULT
+    assert out == {**RESULT, "actions": {"bootstrapped+merged": 1, "merged": 1, "up-to-date": 1}, "tables_total": 3,
+                   "rows": {"bootstrap_rows": 0, "change_rows": 0, "merged_rows": 0}, "tables_omitted": 0}
     args = (fake_spark / "args.txt").read_text().splitlines()
     cmd = " ".join(args)
     assert args[args.index("--master") + 1] == "local[*]"
