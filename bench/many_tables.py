@@ -15,12 +15,17 @@ a fresh Delta root: the bootstrap (``--max-windows 0``) and the merge of that wi
   did before the table workers);
 * ``driver`` (the default): the same on ``--table-workers`` driver threads (default 4).
 
+``--cluster N``: the jobs run on a standalone Spark cluster of N one-core workers started
+here (``--master spark://…``; the ``spark`` path's Spark jobs run on its executors, the
+other paths' tables on the driver's threads as before).
+
 Printed per job: wall seconds (Spark's start-up included), the job's own seconds, seconds
 per table, and the ratios driver/serial, driver/spark and N-table/first-size. Every merged Delta table is
 checked against PostgreSQL (row count and a digest of ids and quantities).
 
     .venv/bin/python bench/many_tables.py [--sizes 30,300] [--rows 2000] [--changes 5]
                                           [--paths serial,driver[,spark]] [--table-workers N]
+                                          [--cluster 2]
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from airflow_pgcdc.snapshot.export import snapshot_to_s3  # noqa: E402
 from airflow_pgcdc.store import s3 as s3store  # noqa: E402
 from airflow_pgcdc.testing.postgres import PostgresServer  # noqa: E402
 from airflow_pgcdc.testing.s3 import S3Server  # noqa: E402
+from airflow_pgcdc.testing.spark import SparkCluster  # noqa: E402
 
 SLOT, PUB, BUCKET = "bench_many", "bench_many_pub", "bench"
 PATHS = {"spark": ["--driver-rows", "0", "--table-workers", "1"], "serial": ["--table-workers", "1"], "driver": []}
@@ -100,6 +106,7 @@ def main() -> int:
     ap.add_argument("--paths", default="serial,driver",
                     help="serial (baseline: one table at a time), driver (table workers), spark (--driver-rows 0)")
     ap.add_argument("--table-workers", type=int, help="the driver path's --table-workers (default: the job's)")
+    ap.add_argument("--cluster", type=int, default=0, help="run the jobs on a standalone cluster of N 1-core workers")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     paths = args.paths.split(",")
@@ -112,9 +119,16 @@ def main() -> int:
     s3 = S3Server(volume_size_limit_mb=1024)
     pg.start()
     s3.start()
+    cluster = SparkCluster(workers=args.cluster, cores=1).start() if args.cluster else None
     try:
+        if cluster is not None:
+            say(f"standalone cluster {cluster.master_url}: {args.cluster} worker(s) of 1 core")
+            for path in PATHS:
+                PATHS[path] = [*PATHS[path], "--master", cluster.master_url]
         return run(args, sizes, paths, pg, s3)
     finally:
+        if cluster is not None:
+            cluster.close()
         s3.close()
         pg.close()
 

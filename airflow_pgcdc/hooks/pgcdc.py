@@ -17,6 +17,10 @@ from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.store.s3 import S3Settings, make_s3_client
 
 # libpq parameters accepted from a postgres connection's extras
+CONNECTION_WRITE_EXTRAS = {"server_side_encryption": "sse", "sse_kms_key_id": "sse_kms_key_id", "acl": "acl"}
+"""The ``aws`` connection's extras for what every object written carries: server-side
+encryption (``AES256``, ``aws:kms``, ``aws:kms:dsse``), its KMS key, a canned ACL."""
+
 LIBPQ_EXTRAS = (
     "sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "sslcrl", "sslcrldir",
     "sslsni", "ssl_min_protocol_version", "channel_binding", "require_auth",
@@ -110,6 +114,9 @@ class PgcdcHook(BaseHook):
             overrides["endpoint_url"] = endpoint
         if extra.get("region_name"):
             overrides["region"] = extra["region_name"]
+        for name, field_name in CONNECTION_WRITE_EXTRAS.items():  # what every object written carries
+            if extra.get(name):
+                overrides[field_name] = extra[name]
         return S3Settings.from_env(**overrides)
 
     def s3_client(self):

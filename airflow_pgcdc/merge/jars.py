@@ -124,6 +124,10 @@ def delta_conf(jars: list[str] | None = None) -> dict[str, str]:
     return conf
 
 
+S3A_WRITE_KEYS = frozenset({"fs.s3a.encryption.algorithm", "fs.s3a.encryption.key", "fs.s3a.acl.default"})
+"""What every object S3A writes carries (see :meth:`~airflow_pgcdc.store.s3.S3Settings.s3a_conf`)."""
+
+
 def s3a_settings(settings) -> dict[str, str]:
     """Hadoop ``fs.s3a.*`` settings for ``settings`` (fields it leaves unset: S3A's own
     defaults and credential chain, e.g. an instance role)."""
@@ -144,6 +148,7 @@ def s3a_settings(settings) -> dict[str, str]:
             out["fs.s3a.aws.credentials.provider"] = (
                 "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
             )
+    out.update(settings.s3a_conf())  # encryption and ACL of every object S3A writes
     return out
 
 
@@ -151,5 +156,8 @@ def configure_s3a(spark, settings) -> None:
     """Point S3A at ``settings``' endpoint and credentials, in the running session's
     Hadoop configuration (shipped with tasks to the executors; not a command line)."""
     hconf = spark.sparkContext._jsc.hadoopConfiguration()
-    for key, value in s3a_settings(settings).items():
+    wanted = s3a_settings(settings)
+    for key in S3A_WRITE_KEYS - wanted.keys():  # a session's earlier job asked for them, this one not
+        hconf.unset(key)
+    for key, value in wanted.items():
         hconf.set(key, value)

@@ -92,7 +92,7 @@ def conformed_batches(fs, path: str, schema: pa.Schema) -> Iterator[pa.RecordBat
 
 
 _S3_FIELDS = ("endpoint_url", "region", "addressing_style", "access_key_id",
-              "secret_access_key", "session_token")
+              "secret_access_key", "session_token", "sse", "sse_kms_key_id", "acl")
 
 
 def s3_options(settings) -> dict[str, str]:
@@ -104,11 +104,32 @@ def s3_options(settings) -> dict[str, str]:
     }
 
 
-def _fs(options):
-    from airflow_pgcdc.store.s3 import S3Settings, make_pyarrow_fs
+def _settings(options):
+    from airflow_pgcdc.store.s3 import S3Settings
 
     given = {n: options[f"s3.{n}"] for n in _S3_FIELDS if options.get(f"s3.{n}")}
-    return make_pyarrow_fs(S3Settings.from_env(**given))
+    return S3Settings.from_env(**given)
+
+
+def _fs(options):
+    from airflow_pgcdc.store.s3 import make_pyarrow_fs
+
+    return make_pyarrow_fs(_settings(options))
+
+
+def _open_output(options, path: str):
+    """A writable file for ``path`` (``bucket/key``): Arrow's, or with server-side
+    encryption asked for (which Arrow's S3 client cannot send) a boto3 upload that does."""
+    settings = _settings(options)
+    if not settings.sse:
+        from airflow_pgcdc.store.s3 import make_pyarrow_fs
+
+        return make_pyarrow_fs(settings).open_output_stream(path)
+    from airflow_pgcdc.store.multipart import MultipartWriter
+    from airflow_pgcdc.store.s3 import make_s3_client
+
+    bucket, key = path.split("/", 1)
+    return MultipartWriter(make_s3_client(settings), bucket, key, max_in_flight=2)
 
 
 _registered: set[int] = set()
@@ -187,7 +208,7 @@ class _StagingWriter(DataSourceArrowWriter):
         pid = ctx.partitionId() if ctx else 0
         attempt = ctx.attemptNumber() if ctx else 0
         path = f"{self.staging}part-{pid:05d}-{attempt}-{uuid.uuid4().hex[:8]}.parquet"
-        fs = None
+        fs = sink = None
         writer = None
         rows = 0
         try:
@@ -196,9 +217,8 @@ class _StagingWriter(DataSourceArrowWriter):
                     continue
                 if writer is None:
                     fs = _fs(self.options)
-                    writer = pq.ParquetWriter(
-                        fs.open_output_stream(path), self.arrow_schema, compression="zstd"
-                    )
+                    sink = _open_output(self.options, path)
+                    writer = pq.ParquetWriter(sink, self.arrow_schema, compression="zstd")
                 writer.write_batch(conform(batch, self.arrow_schema))
                 rows += batch.num_rows
         except BaseException:
@@ -209,13 +229,14 @@ class _StagingWriter(DataSourceArrowWriter):
         if writer is None:
             return StagedFiles([], 0)
         writer.close()
+        if not sink.closed:  # a boto3 upload: completed here
+            sink.close()
         return StagedFiles([path], rows)
 
     def commit(self, messages) -> None:
         paths = [p for m in messages if m is not None for p in m.paths]
         rows = sum(m.rows for m in messages if m is not None)
-        fs = _fs(self.options)
-        with fs.open_output_stream(self.staging + STAGED_LIST) as out:
+        with _open_output(self.options, self.staging + STAGED_LIST) as out:
             out.write(json.dumps({"paths": paths, "rows": rows}).encode())
 
     def abort(self, messages) -> None:

@@ -25,6 +25,7 @@ from airflow_pgcdc.store.s3 import (
     _s3_call,
     validate_bucket,
     validate_key,
+    write_args,
 )
 
 log = logging.getLogger("airflow_pgcdc.store.s3")  # the name its records had before the move
@@ -82,7 +83,8 @@ class MultipartWriter:
         self.part_size = part_size
         self.max_in_flight = max_in_flight
         self.if_none_match = if_none_match
-        self._extra: dict[str, Any] = dict(extra_args or {})
+        # what every object this client writes carries (encryption, ACL), then the caller's
+        self._extra: dict[str, Any] = {**write_args(client), **(extra_args or {})}
         if content_type:
             self._extra["ContentType"] = content_type
         if metadata:

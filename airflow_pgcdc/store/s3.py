@@ -310,6 +310,22 @@ def _validate_prefix(prefix: str, bucket: str) -> None:
 
 _TRUE = {"1", "true", "yes", "on"}
 
+SSE_ALGORITHMS = ("AES256", "aws:kms", "aws:kms:dsse")
+"""Server-side encryption of every object written (``S3Settings.sse``): SSE-S3, SSE-KMS,
+dual-layer SSE-KMS, as S3's ``x-amz-server-side-encryption`` header names them."""
+
+CANNED_ACLS = ("private", "bucket-owner-full-control", "bucket-owner-read")
+"""Canned ACLs every object written may carry (``S3Settings.acl``)."""
+
+_S3A_ENCRYPTION = {"AES256": "AES256", "aws:kms": "SSE-KMS", "aws:kms:dsse": "DSSE-KMS"}
+_S3A_ACL = {"private": "Private", "bucket-owner-full-control": "BucketOwnerFullControl",
+            "bucket-owner-read": "BucketOwnerRead"}
+
+
+WRITE_ENV = {"PGCDC_S3_SSE": "sse", "PGCDC_S3_SSE_KMS_KEY_ID": "sse_kms_key_id", "PGCDC_S3_ACL": "acl"}
+"""The environment variables of :meth:`S3Settings.from_env` for what every written object
+carries (boto3 has none of its own for them)."""
+
 
 @dataclass(frozen=True)
 class S3Settings:
@@ -331,6 +347,11 @@ class S3Settings:
     connect_timeout: float = 10.0
     read_timeout: float = 120.0
     max_pool_connections: int = 32
+    # every object written: server-side encryption (SSE_ALGORITHMS), its KMS key (id, ARN or
+    # alias; None: the account's default key) and a canned ACL (CANNED_ACLS)
+    sse: str | None = None
+    sse_kms_key_id: str | None = None
+    acl: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> S3Settings:
@@ -361,6 +382,9 @@ class S3Settings:
                 ) from None
         if get("AWS_RETRY_MODE"):
             values["retry_mode"] = get("AWS_RETRY_MODE")
+        for name, field_name in WRITE_ENV.items():
+            if get(name):
+                values[field_name] = get(name)
         values.update(overrides)
         return cls(**values)
 
@@ -386,6 +410,39 @@ class S3Settings:
             )
         if (self.access_key_id is None) != (self.secret_access_key is None):
             raise StoreError("set both the access key id and the secret access key, or neither")
+        if self.sse is not None and self.sse not in SSE_ALGORITHMS:
+            raise StoreError(f"server-side encryption must be one of {', '.join(SSE_ALGORITHMS)}, got {self.sse!r} "
+                             "(PGCDC_S3_SSE, or the aws connection's extra server_side_encryption)")
+        if self.sse_kms_key_id is not None and not (self.sse or "").startswith("aws:kms"):
+            raise StoreError(f"a KMS key id ({self.sse_kms_key_id!r}) needs server-side encryption aws:kms or "
+                             f"aws:kms:dsse, not {self.sse!r}")
+        if self.acl is not None and self.acl not in CANNED_ACLS:
+            raise StoreError(f"the objects' ACL must be one of {', '.join(CANNED_ACLS)}, got {self.acl!r} "
+                             "(PGCDC_S3_ACL, or the aws connection's extra acl)")
+
+    def write_args(self) -> dict[str, str]:
+        """boto3's arguments for every PutObject and CreateMultipartUpload: the encryption
+        and the ACL these settings ask for (empty when none)."""
+        args: dict[str, str] = {}
+        if self.sse:
+            args["ServerSideEncryption"] = self.sse
+        if self.sse_kms_key_id:
+            args["SSEKMSKeyId"] = self.sse_kms_key_id
+        if self.acl:
+            args["ACL"] = self.acl
+        return args
+
+    def s3a_conf(self) -> dict[str, str]:
+        """Hadoop S3A's settings for the same encryption and ACL (without the ``spark.hadoop.``
+        prefix)."""
+        conf: dict[str, str] = {}
+        if self.sse:
+            conf["fs.s3a.encryption.algorithm"] = _S3A_ENCRYPTION[self.sse]
+        if self.sse_kms_key_id:
+            conf["fs.s3a.encryption.key"] = self.sse_kms_key_id
+        if self.acl:
+            conf["fs.s3a.acl.default"] = _S3A_ACL[self.acl]
+        return conf
 
     @property
     def effective_addressing_style(self) -> str:
@@ -523,6 +580,13 @@ def s3_argument(call: str, s3: Any, fields: dict[str, Any], *, needs_settings: b
     return settings, client
 
 
+def write_args(client: Any) -> dict[str, str]:
+    """What every object ``client`` writes carries (:meth:`S3Settings.write_args` of the
+    settings :func:`make_s3_client` made it from; none for a client made elsewhere)."""
+    settings = settings_of(client)
+    return settings.write_args() if settings is not None else {}
+
+
 def settings_of(client: Any) -> S3Settings | None:
     """The settings ``client`` was made from by :func:`make_s3_client` (None for a client
     made elsewhere): what another process needs to make the same client."""
@@ -560,6 +624,8 @@ def make_pyarrow_fs(settings: S3Settings | None = None, **overrides: Any):
         kwargs["endpoint_override"] = parts.netloc + parts.path.rstrip("/")
     if settings.effective_addressing_style == "virtual":
         kwargs["force_virtual_addressing"] = True
+    if settings.acl:  # Arrow sends it on every object it writes; encryption it cannot (see sse_sink)
+        kwargs["default_metadata"] = {"ACL": settings.acl}
     return pafs.S3FileSystem(**kwargs)
 
 
@@ -590,7 +656,27 @@ def delta_storage_options(settings: S3Settings | None = None, **overrides: Any) 
     opts["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = (
         "true" if settings.effective_addressing_style == "virtual" else "false"
     )
+    if settings.acl:
+        _warn_acl_once(settings.acl)
+    if settings.sse:  # object_store sends it on every put of a data file and a log entry
+        opts["AWS_SERVER_SIDE_ENCRYPTION"] = settings.sse
+    if settings.sse_kms_key_id:
+        opts["AWS_SSE_KMS_KEY_ID"] = settings.sse_kms_key_id
     return opts
+
+
+_ACL_WARNED: set[str] = set()
+
+
+def _warn_acl_once(acl: str) -> None:
+    """delta-rs (object_store) has no setting for a canned ACL: its Delta files and log
+    entries are written without it. Said once per process."""
+    if acl not in _ACL_WARNED:
+        _ACL_WARNED.add(acl)
+        log.warning("the ACL %s is sent on every object this package writes itself (the store, the Spark "
+                    "engine's and the staging files) but not on the Delta files delta-rs writes: it has no ACL "
+                    "setting; with S3 Object Ownership 'bucket owner enforced' (AWS's default) the bucket owner "
+                    "owns them anyway", acl)
 
 
 def _retry_conflict(call, attempts: int = 5):
@@ -627,7 +713,7 @@ def put_if_absent(
     """
     validate_key(key, bucket=bucket)
     data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-    kwargs: dict[str, Any] = {"IfNoneMatch": "*"}
+    kwargs: dict[str, Any] = {"IfNoneMatch": "*", **write_args(client)}
     if content_type:
         kwargs["ContentType"] = content_type
     try:
@@ -721,7 +807,7 @@ def put_bytes(
     """Write ``key`` unconditionally (one PutObject)."""
     validate_key(key, bucket=bucket)
     data = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-    kwargs: dict[str, Any] = {"ContentType": content_type} if content_type else {}
+    kwargs: dict[str, Any] = {**write_args(client), **({"ContentType": content_type} if content_type else {})}
     with _s3_call("PutObject", bucket, key):
         client.put_object(Bucket=bucket, Key=key, Body=data, **kwargs)
 

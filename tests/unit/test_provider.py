@@ -93,6 +93,48 @@ def test_hook_s3_settings_from_aws_connection(monkeypatch):
     assert "secretkey" not in repr(s)
 
 
+def test_hook_s3_settings_carry_the_encryption_and_acl_of_the_aws_connection(monkeypatch):
+    from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+    from airflow_pgcdc.operators.merge import s3_env
+
+    monkeypatch.setenv("AIRFLOW_CONN_S3", json.dumps({"conn_type": "aws", "extra": {
+        "server_side_encryption": "aws:kms", "sse_kms_key_id": "alias/lake", "acl": "bucket-owner-full-control"}}))
+    s = PgcdcHook(aws_conn_id="s3").s3_settings()
+    assert s.write_args() == {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "alias/lake",
+                              "ACL": "bucket-owner-full-control"}
+    # the merge's spark-submit gets them in its environment, where S3Settings.from_env reads them
+    env = s3_env(s)
+    assert {k: env[k] for k in ("PGCDC_S3_SSE", "PGCDC_S3_SSE_KMS_KEY_ID", "PGCDC_S3_ACL")} == {
+        "PGCDC_S3_SSE": "aws:kms", "PGCDC_S3_SSE_KMS_KEY_ID": "alias/lake", "PGCDC_S3_ACL": "bucket-owner-full-control"}
+    from airflow_pgcdc.store.s3 import S3Settings
+
+    assert S3Settings.from_env(env) == S3Settings(sse="aws:kms", sse_kms_key_id="alias/lake",
+                                                  acl="bucket-owner-full-control")
+
+
+def test_encryption_reaches_every_writer_and_bad_values_are_refused():
+    from airflow_pgcdc.merge.jars import s3a_settings
+    from airflow_pgcdc.store.s3 import S3Settings, StoreError, delta_storage_options, make_s3_client, write_args
+
+    s = S3Settings(access_key_id="k", secret_access_key="s", region="eu-west-1", sse="AES256",
+                   acl="bucket-owner-full-control")
+    assert write_args(make_s3_client(s)) == {"ServerSideEncryption": "AES256", "ACL": "bucket-owner-full-control"}
+    assert write_args(object()) == {}  # a client made elsewhere: nothing known, nothing added
+    opts = delta_storage_options(s)
+    assert opts["AWS_SERVER_SIDE_ENCRYPTION"] == "AES256" and "AWS_SSE_KMS_KEY_ID" not in opts
+    kms = s.with_(sse="aws:kms:dsse", sse_kms_key_id="arn:aws:kms:eu-west-1:1:key/x", acl=None)
+    assert {k: v for k, v in s3a_settings(kms).items() if "encryption" in k or "acl" in k} == {
+        "fs.s3a.encryption.algorithm": "DSSE-KMS", "fs.s3a.encryption.key": "arn:aws:kms:eu-west-1:1:key/x"}
+    assert s3a_settings(s)["fs.s3a.encryption.algorithm"] == "AES256"
+    assert s3a_settings(s)["fs.s3a.acl.default"] == "BucketOwnerFullControl"
+    with pytest.raises(StoreError, match="server-side encryption must be one of AES256, aws:kms"):
+        S3Settings(sse="aes256")
+    with pytest.raises(StoreError, match="KMS key id .* needs server-side encryption aws:kms"):
+        S3Settings(sse="AES256", sse_kms_key_id="alias/x")
+    with pytest.raises(StoreError, match="ACL must be one of"):
+        S3Settings(acl="public-read")
+
+
 def test_missing_connection_is_an_error():
     from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 
