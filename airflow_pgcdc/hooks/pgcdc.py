@@ -117,7 +117,53 @@ class PgcdcHook(BaseHook):
         for name, field_name in CONNECTION_WRITE_EXTRAS.items():  # what every object written carries
             if extra.get(name):
                 overrides[field_name] = extra[name]
+        overrides.update(_role_extras(self.aws_conn_id, extra))
         return S3Settings.from_env(**overrides)
 
     def s3_client(self):
         return make_s3_client(self.s3_settings())
+
+
+ASSUME_ROLE_METHODS = (None, "assume_role")
+"""The ``aws`` connection's ``assume_role_method`` values this hook follows (the amazon
+provider's default, ``assume_role``); web identity and SAML are refused by name."""
+
+
+def _role_extras(conn_id: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """:class:`S3Settings` fields from the ``aws`` connection's extras as the amazon
+    provider's ``AwsBaseHook`` reads them: ``role_arn``, ``assume_role_method``,
+    ``assume_role_kwargs`` (``RoleSessionName``, ``ExternalId``, ``DurationSeconds``),
+    ``profile_name``, ``service_config.sts.endpoint_url`` and, from ``config_kwargs`` (or
+    ``botocore_config``), timeouts, retries and the connection pool."""
+    out: dict[str, Any] = {}
+    method = extra.get("assume_role_method")
+    if extra.get("role_arn"):
+        if method not in ASSUME_ROLE_METHODS:
+            raise ValueError(
+                f"aws connection {conn_id!r}: assume_role_method {method!r} is not supported here (only "
+                "assume_role); for web identity set AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE in the "
+                "workers' environment and leave role_arn out: every component then finds and renews it")
+        out["role_arn"] = extra["role_arn"]
+        kwargs = extra.get("assume_role_kwargs") or {}
+        for key, field_name in (("RoleSessionName", "role_session_name"), ("ExternalId", "external_id"),
+                                ("DurationSeconds", "role_seconds")):
+            if kwargs.get(key) is not None:
+                out[field_name] = int(kwargs[key]) if field_name == "role_seconds" else str(kwargs[key])
+    if extra.get("profile_name"):
+        out["profile"] = extra["profile_name"]
+    sts = ((extra.get("service_config") or {}).get("sts") or {}).get("endpoint_url")
+    if sts:
+        out["sts_endpoint_url"] = sts
+    config = extra.get("config_kwargs") or extra.get("botocore_config") or {}
+    retries = config.get("retries") or {}
+    for key, field_name, kind in (("connect_timeout", "connect_timeout", float), ("read_timeout", "read_timeout", float),
+                                  ("max_pool_connections", "max_pool_connections", int)):
+        if config.get(key) is not None:
+            out[field_name] = kind(config[key])
+    attempts = retries.get("total_max_attempts") or (retries["max_attempts"] + 1 if retries.get("max_attempts")
+                                                     is not None else None)
+    if attempts:
+        out["max_attempts"] = int(attempts)
+    if retries.get("mode"):
+        out["retry_mode"] = retries["mode"]
+    return out

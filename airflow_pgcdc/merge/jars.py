@@ -148,7 +148,33 @@ def s3a_settings(settings) -> dict[str, str]:
             out["fs.s3a.aws.credentials.provider"] = (
                 "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
             )
+    if getattr(settings, "role_arn", None):  # S3A assumes the role itself, and renews it
+        out.update(_s3a_assumed_role(settings, source=out.pop("fs.s3a.aws.credentials.provider", None)))
     out.update(settings.s3a_conf())  # encryption and ACL of every object S3A writes
+    return out
+
+
+S3A_ROLE_KEYS = frozenset({"fs.s3a.aws.credentials.provider", "fs.s3a.assumed.role.arn",
+                           "fs.s3a.assumed.role.session.name", "fs.s3a.assumed.role.session.duration",
+                           "fs.s3a.assumed.role.sts.endpoint", "fs.s3a.assumed.role.sts.endpoint.region",
+                           "fs.s3a.assumed.role.credentials.provider"})
+
+
+def _s3a_assumed_role(settings, source: str | None) -> dict[str, str]:
+    """S3A's AssumedRoleCredentialProvider for ``settings.role_arn``, from the static keys
+    (``source``: the provider they need) or the instance's role."""
+    out = {
+        "fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.auth.AssumedRoleCredentialProvider",
+        "fs.s3a.assumed.role.arn": settings.role_arn,
+        "fs.s3a.assumed.role.session.name": settings.role_session_name,
+        "fs.s3a.assumed.role.session.duration": f"{int(settings.role_seconds)}s",
+        "fs.s3a.assumed.role.credentials.provider": source or (
+            "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider" if settings.access_key_id
+            else "org.apache.hadoop.fs.s3a.auth.IAMInstanceCredentialsProvider"),
+    }
+    if settings.sts_endpoint_url:
+        out["fs.s3a.assumed.role.sts.endpoint"] = settings.sts_endpoint_url
+        out["fs.s3a.assumed.role.sts.endpoint.region"] = settings.region or "us-east-1"
     return out
 
 
@@ -157,7 +183,7 @@ def configure_s3a(spark, settings) -> None:
     Hadoop configuration (shipped with tasks to the executors; not a command line)."""
     hconf = spark.sparkContext._jsc.hadoopConfiguration()
     wanted = s3a_settings(settings)
-    for key in S3A_WRITE_KEYS - wanted.keys():  # a session's earlier job asked for them, this one not
+    for key in (S3A_WRITE_KEYS | S3A_ROLE_KEYS) - wanted.keys():  # a session's earlier job asked for them
         hconf.unset(key)
     for key, value in wanted.items():
         hconf.set(key, value)

@@ -92,7 +92,8 @@ def conformed_batches(fs, path: str, schema: pa.Schema) -> Iterator[pa.RecordBat
 
 
 _S3_FIELDS = ("endpoint_url", "region", "addressing_style", "access_key_id",
-              "secret_access_key", "session_token", "sse", "sse_kms_key_id", "acl")
+              "secret_access_key", "session_token", "sse", "sse_kms_key_id", "acl", "role_arn",
+              "role_session_name", "external_id", "role_seconds", "sts_endpoint_url")
 
 
 def s3_options(settings) -> dict[str, str]:
@@ -108,6 +109,8 @@ def _settings(options):
     from airflow_pgcdc.store.s3 import S3Settings
 
     given = {n: options[f"s3.{n}"] for n in _S3_FIELDS if options.get(f"s3.{n}")}
+    if "role_seconds" in given:
+        given["role_seconds"] = int(given["role_seconds"])
     return S3Settings.from_env(**given)
 
 

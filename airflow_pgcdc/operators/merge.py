@@ -51,7 +51,7 @@ from airflow_pgcdc.merge.options import MergeOptions
 from airflow_pgcdc.merge.results import QUIET_ACTIONS, XCOM_TABLES, summary
 from airflow_pgcdc.merge.session import is_local
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
-from airflow_pgcdc.store.s3 import WRITE_ENV
+from airflow_pgcdc.store.s3 import ROLE_ENV, WRITE_ENV
 from airflow_pgcdc.operators import assets
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.values import (
@@ -203,9 +203,9 @@ def s3_env(settings) -> dict[str, str]:
         env["AWS_SESSION_TOKEN"] = settings.session_token
     if settings.region:
         env["AWS_REGION"] = env["AWS_DEFAULT_REGION"] = settings.region
-    for name, field_name in WRITE_ENV.items():  # what every object written carries
-        if getattr(settings, field_name):
-            env[name] = getattr(settings, field_name)
+    for name, field_name in (WRITE_ENV | ROLE_ENV).items():  # what every object carries; the role to assume
+        if getattr(settings, field_name) and (field_name not in ("role_session_name", "role_seconds") or settings.role_arn):
+            env[name] = str(getattr(settings, field_name))
     return env
 
 

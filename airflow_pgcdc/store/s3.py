@@ -326,6 +326,18 @@ WRITE_ENV = {"PGCDC_S3_SSE": "sse", "PGCDC_S3_SSE_KMS_KEY_ID": "sse_kms_key_id",
 """The environment variables of :meth:`S3Settings.from_env` for what every written object
 carries (boto3 has none of its own for them)."""
 
+ROLE_ENV = {"PGCDC_S3_ROLE_ARN": "role_arn", "PGCDC_S3_ROLE_SESSION_NAME": "role_session_name",
+            "PGCDC_S3_EXTERNAL_ID": "external_id", "PGCDC_S3_ROLE_SECONDS": "role_seconds",
+            "AWS_ENDPOINT_URL_STS": "sts_endpoint_url"}
+"""The environment variables of :meth:`S3Settings.from_env` for the role to assume."""
+
+SELF_REFRESHING = frozenset({"iam-role", "container-role", "assume-role-with-web-identity"})
+"""boto3's credential methods that delta-rs (object_store) and Arrow (the AWS C++ SDK) find
+in the same environment and refresh themselves (instance metadata, the container's
+endpoint, ``AWS_ROLE_ARN`` + ``AWS_WEB_IDENTITY_TOKEN_FILE``): they are given no keys, so a
+job of any length keeps fresh ones. Other methods (a profile's files, SSO, a process) are
+resolved by boto3 and handed over as they are when the client is made."""
+
 
 @dataclass(frozen=True)
 class S3Settings:
@@ -352,6 +364,14 @@ class S3Settings:
     sse: str | None = None
     sse_kms_key_id: str | None = None
     acl: str | None = None
+    # a role assumed with STS (AssumeRole) from the credentials above (or the chain's), its
+    # credentials refreshed by every boto3 client and by S3A; sts_endpoint_url: STS' address
+    # (None: boto3's, which honours AWS_ENDPOINT_URL_STS)
+    role_arn: str | None = None
+    role_session_name: str = "pgcdc"
+    external_id: str | None = field(default=None, repr=False)
+    role_seconds: int = 3600
+    sts_endpoint_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> S3Settings:
@@ -382,9 +402,14 @@ class S3Settings:
                 ) from None
         if get("AWS_RETRY_MODE"):
             values["retry_mode"] = get("AWS_RETRY_MODE")
-        for name, field_name in WRITE_ENV.items():
+        for name, field_name in (WRITE_ENV | ROLE_ENV).items():
             if get(name):
                 values[field_name] = get(name)
+        if "role_seconds" in values:
+            try:
+                values["role_seconds"] = int(values["role_seconds"])
+            except ValueError:
+                raise StoreError(f"PGCDC_S3_ROLE_SECONDS must be an integer, got {values['role_seconds']!r}") from None
         values.update(overrides)
         return cls(**values)
 
@@ -416,6 +441,11 @@ class S3Settings:
         if self.sse_kms_key_id is not None and not (self.sse or "").startswith("aws:kms"):
             raise StoreError(f"a KMS key id ({self.sse_kms_key_id!r}) needs server-side encryption aws:kms or "
                              f"aws:kms:dsse, not {self.sse!r}")
+        if self.role_arn is not None and not str(self.role_arn).startswith("arn:"):
+            raise StoreError(f"role_arn must be an ARN (arn:aws:iam::<account>:role/<name>), got {self.role_arn!r}")
+        if not 900 <= int(self.role_seconds) <= 43200:
+            raise StoreError(f"the assumed role's session must last 900 to 43200 seconds (STS' limits), "
+                             f"got {self.role_seconds!r}")
         if self.acl is not None and self.acl not in CANNED_ACLS:
             raise StoreError(f"the objects' ACL must be one of {', '.join(CANNED_ACLS)}, got {self.acl!r} "
                              "(PGCDC_S3_ACL, or the aws connection's extra acl)")
@@ -458,17 +488,27 @@ class S3Settings:
         return replace(self, **changes)
 
     def resolved_credentials(self) -> tuple[str, str, str | None] | None:
-        """(access key, secret key, session token), from the settings or boto3's chain."""
-        if self.access_key_id and self.secret_access_key:
+        """(access key, secret key, session token) now: the settings' own, the assumed
+        role's (refreshed when less than 15 minutes are left) or boto3's chain's."""
+        if self.access_key_id and self.secret_access_key and not self.role_arn:
             return self.access_key_id, self.secret_access_key, self.session_token
-        import boto3
-
-        session = boto3.Session(profile_name=self.profile) if self.profile else boto3.Session()
-        creds = session.get_credentials()
+        creds = credentials(self)
         if creds is None:
             return None
         frozen = creds.get_frozen_credentials()
         return frozen.access_key, frozen.secret_key, frozen.token
+
+    def handed_credentials(self) -> tuple[str, str, str | None] | None:
+        """What delta-rs and Arrow are given: :meth:`resolved_credentials`, except ``None``
+        when they find and refresh the same credentials themselves (boto3's chain found them
+        by a :data:`SELF_REFRESHING` method)."""
+        if not (self.access_key_id and self.secret_access_key) and not self.role_arn:
+            creds = credentials(self)
+            if creds is None or getattr(creds, "method", None) in SELF_REFRESHING:
+                return None
+            frozen = creds.get_frozen_credentials()
+            return frozen.access_key, frozen.secret_key, frozen.token
+        return self.resolved_credentials()
 
     def resolved_region(self) -> str:
         if self.region:
@@ -481,6 +521,51 @@ class S3Settings:
 
 _loader: Any = None
 _loader_lock = threading.Lock()
+_credentials: dict[tuple, Any] = {}
+_credentials_lock = threading.Lock()
+
+
+def credentials(settings: S3Settings) -> Any:
+    """botocore credentials for ``settings``: with a ``role_arn``, refreshable ones from STS
+    AssumeRole (renewed before they expire), one object per process and source; else boto3's
+    chain's for the profile, looked up now (the environment may have changed); ``None`` when
+    the chain finds none. Static keys without a role need none of this."""
+    if not settings.role_arn:
+        return _session(settings.profile).get_credentials()
+    key = (settings.role_arn, settings.role_session_name, settings.external_id, settings.role_seconds,
+           settings.sts_endpoint_url, settings.region, settings.profile, settings.access_key_id,
+           settings.secret_access_key, settings.session_token)
+    with _credentials_lock:
+        if key not in _credentials:
+            _credentials[key] = _assumed_role(settings)
+        return _credentials[key]
+
+
+def _assumed_role(settings: S3Settings) -> Any:
+    from botocore.credentials import RefreshableCredentials
+
+    source = _session(settings.profile)
+    kwargs: dict[str, Any] = {}
+    if settings.access_key_id:
+        kwargs = {"aws_access_key_id": settings.access_key_id, "aws_secret_access_key": settings.secret_access_key,
+                  "aws_session_token": settings.session_token}
+    if settings.sts_endpoint_url:
+        kwargs["endpoint_url"] = settings.sts_endpoint_url
+    sts = source.client("sts", region_name=settings.region or source.region_name or "us-east-1", **kwargs)
+    ask: dict[str, Any] = {"RoleArn": settings.role_arn, "RoleSessionName": settings.role_session_name,
+                           "DurationSeconds": int(settings.role_seconds)}
+    if settings.external_id:
+        ask["ExternalId"] = settings.external_id
+
+    def fetch() -> dict[str, str]:
+        with _s3_call("AssumeRole", None, settings.role_arn):
+            got = sts.assume_role(**ask)["Credentials"]
+        log.info("assumed role %s (session %s) until %s", settings.role_arn, settings.role_session_name,
+                 got["Expiration"].isoformat())
+        return {"access_key": got["AccessKeyId"], "secret_key": got["SecretAccessKey"],
+                "token": got["SessionToken"], "expiry_time": got["Expiration"].isoformat()}
+
+    return RefreshableCredentials.create_from_metadata(fetch(), fetch, "assume-role")
 
 
 def _session(profile: str | None):
@@ -530,7 +615,9 @@ def make_s3_client(settings: S3Settings | None = None, **overrides: Any):
         kwargs["endpoint_url"] = settings.endpoint_url
     if settings.region:
         kwargs["region_name"] = settings.region
-    if settings.access_key_id:
+    if settings.role_arn:  # the role's refreshable credentials: the client renews them itself
+        session._session._credentials = credentials(settings)
+    elif settings.access_key_id:
         kwargs["aws_access_key_id"] = settings.access_key_id
         kwargs["aws_secret_access_key"] = settings.secret_access_key
         if settings.session_token:
@@ -613,7 +700,7 @@ def make_pyarrow_fs(settings: S3Settings | None = None, **overrides: Any):
         "allow_bucket_creation": False,
         "allow_bucket_deletion": False,
     }
-    creds = settings.resolved_credentials()
+    creds = settings.handed_credentials()
     if creds is not None:
         kwargs["access_key"], kwargs["secret_key"] = creds[0], creds[1]
         if creds[2]:
@@ -636,15 +723,17 @@ def delta_storage_options(settings: S3Settings | None = None, **overrides: Any) 
     (plain-http endpoints), ``AWS_REGION``, credentials, ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST``.
     delta-rs 1.x commits with S3 conditional puts (``If-None-Match``; AWS S3 since 2024, and
     the test bed's server), so neither a locking provider (``AWS_S3_LOCKING_PROVIDER``, gone
-    in 1.0) nor ``AWS_S3_ALLOW_UNSAFE_RENAME`` is set. Credentials come from the settings or
-    boto3's chain, resolved now (delta-rs does not read ``~/.aws`` profiles itself).
+    in 1.0) nor ``AWS_S3_ALLOW_UNSAFE_RENAME`` is set. Credentials: the settings' own, the
+    assumed role's or boto3's chain's as they are now (:meth:`S3Settings.handed_credentials`;
+    delta-rs does not read ``~/.aws`` profiles itself), or none when delta-rs finds and
+    refreshes the chain's itself (an instance or container role, web identity).
     """
     if settings is None:
         settings = S3Settings.from_env(**overrides)
     elif overrides:
         settings = replace(settings, **overrides)
     opts: dict[str, str] = {"AWS_REGION": settings.resolved_region()}
-    creds = settings.resolved_credentials()
+    creds = settings.handed_credentials()
     if creds is not None:
         opts["AWS_ACCESS_KEY_ID"], opts["AWS_SECRET_ACCESS_KEY"] = creds[0], creds[1]
         if creds[2]:
