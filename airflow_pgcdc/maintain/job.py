@@ -252,6 +252,8 @@ def maintain_slot(
         cutoff = cutoff_for(retention_hours)
         for schema, table in wanted:
             name = f"{schema}.{table}"
+            if settings.role_arn:  # an assumed role's credentials, as STS renewed them: each table starts fresh
+                storage = s3store.delta_storage_options(settings)
             base = table_url(delta, schema, table, storage)
             app = app_id(slot, schema, table)
             targets = [(base, name, [app, app + RESYNC_APP_SUFFIX])]

@@ -105,7 +105,33 @@ class JobContext:
     spark_turns: Any = None
     # tables merged at once (--table-workers): also how many Delta logs are read at once
     table_workers: int = 1
+    # the job's S3 settings when its credentials are an assumed role's (renewed by STS):
+    # follow_credentials makes storage and fs again with the current ones
+    settings: Any = None
     _turn: threading.local = field(default_factory=threading.local, repr=False)
+    _credentials: Any = field(default=None, repr=False)
+    _credentials_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def follow_credentials(self) -> None:
+        """Before each table of a job whose credentials are an assumed role's: when STS
+        renewed them, the delta-rs storage options and the Arrow filesystem are made again
+        with the new ones and the logs the first pass kept open are dropped (they hold the
+        old ones), so a table starts with credentials that last at least 15 minutes (boto3
+        renews them below that) however long the job. A table already running keeps its own."""
+        if self.settings is None or not getattr(self.settings, "role_arn", None):
+            return
+        from airflow_pgcdc.store.s3 import delta_storage_options, make_pyarrow_fs
+
+        now = self.settings.handed_credentials()
+        with self._credentials_lock:
+            if now == self._credentials:
+                return
+            renewed = self._credentials is not None
+            self._credentials = now
+            self.storage = delta_storage_options(self.settings)
+            self.fs = make_pyarrow_fs(self.settings)
+            if renewed:
+                self.loaded.clear()
 
     @property
     def spark(self):

@@ -173,7 +173,16 @@ def _s3a_assumed_role(settings, source: str | None) -> dict[str, str]:
             else "org.apache.hadoop.fs.s3a.auth.IAMInstanceCredentialsProvider"),
     }
     if settings.sts_endpoint_url:
-        out["fs.s3a.assumed.role.sts.endpoint"] = settings.sts_endpoint_url
+        from urllib.parse import urlsplit
+
+        from airflow_pgcdc.store.s3 import StoreError
+
+        parts = urlsplit(settings.sts_endpoint_url)
+        if parts.scheme != "https":  # S3A puts https:// before what it is given
+            raise StoreError(f"S3A (Delta's Spark engine, the s3a reader) reaches STS over https only, not "
+                             f"{settings.sts_endpoint_url}: give an https STS endpoint, or use the delta-rs engine "
+                             "and the python reader, which reach it as boto3 does")
+        out["fs.s3a.assumed.role.sts.endpoint"] = parts.netloc
         out["fs.s3a.assumed.role.sts.endpoint.region"] = settings.region or "us-east-1"
     return out
 

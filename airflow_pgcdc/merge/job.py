@@ -241,6 +241,8 @@ def merge_slot(
     )
     ctx.sink = sink_cls(ctx)
     ctx.table_workers = table_workers
+    ctx.settings = settings
+    ctx.follow_credentials()
     if table_workers > 1:  # small tables at once; those that need Spark take turns
         ctx.spark_turns = threading.Lock()
     remove_old_staging(ctx)
@@ -267,6 +269,7 @@ def merge_slot(
             schema, table = name
             # one table's trouble never stops the others: it is reported, they are merged
             try:
+                ctx.follow_credentials()
                 res = _one_table(ctx, schema, table, snapshot, manifests, keys or {}, max_windows)
             except (WindowGap, WindowOrderError):  # the store's windows, not this table: stop
                 raise

@@ -84,8 +84,12 @@ class S3Server:
         startup_timeout: float = 60.0,
         log_file: str | os.PathLike | None = None,
         volume_size_limit_mb: int = 64,
+        sts_session_seconds: int | None = None,
     ) -> None:
         self.weed = weed_binary()
+        # STS: AssumeRole of ROLE_ARN by this server's user, every session cut to this many
+        # seconds (weed's maxSessionLength; STS itself takes DurationSeconds >= 900)
+        self.sts_session_seconds = sts_session_seconds
         self.volume_size_limit_mb = volume_size_limit_mb
         self._temp = base_dir is None
         self.base_dir = make_temp_base("s3") if base_dir is None else Path(base_dir).absolute()
@@ -261,6 +265,33 @@ class S3Server:
             json.dump(identities, f)
         return path
 
+    ROLE_ARN = "arn:aws:iam::000000000000:role/pgcdc-lake"
+    """The role :attr:`sts_session_seconds` servers let their user assume (every S3 action)."""
+
+    def _write_iam(self) -> Path:
+        """weed's IAM/STS configuration: a signing key, the session cap, and :data:`ROLE_ARN`
+        trusted for the static user, allowed every S3 action."""
+        import base64
+
+        cap = f"{int(self.sts_session_seconds or 0)}s"
+        config = {
+            "sts": {"issuer": "pgcdc-test-sts", "signingKey": base64.b64encode(secrets.token_bytes(32)).decode(),
+                    "tokenDuration": cap, "maxSessionLength": cap},
+            "policy": {"defaultEffect": "Deny"},
+            "policies": [{"name": "S3All", "document": {"Version": "2012-10-17", "Statement": [
+                {"Effect": "Allow", "Action": ["s3:*"], "Resource": ["arn:aws:s3:::*", "arn:aws:s3:::*/*"]}]}}],
+            "roles": [{"roleName": self.ROLE_ARN.rsplit("/", 1)[1], "roleArn": self.ROLE_ARN,
+                       "trustPolicy": {"Version": "2012-10-17", "Statement": [
+                           {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::000000000000:user/pgcdc"},
+                            "Action": ["sts:AssumeRole"]}]},
+                       "attachedPolicies": ["S3All"]}],
+        }
+        path = self.base_dir / "s3-iam.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(config, f)
+        return path
+
     def _argv(self, identities: Path) -> list[str]:
         p = self.ports
         opts = {
@@ -279,6 +310,7 @@ class S3Server:
             # Volumes are sparse files: a small size just means more of them.
             "master.volumeSizeLimitMB": str(self.volume_size_limit_mb),
             "s3.config": str(identities),
+            **({"s3.iam.config": str(self._write_iam())} if self.sts_session_seconds else {}),
             "filer.localSocket": str(self._sock_dir / "filer.sock"),
             "s3.localSocket": str(self._sock_dir / "s3.sock"),
         }

@@ -65,7 +65,9 @@ def test_s3a_assumes_the_role_itself():
     assert static["fs.s3a.aws.credentials.provider"] == "org.apache.hadoop.fs.s3a.auth.AssumedRoleCredentialProvider"
     assert static["fs.s3a.assumed.role.credentials.provider"] == "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
     assert (static["fs.s3a.assumed.role.arn"], static["fs.s3a.assumed.role.session.duration"],
-            static["fs.s3a.assumed.role.sts.endpoint"]) == ("arn:aws:iam::1:role/lake", "3600s", "https://sts.x")
+            static["fs.s3a.assumed.role.sts.endpoint"]) == ("arn:aws:iam::1:role/lake", "3600s", "sts.x")
+    with pytest.raises(StoreError, match="reaches STS over https only"):
+        s3a_settings(S3Settings(role_arn="arn:aws:iam::1:role/lake", sts_endpoint_url="http://127.0.0.1:9000"))
     temporary = s3a_settings(S3Settings(access_key_id="ASIA", secret_access_key="s", session_token="t",
                                         role_arn="arn:aws:iam::1:role/lake"))
     assert temporary["fs.s3a.assumed.role.credentials.provider"].endswith("TemporaryAWSCredentialsProvider")
