@@ -110,18 +110,18 @@ def build(p: Pipeline) -> DAG:
         @task.branch
         def choose(params=None) -> str:
             if params["mode"] == "resync" and not params["tables"]:
-                from airflow.sdk.exceptions import AirflowFailException
+                from airflow_pgcdc.hooks.compat import AirflowFailException
 
                 raise AirflowFailException("mode=resync copies the tables named in params.tables: give them "
                                            "(e.g. [\"public.orders\"]); a whole-slot copy is a new initial load")
             if params.get("until_time") and (params["mode"] == "resync" or params["verify"]):
-                from airflow.sdk.exceptions import AirflowFailException
+                from airflow_pgcdc.hooks.compat import AirflowFailException
 
                 raise AirflowFailException(
                     "until_time rebuilds the tables as of a past time: mode=resync copies them as they are now, and "
                     "verify compares with PostgreSQL now; leave until_time out, or mode=rebuild with verify false")
             if params.get("where") and params["mode"] != "resync":
-                from airflow.sdk.exceptions import AirflowFailException
+                from airflow_pgcdc.hooks.compat import AirflowFailException
 
                 raise AirflowFailException("where slices a resync (mode=resync): a rebuild replays whole tables")
             return "resync" if params["mode"] == "resync" else "rebuild"

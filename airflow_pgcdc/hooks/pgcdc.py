@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import BaseHook
-
 from airflow_pgcdc.errors import redact as redact_text
+from airflow_pgcdc.hooks.compat import BaseHook
 from airflow_pgcdc.pg.conninfo import redact
 from airflow_pgcdc.store.s3 import S3Settings, make_s3_client
 

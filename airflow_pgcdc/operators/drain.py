@@ -144,9 +144,8 @@ class PgcdcDrainOperator(BaseOperator):
         return str(value) if value else None
 
     def execute(self, context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowSkipException
-
         from airflow_pgcdc.drain.drain import DrainBusy, drain_window
+        from airflow_pgcdc.hooks.compat import AirflowSkipException
 
         refuse_backfill_run(context, f"drain {self.task_id} (slot {self.slot})")
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)

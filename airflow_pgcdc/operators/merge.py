@@ -41,17 +41,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow.exceptions import AirflowException
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
+from airflow_pgcdc.hooks.compat import AirflowException
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.merge.options import MergeOptions
 from airflow_pgcdc.merge.results import QUIET_ACTIONS, XCOM_TABLES, summary
 from airflow_pgcdc.merge.session import is_local
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
-from airflow_pgcdc.store.s3 import ROLE_ENV, WRITE_ENV
 from airflow_pgcdc.operators import assets
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.values import (
@@ -62,6 +61,7 @@ from airflow_pgcdc.operators.values import (
     rendered_options,
     templated,
 )
+from airflow_pgcdc.store.s3 import ROLE_ENV, WRITE_ENV
 
 __all__ = [
     "MERGED_ACTIONS",

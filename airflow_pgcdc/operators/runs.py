@@ -33,7 +33,7 @@ def refuse_backfill_run(context: Any, task: str) -> None:
     """Fail the task, without retries, when its DAG run is an Airflow backfill run."""
     if run_type(context) != BACKFILL_RUN_TYPE:
         return
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow_pgcdc.hooks.compat import AirflowFailException
 
     dag_run = context.get("dag_run")
     when = getattr(dag_run, "logical_date", None)

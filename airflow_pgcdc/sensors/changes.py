@@ -29,9 +29,9 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_pgcdc.errors import HintedError
+from airflow_pgcdc.hooks.compat import AirflowException, AirflowFailException
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.runs import refuse_backfill_run

@@ -104,6 +104,9 @@ class IntCodec(Codec):
         self.arrow_type = arrow_type
         self.csv_type = arrow_type
         self.wire = np.dtype(wire)  # big-endian binary layout
+        # the Arrow type's NumPy dtype (not arrow_type.to_pandas_dtype(): pyarrow imports pandas for it)
+        kind = "i" if pa.types.is_signed_integer(arrow_type) else "u"
+        self.native = np.dtype(f"{kind}{arrow_type.bit_width // 8}")
         if wire == ">u4":
             self.lo, self.hi = 0, 2**32 - 1
         else:
@@ -136,7 +139,7 @@ class IntCodec(Codec):
         return self.wire.itemsize
 
     def from_fixed(self, data, null_mask):
-        vals = _wire(data, self.wire).astype(self.arrow_type.to_pandas_dtype())
+        vals = _wire(data, self.wire).astype(self.native)
         return arrays.from_numpy(vals, self.arrow_type, null_mask)
 
     def to_text(self, arr):

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 from airflow.sdk.api.datamodels._generated import DagRunType
-from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_pgcdc.hooks.compat import AirflowFailException
 from airflow_pgcdc.operators.runs import refuse_backfill_run, run_type
 
 

@@ -159,3 +159,34 @@ def test_select_list_sends_text_for_non_native_types_through_the_output_function
     assert sql.startswith('"id", "n"::pg_catalog.text AS "n", CASE WHEN "addr" IS NULL')
     assert "format('%s', \"x\")" in sql and sql.endswith('"bp"')
     assert text_expression(inet) == '"addr"::pg_catalog.text'  # without the cast list: plain cast
+
+
+def test_decoding_integers_does_not_import_pandas():
+    """The snapshot's binary COPY of int2/int4/int8/oid columns converted each block with
+    ``arrow_type.to_pandas_dtype()``, which imports pandas on pyarrow 20 (the floor; not on
+    23): a worker without pandas (pyspark, which brings it, is an extra) failed every such
+    table with ModuleNotFoundError. Fails before the fix in .venv-floor, where `make test`
+    runs it again."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import struct, sys
+from airflow_pgcdc.protocol.pgtypes import BUILTIN_BY_NAME, PgColumn
+from airflow_pgcdc.typemap.decode.copy_binary import SIGNATURE, BinaryCopyDecoder
+cols = [PgColumn(n, BUILTIN_BY_NAME[n]) for n in ("int2", "int4", "int8", "oid")]
+row = struct.pack(">h", 4) + b"".join(struct.pack(">i", w) + v for w, v in (
+    (2, struct.pack(">h", -2)), (4, struct.pack(">i", 7)), (8, struct.pack(">q", 1 << 40)), (4, struct.pack(">I", 9))))
+msgs = [SIGNATURE + struct.pack(">ii", 0, 0) + row, struct.pack(">h", -1)]
+d = BinaryCopyDecoder(cols, table="public.t", block_bytes=1)
+batches = list(d.feed(b"".join(msgs), [len(m) for m in msgs])) + list(d.finish())
+values = [b.to_pylist() for b in batches if b.num_rows]
+print(values == [[{"int2": -2, "int4": 7, "int8": 1 << 40, "oid": 9}]], "pandas" in sys.modules)
+"""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"], out.stdout

@@ -77,9 +77,14 @@ class _Event:
 
 
 class _Events(dict):
-    def __missing__(self, key):
-        self[key] = _Event()
-        return self[key]
+    """Airflow's ``outlet_events`` stand-in, keyed by what names an asset or an alias (Airflow
+    3.1's ``AssetAlias`` is not hashable; its accessor does not hash it either)."""
+
+    def __getitem__(self, key):
+        k = (type(key).__name__, getattr(key, "name", None), getattr(key, "uri", None))
+        if not dict.__contains__(self, k):
+            dict.__setitem__(self, k, _Event())
+        return dict.__getitem__(self, k)
 
 
 class _TI:

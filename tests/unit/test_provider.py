@@ -114,7 +114,13 @@ def test_hook_s3_settings_carry_the_encryption_and_acl_of_the_aws_connection(mon
 
 def test_encryption_reaches_every_writer_and_bad_values_are_refused():
     from airflow_pgcdc.merge.jars import s3a_settings
-    from airflow_pgcdc.store.s3 import S3Settings, StoreError, delta_storage_options, make_s3_client, write_args
+    from airflow_pgcdc.store.s3 import (
+        S3Settings,
+        StoreError,
+        delta_storage_options,
+        make_s3_client,
+        write_args,
+    )
 
     s = S3Settings(access_key_id="k", secret_access_key="s", region="eu-west-1", sse="AES256",
                    acl="bucket-owner-full-control")
