@@ -148,3 +148,21 @@ def whole(value: Mapping[str, Any], s3: Any = None) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("format") != FORMAT:
         raise ResultDetailMissing(f"{where}; {detail} is not a merge result of format {FORMAT}")
     return {k: v for k, v in doc.items() if k not in ("format", "kind")}
+
+
+def latest(store: str, slot: str, s3: Any = None) -> dict[str, Any] | None:
+    """The whole result of the newest merge job of ``slot`` recorded in the store at
+    ``store`` (``None`` when none is): what a task after a job submitted elsewhere
+    (Databricks, EMR, Kubernetes: :mod:`.platforms`) reads, the job's stdout being in that
+    platform's logs."""
+    settings, client = s3store.s3_argument("latest", s3, {})
+    client = client or s3store.make_s3_client(settings)
+    layout = Layout.parse(store)
+    prefix = layout.merge_results_prefix(slot)
+    keys = sorted(k for k in s3store.list_keys(client, layout.bucket, prefix) if _started(k[len(prefix):]))
+    if not keys:
+        return None
+    doc = s3store.get_json(client, layout.bucket, keys[-1])
+    if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("format") != FORMAT:
+        raise ResultDetailMissing(f"{layout.url(keys[-1])} is not a merge result of format {FORMAT}")
+    return {k: v for k, v in doc.items() if k not in ("format", "kind")}
