@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from airflow.sdk import Asset, AssetAlias
+from outlet_events import OutletEvents
 
 from airflow_pgcdc.operators.assets import emit
 
@@ -22,15 +23,9 @@ class Accessor:
         self.added.append((asset.uri, extra))
 
 
-class Events(dict):
-    """Airflow's ``outlet_events`` stand-in, keyed by what names an asset or an alias (Airflow
-    3.1's ``AssetAlias`` is not hashable; its accessor does not hash it either)."""
-
-    def __getitem__(self, key):
-        k = (type(key).__name__, getattr(key, "name", None), getattr(key, "uri", None))
-        if not dict.__contains__(self, k):
-            dict.__setitem__(self, k, Accessor())
-        return dict.__getitem__(self, k)
+class Events(OutletEvents):
+    def __init__(self) -> None:
+        super().__init__(Accessor)
 
 
 class Op:

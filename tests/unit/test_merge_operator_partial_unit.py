@@ -10,6 +10,7 @@ import stat
 
 import pytest
 from airflow.sdk import AssetAlias
+from outlet_events import OutletEvents
 
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators.merge import (
@@ -76,15 +77,9 @@ class _Event:
         self.added.append((asset, extra))
 
 
-class _Events(dict):
-    """Airflow's ``outlet_events`` stand-in, keyed by what names an asset or an alias (Airflow
-    3.1's ``AssetAlias`` is not hashable; its accessor does not hash it either)."""
-
-    def __getitem__(self, key):
-        k = (type(key).__name__, getattr(key, "name", None), getattr(key, "uri", None))
-        if not dict.__contains__(self, k):
-            dict.__setitem__(self, k, _Event())
-        return dict.__getitem__(self, k)
+class _Events(OutletEvents):
+    def __init__(self) -> None:
+        super().__init__(_Event)
 
 
 class _TI:

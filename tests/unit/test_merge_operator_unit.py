@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from airflow.sdk import Asset, AssetAlias
+from outlet_events import OutletEvents
 
 from airflow_pgcdc.merge.options import parse_keys
 from airflow_pgcdc.merge.session import SPARK_CONF
@@ -203,15 +204,9 @@ class _Event:
         self.added.append((asset, extra))
 
 
-class _Events(dict):
-    """Airflow's ``outlet_events`` stand-in, keyed by what names an asset or an alias (Airflow
-    3.1's ``AssetAlias`` is not hashable; its accessor does not hash it either)."""
-
-    def __getitem__(self, key):
-        k = (type(key).__name__, getattr(key, "name", None), getattr(key, "uri", None))
-        if not dict.__contains__(self, k):
-            dict.__setitem__(self, k, _Event())
-        return dict.__getitem__(self, k)
+class _Events(OutletEvents):
+    def __init__(self) -> None:
+        super().__init__(_Event)
 
 
 def test_execute_submits_reads_the_result_and_emits_asset_events(fake_spark):
