@@ -85,11 +85,13 @@ class S3Server:
         log_file: str | os.PathLike | None = None,
         volume_size_limit_mb: int = 64,
         sts_session_seconds: int | None = None,
+        role_policy: Mapping[str, Any] | None = None,
     ) -> None:
         self.weed = weed_binary()
         # STS: AssumeRole of ROLE_ARN by this server's user, every session cut to this many
         # seconds (weed's maxSessionLength; STS itself takes DurationSeconds >= 900)
         self.sts_session_seconds = sts_session_seconds
+        self.role_policy = dict(role_policy) if role_policy else None  # the role's policy (default: every S3 action)
         self.volume_size_limit_mb = volume_size_limit_mb
         self._temp = base_dir is None
         self.base_dir = make_temp_base("s3") if base_dir is None else Path(base_dir).absolute()
@@ -278,7 +280,7 @@ class S3Server:
             "sts": {"issuer": "pgcdc-test-sts", "signingKey": base64.b64encode(secrets.token_bytes(32)).decode(),
                     "tokenDuration": cap, "maxSessionLength": cap},
             "policy": {"defaultEffect": "Deny"},
-            "policies": [{"name": "S3All", "document": {"Version": "2012-10-17", "Statement": [
+            "policies": [{"name": "S3All", "document": self.role_policy or {"Version": "2012-10-17", "Statement": [
                 {"Effect": "Allow", "Action": ["s3:*"], "Resource": ["arn:aws:s3:::*", "arn:aws:s3:::*/*"]}]}}],
             "roles": [{"roleName": self.ROLE_ARN.rsplit("/", 1)[1], "roleArn": self.ROLE_ARN,
                        "trustPolicy": {"Version": "2012-10-17", "Statement": [
