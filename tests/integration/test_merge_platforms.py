@@ -11,8 +11,7 @@ import os
 import subprocess
 import sys
 
-import psycopg
-from lake_helpers import assert_equal
+from lake_helpers import assert_equal, sql
 from test_merge_cluster import executor_python_without_the_install
 
 from airflow_pgcdc.drain.drain import drain_window
@@ -21,11 +20,6 @@ from airflow_pgcdc.merge.platforms import build_artifacts, merge_application, sp
 from airflow_pgcdc.operators.merge import merge_spark_conf, parse_result_line
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.testing.spark import spark_home
-
-
-def sql(dsn: str, query: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(query)
 
 
 def test_the_launcher_merges_with_only_its_package_zip(pg18, slot_name, s3, s3_bucket, monkeypatch, tmp_path):

@@ -6,8 +6,8 @@ the test bed's S3 server, which records SSE-S3 (``AES256``) and returns it on HE
 
 from __future__ import annotations
 
-import psycopg
 import pytest
+from lake_helpers import sql
 
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.maintain import maintain_slot
@@ -15,11 +15,6 @@ from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
-
-
-def sql(dsn: str, query: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(query)
 
 
 @pytest.fixture

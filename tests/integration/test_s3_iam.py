@@ -6,8 +6,8 @@ pipeline's prefixes is refused."""
 
 from __future__ import annotations
 
-import psycopg
 import pytest
+from lake_helpers import sql
 
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.maintain import maintain_slot
@@ -21,11 +21,6 @@ from airflow_pgcdc.testing.s3 import S3Server
 BUCKET = "iam-test"
 STORE, DELTA = f"s3://{BUCKET}/cdc", f"s3://{BUCKET}/delta"
 
-
-def sql(dsn: str, query: str):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        cur = c.execute(query)
-        return cur.fetchall() if cur.description else None
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-import psycopg
 import pytest
 from deltalake import DeltaTable
+from lake_helpers import sql
 
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.lake.tables import delta_table_url
@@ -24,11 +24,6 @@ from airflow_pgcdc.testing.s3 import S3Server
 
 SESSION = 20  # seconds every role session lasts on this server
 
-
-def sql(dsn: str, query: str):
-    with psycopg.connect(dsn, autocommit=True) as c:
-        cur = c.execute(query)
-        return cur.fetchall() if cur.description else None
 
 
 @pytest.fixture(scope="module")
