@@ -103,7 +103,7 @@ from airflow_pgcdc.merge.point import (
     past_the_point,
     resolve_point,
 )
-from airflow_pgcdc.merge.results import write_detail
+from airflow_pgcdc.merge.results import FAILED_NAMED, write_detail
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.schema import merge_key_columns
 from airflow_pgcdc.merge.sinks.engines import sink_class
@@ -138,10 +138,6 @@ __all__ = [  # the errors are merge/errors.py's, importable from here as before
 
 
 log = logging.getLogger(__name__)
-
-FAILED_NAMED = 20
-"""Failed tables a ``TablesFailed`` message names with their error (the rest: counted; every
-one is in the result)."""
 
 
 def merge_slot(

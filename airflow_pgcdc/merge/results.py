@@ -33,6 +33,10 @@ RESULT_DAYS = 7
 XCOM_TABLES = 100
 """Tables a summary lists at most (:func:`summary`'s default)."""
 
+FAILED_NAMED = 20
+"""Failed tables a message names (the job's ``TablesFailed``, the operator's); the rest are
+counted, every one being in the result."""
+
 QUIET_ACTIONS = frozenset({"up-to-date", "no-changes"})
 """Table actions of a job that did nothing to the table: the first left out of a summary."""
 
@@ -51,9 +55,8 @@ def write_detail(client: Any, layout: Layout, slot: str, run_id: str, result: Ma
     and remove those older than :data:`RESULT_DAYS`; its ``s3://`` URL, or ``None`` when the
     write failed (logged: the tables' commits stand, a lost record must not fail them)."""
     key = layout.merge_result(slot, run_id)
-    body = json.dumps({"format": FORMAT, "kind": KIND, **result}, default=str, separators=(",", ":"))
     try:
-        s3store.put_bytes(client, layout.bucket, key, body, content_type="application/json")
+        _put_document(client, layout.bucket, key, result)
     except s3store.StoreError as e:
         log.warning("slot %s: the merge result was not recorded in the store (%s); the tables' outcomes "
                     "are in the job's output only", slot, e)
@@ -72,11 +75,30 @@ def rewrite_detail(client: Any, result: Mapping[str, Any]) -> None:
     if not detail:
         return
     loc = s3store.S3Location.parse(detail)
-    body = json.dumps({"format": FORMAT, "kind": KIND, **result}, default=str, separators=(",", ":"))
     try:
-        s3store.put_bytes(client, loc.bucket, loc.prefix, body, content_type="application/json")
+        _put_document(client, loc.bucket, loc.prefix, result)
     except s3store.StoreError as e:
         log.warning("the merge result %s was not brought up to date (%s)", detail, e)
+
+
+def _put_document(client: Any, bucket: str, key: str, result: Mapping[str, Any]) -> None:
+    body = json.dumps({"format": FORMAT, "kind": KIND, **result}, default=str, separators=(",", ":"))
+    s3store.put_bytes(client, bucket, key, body, content_type="application/json")
+
+
+def _read_document(client: Any, bucket: str, key: str, where: str) -> dict[str, Any]:
+    """The result document at ``key`` without its ``format`` and ``kind``;
+    :class:`ResultDetailMissing` (naming ``where``) if it is not a merge result we read."""
+    doc = s3store.get_json(client, bucket, key)
+    if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("format") != FORMAT:
+        raise ResultDetailMissing(f"{where}: {s3store.S3Location(bucket, key).url} is not a merge result of "
+                                  f"format {FORMAT}")
+    return {k: v for k, v in doc.items() if k not in ("format", "kind")}
+
+
+def _client(call: str, s3: Any) -> Any:
+    settings, client = s3store.s3_argument(call, s3, {})
+    return client or s3store.make_s3_client(settings)
 
 
 def prune(client: Any, layout: Layout, slot: str, *, now: datetime | None = None,
@@ -137,17 +159,12 @@ def whole(value: Mapping[str, Any], s3: Any = None) -> dict[str, Any]:
     if not detail:
         raise ResultDetailMissing(f"{where} and names no whole result in the store (it was not recorded)",
                                   hint="rerun the merge: a rerun merges nothing twice and records its result")
-    settings, client = s3store.s3_argument("whole", s3, {})
-    client = client or s3store.make_s3_client(settings)
     loc = s3store.S3Location.parse(detail)
     try:
-        doc = s3store.get_json(client, loc.bucket, loc.prefix)
+        return _read_document(_client("whole", s3), loc.bucket, loc.prefix, where)
     except s3store.ObjectNotFound:
         raise ResultDetailMissing(f"{where}; its whole result {detail} is gone (kept {RESULT_DAYS} days)",
                                   hint="rerun the merge: a rerun merges nothing twice") from None
-    if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("format") != FORMAT:
-        raise ResultDetailMissing(f"{where}; {detail} is not a merge result of format {FORMAT}")
-    return {k: v for k, v in doc.items() if k not in ("format", "kind")}
 
 
 def latest(store: str, slot: str, s3: Any = None) -> dict[str, Any] | None:
@@ -155,14 +172,10 @@ def latest(store: str, slot: str, s3: Any = None) -> dict[str, Any] | None:
     ``store`` (``None`` when none is): what a task after a job submitted elsewhere
     (Databricks, EMR, Kubernetes: :mod:`.platforms`) reads, the job's stdout being in that
     platform's logs."""
-    settings, client = s3store.s3_argument("latest", s3, {})
-    client = client or s3store.make_s3_client(settings)
+    client = _client("latest", s3)
     layout = Layout.parse(store)
     prefix = layout.merge_results_prefix(slot)
     keys = sorted(k for k in s3store.list_keys(client, layout.bucket, prefix) if _started(k[len(prefix):]))
     if not keys:
         return None
-    doc = s3store.get_json(client, layout.bucket, keys[-1])
-    if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("format") != FORMAT:
-        raise ResultDetailMissing(f"{layout.url(keys[-1])} is not a merge result of format {FORMAT}")
-    return {k: v for k, v in doc.items() if k not in ("format", "kind")}
+    return _read_document(client, layout.bucket, keys[-1], f"the newest merge result of slot {slot}")

@@ -120,14 +120,15 @@ def _fs(options):
     return make_pyarrow_fs(_settings(options))
 
 
-def _open_output(options, path: str):
-    """A writable file for ``path`` (``bucket/key``): Arrow's, or with server-side
-    encryption asked for (which Arrow's S3 client cannot send) a boto3 upload that does."""
+def _open_output(options, path: str, fs=None):
+    """A writable file for ``path`` (``bucket/key``): Arrow's (on ``fs`` when given), or with
+    server-side encryption asked for (which Arrow's S3 client cannot send) a boto3 upload
+    that does."""
     settings = _settings(options)
     if not settings.sse:
         from airflow_pgcdc.store.s3 import make_pyarrow_fs
 
-        return make_pyarrow_fs(settings).open_output_stream(path)
+        return (fs or make_pyarrow_fs(settings)).open_output_stream(path)
     from airflow_pgcdc.store.multipart import MultipartWriter
     from airflow_pgcdc.store.s3 import make_s3_client
 
@@ -220,7 +221,7 @@ class _StagingWriter(DataSourceArrowWriter):
                     continue
                 if writer is None:
                     fs = _fs(self.options)
-                    sink = _open_output(self.options, path)
+                    sink = _open_output(self.options, path, fs)
                     writer = pq.ParquetWriter(sink, self.arrow_schema, compression="zstd")
                 writer.write_batch(conform(batch, self.arrow_schema))
                 rows += batch.num_rows

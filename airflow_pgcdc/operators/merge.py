@@ -48,7 +48,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow_pgcdc.hooks.compat import AirflowException
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.merge.options import MergeOptions
-from airflow_pgcdc.merge.results import QUIET_ACTIONS, XCOM_TABLES, summary
+from airflow_pgcdc.merge.results import FAILED_NAMED, QUIET_ACTIONS, XCOM_TABLES, summary
 from airflow_pgcdc.merge.session import is_local
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators import assets
@@ -105,9 +105,11 @@ def merged_tables(result: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
     return [t for t in (result or {}).get("tables", ()) if t.get("action") in MERGED_ACTIONS]
 
 
-FAILED_NAMED = 20
-"""Failed tables a message names with their error and hint (and committed ones it names);
-the others are counted, every one being in the result (``detail``)."""
+def _named(names: Sequence[str], count: int) -> str:
+    """The first :data:`~airflow_pgcdc.merge.results.FAILED_NAMED` of ``names``, and how many
+    more of ``count`` there are."""
+    shown = list(names[:FAILED_NAMED])
+    return ", ".join(shown) + (f" and {count - len(shown)} more" if count > len(shown) else "")
 
 
 def tables_failed_message(result: Mapping[str, Any]) -> str:
@@ -120,9 +122,7 @@ def tables_failed_message(result: Mapping[str, Any]) -> str:
     n_failed = actions.get("failed", len(failed))
     n_moved = sum(actions.get(a, 0) for a in MERGED_ACTIONS) if actions else len(moved)
     total = result.get("tables_total", len(result.get("tables", ())))
-    named = ", ".join(t["table"] for t in moved[:FAILED_NAMED])
-    if named and n_moved > FAILED_NAMED:
-        named += f" and {n_moved - min(len(moved), FAILED_NAMED)} more"
+    named = _named([t["table"] for t in moved], n_moved) if moved else ""
     lines = [f"{n_failed} of {total} table(s) not merged"
              + (f" (merged and committed: {named})" if named else "") + ":"]
     for t in failed[:FAILED_NAMED]:
@@ -625,8 +625,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     def _tables_failed(self, context, result: dict[str, Any], short: dict[str, Any]) -> dict[str, Any]:
         message = tables_failed_message(result)
         moved = [t["table"] for t in merged_tables(result)]
-        named = ", ".join(moved[:FAILED_NAMED]) + (f" and {len(moved) - FAILED_NAMED} more"
-                                                   if len(moved) > FAILED_NAMED else "")
+        named = _named(moved, len(moved))
         if self.on_failed_tables == "succeed":
             self.log.error("%s\nthe task succeeds (on_failed_tables='succeed'): Asset events for %s; "
                            "the failed tables are in the XCom result", message, named or "no table")
