@@ -22,13 +22,19 @@ JARS_STAMP := $(JARS)/.complete
 .PHONY: test demo setup apt jars lint bench clean bytecode
 
 # The floor environment: the package's declared floors (pyproject.toml), resolved lowest
-# first into requirements/floor.txt (`uv pip compile pyproject.toml --extra dev
-# --resolution lowest-direct`), where `make test` runs the unit tests again (FLOOR=0: not).
-# Its test of first imports is left out there: Airflow 3.0 logs its plugins on stderr at import.
+# first into requirements/floor.txt as a team on the lowest Airflow would have installed
+# them: every other package as of that Airflow's release (the command is at the top of the
+# file). `make test` runs the unit tests there again, and the tests that run real DAGs
+# (FLOOR_AIRFLOW_TESTS, against the same servers); FLOOR=0: not. The unit test of first
+# imports is left out there: Airflow 3.0 logs its plugins on stderr at import.
 FLOOR ?= 1
 FLOOR_VENV := .venv-floor
 FLOOR_PY := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(if $(filter-out 0,$(FLOOR)),$(FLOOR_VENV)/.installed)
+FLOOR_AIRFLOW_TESTS := tests/integration/test_dags.py tests/integration/test_dag_factory_airflow.py \
+  tests/integration/test_dag_maintenance.py tests/integration/test_operator_merge.py \
+  tests/integration/test_operator_merge_partial.py tests/integration/test_changes_sensor.py \
+  tests/integration/test_hook_connection.py
 
 setup: apt $(STAMP) jars
 
@@ -92,14 +98,16 @@ PYTEST_WORKERS ?= 2
 test: setup bytecode $(FLOOR_STAMP)
 	@SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 ifneq ($(FLOOR),0)
-	@echo "== the unit tests (provider, hook, operators, DAGs, codecs) on the lowest supported versions: requirements/floor.txt"
-	@PYTHONPATH=$(CURDIR) $(FLOOR_PY) -m pytest -q -p no:cacheprovider -n $(if $(filter-out 0,$(PYTEST_WORKERS)),$(PYTEST_WORKERS),0) tests/unit \
+	@echo "== the unit tests and the real DAG runs on the lowest supported versions (requirements/floor.txt: Airflow 3.0)"
+	@SPARK_LOCAL_IP=127.0.0.1 $(FLOOR_PY) -m pytest -q -p no:cacheprovider \
+	  $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup) tests/unit $(FLOOR_AIRFLOW_TESTS) \
 	  --deselect tests/unit/test_import_graph.py::test_every_module_imports_when_it_is_the_first_one_imported
 endif
 
 $(FLOOR_VENV)/.installed: requirements/floor.txt $(STAMP)
 	@[ -x $(FLOOR_PY) ] || $(PY_BOOT) -m venv $(FLOOR_VENV)
-	@$(VENV)/bin/uv pip install -q --python $(FLOOR_PY) -r requirements/floor.txt
+	@$(VENV)/bin/uv pip sync -q --python $(FLOOR_PY) requirements/floor.txt
+	@$(VENV)/bin/uv pip install -q --python $(FLOOR_PY) --no-deps -e .
 	@touch $@
 
 demo: setup bytecode

@@ -339,7 +339,9 @@ class TreeSampler(threading.Thread):
 
 
 def run_job(args_cli: list[str], env: dict[str, str], event_dir: str, cmd: list[str] | None = None) -> dict:
-    """Run ``pgcdc merge`` (or ``cmd``) as a child; wall time, memory, CPU, its result and its log."""
+    """Run ``pgcdc merge`` (or ``cmd``) as a child; wall time, memory, CPU, its result and its log.
+    ``BENCH_PROFILE=1`` in the environment: the child runs under cProfile, its profile kept as
+    ``job.prof`` in ``event_dir`` (the threads' Rust time shows as the Python calls into it)."""
     os.makedirs(event_dir, exist_ok=True)
     env = {
         **env,
@@ -348,7 +350,8 @@ def run_job(args_cli: list[str], env: dict[str, str], event_dir: str, cmd: list[
             "--conf spark.eventLog.compress=false pyspark-shell"
         ),
     }
-    cmd = cmd or [sys.executable, "-m", "airflow_pgcdc.cli", "merge", *args_cli]
+    profile = ["-m", "cProfile", "-o", os.path.join(event_dir, "job.prof")] if os.environ.get("BENCH_PROFILE") else []
+    cmd = cmd or [sys.executable, *profile, "-m", "airflow_pgcdc.cli", "merge", *args_cli]
     err_path = Path(event_dir) / "stderr.log"
     with open(err_path, "wb") as err:
         spawn = time.time()

@@ -10,8 +10,18 @@ except ImportError:  # Airflow 3.0
     from airflow.hooks.base import BaseHook
 
 try:  # Airflow >= 3.2
-    from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+    from airflow.sdk.exceptions import (
+        AirflowException,
+        AirflowFailException,
+        AirflowSkipException,
+        TaskDeferred,
+    )
 except ImportError:  # Airflow 3.0, 3.1
-    from airflow.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+    from airflow.exceptions import (
+        AirflowException,
+        AirflowFailException,
+        AirflowSkipException,
+        TaskDeferred,
+    )
 
-__all__ = ["AirflowException", "AirflowFailException", "AirflowSkipException", "BaseHook"]
+__all__ = ["AirflowException", "AirflowFailException", "AirflowSkipException", "BaseHook", "TaskDeferred"]

@@ -153,8 +153,7 @@ def test_trigger_error_events(source):
 
 
 def test_sensor_poke_defer_and_failures(source):
-    from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
-
+    from airflow_pgcdc.hooks.compat import AirflowFailException, TaskDeferred
     from airflow_pgcdc.sensors.changes import (
         PgcdcChangesSensor,
         PgcdcSlotBusy,

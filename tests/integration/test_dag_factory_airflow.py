@@ -28,7 +28,10 @@ register(globals(), load_pipelines(Path(__file__).with_name("pipelines.yaml")))
 
 _PARSE = r'''
 import json, sys
-from airflow.dag_processing.dagbag import DagBag
+try:
+    from airflow.dag_processing.dagbag import DagBag
+except ImportError:  # Airflow before 3.2 (the floor run)
+    from airflow.models.dagbag import DagBag
 bag = DagBag(sys.argv[1])
 print("PARSED " + json.dumps({"dags": sorted(bag.dag_ids), "errors": {k: str(v)[:500] for k, v in bag.import_errors.items()},
                               "conns": {d: sorted({getattr(t, a) for t in bag.dags[d].tasks
