@@ -8,6 +8,7 @@ extras (``sslmode``, ``sslrootcert``, ``sslcert``, ``sslkey``, ...).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_pgcdc.errors import redact as redact_text
@@ -35,9 +36,10 @@ class PgcdcHook(BaseHook):
     :param postgres_conn_id: an Airflow connection of type ``postgres`` (or this
         provider's ``pgcdc`` type, the same fields): host, port, login, password,
         schema = database; extras: libpq TLS/auth parameters.
-    :param aws_conn_id: an Airflow connection of type ``aws`` for S3 (login = access key
-        id, password = secret key; extras ``endpoint_url``, ``region_name``,
-        ``aws_session_token``); ``None`` uses boto3's environment (AWS_* variables).
+    :param aws_conn_id: an Airflow connection of type ``aws`` for S3, read as the amazon
+        provider reads it (:func:`aws_connection_fields`: keys, token, endpoints, region,
+        role, profile, ``config_kwargs``; plus ``server_side_encryption``,
+        ``sse_kms_key_id`` and ``acl``); ``None`` uses boto3's environment (AWS_* variables).
     """
 
     conn_name_attr = "postgres_conn_id"
@@ -97,27 +99,13 @@ class PgcdcHook(BaseHook):
         return redact(self.get_dsn())
 
     def s3_settings(self) -> S3Settings:
+        """S3 settings from the ``aws`` connection (boto3's environment without one): the
+        connection read as the amazon provider's ``AwsBaseHook`` reads it (its connection
+        wrapper, when the provider is installed; else the same fields read here)."""
         if not self.aws_conn_id:
             return S3Settings.from_env()
-        conn = self.get_connection(self.aws_conn_id)
-        extra = conn.extra_dejson or {}
-        overrides: dict[str, Any] = {}
-        if conn.login:
-            overrides["access_key_id"] = conn.login
-        if conn.password:
-            overrides["secret_access_key"] = conn.password
-        if extra.get("aws_session_token"):
-            overrides["session_token"] = extra["aws_session_token"]
-        endpoint = extra.get("endpoint_url") or (extra.get("service_config") or {}).get("s3", {}).get("endpoint_url")
-        if endpoint:
-            overrides["endpoint_url"] = endpoint
-        if extra.get("region_name"):
-            overrides["region"] = extra["region_name"]
-        for name, field_name in CONNECTION_WRITE_EXTRAS.items():  # what every object written carries
-            if extra.get(name):
-                overrides[field_name] = extra[name]
-        overrides.update(_role_extras(self.aws_conn_id, extra))
-        return S3Settings.from_env(**overrides)
+        fields = aws_connection_fields(self.aws_conn_id, self.get_connection(self.aws_conn_id))
+        return S3Settings.from_env(**_settings_overrides(self.aws_conn_id, fields))
 
     def s3_client(self):
         return make_s3_client(self.s3_settings())
@@ -128,32 +116,98 @@ ASSUME_ROLE_METHODS = (None, "assume_role")
 provider's default, ``assume_role``); web identity and SAML are refused by name."""
 
 
-def _role_extras(conn_id: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """:class:`S3Settings` fields from the ``aws`` connection's extras as the amazon
-    provider's ``AwsBaseHook`` reads them: ``role_arn``, ``assume_role_method``,
-    ``assume_role_kwargs`` (``RoleSessionName``, ``ExternalId``, ``DurationSeconds``),
-    ``profile_name``, ``service_config.sts.endpoint_url`` and, from ``config_kwargs`` (or
-    ``botocore_config``), timeouts, retries and the connection pool."""
+@dataclass(frozen=True)
+class AwsConnectionFields:
+    """What an ``aws`` connection says, as the amazon provider resolves it: keys from login
+    and password (else the extras' ``aws_access_key_id``/``aws_secret_access_key`` or
+    ``session_kwargs``), the S3 endpoint (``service_config.s3.endpoint_url`` over
+    ``endpoint_url``), the STS endpoint for assuming a role (``service_config.sts`` only),
+    region, role, profile; ``extra``: the extras as given (``config_kwargs``, this hook's
+    write settings)."""
+
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    endpoint_url: str | None = None
+    region: str | None = None
+    role_arn: str | None = None
+    assume_role_method: str | None = None
+    assume_role_kwargs: dict[str, Any] = field(default_factory=dict)
+    profile: str | None = None
+    sts_endpoint_url: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def aws_connection_fields(conn_id: str, conn: Any) -> AwsConnectionFields:
+    """The fields of the ``aws`` connection ``conn``: read by the amazon provider's
+    ``AwsConnectionWrapper`` (what ``AwsBaseHook.conn_config`` is) when the provider is
+    installed, else by :func:`_fields_from_extras`, the same rules for the fields used here."""
+    try:
+        from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
+    except ImportError:
+        return _fields_from_extras(conn)
+    w = AwsConnectionWrapper(conn=conn)
+    return AwsConnectionFields(
+        access_key_id=w.aws_access_key_id, secret_access_key=w.aws_secret_access_key,
+        session_token=w.aws_session_token, endpoint_url=w.get_service_endpoint_url("s3"),
+        region=w.region_name, role_arn=w.role_arn, assume_role_method=w.assume_role_method,
+        assume_role_kwargs=dict(w.assume_role_kwargs or {}), profile=w.profile_name,
+        sts_endpoint_url=w.get_service_endpoint_url("sts", sts_connection_assume=True),
+        extra=dict(conn.extra_dejson or {}),
+    )
+
+
+def _fields_from_extras(conn: Any) -> AwsConnectionFields:
+    """:func:`aws_connection_fields` without the amazon provider."""
+    extra = dict(conn.extra_dejson or {})
+    session = extra.get("session_kwargs") or {}
+    if conn.login and conn.password:
+        key, secret = conn.login, conn.password
+    elif extra.get("aws_access_key_id") and extra.get("aws_secret_access_key"):
+        key, secret = extra["aws_access_key_id"], extra["aws_secret_access_key"]
+    else:
+        key, secret = session.get("aws_access_key_id"), session.get("aws_secret_access_key")
+    services = extra.get("service_config") or {}
+    return AwsConnectionFields(
+        access_key_id=key, secret_access_key=secret,
+        session_token=extra.get("aws_session_token") or session.get("aws_session_token"),
+        endpoint_url=(services.get("s3") or {}).get("endpoint_url", extra.get("endpoint_url")),
+        region=extra.get("region_name"), role_arn=extra.get("role_arn"),
+        assume_role_method=extra.get("assume_role_method") or ("assume_role" if extra.get("role_arn") else None),
+        assume_role_kwargs=dict(extra.get("assume_role_kwargs") or {}), profile=extra.get("profile_name"),
+        sts_endpoint_url=(services.get("sts") or {}).get("endpoint_url"), extra=extra,
+    )
+
+
+def _settings_overrides(conn_id: str, f: AwsConnectionFields) -> dict[str, Any]:
+    """:class:`S3Settings` fields from the connection's: keys and token, endpoint, region,
+    what every object written carries (``CONNECTION_WRITE_EXTRAS``), the role
+    (``role_arn``, ``assume_role_kwargs``: ``RoleSessionName``, ``ExternalId``,
+    ``DurationSeconds``; ``assume_role_method`` web identity and SAML are refused by name),
+    the profile, the STS endpoint and, from ``config_kwargs`` (or ``botocore_config``),
+    timeouts, retries and the connection pool."""
     out: dict[str, Any] = {}
-    method = extra.get("assume_role_method")
-    if extra.get("role_arn"):
-        if method not in ASSUME_ROLE_METHODS:
+    for value, name in ((f.access_key_id, "access_key_id"), (f.secret_access_key, "secret_access_key"),
+                        (f.session_token, "session_token"), (f.endpoint_url, "endpoint_url"), (f.region, "region"),
+                        (f.profile, "profile"), (f.sts_endpoint_url, "sts_endpoint_url")):
+        if value:
+            out[name] = value
+    for name, field_name in CONNECTION_WRITE_EXTRAS.items():
+        if f.extra.get(name):
+            out[field_name] = f.extra[name]
+    if f.role_arn:
+        if f.assume_role_method not in ASSUME_ROLE_METHODS:
             raise ValueError(
-                f"aws connection {conn_id!r}: assume_role_method {method!r} is not supported here (only "
-                "assume_role); for web identity set AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE in the "
+                f"aws connection {conn_id!r}: assume_role_method {f.assume_role_method!r} is not supported here "
+                "(only assume_role); for web identity set AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE in the "
                 "workers' environment and leave role_arn out: every component then finds and renews it")
-        out["role_arn"] = extra["role_arn"]
-        kwargs = extra.get("assume_role_kwargs") or {}
+        out["role_arn"] = f.role_arn
         for key, field_name in (("RoleSessionName", "role_session_name"), ("ExternalId", "external_id"),
                                 ("DurationSeconds", "role_seconds")):
-            if kwargs.get(key) is not None:
-                out[field_name] = int(kwargs[key]) if field_name == "role_seconds" else str(kwargs[key])
-    if extra.get("profile_name"):
-        out["profile"] = extra["profile_name"]
-    sts = ((extra.get("service_config") or {}).get("sts") or {}).get("endpoint_url")
-    if sts:
-        out["sts_endpoint_url"] = sts
-    config = extra.get("config_kwargs") or extra.get("botocore_config") or {}
+            if f.assume_role_kwargs.get(key) is not None:
+                value = f.assume_role_kwargs[key]
+                out[field_name] = int(value) if field_name == "role_seconds" else str(value)
+    config = f.extra.get("config_kwargs") or f.extra.get("botocore_config") or {}
     retries = config.get("retries") or {}
     for key, field_name, kind in (("connect_timeout", "connect_timeout", float), ("read_timeout", "read_timeout", float),
                                   ("max_pool_connections", "max_pool_connections", int)):

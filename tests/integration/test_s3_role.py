@@ -81,3 +81,29 @@ def test_a_pipeline_under_a_role_outlives_its_sessions(db, slot_name, sts_s3, sp
     for t in ("a", "b"):
         expect = sorted(sql(db, f"SELECT id, v FROM {t}"))
         assert _rows(delta_table_url(lake, "public", t), now) == expect
+
+
+def test_an_aws_connection_with_a_role_reaches_s3_under_it(sts_s3, monkeypatch):
+    """The role as an Airflow ``aws`` connection gives it (``role_arn``, the STS endpoint in
+    ``service_config.sts``, the source keys as login and password), read by the amazon
+    provider's connection wrapper when it is installed: objects are written and read with
+    the role's session, not with the connection's keys."""
+    import json
+
+    from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+
+    for k in [k for k in __import__("os").environ if k.startswith(("AWS_", "PGCDC_S3_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_ROLE", json.dumps({
+        "conn_type": "aws", "login": sts_s3.access_key, "password": sts_s3.secret_key,
+        "extra": {"endpoint_url": sts_s3.endpoint_url, "region_name": sts_s3.region, "role_arn": S3Server.ROLE_ARN,
+                  "assume_role_kwargs": {"RoleSessionName": "pgcdc-conn-test"},
+                  "service_config": {"sts": {"endpoint_url": sts_s3.endpoint_url}}}}))
+    settings = PgcdcHook(aws_conn_id="lake_role").s3_settings()
+    assert (settings.role_arn, settings.role_session_name) == (S3Server.ROLE_ARN, "pgcdc-conn-test")
+    key_id, _secret, token = settings.resolved_credentials()
+    assert key_id != sts_s3.access_key and token, "the role's session, not the connection's keys"
+    bucket = sts_s3.create_bucket("role-conn")
+    client = s3store.make_s3_client(settings)
+    s3store.put_bytes(client, bucket, "probe/one.txt", b"under the role")
+    assert s3store.get_bytes(client, bucket, "probe/one.txt") == b"under the role"

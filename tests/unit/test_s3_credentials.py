@@ -96,3 +96,65 @@ def test_the_aws_connection_extras_as_the_amazon_provider_reads_them(monkeypatch
         "role_arn": "arn:aws:iam::1:role/x", "assume_role_method": "assume_role_with_web_identity"}}))
     with pytest.raises(ValueError, match="assume_role_with_web_identity' is not supported here"):
         PgcdcHook(aws_conn_id="s3").s3_settings()
+
+
+def _amazon_provider() -> bool:
+    try:
+        import airflow.providers.amazon.aws.utils.connection_wrapper  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(params=["amazon provider", "without it"])
+def reader(request, monkeypatch):
+    """The aws connection read by the amazon provider's wrapper, or by the hook itself (the
+    provider made unimportable)."""
+    if request.param == "amazon provider" and not _amazon_provider():
+        pytest.skip("apache-airflow-providers-amazon is not installed here (the `amazon` extra; the floor "
+                    "environment tests the hook without it)")
+    if request.param == "without it":
+        import sys
+
+        monkeypatch.setitem(sys.modules, "airflow.providers.amazon.aws.utils.connection_wrapper", None)
+    return request.param
+
+
+SHAPES = {
+    "keys in the extras": {"extra": {"aws_access_key_id": "AKEXTRA", "aws_secret_access_key": "extra-secret",
+                                     "aws_session_token": "tok"}},
+    "login over the extras' keys": {"login": "AKLOGIN", "password": "login-secret",
+                                    "extra": {"aws_access_key_id": "AKEXTRA", "aws_secret_access_key": "x"}},
+    "keys in session_kwargs": {"extra": {"session_kwargs": {"aws_access_key_id": "AKSESSION",
+                                                            "aws_secret_access_key": "session-secret"}}},
+    "the s3 service's endpoint over the global one": {"extra": {
+        "endpoint_url": "http://global:9000", "service_config": {"s3": {"endpoint_url": "http://s3-only:9000"}}}},
+    "the global endpoint, region and profile": {"extra": {"endpoint_url": "http://global:9000",
+                                                          "region_name": "ap-south-1", "profile_name": "lake"}},
+    "a role without a method": {"extra": {"role_arn": "arn:aws:iam::1:role/x",
+                                          "assume_role_kwargs": {"DurationSeconds": 3600}}},
+    "encryption and acl": {"extra": {"server_side_encryption": "aws:kms", "sse_kms_key_id": "k-1",
+                                     "acl": "bucket-owner-full-control"}},
+}
+EXPECTED = {
+    "keys in the extras": {"access_key_id": "AKEXTRA", "secret_access_key": "extra-secret", "session_token": "tok"},
+    "login over the extras' keys": {"access_key_id": "AKLOGIN", "secret_access_key": "login-secret"},
+    "keys in session_kwargs": {"access_key_id": "AKSESSION", "secret_access_key": "session-secret"},
+    "the s3 service's endpoint over the global one": {"endpoint_url": "http://s3-only:9000"},
+    "the global endpoint, region and profile": {"endpoint_url": "http://global:9000", "region": "ap-south-1",
+                                                "profile": "lake"},
+    "a role without a method": {"role_arn": "arn:aws:iam::1:role/x", "role_seconds": 3600},
+    "encryption and acl": {"sse": "aws:kms", "sse_kms_key_id": "k-1", "acl": "bucket-owner-full-control"},
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_each_connection_shape_read_alike_with_or_without_the_amazon_provider(monkeypatch, reader, shape):
+    from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+
+    for name in list(__import__("os").environ):
+        if name.startswith(("AWS_", "PGCDC_S3_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AIRFLOW_CONN_S3", json.dumps({"conn_type": "aws", **SHAPES[shape]}))
+    s = PgcdcHook(aws_conn_id="s3").s3_settings()
+    assert {k: getattr(s, k) for k in EXPECTED[shape]} == EXPECTED[shape]
