@@ -1,8 +1,9 @@
 """The DAG factory in a real Airflow: one DAG file and one YAML file with two pipelines
 (two source databases, each with its own connections, slot, store and Delta root); Airflow
-parses all eight DAGs, and the second pipeline's initial load runs for real (``dag.test()``
+parses all eight DAGs; the second pipeline's initial load runs for real (``dag.test()``
 in a child process) through its own connection ids, against PostgreSQL 18, the S3 server
-and local Spark. The example DAGs (the factory applied to the sandbox pipeline) run in
+and local Spark, then the first pipeline's initial load and an incremental run, and both
+pipelines' Delta tables equal their databases. The example DAGs (the factory applied to the sandbox pipeline) run in
 ``test_dags.py``."""
 
 from __future__ import annotations
@@ -96,6 +97,21 @@ def test_two_pipelines_from_one_config_in_one_airflow(pg18, s3, s3_bucket, tmp_p
         assert report.equal, report.to_dict()
         assert not list(s3store.list_keys(s3.client(), s3_bucket, "sales/")), "the other pipeline untouched"
         assert sql(dbs["billing"], "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'billing_slot'")[0][0]
+
+        # the first pipeline too, in the same Airflow: its initial load, then one incremental run
+        run = run_dag(dags / "pipelines.py", "sales_initial_load", env, {})
+        assert run.state == "success", run.output[-5000:]
+        sql(dbs["sales"], "UPDATE app.items SET label = 'changed' WHERE id <= 20; DELETE FROM app.items WHERE id > 290")
+        run = run_dag(dags / "pipelines.py", "sales_incremental", env, {"min_bytes": 1})
+        assert run.state == "success", run.output[-5000:]
+        assert run.xcom("drain")["rows"] == 30 and run.xcom("drain")["window_seq"] == 0
+        settings = s3store.S3Settings(endpoint_url=s3.endpoint_url, access_key_id=s3.access_key,
+                                      secret_access_key=s3.secret_key, region=s3.region)
+        for name in dbs:
+            report = verify_table(dbs[name], f"s3://{s3_bucket}/{name}/delta", "app", "items",
+                                  storage_options=s3store.delta_storage_options(settings))
+            assert report.equal, (name, report.to_dict())
+        assert sql(dbs["sales"], "SELECT count(*) FROM app.items")[0][0] == 290
     finally:
         for name in dbs:
             pg18.drop_database(f"factory_{name}")  # its slots first
