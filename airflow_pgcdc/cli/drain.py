@@ -51,6 +51,9 @@ def register(subparsers) -> None:
     p.add_argument("--memory-budget-mb", type=int, default=256, metavar="MB",
                    help="change data the window keeps in memory over all its tables before the largest "
                         "tables' parts are finished early (default 256)")
+    p.add_argument("--pack-parts-under-kb", type=int, default=1024, metavar="KB",
+                   help="parts of at most this size are written into the window's pack objects (one "
+                        "request for many small tables; default 1024); 0: every part an object of its own")
     p.add_argument("--busy-wait", type=float, default=10.0, metavar="SEC",
                    help="wait this long for another drain or snapshot of the slot to end before giving "
                         "up with exit code 75 (default 10)")
@@ -101,6 +104,7 @@ def _drain(args: argparse.Namespace, drain_window):
         forget_tables=args.forget_table,
         busy_wait=args.busy_wait,
         memory_budget=args.memory_budget_mb << 20,
+        pack_parts_under=args.pack_parts_under_kb << 10,
         start_without_snapshot=args.start_without_snapshot,
         as_text=args.as_text,
     )

@@ -186,7 +186,8 @@ def drain_window(
     ``max_rows``, ``max_bytes``, ``max_seconds``, ``skip_origins``, ``message_prefixes``,
     ``binary``, ``heartbeat``, ``heartbeat_after``, ``max_wait``, ``status_interval``,
     ``spool_dir``, ``connect_options``, ``target_part_bytes``, ``forget_tables``,
-    ``busy_wait``, ``memory_budget``, ``start_without_snapshot``, ``as_text``), which mean below. ``s3``: an
+    ``busy_wait``, ``memory_budget``, ``pack_parts_under``, ``start_without_snapshot``, ``as_text``), which
+    mean below. ``s3``: an
     :class:`~airflow_pgcdc.store.s3.S3Settings` or a boto3 client (default: the environment's
     settings). The 0.1 names ``to`` (of ``store``) and ``s3_client`` (of ``s3``) are accepted for
     one release, with a :class:`DeprecationWarning`; giving both names is a :class:`TypeError`.
@@ -198,6 +199,9 @@ def drain_window(
     ``memory_budget``: bytes of change data the window keeps in memory over all its tables
     (open Parquet parts; the change buffers get a quarter more): past it, the largest
     tables' parts are finished early, so memory does not grow with the number of tables.
+    ``pack_parts_under``: parts of at most this many bytes (default 1 MiB) are written into
+    the window's pack objects, one request for many small tables (:mod:`airflow_pgcdc.store.packs`;
+    window manifest format 2); ``0``: every part is an object of its own.
     ``start_without_snapshot``: a store that holds no snapshot and no window of the slot is
     refused (:class:`StoreHasNoCopy`: a mistyped store would otherwise take the slot over)
     unless this says to start it on purpose, at the slot's position, changes only.

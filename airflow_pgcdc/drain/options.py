@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from airflow_pgcdc.options import JobOptions
 from airflow_pgcdc.protocol.lsn import LSN
+from airflow_pgcdc.store.packs import PACK_MAX_PART_BYTES
 from airflow_pgcdc.store.window import DEFAULT_MEMORY_BUDGET
 
 __all__ = ["DrainOptions", "DrainResult"]
@@ -82,6 +83,7 @@ class DrainOptions(JobOptions):
     forget_tables: frozenset[tuple[str, str]] = frozenset()
     busy_wait: float = 10.0
     memory_budget: int = DEFAULT_MEMORY_BUDGET
+    pack_parts_under: int = PACK_MAX_PART_BYTES
     start_without_snapshot: bool = False
     as_text: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
 

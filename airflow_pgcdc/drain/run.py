@@ -115,7 +115,8 @@ class WindowRun:
         o = self.options
         writer_kw = {"target_part_bytes": o.target_part_bytes} if o.target_part_bytes else {}
         self.writer = WindowWriter(self.client, self.layout, self.slot, self.seq, on_part_close=self._on_part_close,
-                                   attempt=self.attempt, memory_budget=o.memory_budget, **writer_kw)
+                                   attempt=self.attempt, memory_budget=o.memory_budget,
+                                   pack_max_part_bytes=o.pack_parts_under, **writer_kw)
         self.window = WindowSink(self.writer, self.types, self.pump,
                               buffer_budget=max(o.memory_budget // 4, CHUNK_BYTES), as_text=o.as_text)
         self.asm = TransactionAssembler(

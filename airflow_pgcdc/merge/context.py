@@ -324,9 +324,19 @@ def read_parts(ctx: JobContext, parts: list[str], schema: pa.Schema):
     return read_files(ctx, [f"{ctx.layout.bucket}/{p}" for p in parts], schema)
 
 def read_files(ctx: JobContext, paths: list[str], schema: pa.Schema):
-    """Parquet files (``bucket/key`` paths) as a DataFrame of ``schema``."""
-    if ctx.reader == "s3a":
-        return read_s3a(ctx, paths, schema)
+    """Parquet files (``bucket/key`` paths) as a DataFrame of ``schema``. Parts inside a
+    pack (:mod:`airflow_pgcdc.store.packs`) are byte ranges Spark's own reader cannot read:
+    with ``--reader s3a`` they are read by the Python reader, the rest by s3a."""
+    from airflow_pgcdc.store.packs import is_packed
+
+    packed = [p for p in paths if is_packed(p)]
+    if ctx.reader == "s3a" and len(packed) < len(paths):
+        whole = read_s3a(ctx, [p for p in paths if not is_packed(p)], schema)
+        return whole.unionByName(_python_reader(ctx, packed, schema)) if packed else whole
+    return _python_reader(ctx, paths, schema)
+
+
+def _python_reader(ctx: JobContext, paths: list[str], schema: pa.Schema):
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return (

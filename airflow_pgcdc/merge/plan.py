@@ -29,6 +29,7 @@ from airflow_pgcdc.lake.tables import (
 from airflow_pgcdc.merge.errors import KeyNotCovered, NoMergeKey, WindowGap, WindowOrderError
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import quote_qualified
+from airflow_pgcdc.store.packs import part_ref
 from airflow_pgcdc.store.window import KEY_MOVES_FIELD, truncates_table
 
 __all__ = [
@@ -233,7 +234,7 @@ def plan_table(
                     columns=cols,
                     replica_identity=rv.get("replica_identity", "d"),
                     old_columns=tuple(rv.get("old_columns", ())),
-                    parts=tuple(base + p["path"] for p in rv.get("parts", ())),
+                    parts=tuple(part_ref(base, p) for p in rv.get("parts", ())),  # packed: a byte range
                     rows=int(rv.get("rows", 0)),
                     missing_values=rv.get("missing_values"),
                     bytes=int(rv.get("bytes") or sum(int(p.get("bytes", 0)) for p in rv.get("parts", ()))),

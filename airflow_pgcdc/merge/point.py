@@ -107,6 +107,8 @@ def _window_rows_after(ctx, m, until: datetime) -> int | None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from airflow_pgcdc.store.packs import open_part, part_ref
+
     if m.window_seq in ctx.expired:
         raise PointError(f"the time is inside window {m.window_seq} of slot {ctx.slot}, whose parts pgcdc maintain "
                          "removed: its commits' times cannot be read", hint="ask for a later time, or an LSN")
@@ -115,8 +117,8 @@ def _window_rows_after(ctx, m, until: datetime) -> int | None:
     for t in m.tables:
         for rv in t.get("relation_versions", ()):
             for p in rv.get("parts", ()):
-                cols = pq.read_table(f"{ctx.layout.bucket}/{base}{p['path']}", columns=[COMMIT_LSN, COMMIT_TS],
-                                     filesystem=ctx.fs)
+                with open_part(ctx.fs, part_ref(f"{ctx.layout.bucket}/{base}", p)) as f:
+                    cols = pq.read_table(f, columns=[COMMIT_LSN, COMMIT_TS])
                 later = cols.filter(pc.greater(cols[COMMIT_TS], _ts_scalar(until)))
                 if later.num_rows:
                     low = pc.min(later[COMMIT_LSN]).as_py()
@@ -203,9 +205,12 @@ def commit_lsn_span(ctx, parts: Sequence[str]) -> tuple[int, int] | None:
     store's bucket), from their Parquet statistics; None when a row group has none."""
     import pyarrow.parquet as pq
 
+    from airflow_pgcdc.store.packs import open_part
+
     low = high = None
     for key in parts:
-        meta = pq.read_metadata(f"{ctx.layout.bucket}/{key}", filesystem=ctx.fs)
+        with open_part(ctx.fs, f"{ctx.layout.bucket}/{key}") as f:  # a packed part: its range
+            meta = pq.read_metadata(f)
         idx = next((j for j in range(meta.num_columns) if meta.schema.column(j).path == COMMIT_LSN), -1)
         for i in range(meta.num_row_groups):
             stats = meta.row_group(i).column(idx).statistics if idx >= 0 else None

@@ -122,7 +122,10 @@ def with_deletion_vectors(ctx: JobContext, name: str, url: str, dt):
 def part_schema(ctx: JobContext, key: str) -> pa.Schema:
     import pyarrow.parquet as pq
 
-    return pq.read_schema(f"{ctx.layout.bucket}/{key}", filesystem=ctx.fs)
+    from airflow_pgcdc.store.packs import open_part
+
+    with open_part(ctx.fs, f"{ctx.layout.bucket}/{key}") as f:
+        return pq.read_schema(f)
 
 
 def _spark_type(t: pa.DataType) -> str:

@@ -86,7 +86,9 @@ def conformed_batches(fs, path: str, schema: pa.Schema) -> Iterator[pa.RecordBat
     path (:mod:`.rows.arrow`) both read."""
     import pyarrow.parquet as pq
 
-    with fs.open_input_file(path) as f:
+    from airflow_pgcdc.store.packs import open_part
+
+    with open_part(fs, path) as f:  # a part of a pack: its byte range
         for batch in pq.ParquetFile(f).iter_batches(batch_size=READ_BATCH_ROWS):
             yield conform(batch, schema)
 

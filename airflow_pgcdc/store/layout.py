@@ -7,6 +7,7 @@ All keys are relative to a :class:`~airflow_pgcdc.store.s3.S3Location` (``bucket
     {prefix}/{slot}/snapshot/{snapshot_id}/_manifest.json                 (written last)
     {prefix}/{slot}/changes/w={window_seq:012d}/{schema}.{table}/v{relation_version:04d}-part-00000-{attempt}.parquet
     {prefix}/{slot}/changes/w={window_seq:012d}/messages/part-00000-{attempt}.parquet
+    {prefix}/{slot}/changes/w={window_seq:012d}/pack-00000-{attempt}.pack   (small parts, back to back)
     {prefix}/{slot}/changes/w={window_seq:012d}/_manifest.json            (written last, conditional put)
     {prefix}/{slot}/resync/{resync_slot}/snapshot/{snapshot_id}/...        (a table resync: a snapshot
                                                                             of some tables, same format)
@@ -407,6 +408,14 @@ class Layout:
     def window_messages_part(self, slot: str, window_seq: int, number: int, attempt: str | None = None) -> str:
         """Non-transactional logical decoding messages of a window."""
         return self.window_prefix(slot, window_seq) + f"{MESSAGES_FOLDER}/" + part_name(number, attempt=attempt)
+
+    def window_pack(self, slot: str, window_seq: int, number: int, attempt: str | None = None) -> str:
+        """``…/w=…/pack-{number:05d}[-{attempt}].pack``: a window's small parts, back to back
+        (:mod:`.packs`)."""
+        if not isinstance(number, int) or not 0 <= number < 10**PART_DIGITS:
+            raise LayoutError(f"pack number must be 0..{10**PART_DIGITS - 1}, got {number!r}")
+        suffix = "" if attempt is None else "-" + validate_attempt(attempt)
+        return _checked(self.window_prefix(slot, window_seq) + f"pack-{number:05d}{suffix}.pack", self.bucket)
 
     def parse_window_key(self, slot: str, key: str) -> int:
         """The window_seq of any key under ``changes/w=…/``."""

@@ -196,9 +196,10 @@ def _canonical_lsn(value: Any, what: str) -> str:
         raise ManifestError(f"{what}: {e}") from None
 
 
-def load_document(text: str | bytes | Mapping[str, Any], key: str | None, kind: str) -> dict[str, Any]:
-    """The one loader of every manifest kind: a JSON object of this ``format`` and ``kind``
-    (:class:`ManifestError` naming ``key`` otherwise); the caller reads its fields."""
+def load_document(text: str | bytes | Mapping[str, Any], key: str | None, kind: str, *,
+                  formats: tuple[int, ...] = (FORMAT_VERSION,)) -> dict[str, Any]:
+    """The one loader of every manifest kind: a JSON object of one of ``formats`` and of
+    ``kind`` (:class:`ManifestError` naming ``key`` otherwise); the caller reads its fields."""
     if isinstance(text, Mapping):
         data: Any = dict(text)
     else:
@@ -214,10 +215,10 @@ def load_document(text: str | bytes | Mapping[str, Any], key: str | None, kind: 
             key=key,
         )
     fmt = data["format"]
-    if fmt != FORMAT_VERSION or isinstance(fmt, bool):
+    if fmt not in formats or isinstance(fmt, bool):
         raise UnsupportedManifestFormat(
             f"{kind} manifest format {fmt!r} is not supported (this version reads format "
-            f"{FORMAT_VERSION}): upgrade airflow-pgcdc",
+            f"{' and '.join(map(str, formats))}): upgrade airflow-pgcdc",
             key=key,
         )
     if data.get("kind") != kind:

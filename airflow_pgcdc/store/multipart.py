@@ -238,6 +238,21 @@ class MultipartWriter:
         self._shutdown_pool()
         log.debug("wrote %s (%d bytes, %d parts)", self.url, self._written, len(self._parts) or 1)
 
+    def detach_small(self, limit: int) -> bytes | None:
+        """The whole content, when it is at most ``limit`` bytes and no part of it was
+        uploaded: the writer is then closed without writing anything (the caller writes
+        the bytes elsewhere, e.g. into a pack, :mod:`.packs`). ``None`` (and the writer
+        unchanged) otherwise."""
+        if self._state != "open" or self._upload_id is not None or self._pending or self._failure is not None:
+            return None
+        if len(self._buf) > limit or self._written != len(self._buf):
+            return None
+        body = bytes(self._take_buffer())
+        self._state = "closed"
+        self.elapsed = time.monotonic() - self._started
+        self._shutdown_pool()
+        return body
+
     def abort(self) -> None:
         """Abort: discard buffered bytes and the multipart upload. Never raises for a
         writer already closed or aborted; errors while aborting are logged, not raised."""

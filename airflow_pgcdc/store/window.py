@@ -102,6 +102,13 @@ from airflow_pgcdc.store.layout import (
 from airflow_pgcdc.store.manifest import FORMAT_VERSION as MANIFEST_FORMAT
 from airflow_pgcdc.store.manifest import ManifestError, load_document
 from airflow_pgcdc.store.multipart import MultipartWriter
+from airflow_pgcdc.store.packs import (
+    PACK_MAX_BYTES,
+    PACK_MAX_PART_BYTES,
+    PartPacker,
+    open_part,
+    part_ref,
+)
 from airflow_pgcdc.store.parquet import DEFAULT_TARGET_PART_BYTES, PartSequence, TableEncodings
 from airflow_pgcdc.store.s3 import StoreError
 from airflow_pgcdc.typemap import arrays
@@ -124,6 +131,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = MANIFEST_FORMAT  # one format number for every manifest
+PACKED_FORMAT = 2
+"""A window manifest some of whose parts are byte ranges of a pack object (``offset``,
+``length``; :mod:`.packs`): readers of format 1 refuse it rather than read a pack as one part."""
 KIND = "window"
 
 MESSAGES_SCHEMA = pa.schema([
@@ -276,9 +286,15 @@ class WindowManifest:
     def pending_prepared(self) -> list[dict]:
         return list(self.prepared.get("pending", ()))
 
+    @property
+    def packed(self) -> bool:
+        """Whether a part of this window is inside a pack (:mod:`.packs`): format 2."""
+        return any(p.get("offset") is not None for t in self.tables for rv in t.get("relation_versions", ())
+                   for p in rv.get("parts", ()))
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format": FORMAT_VERSION,
+            "format": PACKED_FORMAT if self.packed else FORMAT_VERSION,
             "kind": KIND,
             "slot": self.slot,
             "window_seq": self.window_seq,
@@ -313,7 +329,7 @@ class WindowManifest:
 
     @classmethod
     def from_json(cls, text: str | bytes | Mapping[str, Any], *, key: str | None = None) -> WindowManifest:
-        data = load_document(text, key, KIND)
+        data = load_document(text, key, KIND, formats=(FORMAT_VERSION, PACKED_FORMAT))
         for name in ("slot", "window_seq", "start_lsn", "end_lsn"):
             if name not in data:
                 raise ManifestError(f"missing field {name!r}", key=key)
@@ -456,7 +472,8 @@ def read_window_rows(client: Any, layout: Layout, slot: str, manifest: WindowMan
         tables = []
         for rv in t["relation_versions"]:
             for p in rv["parts"]:
-                tables.append(pq.read_table(f"{layout.bucket}/{base}{p['path']}", filesystem=fs))
+                with open_part(fs, part_ref(f"{layout.bucket}/{base}", p)) as f:
+                    tables.append(pq.read_table(f))
         if tables:
             table = pa.concat_tables(tables, promote_options="permissive")
             out[f"{t['schema']}.{t['table']}"] = table.sort_by(SEQ)
@@ -584,10 +601,13 @@ class _FaultSink:
     completion calls ``on_close`` (the drain's fault hook) before completing the upload."""
 
     def __init__(self, inner: MultipartWriter, on_close: Callable[[], None] | None,
-                 completions: _Completions | None = None) -> None:
+                 completions: _Completions | None = None, packer: PartPacker | None = None,
+                 pack_max: int = 0) -> None:
         self._inner = inner
         self._on_close = on_close
         self._completions = completions
+        self._packer = packer
+        self._pack_max = pack_max
         self.key = inner.key
 
     def write(self, data):
@@ -604,6 +624,13 @@ class _FaultSink:
         return self._inner.bytes_written
 
     def close(self):
+        if self._packer is not None:  # a small part goes into the window's pack, not to a PUT of its own
+            body = self._inner.detach_small(self._pack_max)
+            if body is not None:
+                if self._on_close is not None:
+                    self._on_close()
+                self._packer.add(self.key, body)
+                return None
         if self._completions is None:
             return self.complete()
         return self._completions.submit(self)
@@ -658,9 +685,15 @@ class WindowWriter:
         attempt: str | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         upload_threads: int = DEFAULT_UPLOAD_THREADS,
+        pack_max_part_bytes: int = PACK_MAX_PART_BYTES,
     ) -> None:
         window_folder(window_seq)  # validates
         self._completions = _Completions(upload_threads, 2 * upload_threads, COMPLETION_BYTES)
+        # finished parts up to pack_max_part_bytes go into the window's pack objects (0: none)
+        self.pack_max_part_bytes = pack_max_part_bytes
+        # a pack is written once its parts reach a quarter of the memory budget (they wait in memory)
+        self._packer = (PartPacker(self._write_pack, max_pack_bytes=max(pack_max_part_bytes, min(
+            PACK_MAX_BYTES, memory_budget // 4))) if pack_max_part_bytes > 0 else None)
         self.attempt = validate_attempt(attempt) if attempt is not None else None
         self.memory_budget = memory_budget
         self._open_total = 0  # sum of open_bytes over the open parts
@@ -868,11 +901,18 @@ class WindowWriter:
             self._open_total -= out.open_bytes
             out.open_bytes = 0
 
-    def _open_sink(self, key: str):
+    def _open_sink(self, key: str, *, pack: bool = True):
         inner = MultipartWriter(
             self.client, self.layout.bucket, key, content_type="application/vnd.apache.parquet"
         )
-        return _FaultSink(inner, self.on_part_close, self._completions)
+        return _FaultSink(inner, self.on_part_close, self._completions, self._packer if pack else None,
+                          self.pack_max_part_bytes)
+
+    def _write_pack(self, number: int, body: bytes) -> str:
+        key = self.layout.window_pack(self.slot, self.window_seq, number, attempt=self.attempt)
+        with MultipartWriter(self.client, self.layout.bucket, key, content_type="application/octet-stream") as w:
+            w.write(body)
+        return key
 
     def _out(self, version: RelationVersion) -> _VersionOut:
         out = self._versions.get(id(version))
@@ -898,7 +938,7 @@ class WindowWriter:
             self._messages = PartSequence(
                 MESSAGES_SCHEMA,
                 lambda n: self.layout.window_messages_part(self.slot, self.window_seq, n, attempt=self.attempt),
-                open_sink=self._open_sink,
+                open_sink=lambda key: self._open_sink(key, pack=False),  # messages parts stay objects
                 target_bytes=self.target_part_bytes,
             )
         self._messages.write_batch(messages_batch(rows))
@@ -916,24 +956,32 @@ class WindowWriter:
     def _close_all(self) -> dict[str, Any]:
         tables: dict[tuple[str, str], dict] = {}
         total = 0
-        for out in self._order:
-            parts = out.parts.close()
+        closed = [(out, out.parts.close()) for out in self._order]
+        messages = self._messages.close() if self._messages is not None else []
+        placed = self._packer.write() if self._packer is not None else {}
+
+        def entry_of(p) -> dict[str, Any]:
+            d = p.to_dict(self.base)
+            if p.key in placed:  # inside a pack: its path, offset and length
+                pack, offset, length = placed[p.key]
+                d.update(path=pack[len(self.base):], offset=offset, length=length)
+            return d
+
+        for out, parts in closed:
             v = out.version
             t = tables.setdefault((v.schema, v.table), {
                 "schema": v.schema, "table": v.table, "rows": 0, "bytes": 0, "relation_versions": [],
             })
             entry = v.describe()
-            entry["parts"] = [p.to_dict(self.base) for p in parts]
+            entry["parts"] = [entry_of(p) for p in parts]
             entry["rows"] = sum(p.rows for p in parts)
             entry["bytes"] = sum(p.bytes for p in parts)
             t["rows"] += entry["rows"]
             t["bytes"] += entry["bytes"]
             t["relation_versions"].append(entry)
             total += entry["bytes"]
-        messages_parts = []
-        if self._messages is not None:
-            messages_parts = [p.to_dict(self.base) for p in self._messages.close()]
-            total += sum(p["bytes"] for p in messages_parts)
+        messages_parts = [entry_of(p) for p in messages]
+        total += sum(p["bytes"] for p in messages_parts)
         total += sum(p["bytes"] for p in self._prepared)
         self._completions.wait()  # every part durably written, or the window fails here
         return {
@@ -945,6 +993,8 @@ class WindowWriter:
 
     def _abort_all(self) -> None:
         self._completions.abort()
+        if self._packer is not None:
+            self._packer.discard()
         for out in self._order:
             try:
                 out.parts.abort()

@@ -262,7 +262,8 @@ def test_toast_truncate_messages_schema_change_and_replica_identity_full(fresh_d
     m = read_window(client, layout, slot, r.window_seq)
     tables = {f"{t['schema']}.{t['table']}": t for t in m.tables}
     assert [len(rv["columns"]) for rv in tables["public.t"]["relation_versions"]] == [3, 4]
-    assert tables["public.t"]["relation_versions"][1]["parts"][0]["path"].startswith("public.t/v0001-part-")
+    part = tables["public.t"]["relation_versions"][1]["parts"][0]  # small: in the window's pack
+    assert part["path"].startswith("pack-00000-") and part["length"] == part["bytes"] > 0
     data = read_window_rows(client, layout, slot, m)
     t = data["public.t"].to_pylist()
     assert [(x["_pgcdc_op"], x["id"]) for x in t] == [("I", 1), ("U", 1), ("I", 2), ("I", 3)]
@@ -327,13 +328,13 @@ def test_start_position_checks(fresh_db, slot_name, store):
 
 
 class SlowParts:
-    """A boto3 client whose Parquet uploads take ``delay`` seconds."""
+    """A boto3 client whose Parquet uploads (parts, and packs of small parts) take ``delay`` seconds."""
 
     def __init__(self, client, delay):
         self._c, self._delay = client, delay
 
     def put_object(self, **kw):
-        if kw.get("Key", "").endswith(".parquet"):
+        if kw.get("Key", "").endswith((".parquet", ".pack")):
             time.sleep(self._delay)
         return self._c.put_object(**kw)
 

@@ -6,7 +6,6 @@ verify`` without a key) after each merge, and a replay commits nothing."""
 
 from __future__ import annotations
 
-import pyarrow.parquet as pq
 import pytest
 from lake_helpers import drain, sql
 from matrix import servers_in_turn
@@ -16,6 +15,8 @@ from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.job import TablesFailed, merge_slot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.store import s3 as s3store
+from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.window import committed_window_seqs, read_window, read_window_rows
 from airflow_pgcdc.verify import MULTISET, verify_table
 
 _NO_JARS = unavailable_reason()
@@ -93,11 +94,11 @@ def test_keyless_full_table_updates_and_deletes_as_a_multiset(engine, fresh_db, 
     sql(db, "INSERT INTO m VALUES (3, 'three')")
     drain(db, src, slot, client)
     # the drain sent the whole old row: an update's _pgcdc_old_* columns, a delete's own
-    parts = [k for k in s3store.list_keys(client, src.split("/")[2], "cdc/" + slot + "/changes/")
-             if "/public.k/" in k and k.endswith(".parquet")]
+    layout = Layout.parse(src)
     seen = ["_pgcdc_op", "a", "t", "arr", "_pgcdc_old_t", "_pgcdc_old_arr"]  # (no infinity: to_pylist)
-    rows = [r for p in parts for r in pq.read_table(f"{src.split('/')[2]}/{p}", columns=seen,
-                                                    filesystem=s3store.make_pyarrow_fs()).to_pylist()]
+    windows = [read_window_rows(client, layout, slot, read_window(client, layout, slot, seq))  # through the manifests
+               for seq in committed_window_seqs(client, layout, slot)]
+    rows = [r for w in windows if "public.k" in w for r in w["public.k"].select(seen).to_pylist()]
     upd = [r for r in rows if r["_pgcdc_op"] == "U" and r["t"] == "a2"]
     assert upd and upd[0]["_pgcdc_old_t"] == "a" and upd[0]["_pgcdc_old_arr"] == [1.0, -0.0]
     assert any(r["_pgcdc_op"] == "D" and r["a"] == 2 and r["arr"][1] is None for r in rows)

@@ -31,6 +31,8 @@ def test_delta_spark_sink_merges_like_delta_rs(reader, fresh_db, slot_name, s3, 
     from airflow_pgcdc.merge.job import merge_slot
     from airflow_pgcdc.snapshot.export import snapshot_to_s3
     from airflow_pgcdc.store import s3 as s3store
+    from airflow_pgcdc.store.layout import Layout
+    from airflow_pgcdc.store.window import read_window
 
     for k, v in s3.aws_env().items():
         monkeypatch.setenv(k, v)
@@ -41,10 +43,17 @@ def test_delta_spark_sink_merges_like_delta_rs(reader, fresh_db, slot_name, s3, 
     slot = slot_name()
     snapshot_to_s3(fresh_db, src, slot=slot, publications="pub")
     sql(fresh_db, "UPDATE t SET v = 'y' WHERE id < 5; DELETE FROM t WHERE id > 15; UPDATE t SET id = 99 WHERE id = 10")
-    drain_window(fresh_db, src, slot=slot, publications="pub")
+    w0 = drain_window(fresh_db, src, slot=slot, publications="pub", pack_parts_under=0)  # parts as objects
+    sql(fresh_db, "UPDATE t SET v = 'z' WHERE id = 2; INSERT INTO t VALUES (50, 'n')")
+    w1 = drain_window(fresh_db, src, slot=slot, publications="pub")  # its small part inside the window's pack
+    layout = Layout.parse(src)
+    assert not read_window(s3.client(), layout, slot, w0.window_seq).packed
+    assert read_window(s3.client(), layout, slot, w1.window_seq).packed
+    # one job reads both windows' parts of t: an object and a byte range of a pack (the s3a
+    # reader reads the object, the Python reader the range)
     merge_slot(spark_with_delta, store=src, slot=slot, delta=lake, engine="delta-spark", reader=reader)
     dt = DeltaTable(delta_table_url(lake, "public", "t"), storage_options=s3store.delta_storage_options())
-    assert dt.transaction_version(app_id(slot, "public", "t")) == 0
+    assert dt.transaction_version(app_id(slot, "public", "t")) == 1
     got = sorted((r["id"], r["v"]) for r in dt.to_pyarrow_table().to_pylist())
     assert got == sorted(sql(fresh_db, "SELECT id, v FROM t"))
 

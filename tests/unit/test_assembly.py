@@ -268,7 +268,7 @@ def test_window_manifest_round_trip_and_validation():
     assert again == m and again.extra == {"future": 1} and again.end_lsn == "0/200"
     assert again.table_rows == {"public.t": 2}
     with pytest.raises(WindowManifestError, match="format"):
-        WindowManifest.from_json('{"format": 2, "kind": "window"}')
+        WindowManifest.from_json('{"format": 3, "kind": "window"}')
     with pytest.raises(WindowManifestError, match="before start_lsn"):
         WindowManifest(slot="s", window_seq=0, start_lsn="0/200", end_lsn="0/100", end_reason="x")
     bad = m.to_dict() | {"rows": 5}

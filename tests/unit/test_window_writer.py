@@ -49,6 +49,12 @@ def _version(i: int) -> RelationVersion:
     return RelationVersion(16384 + i, "public", f"t{i}", "d", cols, (True, False))
 
 
+def _part_bytes(client: FakeS3, w: WindowWriter, p: dict) -> bytes:
+    """A manifest part's bytes: its object, or its range of a pack."""
+    body = client.objects[w.base + p["path"]]
+    return body if p.get("offset") is None else body[p["offset"]:p["offset"] + p["length"]]
+
+
 def _fill(writer: WindowWriter, tables: int, rows: int = 3) -> None:
     for i in range(tables):
         rv = _version(i)
@@ -61,7 +67,8 @@ def _fill(writer: WindowWriter, tables: int, rows: int = 3) -> None:
 def test_parts_are_completed_concurrently_and_all_before_finish_returns() -> None:
     # four puts must be in flight at once to pass the barrier: one at a time breaks it
     client = FakeS3(barrier=threading.Barrier(4, timeout=30))
-    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd", upload_threads=4)
+    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd", upload_threads=4,
+                     pack_max_part_bytes=0)  # every part its own object (packs: below)
     _fill(w, 8)
     out = w.finish(lambda: None)
     assert client.most_in_flight >= 4
@@ -74,7 +81,8 @@ def test_parts_are_completed_concurrently_and_all_before_finish_returns() -> Non
 
 def test_in_flight_completions_are_bounded() -> None:
     client = FakeS3()
-    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd", upload_threads=3)
+    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd", upload_threads=3,
+                     pack_max_part_bytes=0)
     _fill(w, 40)
     w.finish(lambda: None)
     assert 1 <= client.most_in_flight <= 3
@@ -84,7 +92,8 @@ def test_in_flight_completions_are_bounded() -> None:
 @pytest.mark.parametrize("threads", [0, 4])
 def test_a_failed_part_fails_the_window(threads: int) -> None:
     client = FakeS3(fail=("t5/",))
-    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd", upload_threads=threads)
+    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd", upload_threads=threads,
+                     pack_max_part_bytes=0)
     _fill(w, 12)
     with pytest.raises(StoreError, match="injected failure"):
         w.finish(lambda: None)
@@ -123,7 +132,7 @@ def test_a_tables_parts_share_one_encoding_choice_on_a_bounded_sample(monkeypatc
     assert len(parts) >= 2
     assert counted == [wstore.ENCODING_SAMPLE_ROWS]  # once, for every part
     for p in parts:
-        meta = pq.ParquetFile(io.BytesIO(client.objects[w.base + p["path"]])).metadata
+        meta = pq.ParquetFile(io.BytesIO(_part_bytes(client, w, p))).metadata
         cols = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings
                 for i in range(meta.num_columns)}
         assert "RLE_DICTIONARY" in cols["v"] and "RLE_DICTIONARY" not in cols["id"], cols
@@ -199,3 +208,97 @@ def test_window_row_groups_are_small_and_uploaded_as_they_are_written() -> None:
     parts = [size for op, size in ops if op == "part"]
     assert ops[0][0] == "create" and ops[-1][0] == "complete", ops
     assert len(parts) == meta.num_row_groups and parts[0] < DEFAULT_PART_SIZE, (ops, meta.num_row_groups)
+
+
+def test_small_parts_are_written_as_one_pack_each_a_whole_parquet_file() -> None:
+    """A window of many small tables writes one object for their parts, not one each: each
+    manifest entry is the pack's path, its offset and its length, and that range is the
+    table's whole Parquet file (before: 30 PUTs)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    client = FakeS3()
+    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd")
+    _fill(w, 30, rows=4)
+    out = w.finish(lambda: None)
+    assert list(client.objects) == [w.base + "pack-00000-0123abcd.pack"]
+    entries = {t["table"]: v["parts"] for t in out["tables"] for v in t["relation_versions"]}
+    assert len(entries) == 30 and all(len(p) == 1 for p in entries.values())
+    offsets = []
+    for (p,) in entries.values():
+        assert p["path"] == "pack-00000-0123abcd.pack" and p["length"] == p["bytes"]
+        rows = pq.read_table(io.BytesIO(_part_bytes(client, w, p)))
+        assert rows.num_rows == 4 == p["rows"] and set(rows.column("id").to_pylist()) == {0, 1, 2, 3}
+        offsets.append((p["offset"], p["length"]))
+    offsets.sort()
+    assert offsets[0][0] == 0 and all(a + n == b for (a, n), (b, _) in zip(offsets, offsets[1:], strict=False))
+    assert offsets[-1][0] + offsets[-1][1] == len(client.objects[w.base + "pack-00000-0123abcd.pack"])
+
+
+def test_a_part_over_the_limit_stays_its_own_object_and_the_fault_hook_sees_every_part() -> None:
+    closed = []
+    client = FakeS3()
+    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd",
+                     pack_max_part_bytes=20_000, on_part_close=lambda: closed.append(1))
+    _fill(w, 3, rows=2)  # small
+    big = _version(9)
+    buf = ChangeBuffer(big)
+    for r in range(3_000):
+        buf.add("I", (str(r), __import__("os").urandom(16).hex()), None, 100, r, 7, None)  # ~100 kB
+    w.submit_rows(big, buf.take(), lambda: None)
+    out = w.finish(lambda: None)
+    parts = {t["table"]: v["parts"][0] for t in out["tables"] for v in t["relation_versions"]}
+    assert parts["t9"].get("offset") is None and parts["t9"]["path"].startswith("public.t9/")
+    assert {parts[f"t{i}"]["path"] for i in range(3)} == {"pack-00000-0123abcd.pack"}
+    assert set(client.objects) == {w.base + "pack-00000-0123abcd.pack", w.base + parts["t9"]["path"]}
+    assert len(closed) == 4
+
+
+def test_a_failed_pack_fails_the_window() -> None:
+    client = FakeS3(fail=("pack-",))
+    w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd")
+    _fill(w, 5)
+    with pytest.raises(StoreError, match="injected failure"):
+        w.finish(lambda: None)
+    assert not client.objects
+
+
+def test_packs_split_at_their_size_and_references_name_a_range() -> None:
+    from airflow_pgcdc.store.packs import PartPacker, part_ref, split_ref
+
+    written = {}
+
+    def write(n, body):
+        written[f"p{n}"] = body
+        return f"p{n}"
+
+    packer = PartPacker(write, max_pack_bytes=10)
+    for i, body in enumerate([b"aaaa", b"bbbb", b"cccc", b"dddddddddddd"]):
+        packer.add(f"k{i}", body)
+    placed = packer.write()
+    assert written == {"p0": b"aaaabbbb", "p1": b"cccc", "p2": b"dddddddddddd"}
+    assert placed == {"k0": ("p0", 0, 4), "k1": ("p0", 4, 4), "k2": ("p1", 0, 4), "k3": ("p2", 0, 12)}
+    ref = part_ref("bkt/w/", {"path": "pack-00000.pack", "offset": 4, "length": 4})
+    assert ref == "bkt/w/pack-00000.pack#range=4-4" and split_ref(ref) == ("bkt/w/pack-00000.pack", 4, 4)
+    assert split_ref("bkt/w/public.t/v0000-part-00000.parquet") == ("bkt/w/public.t/v0000-part-00000.parquet",
+                                                                     None, None)
+    with pytest.raises(ValueError, match="OFFSET-LENGTH"):
+        split_ref("bkt/p.pack#range=x-1")
+
+
+def test_a_window_with_packed_parts_is_format_2_which_format_1_readers_refuse() -> None:
+    from airflow_pgcdc.store.manifest import UnsupportedManifestFormat, load_document
+    from airflow_pgcdc.store.window import WindowManifest
+
+    def manifest(part):
+        return WindowManifest(slot="s1", window_seq=0, start_lsn="0/1", end_lsn="0/2", end_reason="x", rows=1,
+                              tables=({"schema": "public", "table": "t", "rows": 1, "bytes": 9,
+                                       "relation_versions": [{"version": 0, "parts": [part]}]},))
+
+    packed = manifest({"path": "pack-00000.pack", "rows": 1, "bytes": 9, "offset": 0, "length": 9})
+    plain = manifest({"path": "public.t/v0000-part-00000.parquet", "rows": 1, "bytes": 9})
+    assert (packed.to_dict()["format"], plain.to_dict()["format"]) == (2, 1)
+    assert WindowManifest.from_json(packed.to_json()).packed
+    with pytest.raises(UnsupportedManifestFormat, match="format 2 is not supported"):
+        load_document(packed.to_json(), "k", "window")  # what a reader of format 1 does

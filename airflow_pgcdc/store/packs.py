@@ -1,0 +1,116 @@
+"""Packed window parts: a window's small Parquet parts written as one object, not one each.
+
+A window that touches many tables a little has many parts of a few kilobytes; one PUT per
+part made such a window cost a request per table (500 tables: about as long as receiving
+the whole window). The window writer (:mod:`airflow_pgcdc.store.window`) hands every
+finished part of at most :data:`PACK_MAX_PART_BYTES` to a :class:`PartPacker` instead of
+uploading it; the packer writes them back to back into pack objects
+(``{window}/pack-{n:05d}-{attempt}.pack``, at most :data:`PACK_MAX_BYTES` each, less with a
+small memory budget), one whenever the waiting parts fill it and the last at the window's
+end, before the manifest. Each part stays a whole, valid Parquet file inside its pack: the manifest
+lists it with the pack's ``path``, its ``offset`` and its ``length`` (window manifest
+format 2, which readers of format 1 refuse), and a reader reads that byte range.
+
+Inside the merge a part is named by a string, ``bucket/key`` (or ``key``); a packed part
+by ``…/pack-00000-ab12cd.pack#range=OFFSET-LENGTH`` (:func:`part_ref`): the keys of the
+store never hold ``#`` (table names are percent-encoded, :mod:`.layout`). :func:`open_part`
+opens either for pyarrow. Spark's own Parquet reader (``--reader s3a``) cannot read a
+range: the merge reads packed parts with its Python reader (:mod:`airflow_pgcdc.merge.spark_io`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+PACK_MAX_PART_BYTES = 1 << 20
+"""Finished parts up to this size are packed (0: none); bigger ones are objects of their own."""
+
+PACK_MAX_BYTES = 64 << 20
+"""A pack object is closed at this size and the next one started."""
+
+RANGE_MARK = "#range="
+
+
+def part_ref(base: str, entry: Mapping[str, Any]) -> str:
+    """The reference to a manifest's part ``entry`` under ``base`` (the folder's key prefix,
+    or ``bucket/`` + it): ``base + path``, with the byte range of a packed part."""
+    ref = base + str(entry["path"])
+    if entry.get("offset") is not None:
+        ref += f"{RANGE_MARK}{int(entry['offset'])}-{int(entry['length'])}"
+    return ref
+
+
+def split_ref(ref: str) -> tuple[str, int | None, int | None]:
+    """``(path, offset, length)`` of a part reference; ``offset``/``length`` are ``None``
+    for a part that is its own object."""
+    path, mark, span = ref.rpartition(RANGE_MARK)
+    if not mark:
+        return ref, None, None
+    offset, _, length = span.partition("-")
+    if not (offset.isdigit() and length.isdigit()):
+        raise ValueError(f"part reference {ref!r}: the range is not OFFSET-LENGTH")
+    return path, int(offset), int(length)
+
+
+def is_packed(ref: str) -> bool:
+    return RANGE_MARK in ref
+
+
+def open_part(fs: Any, ref: str):
+    """A pyarrow-readable file of the part ``ref`` (a ``bucket/key`` reference) on the Arrow
+    filesystem ``fs``: the object itself, or its byte range read into memory (a packed
+    part is small by construction)."""
+    path, offset, length = split_ref(ref)
+    if offset is None:
+        return fs.open_input_file(path)
+    import pyarrow as pa
+
+    with fs.open_input_file(path) as f:
+        data = f.read_at(length, offset)
+    if len(data) != length:
+        raise ValueError(f"packed part {ref!r}: {len(data)} bytes read, {length} expected (a truncated pack)")
+    return pa.BufferReader(data)
+
+
+class PartPacker:
+    """Collects a window's small finished parts (:meth:`add`) and writes them as pack
+    objects: ``write_pack(number, body) -> key`` writes one and returns its key. A pack is
+    written as soon as the parts waiting reach ``max_pack_bytes`` (so the parts held in
+    memory stay under it, whatever the number of tables), the rest by :meth:`write` at the
+    window's end. Parts are packed in the order they were added."""
+
+    def __init__(self, write_pack: Callable[[int, bytes], str], *, max_pack_bytes: int = PACK_MAX_BYTES) -> None:
+        self._write_pack = write_pack
+        self.max_pack_bytes = max_pack_bytes
+        self._body = bytearray()
+        self._members: list[tuple[str, int, int]] = []
+        self._placed: dict[str, tuple[str, int, int]] = {}
+        self._number = 0
+        self._lock = threading.Lock()
+
+    def add(self, key: str, body: bytes) -> None:
+        with self._lock:
+            if self._members and len(self._body) + len(body) > self.max_pack_bytes:
+                self._flush()
+            self._members.append((key, len(self._body), len(body)))
+            self._body += body
+
+    def write(self) -> dict[str, tuple[str, int, int]]:
+        """Write the parts still waiting: ``{part key: (pack key, offset, length)}`` of every
+        part added."""
+        with self._lock:
+            if self._members:
+                self._flush()
+            return dict(self._placed)
+
+    def discard(self) -> None:
+        with self._lock:
+            self._body, self._members = bytearray(), []
+
+    def _flush(self) -> None:
+        pack = self._write_pack(self._number, bytes(self._body))
+        self._placed.update({k: (pack, o, n) for k, o, n in self._members})
+        self._number += 1
+        self._body, self._members = bytearray(), []
