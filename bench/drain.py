@@ -301,7 +301,9 @@ def child_loop(spec: dict) -> int:
             for t in manifest["tables"]:
                 for v in t["relation_versions"]:
                     for part in v["parts"]:
-                        body = client.get_object(Bucket=bucket, Key=base + part["path"])["Body"].read()
+                        span = ({} if part.get("offset") is None else  # a part inside the window's pack
+                                {"Range": f"bytes={part['offset']}-{part['offset'] + part['length'] - 1}"})
+                        body = client.get_object(Bucket=bucket, Key=base + part["path"], **span)["Body"].read()
                         ts = pq.read_table(pa_buffer(body), columns=["_pgcdc_commit_ts"]).column(0)
                         latencies += [done - x.timestamp() for x in ts.to_pylist()]
         if started > spec["stop_at"] and not r.rows:

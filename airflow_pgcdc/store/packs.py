@@ -76,13 +76,16 @@ def open_part(fs: Any, ref: str):
 
 class PartPacker:
     """Collects a window's small finished parts (:meth:`add`) and writes them as pack
-    objects: ``write_pack(number, body) -> key`` writes one and returns its key. A pack is
-    written as soon as the parts waiting reach ``max_pack_bytes`` (so the parts held in
-    memory stay under it, whatever the number of tables), the rest by :meth:`write` at the
-    window's end. Parts are packed in the order they were added."""
+    objects: ``key_for(number)`` names pack ``number``, ``put(key, body)`` writes it. A pack
+    is written as soon as the parts waiting reach ``max_pack_bytes`` (so the parts held in
+    memory stay under it, whatever the number of tables); :meth:`close` places the rest and
+    hands back the writing of the last pack, for the caller to run when it likes (the window
+    writer overlaps it with the manifest's making). Parts are packed in the order added."""
 
-    def __init__(self, write_pack: Callable[[int, bytes], str], *, max_pack_bytes: int = PACK_MAX_BYTES) -> None:
-        self._write_pack = write_pack
+    def __init__(self, key_for: Callable[[int], str], put: Callable[[str, bytes], None], *,
+                 max_pack_bytes: int = PACK_MAX_BYTES) -> None:
+        self._key_for = key_for
+        self._put = put
         self.max_pack_bytes = max_pack_bytes
         self._body = bytearray()
         self._members: list[tuple[str, int, int]] = []
@@ -93,24 +96,27 @@ class PartPacker:
     def add(self, key: str, body: bytes) -> None:
         with self._lock:
             if self._members and len(self._body) + len(body) > self.max_pack_bytes:
-                self._flush()
+                self._put(*self._place())
             self._members.append((key, len(self._body), len(body)))
             self._body += body
 
-    def write(self) -> dict[str, tuple[str, int, int]]:
-        """Write the parts still waiting: ``{part key: (pack key, offset, length)}`` of every
-        part added."""
+    def close(self) -> tuple[dict[str, tuple[str, int, int]], Callable[[], None] | None]:
+        """``({part key: (pack key, offset, length)} of every part added, write)``: ``write()``
+        writes the last pack (``None`` when every pack is written)."""
         with self._lock:
-            if self._members:
-                self._flush()
-            return dict(self._placed)
+            if not self._members:
+                return dict(self._placed), None
+            key, body = self._place()
+            return dict(self._placed), lambda: self._put(key, body)
 
     def discard(self) -> None:
         with self._lock:
             self._body, self._members = bytearray(), []
 
-    def _flush(self) -> None:
-        pack = self._write_pack(self._number, bytes(self._body))
-        self._placed.update({k: (pack, o, n) for k, o, n in self._members})
+    def _place(self) -> tuple[str, bytes]:
+        key = self._key_for(self._number)
+        self._placed.update({k: (key, o, n) for k, o, n in self._members})
+        body = bytes(self._body)
         self._number += 1
         self._body, self._members = bytearray(), []
+        return key, body
