@@ -104,7 +104,7 @@ class PgcdcHook(BaseHook):
         wrapper, when the provider is installed; else the same fields read here)."""
         if not self.aws_conn_id:
             return S3Settings.from_env()
-        fields = aws_connection_fields(self.aws_conn_id, self.get_connection(self.aws_conn_id))
+        fields = aws_connection_fields(self.get_connection(self.aws_conn_id))
         return S3Settings.from_env(**_settings_overrides(self.aws_conn_id, fields))
 
     def s3_client(self):
@@ -138,7 +138,7 @@ class AwsConnectionFields:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def aws_connection_fields(conn_id: str, conn: Any) -> AwsConnectionFields:
+def aws_connection_fields(conn: Any) -> AwsConnectionFields:
     """The fields of the ``aws`` connection ``conn``: read by the amazon provider's
     ``AwsConnectionWrapper`` (what ``AwsBaseHook.conn_config`` is) when the provider is
     installed, else by :func:`_fields_from_extras`, the same rules for the fields used here."""
