@@ -21,6 +21,7 @@ range: the merge reads packed parts with its Python reader (:mod:`airflow_pgcdc.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -58,20 +59,69 @@ def is_packed(ref: str) -> bool:
     return RANGE_MARK in ref
 
 
+WHOLE_PACK_BYTES = 16 << 20
+"""A pack up to this size is read whole at its first use and kept (:data:`PACK_CACHE_BYTES`
+over all packs, least recently used dropped first): a merge reads every small table's part
+from it, and each table's schema check and rows, without a request each. A bigger pack is
+read by range."""
+
+PACK_CACHE_BYTES = 256 << 20
+
+_packs: OrderedDict[str, bytes] = OrderedDict()
+_packs_lock = threading.Lock()
+_loading: dict[str, threading.Lock] = {}
+_ranged: set[str] = set()  # packs over WHOLE_PACK_BYTES: read by range
+
+
 def open_part(fs: Any, ref: str):
     """A pyarrow-readable file of the part ``ref`` (a ``bucket/key`` reference) on the Arrow
-    filesystem ``fs``: the object itself, or its byte range read into memory (a packed
-    part is small by construction)."""
+    filesystem ``fs``: the object itself, or its byte range, in memory (a packed part is
+    small by construction; a pack is immutable, so its bytes are kept for the process's
+    next parts, see :data:`WHOLE_PACK_BYTES`)."""
     path, offset, length = split_ref(ref)
     if offset is None:
         return fs.open_input_file(path)
     import pyarrow as pa
 
-    with fs.open_input_file(path) as f:
-        data = f.read_at(length, offset)
+    pack = _whole_pack(fs, path)
+    if pack is not None:
+        data = pack[offset:offset + length]
+    else:
+        with fs.open_input_file(path) as f:
+            data = f.read_at(length, offset)
     if len(data) != length:
         raise ValueError(f"packed part {ref!r}: {len(data)} bytes read, {length} expected (a truncated pack)")
     return pa.BufferReader(data)
+
+
+def _whole_pack(fs: Any, path: str) -> bytes | None:
+    """The bytes of the pack at ``path`` when it is at most :data:`WHOLE_PACK_BYTES` (read
+    once per process, by one thread while the others wait), else ``None``."""
+    with _packs_lock:
+        if path in _packs:
+            _packs.move_to_end(path)
+            return _packs[path]
+        if path in _ranged:
+            return None
+        loading = _loading.setdefault(path, threading.Lock())
+    with loading:
+        with _packs_lock:
+            if path in _packs or path in _ranged:
+                return _packs.get(path)
+        with fs.open_input_file(path) as f:
+            if f.size() > WHOLE_PACK_BYTES:
+                data = None
+            else:
+                data = f.read()
+        with _packs_lock:
+            _loading.pop(path, None)
+            if data is None:
+                _ranged.add(path)
+            else:
+                _packs[path] = data
+                while sum(len(v) for v in _packs.values()) > PACK_CACHE_BYTES and len(_packs) > 1:
+                    _packs.popitem(last=False)
+        return data
 
 
 class PartPacker:

@@ -315,3 +315,32 @@ def test_a_window_with_packed_parts_is_format_2_which_format_1_readers_refuse() 
     assert WindowManifest.from_json(packed.to_json()).packed
     with pytest.raises(UnsupportedManifestFormat, match="format 2 is not supported"):
         load_document(packed.to_json(), "k", "window")  # what a reader of format 1 does
+
+
+class _CountingFs:
+    """An Arrow-like filesystem over ``objects`` counting the files it opens."""
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects, self.opened = objects, []
+
+    def open_input_file(self, path):
+        import pyarrow as pa
+
+        self.opened.append(path)
+        return pa.BufferReader(self.objects[path])
+
+
+def test_a_small_pack_is_read_once_for_all_its_parts_and_a_big_one_by_range(monkeypatch) -> None:
+    from airflow_pgcdc.store import packs
+
+    monkeypatch.setattr(packs, "_packs", packs.OrderedDict())
+    monkeypatch.setattr(packs, "_ranged", set())
+    monkeypatch.setattr(packs, "WHOLE_PACK_BYTES", 100)
+    fs = _CountingFs({"b/small.pack": b"aaaabbbbcccc", "b/big.pack": b"x" * 150 + b"yyyy"})
+    got = [packs.open_part(fs, f"b/small.pack#range={o}-4").read() for o in (0, 4, 8, 4)]
+    assert got == [b"aaaa", b"bbbb", b"cccc", b"bbbb"] and fs.opened == ["b/small.pack"]
+    assert packs.open_part(fs, "b/big.pack#range=150-4").read() == b"yyyy"
+    assert packs.open_part(fs, "b/big.pack#range=0-4").read() == b"xxxx"
+    assert fs.opened.count("b/big.pack") == 3, "sized once, then a range read per part"
+    with pytest.raises(ValueError, match="truncated pack"):
+        packs.open_part(fs, "b/small.pack#range=8-10")
