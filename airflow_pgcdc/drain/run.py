@@ -350,6 +350,8 @@ class WindowRun:
         for (schema, table), refused in refused_tables.items():
             out["tables"].append({"schema": schema, "table": table, "rows": 0, "bytes": 0,
                                   "relation_versions": [], REFUSED_FIELD: refused})
+        _while_pumping(writer.written, pump)  # every part and pack durably written (what after-parts means)
+        fault_point(FaultPoint.DRAIN_AFTER_PARTS, log)
         # before anything is committed or confirmed: the publications still cover the pipeline
         # (dropped or altered during the window?); the query also proves the catalog session,
         # and with it the slot lock, is alive
@@ -383,12 +385,7 @@ class WindowRun:
                    **({RESUMED_FIELD: self.plan.resumed} if self.plan.resumed else {}),
                    **({CATALOG_FIELD: catalog} if catalog else {})},
         )
-        def commit() -> bool:
-            writer.written()  # the uploads still running (the last pack) overlapped the lines above
-            fault_point(FaultPoint.DRAIN_AFTER_PARTS, log)
-            return writer.commit(manifest)
-
-        if not _while_pumping(commit, pump):
+        if not _while_pumping(lambda: writer.commit(manifest), pump):
             try:
                 _while_pumping(lambda: writer.discard(manifest), pump)
             except Exception as exc:  # only garbage: the committed window does not list them
