@@ -62,8 +62,8 @@ def is_packed(ref: str) -> bool:
 WHOLE_PACK_BYTES = 16 << 20
 """A pack up to this size is read whole at its first use and kept (:data:`PACK_CACHE_BYTES`
 over all packs, least recently used dropped first): a merge reads every small table's part
-from it, and each table's schema check and rows, without a request each. A bigger pack is
-read by range."""
+from it, and each table's schema check and rows, without a request each. A bigger pack, and
+a pack once dropped from the cache, is read by range: no pack is downloaded whole twice."""
 
 PACK_CACHE_BYTES = 256 << 20
 
@@ -120,7 +120,9 @@ def _whole_pack(fs: Any, path: str) -> bytes | None:
             else:
                 _packs[path] = data
                 while sum(len(v) for v in _packs.values()) > PACK_CACHE_BYTES and len(_packs) > 1:
-                    _packs.popitem(last=False)
+                    # an evicted pack is read by range from then on: a merge going table by table
+                    # over more windows than the cache holds never downloads a pack twice
+                    _ranged.add(_packs.popitem(last=False)[0])
         return data
 
 

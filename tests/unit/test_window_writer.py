@@ -344,3 +344,47 @@ def test_a_small_pack_is_read_once_for_all_its_parts_and_a_big_one_by_range(monk
     assert fs.opened.count("b/big.pack") == 3, "sized once, then a range read per part"
     with pytest.raises(ValueError, match="truncated pack"):
         packs.open_part(fs, "b/small.pack#range=8-10")
+
+
+def test_a_pack_dropped_from_the_cache_is_read_by_range_never_whole_again(monkeypatch) -> None:
+    """A merge going table by table over more windows than the cache holds: each pack is
+    downloaded whole at most once (before: every table downloaded every pack again)."""
+    import pyarrow as pa
+
+    from airflow_pgcdc.store import packs
+
+    reads: list[tuple[str, str]] = []
+
+    class File:
+        def __init__(self, path, data):
+            self.path, self.inner = path, pa.BufferReader(data)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.inner.close()
+
+        def size(self):
+            return self.inner.size()
+
+        def read(self, *a):
+            reads.append(("whole", self.path))
+            return self.inner.read(*a)
+
+        def read_at(self, n, offset):
+            reads.append(("range", self.path))
+            return self.inner.read_at(n, offset)
+
+    class Fs:
+        def open_input_file(self, path):
+            return File(path, bytes([65 + int(path[3])]) * 12)
+
+    monkeypatch.setattr(packs, "_packs", packs.OrderedDict())
+    monkeypatch.setattr(packs, "_ranged", set())
+    monkeypatch.setattr(packs, "PACK_CACHE_BYTES", 20)  # one 12-byte pack at a time
+    for _table in range(3):
+        for i in range(3):
+            assert packs.open_part(Fs(), f"b/w{i}.pack#range=4-4").read() == bytes([65 + i]) * 4
+    whole = [p for kind, p in reads if kind == "whole"]
+    assert sorted(whole) == ["b/w0.pack", "b/w1.pack", "b/w2.pack"], reads
