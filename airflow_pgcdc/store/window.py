@@ -671,8 +671,8 @@ class WindowWriter:
     does not wait for each request in turn; parts of at most ``pack_max_part_bytes`` go into
     the window's pack objects instead (:mod:`.packs`). :meth:`commit` writes the manifest only
     once every part is durably written (:meth:`written`), and raises if any is not (the window
-    then fails); the uploads still running when :meth:`finish` returns overlap the manifest's
-    making.
+    then fails); :meth:`finish` may return while uploads still run (the drain waits for them
+    with :meth:`written` before its last checks and the manifest).
     """
 
     def __init__(
@@ -749,7 +749,7 @@ class WindowWriter:
     def finish(self, wait: Callable[[], None]) -> dict[str, Any]:
         """Close every part; returns ``{"tables", "messages", "prepared", "bytes"}``. Uploads
         may still be completing: :meth:`written` (which :meth:`commit` calls first) waits for
-        them, so the caller makes its manifest meanwhile."""
+        them."""
         self._put(("finish",), wait)
         while not self._done.wait(self.wait_interval):
             wait()
