@@ -50,16 +50,7 @@ if run_type:  # dag.test() makes manual runs: make this one of the given type, a
     dagrun_module.get_or_create_dagrun = typed_run
     import airflow.models.dag as dag_module
     if hasattr(dag_module, "_get_or_create_dagrun"):  # Airflow 3.0: dag.test()'s helper lives there
-
-        def typed_run_30(*, dag, run_id, logical_date, run_after, start_date, **kw):
-            kind = DagRunType(run_type)
-            return dag.create_dagrun(
-                run_id=dagrun_module.DagRun.generate_run_id(run_type=kind, logical_date=logical_date,
-                                                            run_after=run_after),
-                logical_date=logical_date, run_after=run_after, run_type=kind, start_date=start_date or logical_date,
-                state=dagrun_module.DagRunState.RUNNING, **kw)
-
-        dag_module._get_or_create_dagrun = typed_run_30
+        dag_module._get_or_create_dagrun = typed_run  # (its extra arguments go through **kw)
     test_args["logical_date"] = datetime.datetime(2024, 6, 1, tzinfo=datetime.timezone.utc)  # a past interval
 run = dag.test(run_conf=conf or None, **test_args)
 tasks = {}
