@@ -195,14 +195,20 @@ def part_name(number: int, *, relation_version: int | None = None, attempt: str 
     ``attempt`` (a drain attempt's id, 8 lowercase hex digits) makes it
     ``v0003-part-00042-1a2b3c4d.parquet``, so two attempts at one window never write the
     same key."""
-    if not isinstance(number, int) or not 0 <= number < 10**PART_DIGITS:
-        raise LayoutError(f"part number must be 0..{10**PART_DIGITS - 1}, got {number!r}")
-    suffix = "" if attempt is None else "-" + validate_attempt(attempt)
+    name = _numbered("part", number, attempt, "parquet")
     if relation_version is None:
-        return f"part-{number:05d}{suffix}.parquet"
+        return name
     if not isinstance(relation_version, int) or not 0 <= relation_version < 10_000:
         raise LayoutError(f"relation version must be 0..9999, got {relation_version!r}")
-    return f"v{relation_version:04d}-part-{number:05d}{suffix}.parquet"
+    return f"v{relation_version:04d}-{name}"
+
+
+def _numbered(stem: str, number: int, attempt: str | None, extension: str) -> str:
+    """``{stem}-{number:05d}[-{attempt}].{extension}`` (a part's or a pack's name)."""
+    if not isinstance(number, int) or not 0 <= number < 10**PART_DIGITS:
+        raise LayoutError(f"{stem} number must be 0..{10**PART_DIGITS - 1}, got {number!r}")
+    suffix = "" if attempt is None else "-" + validate_attempt(attempt)
+    return f"{stem}-{number:05d}{suffix}.{extension}"
 
 
 _ATTEMPT_RE = re.compile(r"[0-9a-f]{8}")
@@ -412,10 +418,7 @@ class Layout:
     def window_pack(self, slot: str, window_seq: int, number: int, attempt: str | None = None) -> str:
         """``…/w=…/pack-{number:05d}[-{attempt}].pack``: a window's small parts, back to back
         (:mod:`.packs`)."""
-        if not isinstance(number, int) or not 0 <= number < 10**PART_DIGITS:
-            raise LayoutError(f"pack number must be 0..{10**PART_DIGITS - 1}, got {number!r}")
-        suffix = "" if attempt is None else "-" + validate_attempt(attempt)
-        return _checked(self.window_prefix(slot, window_seq) + f"pack-{number:05d}{suffix}.pack", self.bucket)
+        return _checked(self.window_prefix(slot, window_seq) + _numbered("pack", number, attempt, "pack"), self.bucket)
 
     def parse_window_key(self, slot: str, key: str) -> int:
         """The window_seq of any key under ``changes/w=…/``."""
