@@ -350,7 +350,6 @@ class WindowRun:
         for (schema, table), refused in refused_tables.items():
             out["tables"].append({"schema": schema, "table": table, "rows": 0, "bytes": 0,
                                   "relation_versions": [], REFUSED_FIELD: refused})
-        _while_pumping(writer.written, pump)  # every part and pack durably written (what after-parts means)
         fault_point(FaultPoint.DRAIN_AFTER_PARTS, log)
         # before anything is committed or confirmed: the publications still cover the pipeline
         # (dropped or altered during the window?); the query also proves the catalog session,

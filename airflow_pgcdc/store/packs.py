@@ -130,9 +130,8 @@ class PartPacker:
     """Collects a window's small finished parts (:meth:`add`) and writes them as pack
     objects: ``key_for(number)`` names pack ``number``, ``put(key, body)`` writes it. A pack
     is written as soon as the parts waiting reach ``max_pack_bytes`` (so the parts held in
-    memory stay under it, whatever the number of tables); :meth:`close` places the rest and
-    hands back the writing of the last pack, for the caller to run when it likes (the window
-    writer overlaps it with the manifest's making). Parts are packed in the order added."""
+    memory stay under it, whatever the number of tables), the rest by :meth:`write` at the
+    window's end. Parts are packed in the order added."""
 
     def __init__(self, key_for: Callable[[int], str], put: Callable[[str, bytes], None], *,
                  max_pack_bytes: int = PACK_MAX_BYTES) -> None:
@@ -152,14 +151,13 @@ class PartPacker:
             self._members.append((key, len(self._body), len(body)))
             self._body += body
 
-    def close(self) -> tuple[dict[str, tuple[str, int, int]], Callable[[], None] | None]:
-        """``({part key: (pack key, offset, length)} of every part added, write)``: ``write()``
-        writes the last pack (``None`` when every pack is written)."""
+    def write(self) -> dict[str, tuple[str, int, int]]:
+        """Write the parts still waiting: ``{part key: (pack key, offset, length)}`` of every
+        part added."""
         with self._lock:
-            if not self._members:
-                return dict(self._placed), None
-            key, body = self._place()
-            return dict(self._placed), lambda: self._put(key, body)
+            if self._members:
+                self._put(*self._place())
+            return dict(self._placed)
 
     def discard(self) -> None:
         with self._lock:

@@ -669,10 +669,8 @@ class WindowWriter:
     A finished part's upload is completed by one of ``upload_threads`` threads
     (:class:`_Completions`; 0: in the writer thread), so a window of many small parts
     does not wait for each request in turn; parts of at most ``pack_max_part_bytes`` go into
-    the window's pack objects instead (:mod:`.packs`). :meth:`commit` writes the manifest only
-    once every part is durably written (:meth:`written`), and raises if any is not (the window
-    then fails); :meth:`finish` may return while uploads still run (the drain waits for them
-    with :meth:`written` before its last checks and the manifest).
+    the window's pack objects instead (:mod:`.packs`); :meth:`finish` returns only once every
+    part and pack is durably written, and raises if any is not (the window then fails).
     """
 
     def __init__(
@@ -698,7 +696,6 @@ class WindowWriter:
         # a pack is written once its parts reach a quarter of the memory budget (they wait in memory)
         self._packer = (PartPacker(self._pack_key, self._write_pack, max_pack_bytes=max(pack_max_part_bytes, min(
             PACK_MAX_BYTES, memory_budget // 4))) if pack_max_part_bytes > 0 else None)
-        self._last_pack: Future | None = None  # the last pack's upload, overlapping the manifest's making
         self.attempt = validate_attempt(attempt) if attempt is not None else None
         self.memory_budget = memory_budget
         self._open_total = 0  # sum of open_bytes over the open parts
@@ -747,24 +744,12 @@ class WindowWriter:
         self._put(("declare", version), wait)
 
     def finish(self, wait: Callable[[], None]) -> dict[str, Any]:
-        """Close every part; returns ``{"tables", "messages", "prepared", "bytes"}``. Uploads
-        may still be completing: :meth:`written` (which :meth:`commit` calls first) waits for
-        them."""
+        """Close every part; returns ``{"tables", "messages", "prepared", "bytes"}``."""
         self._put(("finish",), wait)
         while not self._done.wait(self.wait_interval):
             wait()
         self._raise()
         return self._result
-
-    def written(self) -> None:
-        """Wait until every part and pack is durably written; raise the first failure (the
-        window then fails: no manifest, no acknowledgement)."""
-        try:
-            self._completions.wait()
-        finally:
-            last, self._last_pack = self._last_pack, None
-            if last is not None:
-                last.result()
 
     def abort(self) -> None:
         try:
@@ -777,7 +762,6 @@ class WindowWriter:
         """Write the manifest with If-None-Match: True if this call committed the window
         (also when the put was retried after a success the client did not see: the
         manifest found is then byte for byte this one)."""
-        self.written()  # every part it lists first
         key = self.layout.window_manifest(self.slot, self.window_seq)
         return s3store.commit_if_absent(
             self.client, self.layout.bucket, key, manifest.to_json().encode("utf-8"),
@@ -977,11 +961,7 @@ class WindowWriter:
         total = 0
         closed = [(out, out.parts.close()) for out in self._order]
         messages = self._messages.close() if self._messages is not None else []
-        placed, write_last = self._packer.close() if self._packer is not None else ({}, None)
-        if write_last is not None:  # uploaded while the caller makes the manifest; commit() waits for it
-            pool = ThreadPoolExecutor(1, thread_name_prefix="pgcdc-pack-upload")
-            self._last_pack = pool.submit(write_last)
-            pool.shutdown(wait=False)
+        placed = self._packer.write() if self._packer is not None else {}
 
         def entry_of(p) -> dict[str, Any]:
             d = p.to_dict(self.base)
@@ -1006,6 +986,7 @@ class WindowWriter:
         messages_parts = [entry_of(p) for p in messages]
         total += sum(p["bytes"] for p in messages_parts)
         total += sum(p["bytes"] for p in self._prepared)
+        self._completions.wait()  # every part durably written, or the window fails here
         return {
             "tables": list(tables.values()),
             "messages_parts": messages_parts,

@@ -49,12 +49,6 @@ def _version(i: int) -> RelationVersion:
     return RelationVersion(16384 + i, "public", f"t{i}", "d", cols, (True, False))
 
 
-def _manifest(w: WindowWriter):
-    from airflow_pgcdc.store.window import WindowManifest
-
-    return WindowManifest(slot="s1", window_seq=0, start_lsn="0/1", end_lsn="0/2", end_reason="x")
-
-
 def _part_bytes(client: FakeS3, w: WindowWriter, p: dict) -> bytes:
     """A manifest part's bytes: its object, or its range of a pack."""
     body = client.objects[w.base + p["path"]]
@@ -70,14 +64,13 @@ def _fill(writer: WindowWriter, tables: int, rows: int = 3) -> None:
         writer.submit_rows(rv, buf.take(), lambda: None)
 
 
-def test_parts_are_completed_concurrently_and_all_before_the_commit() -> None:
+def test_parts_are_completed_concurrently_and_all_before_finish_returns() -> None:
     # four puts must be in flight at once to pass the barrier: one at a time breaks it
     client = FakeS3(barrier=threading.Barrier(4, timeout=30))
     w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd", upload_threads=4,
                      pack_max_part_bytes=0)  # every part its own object (packs: below)
     _fill(w, 8)
     out = w.finish(lambda: None)
-    w.written()  # what commit() waits for before the manifest
     assert client.most_in_flight >= 4
     keys = [w.base + p["path"] for t in out["tables"] for v in t["relation_versions"] for p in v["parts"]]
     assert len(keys) == 8 and set(keys) == set(client.objects)
@@ -92,7 +85,6 @@ def test_in_flight_completions_are_bounded() -> None:
                      pack_max_part_bytes=0)
     _fill(w, 40)
     w.finish(lambda: None)
-    w.written()
     assert 1 <= client.most_in_flight <= 3
     assert len(client.objects) == 40
 
@@ -105,7 +97,6 @@ def test_a_failed_part_fails_the_window(threads: int) -> None:
     _fill(w, 12)
     with pytest.raises(StoreError, match="injected failure"):
         w.finish(lambda: None)
-        w.commit(_manifest(w))
     assert not any(k.endswith("_manifest.json") for k in client.objects)
 
 
@@ -137,7 +128,6 @@ def test_a_tables_parts_share_one_encoding_choice_on_a_bounded_sample(monkeypatc
             seq += 1
         w.submit_rows(rv, buf.take(), lambda: None, settle=True)
     out = w.finish(lambda: None)
-    w.written()
     parts = out["tables"][0]["relation_versions"][0]["parts"]
     assert len(parts) >= 2
     assert counted == [wstore.ENCODING_SAMPLE_ROWS]  # once, for every part
@@ -204,7 +194,6 @@ def test_window_row_groups_are_small_and_uploaded_as_they_are_written() -> None:
             seq += 1
         w.submit_rows(rv, buf.take(), lambda: None)
     out = w.finish(lambda: None)
-    w.written()
     (part,) = out["tables"][0]["relation_versions"][0]["parts"]
     key = w.base + part["path"]
     meta = pq.ParquetFile(io.BytesIO(client.objects[key])).metadata
@@ -233,7 +222,6 @@ def test_small_parts_are_written_as_one_pack_each_a_whole_parquet_file() -> None
     w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd")
     _fill(w, 30, rows=4)
     out = w.finish(lambda: None)
-    w.written()
     assert list(client.objects) == [w.base + "pack-00000-0123abcd.pack"]
     entries = {t["table"]: v["parts"] for t in out["tables"] for v in t["relation_versions"]}
     assert len(entries) == 30 and all(len(p) == 1 for p in entries.values())
@@ -260,7 +248,6 @@ def test_a_part_over_the_limit_stays_its_own_object_and_the_fault_hook_sees_ever
         buf.add("I", (str(r), __import__("os").urandom(16).hex()), None, 100, r, 7, None)  # ~100 kB
     w.submit_rows(big, buf.take(), lambda: None)
     out = w.finish(lambda: None)
-    w.written()
     parts = {t["table"]: v["parts"][0] for t in out["tables"] for v in t["relation_versions"]}
     assert parts["t9"].get("offset") is None and parts["t9"]["path"].startswith("public.t9/")
     assert {parts[f"t{i}"]["path"] for i in range(3)} == {"pack-00000-0123abcd.pack"}
@@ -272,9 +259,8 @@ def test_a_failed_pack_fails_the_window() -> None:
     client = FakeS3(fail=("pack-",))
     w = WindowWriter(client, Layout.parse("s3://bkt/lake"), "s1", 0, attempt="0123abcd")
     _fill(w, 5)
-    w.finish(lambda: None)  # the last pack still uploading
     with pytest.raises(StoreError, match="injected failure"):
-        w.commit(_manifest(w))
+        w.finish(lambda: None)
     assert not client.objects, "no manifest"
 
 
@@ -286,12 +272,10 @@ def test_packs_split_at_their_size_and_references_name_a_range() -> None:
     for i, body in enumerate([b"aaaa", b"bbbb", b"cccc", b"dddddddddddd"]):
         packer.add(f"k{i}", body)
     assert written == {"p0": b"aaaabbbb", "p1": b"cccc"}, "full packs are written as they fill"
-    placed, write_last = packer.close()
-    assert "p2" not in written
-    write_last()
+    placed = packer.write()
     assert written == {"p0": b"aaaabbbb", "p1": b"cccc", "p2": b"dddddddddddd"}
     assert placed == {"k0": ("p0", 0, 4), "k1": ("p0", 4, 4), "k2": ("p1", 0, 4), "k3": ("p2", 0, 12)}
-    assert PartPacker(lambda n: "x", written.__setitem__).close() == ({}, None)
+    assert PartPacker(lambda n: "x", written.__setitem__).write() == {}
     ref = part_ref("bkt/w/", {"path": "pack-00000.pack", "offset": 4, "length": 4})
     assert ref == "bkt/w/pack-00000.pack#range=4-4" and split_ref(ref) == ("bkt/w/pack-00000.pack", 4, 4)
     assert split_ref("bkt/w/public.t/v0000-part-00000.parquet") == ("bkt/w/public.t/v0000-part-00000.parquet",
