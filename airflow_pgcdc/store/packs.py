@@ -70,7 +70,7 @@ PACK_CACHE_BYTES = 256 << 20
 _packs: OrderedDict[str, bytes] = OrderedDict()
 _packs_lock = threading.Lock()
 _loading: dict[str, threading.Lock] = {}
-_ranged: set[str] = set()  # packs over WHOLE_PACK_BYTES: read by range
+_ranged: set[str] = set()  # packs read by range: over WHOLE_PACK_BYTES, or dropped from the cache
 
 
 def open_part(fs: Any, ref: str):
