@@ -123,6 +123,7 @@ def child(spec: dict) -> int:
         stats = pstats.Stats(profiles[0])
         for p in profiles[1:]:
             stats.add(p)
+        Path(spec["profile"]).parent.mkdir(parents=True, exist_ok=True)
         stats.dump_stats(spec["profile"])
     ru1 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
     cpu = sum((b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime) for a, b in zip(ru0, ru1, strict=True))

@@ -18,7 +18,7 @@ from airflow_pgcdc.lake.tables import app_id, delta_table_url, legacy_delta_tabl
 from airflow_pgcdc.store import s3 as s3store
 
 __all__ = [
-    "CHECKPOINT_RE", "COMMIT_RE", "NONE_MERGED", "creator_slot", "data_files", "foreign_creator",
+    "CHECKPOINT_RE", "COMMIT_RE", "NONE_MERGED", "app_version", "creator_slot", "data_files", "foreign_creator",
     "latest_version", "merge_progress", "merged_version", "object_sizes", "open_table", "table_figures",
     "table_url", "unreadable_features",
 ]
@@ -128,9 +128,26 @@ NONE_MERGED = -1
 inside window 0 (:mod:`airflow_pgcdc.merge.point`), or a rebuilt table that merged none swapped in."""
 
 
+def app_version(table, app: str) -> int | None:
+    """``table.transaction_version(app)`` (``table``: a ``DeltaTable``), read once per version
+    of the handle: delta-rs answers each call by scanning the loaded log's app transactions
+    (~1.5 ms), and a merged table asks up to five times. The answers are kept on the handle
+    for the version it has loaded; a commit or a reload changes that version, and the next
+    call reads again."""
+    loaded = table.version()
+    cached = getattr(table, "_pgcdc_app_versions", None)
+    if cached is None or cached[0] != loaded:
+        cached = (loaded, {})
+        table._pgcdc_app_versions = cached
+    versions = cached[1]
+    if app not in versions:
+        versions[app] = table.transaction_version(app)
+    return versions[app]
+
+
 def merged_version(table, app: str) -> int | None:
     """The last window merged into ``table`` (its app transaction version), or ``None``."""
-    version = None if table is None else table.transaction_version(app)
+    version = None if table is None else app_version(table, app)
     return None if version is None or version <= NONE_MERGED else version
 
 

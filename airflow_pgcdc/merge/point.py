@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN, COMMIT_TS
+from airflow_pgcdc.lake.inspect import app_version
 from airflow_pgcdc.lake.tables import cut_app
 from airflow_pgcdc.merge.errors import PointError
 from airflow_pgcdc.protocol.lsn import LSN
@@ -71,7 +72,7 @@ def applied_until(dt, app: str, last_merged: int | None) -> int | None:
     version) is already applied, when an until-merge cut it; else ``None``."""
     if dt is None:
         return None
-    return dt.transaction_version(cut_app(app, 0 if last_merged is None else last_merged + 1))
+    return app_version(dt, cut_app(app, 0 if last_merged is None else last_merged + 1))
 
 
 def past_the_point(point: Point, since: int | None, last_merged: int | None, applied: int | None) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_pgcdc.lake.inspect import NONE_MERGED, merged_version, unreadable_features
+from airflow_pgcdc.lake.inspect import NONE_MERGED, app_version, merged_version, unreadable_features
 from airflow_pgcdc.merge.clauses import MergeSpec
 from airflow_pgcdc.merge.errors import MergeError
 
@@ -107,9 +107,9 @@ def commit_once(run, table, *, url: str, app: str, version: int,
         if not cut:
             done = merged_version(table, app)
             return done if done is not None and done >= version else None
-        raw = table.transaction_version(app)
+        raw = app_version(table, app)
         raw = NONE_MERGED if raw is None else raw
-        if raw > version or (raw == version and all((table.transaction_version(a) or -1) >= v
+        if raw > version or (raw == version and all((app_version(table, a) or -1) >= v
                                                     for a, v in cut.items())):
             return raw
         return None
