@@ -56,6 +56,10 @@ class Pipeline:
         ["col", ...]}`` (values the type map cannot carry: see docs/types.md); given to
         the snapshot, the drain and the resync alike
     :param engine: the merge engine (``None``: the job's default, delta-rs)
+    :param change_data_feed: the Delta tables get the change data feed (every merge of the
+        pipeline's DAGs: ``--change-data-feed``)
+    :param table_options: a table's own value of a merge option over the pipeline's,
+        ``{"schema.table": {"change_data_feed": false}}`` (``--table-option``)
     :param tags: extra tags of every DAG
     """
 
@@ -79,6 +83,8 @@ class Pipeline:
     retention_hours: float = 168
     as_text: Mapping[str, Sequence[str]] | None = None
     engine: str | None = None
+    change_data_feed: bool = False
+    table_options: Mapping[str, Mapping[str, Any]] | None = None
     tags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -117,6 +123,16 @@ class Pipeline:
                     for cols in self.as_text.values()):
                 raise bad("as_text", f"must map schema.table to a list of column names, got {self.as_text!r}")
             object.__setattr__(self, "as_text", {str(t): list(c) for t, c in self.as_text.items()})
+        if not isinstance(self.change_data_feed, bool):
+            raise bad("change_data_feed", f"must be true or false, got {self.change_data_feed!r}")
+        if self.table_options is not None:
+            from airflow_pgcdc.merge.options import BadMergeOption, MergeOptions
+
+            try:
+                checked = MergeOptions(table_options=self.table_options).table_options
+            except BadMergeOption as e:
+                raise bad("table_options", str(e)) from None
+            object.__setattr__(self, "table_options", checked or None)
 
     def dag_id(self, kind: str) -> str:
         return f"{self.name}_{kind}"

@@ -4,7 +4,7 @@ literals never come from data in the SQL the jobs build."""
 
 from __future__ import annotations
 
-__all__ = ["DIALECTS", "quote_ident"]
+__all__ = ["DIALECTS", "quote_ident", "quote_literal"]
 
 
 DIALECTS = ("delta-rs", "spark")
@@ -18,3 +18,15 @@ def quote_ident(name: str, dialect: str) -> str:
         return "`" + name.replace("`", "``") + "`"
     raise ValueError(f"unknown SQL dialect {dialect!r} (expected one of {DIALECTS})")
 
+
+def quote_literal(value: str, dialect: str) -> str:
+    """The one string-literal quoting function of the merge's SQL: Spark SQL reads a
+    backslash as an escape (so both it and the quote are escaped by one), DataFusion
+    (delta-rs) the SQL standard's doubled quote."""
+    if not isinstance(value, str) or "\x00" in value:
+        raise ValueError(f"a SQL string literal must be a str without NUL bytes, got {value!r}")
+    if dialect == "delta-rs":
+        return "'" + value.replace("'", "''") + "'"
+    if dialect == "spark":
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    raise ValueError(f"unknown SQL dialect {dialect!r} (expected one of {DIALECTS})")

@@ -8,9 +8,15 @@ from __future__ import annotations
 from airflow_pgcdc.store.layout import encode_table_segment
 
 __all__ = [
-    "CHANGELOG_SUFFIX", "RESYNC_APP_SUFFIX", "SCD2_SUFFIX", "app_id", "changelog_url", "cut_app",
+    "CHANGELOG_SUFFIX", "CHANGE_DATA_FEED", "RESYNC_APP_SUFFIX", "SCD2_SUFFIX", "app_id", "changelog_url", "cut_app",
     "delta_table_url", "legacy_delta_table_url", "scd2_url", "shared_legacy_places",
 ]
+
+
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+"""The Delta table property of the change data feed (``--change-data-feed``): each commit
+also writes what it changed (``_change_data/``), read by ``readChangeFeed`` / ``table_changes``
+or delta-rs' ``load_cdf``."""
 
 
 def app_id(slot: str, schema: str, table: str) -> str:

@@ -74,6 +74,8 @@ class JobContext:
     target_file_mb: float = DEFAULT_TARGET_FILE_MB
     # delta-spark: tables get deletion vectors (--deletion-vectors)
     deletion_vectors: bool = False
+    # the job's MergeOptions: what each table asks for itself (for_table: the change data feed)
+    options: Any = None
     # a replay to a point (merge/point.py: --until-lsn/--until-time), resolved by the job,
     # which then reads every window manifest (the tables index would skip the point's)
     point: Any = None
@@ -168,6 +170,11 @@ class JobContext:
             url = self.urls[(schema, table)] = table_url(
                 self.delta, schema, table, self.storage, shared=(schema, table) in self.legacy_shared)
         return url
+
+    def wants_change_data_feed(self, name: str) -> bool:
+        """Whether the Delta table of ``name`` (``schema.table``) is to have the change data
+        feed (``--change-data-feed``, or the table's own ``--table-option``)."""
+        return bool(self.options is not None and self.options.for_table(name, "change_data_feed"))
 
     def open(self, url: str):
         """The Delta table at ``url`` (``None`` when there is none)."""

@@ -105,7 +105,7 @@ from airflow_pgcdc.merge.point import (
 )
 from airflow_pgcdc.merge.results import FAILED_NAMED, write_detail
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
-from airflow_pgcdc.merge.schema import merge_key_columns
+from airflow_pgcdc.merge.schema import merge_key_columns, with_change_data_feed
 from airflow_pgcdc.merge.sinks.engines import sink_class
 from airflow_pgcdc.merge.sinks.table import (
     append_only,
@@ -233,7 +233,7 @@ def merge_slot(
         storage=s3store.delta_storage_options(settings), slot=slot, delta=delta,
         run_id=new_run_id(), s3_options=s3_options(settings), engine=engine, history=history,
         reader=reader, target_file_mb=target_file_mb, deletion_vectors=bool(deletion_vectors),
-        driver_rows=driver_rows,
+        driver_rows=driver_rows, options=o,
     )
     ctx.sink = sink_cls(ctx)
     ctx.table_workers = table_workers
@@ -414,6 +414,7 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
             f"{url} already holds changes after {ctx.point.asked} (LSN {ctx.point.text}): {past}; a merge "
             "never takes changes back out", hint=f"pgcdc rebuild --tables {shell_qualified(schema, table)} "
                                                  "with the same --until-… builds it as of the point and swaps it in")
+    dt = with_change_data_feed(ctx, name, url, dt)  # asked for now, the table made before (or without it)
     # slices (pgcdc resync --where) to upsert: the batch starts where the oldest one's copy ends,
     # every window's rows from there (a slice's key takes every change after its point; applying
     # the other keys' changes again is idempotent: slices need a key), all through the last one

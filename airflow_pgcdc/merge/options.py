@@ -20,7 +20,8 @@ from typing import Any, ClassVar
 from airflow_pgcdc.merge.errors import MergeError
 from airflow_pgcdc.options import JobOptions
 
-__all__ = ["ENGINES", "HISTORIES", "READERS", "BadMergeOption", "MergeOptions", "MergeResult", "TableResult"]
+__all__ = ["ENGINES", "HISTORIES", "READERS", "TABLE_OPTIONS", "BadMergeOption", "MergeOptions", "MergeResult",
+           "TableResult"]
 
 
 ENGINES = ("delta-rs", "delta-spark")
@@ -44,6 +45,42 @@ def parse_keys(items: Sequence[str] | None) -> dict[str, list[str]]:
             raise argparse.ArgumentTypeError(f"--key expects schema.table=col1[,col2...], got {item!r}")
         out[table] = names
     return out
+
+
+TABLE_OPTIONS: dict[str, type] = {"change_data_feed": bool}
+"""The merge's options a table may set for itself (:attr:`MergeOptions.table_options`,
+``--table-option SCHEMA.TABLE:NAME=VALUE``), over the pipeline's: each one's type."""
+
+
+def parse_table_options(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
+    """``schema.table:name=value`` items (``--table-option``) → ``{"schema.table": {name: value}}``,
+    each value read as :data:`TABLE_OPTIONS` types it (:class:`BadMergeOption` otherwise)."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items or ():
+        left, eq, value = item.partition("=")
+        table, colon, name = left.rpartition(":")
+        if not eq or not colon or not table or not name:
+            raise BadMergeOption(f"--table-option expects SCHEMA.TABLE:NAME=VALUE, got {item!r}",
+                                 hint=f"NAME is one of {', '.join(TABLE_OPTIONS)}")
+        out.setdefault(table, {})[name.strip()] = value.strip()
+    return out
+
+
+def _table_option_value(table: str, name: str, value: Any) -> Any:
+    kind = TABLE_OPTIONS.get(name)
+    if kind is None:
+        raise BadMergeOption(f"table_options[{table!r}]: unknown option {name!r}",
+                             hint=f"a table may set {', '.join(TABLE_OPTIONS)}")
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise BadMergeOption(f"table_options[{table!r}][{name!r}] must be true or false, got {value!r}")
+    return kind(value)
 
 
 class BadMergeOption(MergeError, ValueError):
@@ -78,6 +115,8 @@ class MergeOptions(JobOptions):
     lock_wait: float | None = None
     until_lsn: str | None = None
     until_time: str | datetime | None = None
+    change_data_feed: bool = False
+    table_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.tables is not None:
@@ -115,6 +154,23 @@ class MergeOptions(JobOptions):
         if self.until_lsn and self.until_time:
             raise BadMergeOption("give until_lsn or until_time, not both (--until-lsn, --until-time)")
         self._put("deletion_vectors", bool(self.deletion_vectors))
+        self._put("change_data_feed", bool(self.change_data_feed))
+        per_table: dict[str, dict[str, Any]] = {}
+        if not isinstance(self.table_options or {}, Mapping):
+            raise BadMergeOption(f"table_options must map schema.table to its options, got {self.table_options!r}",
+                                 hint="e.g. {'shop.orders': {'change_data_feed': False}}")
+        for table, given in (self.table_options or {}).items():
+            if not isinstance(table, str) or "." not in table or not isinstance(given, Mapping):
+                raise BadMergeOption(f"table_options: {table!r} must be a schema.table name mapped to its options, "
+                                     f"got {given!r}", hint="--table-option SCHEMA.TABLE:NAME=VALUE")
+            per_table[table] = {name: _table_option_value(table, name, v) for name, v in given.items()}
+        self._put("table_options", per_table)
+
+    def for_table(self, name: str, option: str) -> Any:
+        """``option`` (one of :data:`TABLE_OPTIONS`) for the table ``name`` (``schema.table``):
+        its own value (:attr:`table_options`), else the pipeline's."""
+        own = self.table_options.get(name, {})
+        return own[option] if option in own else getattr(self, option)
 
     @classmethod
     def from_args(cls, args: Any) -> MergeOptions:
@@ -124,7 +180,8 @@ class MergeOptions(JobOptions):
                    engine=pick("engine") or "delta-rs", history=pick("history"), reader=pick("reader") or "python",
                    target_file_mb=pick("target_file_mb"), deletion_vectors=bool(pick("deletion_vectors")),
                    driver_rows=pick("driver_rows"), table_workers=pick("table_workers"), until_lsn=pick("until_lsn"),
-                   until_time=pick("until_time"))
+                   until_time=pick("until_time"), change_data_feed=bool(pick("change_data_feed")),
+                   table_options=parse_table_options(pick("table_option")))
 
     def to_args(self) -> list[str]:
         """``spark_app.py``'s arguments for these options (the defaults left out); parsed back
@@ -145,6 +202,11 @@ class MergeOptions(JobOptions):
             args += ["--target-file-mb", f"{self.target_file_mb:g}"]
         if self.deletion_vectors:
             args.append("--deletion-vectors")
+        if self.change_data_feed:
+            args.append("--change-data-feed")
+        for table, given in self.table_options.items():
+            for name, value in given.items():
+                args += ["--table-option", f"{table}:{name}={str(value).lower() if isinstance(value, bool) else value}"]
         if self.driver_rows is not None:
             args += ["--driver-rows", str(self.driver_rows)]
         if self.table_workers is not None:

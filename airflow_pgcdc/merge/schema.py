@@ -17,6 +17,7 @@ from airflow_pgcdc.changes.rows import (
     OLD_PREFIX,
 )
 from airflow_pgcdc.lake.inspect import open_table
+from airflow_pgcdc.lake.tables import CHANGE_DATA_FEED
 from airflow_pgcdc.lake.types import to_delta_schema
 from airflow_pgcdc.merge.compact import toastable
 from airflow_pgcdc.merge.context import (
@@ -115,6 +116,21 @@ def with_deletion_vectors(ctx: JobContext, name: str, url: str, dt):
     log.info("%s: turning deletion vectors on for %s (its readers must support the deletionVectors feature)",
              name, url)
     deltaspark.enable_deletion_vectors(ctx.spark, deltaspark.s3a(url))
+    dt.update_incremental()
+    return dt
+
+
+def with_change_data_feed(ctx: JobContext, name: str, url: str, dt):
+    """``dt``, with the change data feed turned on first when the job asks it for the table
+    (``--change-data-feed``, ``--table-option``) and the table (created before, or without
+    it) has it off; returns the reloaded table. Never turned off here: a table keeps the
+    feed its readers follow (the property is the user's to unset)."""
+    if dt is None or not ctx.wants_change_data_feed(name):
+        return dt
+    if str((dt.metadata().configuration or {}).get(CHANGE_DATA_FEED, "")).lower() == "true":
+        return dt
+    log.info("%s: turning the change data feed on for %s (changes from this merge on are in it)", name, url)
+    ctx.sink.enable_change_data_feed(url, dt)
     dt.update_incremental()
     return dt
 
@@ -222,7 +238,8 @@ def evolve(ctx: JobContext, plan: TablePlan, url: str, dt, fields: list[pa.Field
     if dt is None:
         deltars.bootstrap(
             url, pa.RecordBatchReader.from_batches(pa.schema(fields), iter(())),
-            storage_options=ctx.storage, configuration=ctx.sink.properties(fields, by="delta-rs"),
+            storage_options=ctx.storage, configuration=ctx.sink.properties(fields, by="delta-rs",
+                                                                           table=plan.qualified_name),
             metadata={"pgcdc.slot": ctx.slot, **created},
         )
         return open_table(url, ctx.storage), []

@@ -51,6 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="delta-spark only: Delta tables get deletion vectors (delta.enableDeletionVectors), "
                    "so a MERGE marks changed rows deleted instead of rewriting every file they are in; "
                    "readers must support the deletionVectors feature (see docs/store-format.md)")
+    p.add_argument("--change-data-feed", action="store_true",
+                   help="Delta tables get the change data feed (delta.enableChangeDataFeed): each merge also "
+                   "records what it changed, for readChangeFeed / table_changes readers; turned on for existing "
+                   "tables at their next merge (see docs/operations.md)")
+    p.add_argument("--table-option", action="append", metavar="SCHEMA.TABLE:NAME=VALUE",
+                   help="a table's own value of a merge option, over the pipeline's (NAME: change_data_feed); "
+                   "repeatable")
     p.add_argument("--history", choices=("changelog", "scd2"),
                    help="also keep a history table: changelog = every change row appended to "
                    "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")

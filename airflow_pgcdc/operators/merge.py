@@ -57,6 +57,7 @@ from airflow_pgcdc.operators.values import (
     checked,
     columns_per_table,
     flag,
+    mapping,
     number,
     rendered_options,
     templated,
@@ -162,6 +163,8 @@ def merge_application_args(
     driver_rows: int | None = None,
     until_lsn: str | None = None,
     until_time: str | None = None,
+    change_data_feed: bool = False,
+    table_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[str]:
     """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`):
     the merge's options through :meth:`~airflow_pgcdc.merge.options.MergeOptions.to_args`, their
@@ -170,7 +173,7 @@ def merge_application_args(
     options = MergeOptions.of(
         tables=tables, keys=keys, max_windows=max_windows, history=history, engine=engine, reader=reader,
         target_file_mb=target_file_mb, deletion_vectors=deletion_vectors, driver_rows=driver_rows,
-        until_lsn=until_lsn, until_time=until_time)
+        until_lsn=until_lsn, until_time=until_time, change_data_feed=change_data_feed, table_options=table_options)
     return ["--store", store, "--slot", slot, "--delta", delta, *options.to_args()]
 
 
@@ -341,6 +344,12 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     :param driver_rows: with the delta-rs engine, a table's batch of at most this many change
         rows is compacted on the driver in Arrow, without a Spark job (``--driver-rows``;
         default the job's, 20,000; 0: every batch through Spark; templated)
+    :param change_data_feed: the Delta tables get the change data feed
+        (``--change-data-feed``; turned on for existing tables at their next merge;
+        templated: ``"true"``/``"false"``)
+    :param table_options: a table's own value of an option, over the pipeline's,
+        ``{"schema.table": {"change_data_feed": False}}`` (``--table-option``; templated:
+        the mapping as JSON or a Python literal)
     :param aws_conn_id: Airflow ``aws`` connection for S3 (login = access key id,
         password = secret key, extras ``endpoint_url``, ``region_name``); ``None``: the
         worker's environment (boto3's conventions) is inherited by spark-submit (templated)
@@ -368,7 +377,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "keys", "max_windows",
         "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows", "aws_conn_id", "conn_id",
-        "until_lsn", "until_time", "options", "xcom_tables",
+        "until_lsn", "until_time", "options", "xcom_tables", "change_data_feed", "table_options",
     )
     ui_color = "#fdebd0"
 
@@ -389,6 +398,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         driver_rows: int | None = None,
         until_lsn: str | None = None,
         until_time: str | None = None,
+        change_data_feed: bool | str = False,
+        table_options: Mapping[str, Mapping[str, Any]] | str | None = None,
         options: MergeOptions | Mapping[str, Any] | str | None = None,
         aws_conn_id: str | None = None,
         conn_id: str = "spark_default",
@@ -432,12 +443,15 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         # a replay to a point (merge/point.py), e.g. until_time="{{ data_interval_end }}"
         self.until_lsn = until_lsn
         self.until_time = until_time
+        self.change_data_feed = change_data_feed
+        self.table_options = table_options
         # the merge's options as one object or dict (templated: e.g. "{{ params.merge }}"),
         # instead of the fields above
         self.options = options
         fields = dict(tables=tables, keys=keys, max_windows=max_windows, history=history, engine=engine,
                       reader=reader, target_file_mb=target_file_mb, deletion_vectors=deletion_vectors,
-                      driver_rows=driver_rows, until_lsn=until_lsn, until_time=until_time)
+                      driver_rows=driver_rows, until_lsn=until_lsn, until_time=until_time,
+                      change_data_feed=change_data_feed, table_options=table_options)
         given = [name for name, value in fields.items() if value not in (None, False)]
         if options is not None and given:
             raise ValueError(f"give options or the merge's fields ({', '.join(given)}), not both")
@@ -455,7 +469,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             target_file_mb=None if templated(target_file_mb) else number(target_file_mb, float, "target_file_mb"),
             driver_rows=None if templated(driver_rows) else number(driver_rows, int, "driver_rows"),
             engine=None if engine in (None, "", "None") or templated(engine) else engine,
-            deletion_vectors=not templated(engine, deletion_vectors) and flag(deletion_vectors, "deletion_vectors"))
+            deletion_vectors=not templated(engine, deletion_vectors) and flag(deletion_vectors, "deletion_vectors"),
+            change_data_feed=not templated(change_data_feed) and flag(change_data_feed, "change_data_feed"),
+            table_options=None if templated(table_options) else mapping(table_options, "table_options"))
 
     # ------------------------------------------------------------------ building
 
@@ -560,6 +576,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             driver_rows=number(self.driver_rows, int, "driver_rows"),
             until_lsn=None if self.until_lsn in (None, "", "None") else str(self.until_lsn),
             until_time=None if self.until_time in (None, "", "None") else str(self.until_time),
+            change_data_feed=flag(self.change_data_feed, "change_data_feed"),
+            table_options=mapping(self.table_options, "table_options"),
         )
 
     def _xcom_tables(self) -> int:

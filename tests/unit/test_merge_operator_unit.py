@@ -490,3 +490,55 @@ def test_the_start_line_names_the_tables_and_windows_options_ask_for():
     assert fields._describe().endswith("(tables x.y, max windows all)")
     assert PgcdcSparkMergeOperator(task_id="m3", store="s3://b/cdc", slot="s", delta="s3://b/l")._describe() \
         .endswith("(tables all, max windows all)")
+
+
+def test_the_change_data_feed_and_a_table_s_own_options_reach_every_door(fake_spark):
+    """``change_data_feed`` and ``table_options``: the command line parses back to the same
+    options, a table's own value wins over the pipeline's, the operator (fields, or rendered
+    text) passes the same arguments, and bad ones fail when the DAG is parsed, by name."""
+    from airflow_pgcdc.dags.pipeline import Pipeline, PipelineConfigError
+    from airflow_pgcdc.merge.options import BadMergeOption, MergeOptions, parse_table_options
+
+    opts = MergeOptions(change_data_feed=True, table_options={"shop.orders": {"change_data_feed": "false"},
+                                                              "odd:schema.t": {"change_data_feed": True}})
+    assert opts.table_options == {"shop.orders": {"change_data_feed": False},
+                                  "odd:schema.t": {"change_data_feed": True}}
+    assert (opts.for_table("shop.orders", "change_data_feed"), opts.for_table("shop.items", "change_data_feed"),
+            opts.for_table("odd:schema.t", "change_data_feed")) == (False, True, True)
+    assert MergeOptions(table_options={"a.b": {"change_data_feed": True}}).for_table("a.c", "change_data_feed") is False
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    ns = parser.parse_args(["--store", "s3://b/p", "--slot", "s", "--delta", "s3://b/l", *opts.to_args()])
+    assert MergeOptions.from_args(ns) == opts
+    assert parse_table_options(["a:b.c:change_data_feed=on"]) == {"a:b.c": {"change_data_feed": "on"}}
+    for bad, message in ((["orders=true"], "SCHEMA.TABLE:NAME=VALUE"), (["shop.orders:cdf"], "SCHEMA.TABLE:NAME")):
+        with pytest.raises(BadMergeOption, match=message):
+            parse_table_options(bad)
+    for bad, message in (({"shop.orders": {"cdf": True}}, "unknown option 'cdf'"),
+                         ({"shop.orders": {"change_data_feed": "maybe"}}, "true or false"),
+                         ({"orders": {"change_data_feed": True}}, "schema.table"),
+                         ({"shop.orders": True}, "schema.table")):
+        with pytest.raises(BadMergeOption, match=message):
+            MergeOptions(table_options=bad)
+
+    by_fields = PgcdcSparkMergeOperator(task_id="f", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
+                                        change_data_feed=True,
+                                        table_options={"shop.orders": {"change_data_feed": False}})
+    templated_op = PgcdcSparkMergeOperator(task_id="t", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
+                                           change_data_feed="{{ params.cdf }}", table_options="{{ params.per }}")
+    templated_op.change_data_feed, templated_op.table_options = "true", "{'shop.orders': {'change_data_feed': False}}"
+    expected = ["--store", "s3://b/cdc", "--slot", "shop", "--delta", "s3://b/lake", "--change-data-feed",
+                "--table-option", "shop.orders:change_data_feed=false"]
+    assert by_fields._application_args() == expected
+    assert templated_op._application_args() == expected
+    assert {"change_data_feed", "table_options"} <= set(by_fields.template_fields)
+    with pytest.raises(BadMergeOption, match="unknown option 'cfd'"):
+        PgcdcSparkMergeOperator(task_id="b", store="s", slot="s", delta="d", table_options={"a.b": {"cfd": True}})
+
+    base = dict(slot="shop", publication="p", store="s3://b/cdc", delta="s3://b/lake")
+    p = Pipeline(**base, change_data_feed=True, table_options={"shop.orders": {"change_data_feed": False}})
+    assert p.table_options == {"shop.orders": {"change_data_feed": False}}
+    with pytest.raises(PipelineConfigError, match="table_options.*unknown option 'x'"):
+        Pipeline(**base, table_options={"shop.orders": {"x": 1}})
+    with pytest.raises(PipelineConfigError, match="change_data_feed must be true or false"):
+        Pipeline(**base, change_data_feed="yes")

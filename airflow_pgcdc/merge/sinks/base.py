@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_pgcdc.merge.context import JobContext
+    from airflow_pgcdc.lake.tables import CHANGE_DATA_FEED
+from airflow_pgcdc.merge.context import JobContext
 
 __all__ = ["Commit", "DeltaSink"]
 
@@ -65,15 +66,25 @@ class DeltaSink(ABC):
     # ``where``, in every writing method: ``(schema, table, label)``, the folder under the job's
     # staging prefix an engine that stages rows puts them in
 
-    def properties(self, fields: Sequence[pa.Field], *, by: str = "sink") -> dict[str, str] | None:
+    def properties(self, fields: Sequence[pa.Field], *, by: str = "sink",
+                   table: str | None = None) -> dict[str, str] | None:
         """The table properties of a table this job creates, the one place that decides them
         (a new property is added here, or in an engine's override). ``by``: what creates it:
         ``"sink"`` (this engine: a pipeline table's bootstrap), ``"history"`` (a changelog or
         SCD2 table), ``"delta-rs"`` (delta-rs whatever the engine: the empty table made at a
-        table's first change, a resync's replacement)."""
+        table's first change, a resync's replacement). ``table``: the pipeline table's
+        ``schema.table``, for what it asks for itself (the change data feed)."""
         from airflow_pgcdc.merge.schema import table_configuration
 
-        return table_configuration(list(fields))
+        conf = table_configuration(list(fields)) or {}
+        if by != "history" and table is not None and self.ctx.wants_change_data_feed(table):
+            conf[CHANGE_DATA_FEED] = "true"
+        return conf or None
+
+    def enable_change_data_feed(self, url: str, dt) -> None:
+        """Turn the change data feed on for the existing table ``dt`` at ``url`` (one commit
+        that sets the property and raises the protocol to what it needs)."""
+        dt.alter.set_table_properties({CHANGE_DATA_FEED: "true"}, raise_if_not_exists=False)
 
     def before_merge(self, name: str, url: str, dt):
         """``dt`` made ready for a MERGE of this job (the table reloaded if it changed)."""

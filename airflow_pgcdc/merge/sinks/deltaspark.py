@@ -267,7 +267,16 @@ def has_deletion_vectors(dt) -> bool:
 def enable_deletion_vectors(spark, path: str) -> None:
     """Turn deletion vectors on for the existing Delta table at ``path`` (one commit that
     sets the property and upgrades the protocol; repeating it changes nothing)."""
-    spark.sql(f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')").collect()
+    set_property(spark, path, DELETION_VECTORS, "true")
+
+
+def set_property(spark, path: str, name: str, value: str) -> None:
+    """Set the table property ``name`` of the Delta table at ``path`` (one commit; Delta
+    raises the protocol when the property needs it)."""
+    from airflow_pgcdc.lake.sql import quote_literal
+
+    spark.sql(f"ALTER TABLE {table_ref(path)} SET TBLPROPERTIES ({quote_literal(name, 'spark')} = "
+              f"{quote_literal(value, 'spark')})").collect()
 
 
 def needs_column_mapping(schema) -> bool:

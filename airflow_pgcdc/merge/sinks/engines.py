@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from airflow_pgcdc.faults import FaultPoint, fault_point
 from airflow_pgcdc.lake.sizing import target_bytes
+from airflow_pgcdc.lake.tables import CHANGE_DATA_FEED
 from airflow_pgcdc.merge import pruning
 from airflow_pgcdc.merge.context import read_files, sorted_by_key, spark_commit_once, stage
 from airflow_pgcdc.merge.errors import MergeError
@@ -161,15 +162,22 @@ class DeltaSparkSink(DeltaSink):
     needs_jars = True
     concurrent_tables = False
 
-    def properties(self, fields, *, by="sink"):
+    def properties(self, fields, *, by="sink", table=None):
         """The common properties, and deletion vectors on the tables this engine creates when
         the job asks for them (``--deletion-vectors``)."""
         from airflow_pgcdc.merge.sinks.deltaspark import DELETION_VECTORS
 
-        conf = super().properties(fields, by=by) or {}
+        conf = super().properties(fields, by=by, table=table) or {}
         if by == "sink" and self.ctx.deletion_vectors:
             conf[DELETION_VECTORS] = "true"
         return conf or None
+
+    def enable_change_data_feed(self, url, dt):
+        """Through Delta's Spark engine (a table it wrote may have features delta-rs does not
+        write), under the Delta root's lock the job holds."""
+        from airflow_pgcdc.merge.sinks import deltaspark
+
+        deltaspark.set_property(self.ctx.spark, deltaspark.s3a(url), CHANGE_DATA_FEED, "true")
 
     def before_merge(self, name, url, dt):
         from airflow_pgcdc.merge.schema import with_deletion_vectors

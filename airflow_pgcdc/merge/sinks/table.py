@@ -105,7 +105,8 @@ def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: 
     point = int(resync.consistent_point)
     deltars.replace(
         url, reader, storage_options=ctx.storage,
-        configuration=ctx.sink.properties(fields, by="delta-rs"), target_file_size=target_bytes(ctx.target_file_mb),
+        configuration=ctx.sink.properties(fields, by="delta-rs", table=name),
+        target_file_size=target_bytes(ctx.target_file_mb),
         transactions={app: covered, app + RESYNC_APP_SUFFIX: point},
         metadata={"pgcdc.slot": ctx.slot, "pgcdc.resync": resync.url,
                   "pgcdc.consistent_point": resync.manifest.consistent_point,
@@ -133,7 +134,7 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
             rows = _driver_copy(ctx, parts, schema, keys)  # no Spark job, no staged file
         else:
             rows = read_parts(ctx, parts, schema)
-        rows = ctx.sink.create(url, rows, schema, metadata=metadata, configuration=ctx.sink.properties(fields),
+        rows = ctx.sink.create(url, rows, schema, metadata=metadata, configuration=ctx.sink.properties(fields, table=name),
                                where=(entry.schema, entry.table, "bootstrap"), keys=keys, copy_bytes=copy_bytes)
     except deltars.TableExists:
         log.info("%s: Delta table created meanwhile by another job; not bootstrapping again", name)
