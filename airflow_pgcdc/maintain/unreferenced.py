@@ -237,6 +237,19 @@ def unreferenced_files(keys: Iterable[str], actions: Iterable[FileAction], table
     return out
 
 
+def expired_change_data(client, bucket: str, base: str, objects: dict[str, dict], old: set[str], *,
+                        dry_run: bool) -> dict[str, int]:
+    """Remove the change data feed's files (``_change_data/``) older than the retention
+    (``old``: the table's keys written before it), as Delta's VACUUM does: a feed file is read
+    only for its own version's changes, never part of a version's data, and delta-rs 1.6's
+    VACUUM leaves them all. The feed is readable for the versions within the retention.
+    Returns ``{"files", "bytes"}`` (what a dry run would remove)."""
+    doomed = sorted(rel for rel in old if rel.startswith("_change_data/"))
+    if doomed and not dry_run:
+        s3store.delete_keys(client, bucket, [base + rel for rel in doomed], what="expired change data feed files")
+    return {"files": len(doomed), "bytes": sum(int(objects[k]["Size"]) for k in doomed)}
+
+
 def _log_entries(client, bucket: str, base: str) -> Iterator[tuple[str, dict[str, Any]]]:
     for o in s3store.list_objects(client, bucket, base + "_delta_log/"):
         yield o["Key"][len(base) + len("_delta_log/"):], o
@@ -249,7 +262,8 @@ def vacuum_unreferenced(client, url: str, retention_hours: float, *, floor_hours
     ``retention_hours`` needs, and the data files no log entry names (see
     :func:`unreferenced_files`), both only when older than the retention and than
     ``floor_hours`` (:data:`UNREFERENCED_FLOOR_HOURS`). Returns
-    ``{"deletion_vectors": {"files", "bytes", "kept"}, "orphans": {"files", "bytes"}, "dry_run"}``,
+    ``{"deletion_vectors": {"files", "bytes", "kept"}, "orphans": {"files", "bytes"}, "change_data":
+    {"files", "bytes"}, "dry_run"}`` (``change_data``: :func:`expired_change_data`),
     or ``{"skipped": why}`` when it removed nothing because it could not be sure.
 
     ``live``: the paths of the latest version's data files (``add`` actions), when the caller
@@ -268,11 +282,12 @@ def vacuum_unreferenced(client, url: str, retention_hours: float, *, floor_hours
     objects = {o["Key"][len(base):]: o for o in s3store.list_objects(client, loc.bucket, base)}
     vectors = {rel: o for rel, o in objects.items() if not rel.startswith("_") and _VECTOR_FILE_RE.search(rel)}
     old = {rel for rel, o in objects.items() if o["LastModified"] <= written_before}
+    feed = expired_change_data(client, loc.bucket, base, objects, old, dry_run=dry_run)
     if live is not None and not vectors:
         current = {data_file(p, url) for p in live}
         if not unreferenced_files(old, (), url) - current:  # every old data file is live: nothing to find
             return {"deletion_vectors": {"files": 0, "bytes": 0, "kept": 0}, "orphans": {"files": 0, "bytes": 0},
-                    "log_read": False, "dry_run": dry_run}
+                    "change_data": feed, "log_read": False, "dry_run": dry_run}
     try:
         needed, actions, live = _read_log(client, loc.bucket, base, url, int(cutoff.timestamp() * 1000))
         missing = sorted(str(key) for key in (data_file(path, url) for path in live) if key not in objects)
@@ -292,7 +307,8 @@ def vacuum_unreferenced(client, url: str, retention_hours: float, *, floor_hours
 
     out = {"deletion_vectors": {"files": len(doomed_vectors), "bytes": size(doomed_vectors),
                                 "kept": len(vectors) - len(doomed_vectors)},
-           "orphans": {"files": len(orphans), "bytes": size(orphans)}, "log_read": True, "dry_run": dry_run}
+           "orphans": {"files": len(orphans), "bytes": size(orphans)}, "change_data": feed, "log_read": True,
+           "dry_run": dry_run}
     log.info("%s: %sdeletion vectors: %d of %d file(s) removed, %d bytes; orphaned data files: %d, %d bytes", url,
              "(dry run) " if dry_run else "", len(doomed_vectors), len(vectors), size(doomed_vectors), len(orphans),
              size(orphans))

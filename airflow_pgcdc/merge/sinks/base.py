@@ -16,11 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from airflow_pgcdc.lake.tables import CHANGE_DATA_FEED
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_pgcdc.lake.tables import CHANGE_DATA_FEED
-from airflow_pgcdc.merge.context import JobContext
+    from airflow_pgcdc.merge.context import JobContext
 
 __all__ = ["Commit", "DeltaSink"]
 
