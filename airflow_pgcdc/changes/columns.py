@@ -9,6 +9,8 @@ column can clash with them only by that prefix: the drain refuses such a table a
 - In the merge's working frames only (never written to Delta): the batch compaction's
   and the keyless merge's helper columns.
 - In an SCD2 history table (``--history scd2``): the validity columns.
+- In the Delta tables, with ``--metadata-columns``: ``_pgcdc_op``, ``_pgcdc_commit_lsn``,
+  ``_pgcdc_commit_ts`` and ``_pgcdc_merged_at`` (:mod:`airflow_pgcdc.merge.metadata`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ COMMIT_TS = "_pgcdc_commit_ts"
 UNCHANGED_TOAST = "_pgcdc_unchanged_toast"
 OLD_PREFIX = "_pgcdc_old_"
 """``_pgcdc_old_<column>``: the old value of a replica-identity column."""
+
+# the Delta tables' metadata columns (--metadata-columns; OP, COMMIT_LSN and COMMIT_TS too)
+MERGED_AT = "_pgcdc_merged_at"
+"""When the merge wrote the row's current values (:mod:`airflow_pgcdc.merge.metadata`)."""
 
 # the merge's working columns
 KEEP_PREFIX = "_pgcdc_keep_"

@@ -58,6 +58,8 @@ class Pipeline:
     :param engine: the merge engine (``None``: the job's default, delta-rs)
     :param change_data_feed: the Delta tables get the change data feed (every merge of the
         pipeline's DAGs: ``--change-data-feed``)
+    :param metadata_columns: the Delta tables get the CDC metadata columns (every merge:
+        ``--metadata-columns``)
     :param table_options: a table's own value of a merge option over the pipeline's,
         ``{"schema.table": {"change_data_feed": false}}`` (``--table-option``)
     :param tags: extra tags of every DAG
@@ -84,6 +86,7 @@ class Pipeline:
     as_text: Mapping[str, Sequence[str]] | None = None
     engine: str | None = None
     change_data_feed: bool = False
+    metadata_columns: bool = False
     table_options: Mapping[str, Mapping[str, Any]] | None = None
     tags: tuple[str, ...] = ()
 
@@ -123,8 +126,9 @@ class Pipeline:
                     for cols in self.as_text.values()):
                 raise bad("as_text", f"must map schema.table to a list of column names, got {self.as_text!r}")
             object.__setattr__(self, "as_text", {str(t): list(c) for t, c in self.as_text.items()})
-        if not isinstance(self.change_data_feed, bool):
-            raise bad("change_data_feed", f"must be true or false, got {self.change_data_feed!r}")
+        for field in ("change_data_feed", "metadata_columns"):
+            if not isinstance(getattr(self, field), bool):
+                raise bad(field, f"must be true or false, got {getattr(self, field)!r}")
         if self.table_options is not None:
             from airflow_pgcdc.merge.options import BadMergeOption, MergeOptions
 

@@ -176,6 +176,11 @@ class JobContext:
         feed (``--change-data-feed``, or the table's own ``--table-option``)."""
         return bool(self.options is not None and self.options.for_table(name, "change_data_feed"))
 
+    def wants_metadata_columns(self, name: str) -> bool:
+        """Whether the Delta table of ``name`` carries the CDC metadata columns
+        (``--metadata-columns``, or the table's own ``--table-option``; :mod:`.metadata`)."""
+        return bool(self.options is not None and self.options.for_table(name, "metadata_columns"))
+
     def open(self, url: str):
         """The Delta table at ``url`` (``None`` when there is none)."""
         if url in self.loaded:

@@ -47,7 +47,7 @@ def parse_keys(items: Sequence[str] | None) -> dict[str, list[str]]:
     return out
 
 
-TABLE_OPTIONS: dict[str, type] = {"change_data_feed": bool}
+TABLE_OPTIONS: dict[str, type] = {"change_data_feed": bool, "metadata_columns": bool}
 """The merge's options a table may set for itself (:attr:`MergeOptions.table_options`,
 ``--table-option SCHEMA.TABLE:NAME=VALUE``), over the pipeline's: each one's type."""
 
@@ -116,6 +116,7 @@ class MergeOptions(JobOptions):
     until_lsn: str | None = None
     until_time: str | datetime | None = None
     change_data_feed: bool = False
+    metadata_columns: bool = False
     table_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -155,6 +156,7 @@ class MergeOptions(JobOptions):
             raise BadMergeOption("give until_lsn or until_time, not both (--until-lsn, --until-time)")
         self._put("deletion_vectors", bool(self.deletion_vectors))
         self._put("change_data_feed", bool(self.change_data_feed))
+        self._put("metadata_columns", bool(self.metadata_columns))
         per_table: dict[str, dict[str, Any]] = {}
         if not isinstance(self.table_options or {}, Mapping):
             raise BadMergeOption(f"table_options must map schema.table to its options, got {self.table_options!r}",
@@ -181,7 +183,7 @@ class MergeOptions(JobOptions):
                    target_file_mb=pick("target_file_mb"), deletion_vectors=bool(pick("deletion_vectors")),
                    driver_rows=pick("driver_rows"), table_workers=pick("table_workers"), until_lsn=pick("until_lsn"),
                    until_time=pick("until_time"), change_data_feed=bool(pick("change_data_feed")),
-                   table_options=parse_table_options(pick("table_option")))
+                   metadata_columns=bool(pick("metadata_columns")), table_options=parse_table_options(pick("table_option")))
 
     def to_args(self) -> list[str]:
         """``spark_app.py``'s arguments for these options (the defaults left out); parsed back
@@ -204,6 +206,8 @@ class MergeOptions(JobOptions):
             args.append("--deletion-vectors")
         if self.change_data_feed:
             args.append("--change-data-feed")
+        if self.metadata_columns:
+            args.append("--metadata-columns")
         for table, given in self.table_options.items():
             for name, value in given.items():
                 args += ["--table-option", f"{table}:{name}={str(value).lower() if isinstance(value, bool) else value}"]

@@ -55,9 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Delta tables get the change data feed (delta.enableChangeDataFeed): each merge also "
                    "records what it changed, for readChangeFeed / table_changes readers; turned on for existing "
                    "tables at their next merge (see docs/operations.md)")
+    p.add_argument("--metadata-columns", action="store_true",
+                   help="Delta tables get CDC metadata columns: _pgcdc_op (I, U; R: from a copy), _pgcdc_commit_lsn, "
+                   "_pgcdc_commit_ts and _pgcdc_merged_at (keyed tables; see docs/store-format.md)")
     p.add_argument("--table-option", action="append", metavar="SCHEMA.TABLE:NAME=VALUE",
-                   help="a table's own value of a merge option, over the pipeline's (NAME: change_data_feed); "
-                   "repeatable")
+                   help="a table's own value of a merge option, over the pipeline's (NAME: change_data_feed, "
+                   "metadata_columns); repeatable")
     p.add_argument("--history", choices=("changelog", "scd2"),
                    help="also keep a history table: changelog = every change row appended to "
                    "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")

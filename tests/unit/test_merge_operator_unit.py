@@ -499,10 +499,13 @@ def test_the_change_data_feed_and_a_table_s_own_options_reach_every_door(fake_sp
     from airflow_pgcdc.dags.pipeline import Pipeline, PipelineConfigError
     from airflow_pgcdc.merge.options import BadMergeOption, MergeOptions, parse_table_options
 
-    opts = MergeOptions(change_data_feed=True, table_options={"shop.orders": {"change_data_feed": "false"},
-                                                              "odd:schema.t": {"change_data_feed": True}})
-    assert opts.table_options == {"shop.orders": {"change_data_feed": False},
+    opts = MergeOptions(change_data_feed=True, metadata_columns=True,
+                        table_options={"shop.orders": {"change_data_feed": "false", "metadata_columns": "off"},
+                                       "odd:schema.t": {"change_data_feed": True}})
+    assert opts.table_options == {"shop.orders": {"change_data_feed": False, "metadata_columns": False},
                                   "odd:schema.t": {"change_data_feed": True}}
+    assert (opts.for_table("shop.orders", "metadata_columns"), opts.for_table("x.y", "metadata_columns")) == (
+        False, True)
     assert (opts.for_table("shop.orders", "change_data_feed"), opts.for_table("shop.items", "change_data_feed"),
             opts.for_table("odd:schema.t", "change_data_feed")) == (False, True, True)
     assert MergeOptions(table_options={"a.b": {"change_data_feed": True}}).for_table("a.c", "change_data_feed") is False
@@ -521,6 +524,10 @@ def test_the_change_data_feed_and_a_table_s_own_options_reach_every_door(fake_sp
         with pytest.raises(BadMergeOption, match=message):
             MergeOptions(table_options=bad)
 
+    op = PgcdcSparkMergeOperator(task_id="m", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
+                                 metadata_columns="{{ params.meta }}")
+    op.metadata_columns = "true"
+    assert op._application_args()[-1] == "--metadata-columns"
     by_fields = PgcdcSparkMergeOperator(task_id="f", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
                                         change_data_feed=True,
                                         table_options={"shop.orders": {"change_data_feed": False}})

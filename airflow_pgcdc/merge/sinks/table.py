@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_pgcdc.changes.columns import COMMIT_LSN, OP, SEQ
+from airflow_pgcdc.changes.columns import COMMIT_LSN, COMMIT_TS, MERGED_AT, OP, SEQ
 from airflow_pgcdc.faults import FaultPoint, fault_point
 from airflow_pgcdc.lake.sizing import target_bytes
 from airflow_pgcdc.lake.tables import RESYNC_APP_SUFFIX
@@ -29,6 +29,13 @@ from airflow_pgcdc.merge.context import (
     window_metadata,
 )
 from airflow_pgcdc.merge.errors import MergeError
+from airflow_pgcdc.merge.metadata import (
+    copy_metadata,
+    metadata_fields,
+    reserved_clash,
+    with_merged_at,
+)
+from airflow_pgcdc.merge.metadata import now as metadata_now
 from airflow_pgcdc.merge.plan import TablePlan, missing_values
 from airflow_pgcdc.merge.schema import (
     batch_fields,
@@ -41,6 +48,7 @@ from airflow_pgcdc.merge.schema import (
 )
 from airflow_pgcdc.merge.sinks import deltars
 from airflow_pgcdc.merge.sinks.base import Commit
+from airflow_pgcdc.protocol.lsn import LSN
 
 log = logging.getLogger("airflow_pgcdc.merge.job")  # the job's one logger, whatever module logs
 
@@ -71,17 +79,25 @@ def _driver_copy(ctx: JobContext, parts: list[str], schema: pa.Schema, keys: Seq
 
 
 def _copy_rows(ctx: JobContext, entry, parts: list[str], schema: pa.Schema, keys: Sequence[str],
-               what: str) -> tuple[pa.RecordBatchReader, int]:
+               what: str, copied_at: int | None = None) -> tuple[pa.RecordBatchReader, int]:
     """A copied table's rows sorted by the key, and how many, for a delta-rs write: a small
     table (``ctx.driver_rows`` rows, :data:`~..rows.arrow.DRIVER_BYTES`) read by the driver
-    (no Spark job, no staged file), a larger one read, sorted and staged by Spark."""
+    (no Spark job, no staged file), a larger one read, sorted and staged by Spark.
+    ``copied_at`` (the copy's consistent point): the rows get the metadata columns
+    (:func:`~..metadata.copy_metadata`), last in the schema."""
+    out = pa.schema(list(schema) + metadata_fields()) if copied_at is not None else schema
     if _fits_driver(ctx, entry.rows, sum(p.bytes for p in entry.parts)):
         table = _driver_copy(ctx, parts, schema, keys)
+        if copied_at is not None:
+            table = copy_metadata(table, copied_at, metadata_now())
         return table.to_reader(), table.num_rows
     staging = ctx.staging(entry.schema, entry.table, what)
-    stage(ctx, sorted_by_key(read_parts(ctx, parts, schema), keys), staging, schema)
+    rows = sorted_by_key(read_parts(ctx, parts, schema), keys)
+    if copied_at is not None:
+        rows = copy_metadata(rows, copied_at, metadata_now())
+    stage(ctx, rows, staging, out)
     paths, rows = deltars.read_staged(ctx.fs, staging)
-    return deltars.staged_reader(ctx.fs, deltars.staged_in_order(paths), schema), rows
+    return deltars.staged_reader(ctx.fs, deltars.staged_in_order(paths), out), rows
 
 
 def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: int,
@@ -100,9 +116,12 @@ def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: 
     check_case(name, [c.name for c in entry.columns])
     fields = delta_fields(table_fields(part_schema(ctx, parts[0])))
     schema = pa.schema(fields)
-    reader, rows = _copy_rows(ctx, entry, parts, schema, keys, "resync")
-    fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
     point = int(resync.consistent_point)
+    meta = bool(keys) and ctx.wants_metadata_columns(name)
+    if meta:
+        reserved_clash(name, schema.names)
+    reader, rows = _copy_rows(ctx, entry, parts, schema, keys, "resync", copied_at=point if meta else None)
+    fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
     deltars.replace(
         url, reader, storage_options=ctx.storage,
         configuration=ctx.sink.properties(fields, by="delta-rs", table=name),
@@ -128,12 +147,18 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
         "pgcdc.snapshot_id": snapshot.snapshot_id,
         "pgcdc.consistent_point": snapshot.consistent_point,
     }
+    meta = bool(keys) and ctx.wants_metadata_columns(name)
+    if meta:
+        reserved_clash(name, schema.names)
     try:
         copy_bytes = sum(p.bytes for p in entry.parts)
         if ctx.sink.driver_batches and _fits_driver(ctx, entry.rows, copy_bytes):
             rows = _driver_copy(ctx, parts, schema, keys)  # no Spark job, no staged file
         else:
             rows = read_parts(ctx, parts, schema)
+        if meta:
+            rows = copy_metadata(rows, int(LSN.parse(snapshot.consistent_point)), metadata_now())
+            schema = pa.schema(list(schema) + metadata_fields())
         rows = ctx.sink.create(url, rows, schema, metadata=metadata, configuration=ctx.sink.properties(fields, table=name),
                                where=(entry.schema, entry.table, "bootstrap"), keys=keys, copy_bytes=copy_bytes)
     except deltars.TableExists:
@@ -146,19 +171,28 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
 def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     name = plan.qualified_name
     fields = batch_fields(ctx, plan)
-    dt, added = evolve(ctx, plan, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
+    meta = ctx.wants_metadata_columns(name)  # keyed tables only: this is one
+    if meta:
+        reserved_clash(name, [f.name for f in fields])
+    dt, added = evolve(ctx, plan, url, dt, fields + (metadata_fields() if meta else []), {"pgcdc.created": name},
+                       missing_values(plan))
     target = pa.schema(dt.schema().to_arrow())
     keys = list(plan.key_columns)
     columns, toast, read_schema = change_inputs(plan, fields, keys)
     check_internal_names(name, columns, keys, toast)
+    carried = columns  # the values the compaction keeps of each key's last change
+    if meta:  # ... and its commit time; its op and LSN the compaction keeps anyway
+        carried = columns + [COMMIT_TS]
+        read_schema = read_schema.append(META[COMMIT_TS])
     # key-changing updates left TOAST values unsent: match such rows on their old key
     rekey = plan.key_moves > 0 and bool(toast)
-    compaction = dict(table_columns=columns, key_columns=keys, toast_columns=toast, truncate_at=plan.truncate_at,
+    compaction = dict(table_columns=carried, key_columns=keys, toast_columns=toast, truncate_at=plan.truncate_at,
                       rekey=rekey)
     # delta-rs merges Arrow: a small batch is compacted on the driver, without any Spark job
     batch = _compacted_on_driver(ctx, plan, read_schema, compaction) if ctx.sink.driver_batches else None
     spec_args = dict(
-        target_columns=target.names, source_columns=columns, key_columns=keys,
+        target_columns=target.names, source_columns=carried + ([OP, COMMIT_LSN, MERGED_AT] if meta else []),
+        key_columns=keys,
         keep_columns=toast, truncated=plan.truncate_at is not None, rekeyed=rekey,
     )
     if rekey:
@@ -171,11 +205,15 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     by_name = {f.name: f for f in fields}
     stage_schema = pa.schema(
         fields
+        + ([META[COMMIT_TS]] if meta else [])
         + [META[OP], META[COMMIT_LSN], META[SEQ]]
         + [pa.field(keep_column(c), pa.bool_()) for c in toast]
         + ([by_name[k].with_name(MATCH_PREFIX + k) for k in keys] if rekey else [])
+        + (metadata_fields()[-1:] if meta else [])
     )
     rows = batch if batch is not None else compact(read_changes(ctx, plan, read_schema), **compaction)
+    if meta:
+        rows = with_merged_at(rows, metadata_now())
     metrics = ctx.sink.merge(
         url, dt, rows, stage_schema, lambda dialect: build_merge_spec(**spec_args, dialect=dialect),
         Commit(app, plan.commit_version, window_metadata(ctx, plan), plan.cut_transactions(app)),
