@@ -31,6 +31,8 @@ OLD_PREFIX = "_pgcdc_old_"
 # the Delta tables' metadata columns (--metadata-columns; OP, COMMIT_LSN and COMMIT_TS too)
 MERGED_AT = "_pgcdc_merged_at"
 """When the merge wrote the row's current values (:mod:`airflow_pgcdc.merge.metadata`)."""
+DELETED_AT = "_pgcdc_deleted_at"
+"""``--soft-deletes``: when the source deleted the row (NULL: a live row)."""
 
 # the merge's working columns
 KEEP_PREFIX = "_pgcdc_keep_"

@@ -60,6 +60,8 @@ class Pipeline:
         pipeline's DAGs: ``--change-data-feed``)
     :param metadata_columns: the Delta tables get the CDC metadata columns (every merge:
         ``--metadata-columns``)
+    :param soft_deletes: a row the source deletes stays in its Delta table, marked (every
+        merge: ``--soft-deletes``)
     :param table_options: a table's own value of a merge option over the pipeline's,
         ``{"schema.table": {"change_data_feed": false}}`` (``--table-option``)
     :param tags: extra tags of every DAG
@@ -87,6 +89,7 @@ class Pipeline:
     engine: str | None = None
     change_data_feed: bool = False
     metadata_columns: bool = False
+    soft_deletes: bool = False
     table_options: Mapping[str, Mapping[str, Any]] | None = None
     tags: tuple[str, ...] = ()
 
@@ -126,7 +129,7 @@ class Pipeline:
                     for cols in self.as_text.values()):
                 raise bad("as_text", f"must map schema.table to a list of column names, got {self.as_text!r}")
             object.__setattr__(self, "as_text", {str(t): list(c) for t, c in self.as_text.items()})
-        for field in ("change_data_feed", "metadata_columns"):
+        for field in ("change_data_feed", "metadata_columns", "soft_deletes"):
             if not isinstance(getattr(self, field), bool):
                 raise bad(field, f"must be true or false, got {getattr(self, field)!r}")
         if self.table_options is not None:

@@ -15,6 +15,15 @@ not carry the value, keep the target's). The clauses:
 * after a truncate (``truncated``): not matched by source: delete; and keep flags are
   ignored (the target's rows are gone as of the truncate).
 
+With soft deletes (``soft_delete``: the target has ``_pgcdc_deleted_at``), matched and
+``D`` marks the row instead (``_pgcdc_deleted_at`` = the delete's commit time, and the
+metadata columns the batch carries); its values are the delete's old row when that row is
+whole (``delete_values``: every version of the batch has ``REPLICA IDENTITY FULL``), else
+the ones the target holds (a change to them earlier in the batch is not carried by a delete
+of the key alone); an update or insert of the key
+sets it back to NULL (the row lives again); after a truncate, every live row the batch
+does not hold is marked with the truncate's commit time.
+
 Identifiers are quoted by :func:`quote_ident` for the dialect: DataFusion (delta-rs)
 ``"x"``, Spark SQL (delta-spark) `` `x` ``. String literals never come from data here.
 """
@@ -25,15 +34,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from airflow_pgcdc.changes.columns import (
+    COMMIT_LSN,
+    COMMIT_TS,
+    DELETED_AT,
     IS_CURRENT,
     KEEP_PREFIX,
     KIND,
     MATCH_PREFIX,
+    MERGED_AT,
     OP,
     VALID_FROM,
     VALID_TO,
 )
-from airflow_pgcdc.lake.sql import quote_ident
+from airflow_pgcdc.lake.sql import quote_ident, quote_literal
 
 __all__ = [
     "KEEP_PREFIX", "MATCH_PREFIX", "MergeSpec", "Scd2Spec", "build_keyless_spec", "build_merge_spec",
@@ -60,6 +73,11 @@ class MergeSpec:
     insert_when: str
     inserts: dict[str, str]
     delete_not_matched_by_source: bool
+    # soft deletes: matched and delete_when updates these instead of deleting; not matched
+    # by source (after a truncate) and the condition: these are updated
+    delete_updates: dict[str, str] | None = None
+    not_matched_by_source_updates: dict[str, str] | None = None
+    not_matched_by_source_when: str | None = None
 
 
 def build_merge_spec(
@@ -71,12 +89,19 @@ def build_merge_spec(
     truncated: bool = False,
     dialect: str = "delta-rs",
     rekeyed: bool = False,
+    soft_delete: bool = False,
+    truncate_time: str | None = None,
+    delete_values: bool = False,
 ) -> MergeSpec:
     """The clauses for a compacted batch. ``target_columns``: the Delta table's columns
     (after adding new source columns); ``source_columns``: the table columns present in
     the batch; ``keep_columns``: those with a ``_pgcdc_keep_`` flag in the batch;
     ``rekeyed``: the batch has ``_pgcdc_match_<k>`` columns, which the predicate matches
-    the target's key on (the update then sets the key too)."""
+    the target's key on (the update then sets the key too). ``soft_delete``: the target's
+    ``_pgcdc_deleted_at`` marks deleted rows (the batch carries ``_pgcdc_commit_ts``);
+    ``truncate_time``: the batch's truncate's commit time (ISO 8601, UTC), what its marks say;
+    ``delete_values``: a ``D`` row carries the whole old row (``REPLICA IDENTITY FULL``): the
+    marked row takes its values."""
     q = lambda n: quote_ident(n, dialect)  # noqa: E731
     if not key_columns:
         raise ValueError("a merge needs at least one key column")
@@ -102,14 +127,39 @@ def build_merge_spec(
             updates[q(c)] = f"CASE WHEN s.{q(keep_column(c))} THEN t.{q(c)} ELSE {value} END"
         else:
             updates[q(c)] = value
+    if not soft_delete:
+        return MergeSpec(
+            predicate=predicate,
+            delete_when=f"{op} = 'D'",
+            update_when=f"{op} <> 'D'",
+            updates=updates,
+            insert_when=f"{op} <> 'D'",
+            inserts=inserts,
+            delete_not_matched_by_source=truncated,
+        )
+    if COMMIT_TS not in src or DELETED_AT not in set(target_columns):
+        raise ValueError("soft deletes need _pgcdc_commit_ts in the batch and _pgcdc_deleted_at in the target")
+    marks = {q(c): f"s.{q(c)}" for c in target_columns if delete_values and c in src and c not in key_columns}
+    marks[q(DELETED_AT)] = f"s.{q(COMMIT_TS)}"
+    marks.update({q(c): f"s.{q(c)}" for c in (OP, COMMIT_LSN, COMMIT_TS, MERGED_AT)
+                  if c in src and c in set(target_columns)})
+    when = None
+    if truncated:
+        if not truncate_time:
+            raise ValueError("a soft-deleting merge after a truncate needs the truncate's commit time")
+        when = f"t.{q(DELETED_AT)} IS NULL"
     return MergeSpec(
         predicate=predicate,
         delete_when=f"{op} = 'D'",
         update_when=f"{op} <> 'D'",
-        updates=updates,
+        updates=updates,  # _pgcdc_deleted_at is not in the batch: NULL, the row lives
         insert_when=f"{op} <> 'D'",
         inserts=inserts,
-        delete_not_matched_by_source=truncated,
+        delete_not_matched_by_source=False,
+        delete_updates=marks,
+        not_matched_by_source_updates=(
+            {q(DELETED_AT): f"CAST({quote_literal(truncate_time, dialect)} AS TIMESTAMP)"} if truncated else None),
+        not_matched_by_source_when=when,
     )
 
 

@@ -181,6 +181,11 @@ class JobContext:
         (``--metadata-columns``, or the table's own ``--table-option``; :mod:`.metadata`)."""
         return bool(self.options is not None and self.options.for_table(name, "metadata_columns"))
 
+    def wants_soft_deletes(self, name: str) -> bool:
+        """Whether a row the source deletes stays in ``name``'s Delta table, marked
+        (``--soft-deletes``, or the table's own ``--table-option``)."""
+        return bool(self.options is not None and self.options.for_table(name, "soft_deletes"))
+
     def open(self, url: str):
         """The Delta table at ``url`` (``None`` when there is none)."""
         if url in self.loaded:

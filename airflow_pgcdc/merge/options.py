@@ -47,7 +47,7 @@ def parse_keys(items: Sequence[str] | None) -> dict[str, list[str]]:
     return out
 
 
-TABLE_OPTIONS: dict[str, type] = {"change_data_feed": bool, "metadata_columns": bool}
+TABLE_OPTIONS: dict[str, type] = {"change_data_feed": bool, "metadata_columns": bool, "soft_deletes": bool}
 """The merge's options a table may set for itself (:attr:`MergeOptions.table_options`,
 ``--table-option SCHEMA.TABLE:NAME=VALUE``), over the pipeline's: each one's type."""
 
@@ -117,6 +117,7 @@ class MergeOptions(JobOptions):
     until_time: str | datetime | None = None
     change_data_feed: bool = False
     metadata_columns: bool = False
+    soft_deletes: bool = False
     table_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -157,6 +158,7 @@ class MergeOptions(JobOptions):
         self._put("deletion_vectors", bool(self.deletion_vectors))
         self._put("change_data_feed", bool(self.change_data_feed))
         self._put("metadata_columns", bool(self.metadata_columns))
+        self._put("soft_deletes", bool(self.soft_deletes))
         per_table: dict[str, dict[str, Any]] = {}
         if not isinstance(self.table_options or {}, Mapping):
             raise BadMergeOption(f"table_options must map schema.table to its options, got {self.table_options!r}",
@@ -183,7 +185,8 @@ class MergeOptions(JobOptions):
                    target_file_mb=pick("target_file_mb"), deletion_vectors=bool(pick("deletion_vectors")),
                    driver_rows=pick("driver_rows"), table_workers=pick("table_workers"), until_lsn=pick("until_lsn"),
                    until_time=pick("until_time"), change_data_feed=bool(pick("change_data_feed")),
-                   metadata_columns=bool(pick("metadata_columns")), table_options=parse_table_options(pick("table_option")))
+                   metadata_columns=bool(pick("metadata_columns")), soft_deletes=bool(pick("soft_deletes")),
+                   table_options=parse_table_options(pick("table_option")))
 
     def to_args(self) -> list[str]:
         """``spark_app.py``'s arguments for these options (the defaults left out); parsed back
@@ -208,6 +211,8 @@ class MergeOptions(JobOptions):
             args.append("--change-data-feed")
         if self.metadata_columns:
             args.append("--metadata-columns")
+        if self.soft_deletes:
+            args.append("--soft-deletes")
         for table, given in self.table_options.items():
             for name, value in given.items():
                 args += ["--table-option", f"{table}:{name}={str(value).lower() if isinstance(value, bool) else value}"]

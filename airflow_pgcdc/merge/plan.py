@@ -136,6 +136,8 @@ class TablePlan:
     # the last truncate of the table in the batch: (commit_lsn, seq); changes at or
     # before it are superseded, and target rows not in the source are deleted
     truncate_at: tuple[int, int] | None = None
+    # the commit time of that truncate (ISO 8601; None when its window did not record it)
+    truncate_time: str | None = None
     truncates: int = 0
     # key-changing updates whose unchanged TOAST values were not sent (the windows'
     # ``key_moves_unchanged_toast``): the compaction then matches such rows on the old key
@@ -217,6 +219,7 @@ def plan_table(
         )
     versions: list[VersionInput] = []
     truncate_at = None
+    truncate_time = None
     truncates = 0
     key_moves = 0
     for m in windows:
@@ -248,7 +251,7 @@ def plan_table(
                     continue
                 truncates += 1
                 if truncate_at is None or point > truncate_at:
-                    truncate_at = point
+                    truncate_at, truncate_time = point, tr.get("commit_time")
     return TablePlan(
         schema=schema,
         table=table,
@@ -259,6 +262,7 @@ def plan_table(
         end_lsn=windows[-1].end_lsn,
         versions=tuple(versions),
         truncate_at=truncate_at,
+        truncate_time=truncate_time,
         truncates=truncates,
         key_moves=key_moves,
         since_lsn=since_lsn,

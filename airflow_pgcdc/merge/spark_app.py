@@ -58,9 +58,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metadata-columns", action="store_true",
                    help="Delta tables get CDC metadata columns: _pgcdc_op (I, U; R: from a copy), _pgcdc_commit_lsn, "
                    "_pgcdc_commit_ts and _pgcdc_merged_at (keyed tables; see docs/store-format.md)")
+    p.add_argument("--soft-deletes", action="store_true",
+                   help="a row the source deletes stays in its Delta table, with its last values and "
+                   "_pgcdc_deleted_at (the delete's commit time; a truncate marks every row); a new row of the key "
+                   "revives it (keyed tables; see docs/store-format.md)")
     p.add_argument("--table-option", action="append", metavar="SCHEMA.TABLE:NAME=VALUE",
                    help="a table's own value of a merge option, over the pipeline's (NAME: change_data_feed, "
-                   "metadata_columns); repeatable")
+                   "metadata_columns, soft_deletes); repeatable")
     p.add_argument("--history", choices=("changelog", "scd2"),
                    help="also keep a history table: changelog = every change row appended to "
                    "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")

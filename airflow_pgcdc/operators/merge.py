@@ -165,6 +165,7 @@ def merge_application_args(
     until_time: str | None = None,
     change_data_feed: bool = False,
     metadata_columns: bool = False,
+    soft_deletes: bool = False,
     table_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[str]:
     """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`):
@@ -175,7 +176,7 @@ def merge_application_args(
         tables=tables, keys=keys, max_windows=max_windows, history=history, engine=engine, reader=reader,
         target_file_mb=target_file_mb, deletion_vectors=deletion_vectors, driver_rows=driver_rows,
         until_lsn=until_lsn, until_time=until_time, change_data_feed=change_data_feed, metadata_columns=metadata_columns,
-        table_options=table_options)
+        soft_deletes=soft_deletes, table_options=table_options)
     return ["--store", store, "--slot", slot, "--delta", delta, *options.to_args()]
 
 
@@ -352,6 +353,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
     :param metadata_columns: the Delta tables (with a key) get the CDC metadata columns
         ``_pgcdc_op``, ``_pgcdc_commit_lsn``, ``_pgcdc_commit_ts``, ``_pgcdc_merged_at``
         (``--metadata-columns``; templated: ``"true"``/``"false"``)
+    :param soft_deletes: a row the source deletes stays in its Delta table (keyed tables),
+        marked by ``_pgcdc_deleted_at`` (``--soft-deletes``; templated: ``"true"``/``"false"``)
     :param table_options: a table's own value of an option, over the pipeline's,
         ``{"schema.table": {"change_data_feed": False}}`` (``--table-option``; templated:
         the mapping as JSON or a Python literal)
@@ -383,7 +386,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "keys", "max_windows",
         "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows", "aws_conn_id", "conn_id",
         "until_lsn", "until_time", "options", "xcom_tables", "change_data_feed", "metadata_columns",
-        "table_options",
+        "soft_deletes", "table_options",
     )
     ui_color = "#fdebd0"
 
@@ -406,6 +409,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         until_time: str | None = None,
         change_data_feed: bool | str = False,
         metadata_columns: bool | str = False,
+        soft_deletes: bool | str = False,
         table_options: Mapping[str, Mapping[str, Any]] | str | None = None,
         options: MergeOptions | Mapping[str, Any] | str | None = None,
         aws_conn_id: str | None = None,
@@ -452,6 +456,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.until_time = until_time
         self.change_data_feed = change_data_feed
         self.metadata_columns = metadata_columns
+        self.soft_deletes = soft_deletes
         self.table_options = table_options
         # the merge's options as one object or dict (templated: e.g. "{{ params.merge }}"),
         # instead of the fields above
@@ -460,7 +465,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                       reader=reader, target_file_mb=target_file_mb, deletion_vectors=deletion_vectors,
                       driver_rows=driver_rows, until_lsn=until_lsn, until_time=until_time,
                       change_data_feed=change_data_feed, metadata_columns=metadata_columns,
-                      table_options=table_options)
+                      soft_deletes=soft_deletes, table_options=table_options)
         given = [name for name, value in fields.items() if value not in (None, False)]
         if options is not None and given:
             raise ValueError(f"give options or the merge's fields ({', '.join(given)}), not both")
@@ -481,6 +486,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             deletion_vectors=not templated(engine, deletion_vectors) and flag(deletion_vectors, "deletion_vectors"),
             change_data_feed=not templated(change_data_feed) and flag(change_data_feed, "change_data_feed"),
             metadata_columns=not templated(metadata_columns) and flag(metadata_columns, "metadata_columns"),
+            soft_deletes=not templated(soft_deletes) and flag(soft_deletes, "soft_deletes"),
             table_options=None if templated(table_options) else mapping(table_options, "table_options"))
 
     # ------------------------------------------------------------------ building
@@ -588,6 +594,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             until_time=None if self.until_time in (None, "", "None") else str(self.until_time),
             change_data_feed=flag(self.change_data_feed, "change_data_feed"),
             metadata_columns=flag(self.metadata_columns, "metadata_columns"),
+            soft_deletes=flag(self.soft_deletes, "soft_deletes"),
             table_options=mapping(self.table_options, "table_options"),
         )
 

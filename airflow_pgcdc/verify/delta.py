@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from airflow_pgcdc.changes.columns import DELETED_AT
 from airflow_pgcdc.errors import is_secret_name, redact
 from airflow_pgcdc.verify.results import DeltaReadError, DeltaTableNotFound
 
@@ -22,12 +23,19 @@ DELTA_BATCH_ROWS = 65_536
 
 
 def _delta_batches(delta: Any, names: list[str]) -> Iterator[pa.RecordBatch]:
+    """The live rows' ``names`` columns: a row the merge kept as deleted (soft deletes, its
+    ``_pgcdc_deleted_at`` set) is not the source's."""
+    import pyarrow.compute as pc
+
     if isinstance(delta, pa.Table):
+        if DELETED_AT in delta.column_names:
+            delta = delta.filter(pc.field(DELETED_AT).is_null())
         yield from delta.select(names).to_batches()
     elif isinstance(delta, pa.RecordBatchReader):
-        yield from delta
+        yield from delta  # _delta_query's: live rows only
     else:  # a pyarrow dataset
-        yield from delta.to_batches(columns=names, batch_size=DELTA_BATCH_ROWS)
+        live = pc.field(DELETED_AT).is_null() if DELETED_AT in delta.schema.names else None
+        yield from delta.to_batches(columns=names, filter=live, batch_size=DELTA_BATCH_ROWS)
 
 
 def delta_table_location(delta_url: str, schema: str, table: str, *,
@@ -113,7 +121,9 @@ def _delta_query(dt, names: list[str]) -> pa.RecordBatchReader:
     from airflow_pgcdc.lake.sql import quote_ident
 
     cols = ", ".join(quote_ident(n, "delta-rs") for n in names) if names else "1"
-    reader = QueryBuilder().register("t", dt).execute(f"SELECT {cols} FROM t")
+    live = (f" WHERE {quote_ident(DELETED_AT, 'delta-rs')} IS NULL"
+            if DELETED_AT in dt.schema().to_arrow().names else "")
+    reader = QueryBuilder().register("t", dt).execute(f"SELECT {cols} FROM t{live}")
     return pa.RecordBatchReader.from_stream(reader)
 
 

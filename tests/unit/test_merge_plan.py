@@ -172,6 +172,47 @@ def test_merge_spec_after_truncate_and_in_spark_dialect():
     assert spec.delete_not_matched_by_source
 
 
+def test_a_soft_deleting_spec_marks_instead_of_deleting_and_a_truncate_marks_the_rest():
+    from airflow_pgcdc.merge.sinks.deltaspark import merge_sql
+
+    target = ["id", "v", "_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_commit_ts", "_pgcdc_merged_at",
+              "_pgcdc_deleted_at"]
+    source = ["id", "v", "_pgcdc_commit_ts", "_pgcdc_op", "_pgcdc_commit_lsn", "_pgcdc_merged_at"]
+    spec = build_merge_spec(target_columns=target, source_columns=source, key_columns=["id"], soft_delete=True)
+    assert spec.delete_updates == {'"_pgcdc_deleted_at"': 's."_pgcdc_commit_ts"', '"_pgcdc_op"': 's."_pgcdc_op"',
+                                   '"_pgcdc_commit_lsn"': 's."_pgcdc_commit_lsn"',
+                                   '"_pgcdc_commit_ts"': 's."_pgcdc_commit_ts"',
+                                   '"_pgcdc_merged_at"': 's."_pgcdc_merged_at"'}
+    assert spec.updates['"_pgcdc_deleted_at"'] == "NULL", "an update or insert of the key revives the row"
+    assert '"_pgcdc_deleted_at"' not in spec.inserts and spec.not_matched_by_source_updates is None
+    whole = build_merge_spec(target_columns=target, source_columns=source, key_columns=["id"], soft_delete=True,
+                             delete_values=True)
+    assert whole.delete_updates['"v"'] == 's."v"' and '"id"' not in whole.delete_updates
+    cut = build_merge_spec(target_columns=target, source_columns=source, key_columns=["id"], soft_delete=True,
+                           truncated=True, truncate_time="2026-11-29T06:00:00.000000Z", dialect="spark")
+    assert not cut.delete_not_matched_by_source
+    assert cut.not_matched_by_source_updates == {"`_pgcdc_deleted_at`": "CAST('2026-11-29T06:00:00.000000Z' AS TIMESTAMP)"}
+    assert cut.not_matched_by_source_when == "t.`_pgcdc_deleted_at` IS NULL"
+    text = merge_sql(cut, "delta.`x`", "v")
+    assert "THEN DELETE" not in text and "WHEN MATCHED AND s.`_pgcdc_op` = 'D' THEN UPDATE SET" in text
+    assert text.endswith("WHEN NOT MATCHED BY SOURCE AND t.`_pgcdc_deleted_at` IS NULL THEN UPDATE SET "
+                         "`_pgcdc_deleted_at` = CAST('2026-11-29T06:00:00.000000Z' AS TIMESTAMP)")
+    with pytest.raises(ValueError, match="truncate's commit time"):
+        build_merge_spec(target_columns=target, source_columns=source, key_columns=["id"], soft_delete=True,
+                         truncated=True)
+    with pytest.raises(ValueError, match="_pgcdc_commit_ts"):
+        build_merge_spec(target_columns=target, source_columns=["id", "v"], key_columns=["id"], soft_delete=True)
+
+
+def test_a_truncate_mark_is_its_commit_time_in_utc_or_the_merge_s():
+    from datetime import UTC, datetime
+
+    from airflow_pgcdc.merge.metadata import truncate_mark
+
+    assert truncate_mark("2026-11-29T08:00:00.5+02:00", datetime.now(UTC)) == "2026-11-29T06:00:00.500000Z"
+    assert truncate_mark(None, datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)) == "2026-01-02T03:04:05.000000Z"
+
+
 def test_merge_spec_rejects_bad_input():
     with pytest.raises(ValueError, match="at least one key"):
         build_merge_spec(target_columns=["a"], source_columns=["a"], key_columns=[])

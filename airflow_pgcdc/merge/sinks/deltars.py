@@ -242,12 +242,18 @@ def merge(table, reader: pa.RecordBatchReader, spec: MergeSpec, *, app: str, ver
             app_transactions=_transactions(app, version, cut), custom_metadata=metadata
         ),
     )
-    merger = merger.when_matched_delete(predicate=spec.delete_when)
+    if spec.delete_updates is not None:  # soft deletes: the row is marked, not removed
+        merger = merger.when_matched_update(updates=spec.delete_updates, predicate=spec.delete_when)
+    else:
+        merger = merger.when_matched_delete(predicate=spec.delete_when)
     if spec.updates:  # a keyless batch has none (see clauses.build_keyless_spec)
         merger = merger.when_matched_update(updates=spec.updates, predicate=spec.update_when)
     merger = merger.when_not_matched_insert(updates=spec.inserts, predicate=spec.insert_when)
     if spec.delete_not_matched_by_source:
         merger = merger.when_not_matched_by_source_delete()
+    if spec.not_matched_by_source_updates:
+        merger = merger.when_not_matched_by_source_update(updates=spec.not_matched_by_source_updates,
+                                                          predicate=spec.not_matched_by_source_when)
     return commit_once(merger.execute, table, url=table.table_uri, app=app, version=version, cut=cut)
 
 

@@ -155,14 +155,19 @@ def merge_sql(spec: MergeSpec, target: str, source_view: str) -> str:
     sets = ", ".join(f"{col} = {expr}" for col, expr in spec.updates.items())
     cols = ", ".join(spec.inserts)
     vals = ", ".join(spec.inserts.values())
+    delete = ("DELETE" if spec.delete_updates is None else  # soft deletes: the row is marked
+              "UPDATE SET " + ", ".join(f"{col} = {expr}" for col, expr in spec.delete_updates.items()))
     text = (
         f"MERGE INTO {target} AS t USING {q(source_view)} AS s ON {spec.predicate}\n"
-        f"WHEN MATCHED AND {spec.delete_when} THEN DELETE\n"
+        f"WHEN MATCHED AND {spec.delete_when} THEN {delete}\n"
         + (f"WHEN MATCHED AND {spec.update_when} THEN UPDATE SET {sets}\n" if spec.updates else "")
         + f"WHEN NOT MATCHED AND {spec.insert_when} THEN INSERT ({cols}) VALUES ({vals})"
     )
     if spec.delete_not_matched_by_source:
         text += "\nWHEN NOT MATCHED BY SOURCE THEN DELETE"
+    if spec.not_matched_by_source_updates:
+        marks = ", ".join(f"{col} = {expr}" for col, expr in spec.not_matched_by_source_updates.items())
+        text += f"\nWHEN NOT MATCHED BY SOURCE AND {spec.not_matched_by_source_when} THEN UPDATE SET {marks}"
     return text
 
 

@@ -31,8 +31,11 @@ from airflow_pgcdc.merge.context import (
 from airflow_pgcdc.merge.errors import MergeError
 from airflow_pgcdc.merge.metadata import (
     copy_metadata,
+    extra_fields,
     metadata_fields,
     reserved_clash,
+    truncate_mark,
+    with_deleted_at,
     with_merged_at,
 )
 from airflow_pgcdc.merge.metadata import now as metadata_now
@@ -78,23 +81,41 @@ def _driver_copy(ctx: JobContext, parts: list[str], schema: pa.Schema, keys: Seq
     return table
 
 
+def _with_extras(ctx: JobContext, name: str, keys: Sequence[str], schema: pa.Schema, point: int):
+    """For a copy of the keyed table ``name`` taken at ``point``: ``(add, schema)``: what adds
+    the columns the merge keeps beside the table's own (:mod:`..metadata`; the copy's rows
+    are as it read them, and live) to the rows (an Arrow table or a Spark DataFrame), and
+    the schema with them; ``add`` is None when the table has none."""
+    meta, soft = bool(keys) and ctx.wants_metadata_columns(name), bool(keys) and ctx.wants_soft_deletes(name)
+    if not (meta or soft):
+        return None, schema
+    reserved_clash(name, schema.names, metadata=meta, soft=soft)
+    when = metadata_now()
+
+    def add(rows):
+        rows = copy_metadata(rows, point, when) if meta else rows
+        return with_deleted_at(rows) if soft else rows
+
+    return add, pa.schema(list(schema) + extra_fields(meta, soft))
+
+
 def _copy_rows(ctx: JobContext, entry, parts: list[str], schema: pa.Schema, keys: Sequence[str],
-               what: str, copied_at: int | None = None) -> tuple[pa.RecordBatchReader, int]:
+               what: str, point: int) -> tuple[pa.RecordBatchReader, int]:
     """A copied table's rows sorted by the key, and how many, for a delta-rs write: a small
     table (``ctx.driver_rows`` rows, :data:`~..rows.arrow.DRIVER_BYTES`) read by the driver
-    (no Spark job, no staged file), a larger one read, sorted and staged by Spark.
-    ``copied_at`` (the copy's consistent point): the rows get the metadata columns
-    (:func:`~..metadata.copy_metadata`), last in the schema."""
-    out = pa.schema(list(schema) + metadata_fields()) if copied_at is not None else schema
+    (no Spark job, no staged file), a larger one read, sorted and staged by Spark; with the
+    columns the merge keeps beside the table's own (:func:`_with_extras`; ``point``: the
+    copy's consistent point), last."""
+    add, out = _with_extras(ctx, entry.qualified_name, keys, schema, point)
     if _fits_driver(ctx, entry.rows, sum(p.bytes for p in entry.parts)):
         table = _driver_copy(ctx, parts, schema, keys)
-        if copied_at is not None:
-            table = copy_metadata(table, copied_at, metadata_now())
+        if add is not None:
+            table = add(table)
         return table.to_reader(), table.num_rows
     staging = ctx.staging(entry.schema, entry.table, what)
     rows = sorted_by_key(read_parts(ctx, parts, schema), keys)
-    if copied_at is not None:
-        rows = copy_metadata(rows, copied_at, metadata_now())
+    if add is not None:
+        rows = add(rows)
     stage(ctx, rows, staging, out)
     paths, rows = deltars.read_staged(ctx.fs, staging)
     return deltars.staged_reader(ctx.fs, deltars.staged_in_order(paths), out), rows
@@ -117,10 +138,7 @@ def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: 
     fields = delta_fields(table_fields(part_schema(ctx, parts[0])))
     schema = pa.schema(fields)
     point = int(resync.consistent_point)
-    meta = bool(keys) and ctx.wants_metadata_columns(name)
-    if meta:
-        reserved_clash(name, schema.names)
-    reader, rows = _copy_rows(ctx, entry, parts, schema, keys, "resync", copied_at=point if meta else None)
+    reader, rows = _copy_rows(ctx, entry, parts, schema, keys, "resync", point)
     fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
     deltars.replace(
         url, reader, storage_options=ctx.storage,
@@ -147,18 +165,15 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
         "pgcdc.snapshot_id": snapshot.snapshot_id,
         "pgcdc.consistent_point": snapshot.consistent_point,
     }
-    meta = bool(keys) and ctx.wants_metadata_columns(name)
-    if meta:
-        reserved_clash(name, schema.names)
+    add, with_extras = _with_extras(ctx, name, keys, schema, int(LSN.parse(snapshot.consistent_point)))
     try:
         copy_bytes = sum(p.bytes for p in entry.parts)
         if ctx.sink.driver_batches and _fits_driver(ctx, entry.rows, copy_bytes):
             rows = _driver_copy(ctx, parts, schema, keys)  # no Spark job, no staged file
         else:
             rows = read_parts(ctx, parts, schema)
-        if meta:
-            rows = copy_metadata(rows, int(LSN.parse(snapshot.consistent_point)), metadata_now())
-            schema = pa.schema(list(schema) + metadata_fields())
+        if add is not None:
+            rows, schema = add(rows), with_extras
         rows = ctx.sink.create(url, rows, schema, metadata=metadata, configuration=ctx.sink.properties(fields, table=name),
                                where=(entry.schema, entry.table, "bootstrap"), keys=keys, copy_bytes=copy_bytes)
     except deltars.TableExists:
@@ -171,17 +186,18 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
 def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     name = plan.qualified_name
     fields = batch_fields(ctx, plan)
-    meta = ctx.wants_metadata_columns(name)  # keyed tables only: this is one
-    if meta:
-        reserved_clash(name, [f.name for f in fields])
-    dt, added = evolve(ctx, plan, url, dt, fields + (metadata_fields() if meta else []), {"pgcdc.created": name},
+    # keyed tables only: this is one
+    meta, soft = ctx.wants_metadata_columns(name), ctx.wants_soft_deletes(name)
+    if meta or soft:
+        reserved_clash(name, [f.name for f in fields], metadata=meta, soft=soft)
+    dt, added = evolve(ctx, plan, url, dt, fields + extra_fields(meta, soft), {"pgcdc.created": name},
                        missing_values(plan))
     target = pa.schema(dt.schema().to_arrow())
     keys = list(plan.key_columns)
     columns, toast, read_schema = change_inputs(plan, fields, keys)
     check_internal_names(name, columns, keys, toast)
     carried = columns  # the values the compaction keeps of each key's last change
-    if meta:  # ... and its commit time; its op and LSN the compaction keeps anyway
+    if meta or soft:  # ... and its commit time; its op and LSN the compaction keeps anyway
         carried = columns + [COMMIT_TS]
         read_schema = read_schema.append(META[COMMIT_TS])
     # key-changing updates left TOAST values unsent: match such rows on their old key
@@ -193,7 +209,9 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     spec_args = dict(
         target_columns=target.names, source_columns=carried + ([OP, COMMIT_LSN, MERGED_AT] if meta else []),
         key_columns=keys,
-        keep_columns=toast, truncated=plan.truncate_at is not None, rekeyed=rekey,
+        keep_columns=toast, truncated=plan.truncate_at is not None, rekeyed=rekey, soft_delete=soft,
+        delete_values=soft and bool(plan.versions) and all(v.replica_identity == "f" for v in plan.versions),
+        truncate_time=truncate_mark(plan.truncate_time, metadata_now()) if soft and plan.truncate_at else None,
     )
     if rekey:
         log.info("%s: %d key-changing update(s) without their TOAST values: matching them on the old key",
@@ -205,7 +223,7 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     by_name = {f.name: f for f in fields}
     stage_schema = pa.schema(
         fields
-        + ([META[COMMIT_TS]] if meta else [])
+        + ([META[COMMIT_TS]] if meta or soft else [])
         + [META[OP], META[COMMIT_LSN], META[SEQ]]
         + [pa.field(keep_column(c), pa.bool_()) for c in toast]
         + ([by_name[k].with_name(MATCH_PREFIX + k) for k in keys] if rekey else [])
