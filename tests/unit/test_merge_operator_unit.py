@@ -499,10 +499,12 @@ def test_the_change_data_feed_and_a_table_s_own_options_reach_every_door(fake_sp
     from airflow_pgcdc.dags.pipeline import Pipeline, PipelineConfigError
     from airflow_pgcdc.merge.options import BadMergeOption, MergeOptions, parse_table_options
 
-    opts = MergeOptions(change_data_feed=True, metadata_columns=True,
-                        table_options={"shop.orders": {"change_data_feed": "false", "metadata_columns": "off"},
+    opts = MergeOptions(change_data_feed=True, metadata_columns=True, soft_deletes=True,
+                        table_options={"shop.orders": {"change_data_feed": "false", "metadata_columns": "off",
+                                                       "soft_deletes": False},
                                        "odd:schema.t": {"change_data_feed": True}})
-    assert opts.table_options == {"shop.orders": {"change_data_feed": False, "metadata_columns": False},
+    assert opts.table_options == {"shop.orders": {"change_data_feed": False, "metadata_columns": False,
+                                                  "soft_deletes": False},
                                   "odd:schema.t": {"change_data_feed": True}}
     assert (opts.for_table("shop.orders", "metadata_columns"), opts.for_table("x.y", "metadata_columns")) == (
         False, True)
@@ -528,6 +530,10 @@ def test_the_change_data_feed_and_a_table_s_own_options_reach_every_door(fake_sp
                                  metadata_columns="{{ params.meta }}")
     op.metadata_columns = "true"
     assert op._application_args()[-1] == "--metadata-columns"
+    op = PgcdcSparkMergeOperator(task_id="sd", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
+                                 soft_deletes="{{ params.soft }}")
+    op.soft_deletes = "true"
+    assert op._application_args()[-1] == "--soft-deletes"
     by_fields = PgcdcSparkMergeOperator(task_id="f", store="s3://b/cdc", slot="shop", delta="s3://b/lake",
                                         change_data_feed=True,
                                         table_options={"shop.orders": {"change_data_feed": False}})
