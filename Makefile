@@ -18,8 +18,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 JARS := jvm/jars
 MVN ?= mvn
 JARS_STAMP := $(JARS)/.complete
+HMS_LIB := jvm/hms/lib
+HMS_STAMP := $(HMS_LIB)/.complete
 
-.PHONY: test demo setup apt jars lint bench clean bytecode
+.PHONY: test demo setup apt jars hms lint bench clean bytecode
 
 # The floor environment: the package's declared floors (pyproject.toml), resolved lowest
 # first into requirements/floor.txt as a team on the lowest Airflow would have installed
@@ -36,7 +38,7 @@ FLOOR_AIRFLOW_TESTS := tests/integration/test_dags.py tests/integration/test_dag
   tests/integration/test_operator_merge_partial.py tests/integration/test_changes_sensor.py \
   tests/integration/test_hook_connection.py
 
-setup: apt $(STAMP) jars
+setup: apt $(STAMP) jars hms
 
 apt:
 	@missing=""; for p in $(APT_PKGS); do \
@@ -82,6 +84,26 @@ $(JARS_STAMP): jvm/pom.xml
 	  echo "warning: mvn could not fetch the delta-spark/s3a jars (see jvm/mvn.log); their tests will skip"; \
 	fi
 
+# A standalone Hive Metastore 4.0.1 (jvm/hms/pom.xml: the metastore and the Hadoop jars it
+# needs, ~85 MB, once) for the catalog's tests (airflow_pgcdc/testing/hms.py starts it on
+# embedded Derby). Without it they skip, saying why (jvm/hms-error.txt), as above.
+hms: $(HMS_STAMP)
+
+$(HMS_STAMP): jvm/hms/pom.xml
+	@rm -f jvm/hms-error.txt; \
+	if ! command -v $(firstword $(MVN)) >/dev/null 2>&1; then \
+	  echo "mvn is not installed (apt-get install maven)" > jvm/hms-error.txt; exit 0; \
+	fi; \
+	echo "fetching the Hive Metastore's jars (jvm/hms/pom.xml) into $(HMS_LIB)"; \
+	rm -rf $(HMS_LIB).tmp; \
+	if $(MVN) -q -B -f jvm/hms/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(HMS_LIB).tmp \
+	     > jvm/hms-mvn.log 2>&1; then \
+	  rm -rf $(HMS_LIB) && mv $(HMS_LIB).tmp $(HMS_LIB) && touch $(HMS_STAMP) && rm -f jvm/hms-mvn.log; \
+	else \
+	  rm -rf $(HMS_LIB).tmp; sed 's/\x1b\[[0-9;]*m//g' jvm/hms-mvn.log | grep -m1 -E "ERROR" > jvm/hms-error.txt; \
+	  echo "warning: mvn could not fetch the Hive Metastore (see jvm/hms-mvn.log); the catalog tests will skip"; \
+	fi
+
 # Byte-compile our own sources (the lock install above compiles the dependencies, as pip
 # does by default): with PYTHONDONTWRITEBYTECODE set, every process would otherwise
 # recompile them at import. Up-to-date files are skipped.
@@ -120,4 +142,4 @@ bench: setup bytecode
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) .pgcdc .pytest_cache $(JARS) jvm/mvn.log jvm/jars-error.txt
+	rm -rf $(VENV) $(FLOOR_VENV) .pgcdc .pytest_cache $(JARS) jvm/mvn.log jvm/jars-error.txt $(HMS_LIB) jvm/hms-mvn.log jvm/hms-error.txt

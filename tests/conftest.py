@@ -317,6 +317,28 @@ def s3(request: pytest.FixtureRequest):
 
 
 @pytest.fixture(scope="session")
+def hive_metastore():
+    """A standalone Hive Metastore (:class:`airflow_pgcdc.testing.hms.Metastore`, embedded
+    Derby, a free loopback port), shared by the session; skips, saying why, without the jars
+    ``make hms`` fetches."""
+    from airflow_pgcdc.testing.hms import Metastore, unavailable_reason
+
+    why = unavailable_reason()
+    if why:
+        pytest.skip(why)
+    server = Metastore()
+    try:
+        server.start()
+    except SandboxError as e:
+        server.close()
+        pytest.fail(f"the Hive Metastore did not start: {e}", pytrace=False)
+    _started["hive-metastore"] = server
+    yield server
+    _started.pop("hive-metastore", None)
+    server.close()
+
+
+@pytest.fixture(scope="session")
 def spark_cluster(request: pytest.FixtureRequest):
     """A Spark standalone cluster (Master + 2 Workers, separate JVMs, loopback, free ports),
     shared by the session, always stopped (also on failure and interrupt: process groups,

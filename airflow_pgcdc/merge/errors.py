@@ -162,3 +162,8 @@ class TablesFailed(MergeError):
         if self.outcome is not None:
             return self.outcome
         return self.result.to_dict() if self.result is not None else None
+
+
+class CatalogNotUpdated(TablesFailed):
+    """Every table was merged, but the Hive Metastore (``--catalog``) was not brought up to
+    date (``result.catalog["error"]`` says why); the next merge tries again."""

@@ -71,6 +71,7 @@ from airflow_pgcdc.merge.context import (
     target_url,
 )
 from airflow_pgcdc.merge.errors import (
+    CatalogNotUpdated,
     ColumnIdentityChanged,
     IncompatibleSchemaChange,
     KeylessChange,
@@ -284,6 +285,18 @@ def merge_slot(
             result.tables.extend(each_table(one, wanted, table_workers))
         finally:
             s3store.delete_prefix(client, layout.bucket, layout.merge_staging_prefix(slot, ctx.run_id))
+    catalog_error = None
+    if o.catalog:  # the tables are merged whatever the metastore says: it is told after
+        from airflow_pgcdc.lake.catalog import CatalogError
+        from airflow_pgcdc.merge.catalog import catalog_failure, sync_catalog
+
+        try:
+            catalog = sync_catalog(ctx, wanted, result.tables)
+        except CatalogError as exc:
+            log.error("catalog %s not brought up to date (the Delta tables are merged; the next merge tries "
+                      "again): %s", o.catalog, exc)
+            catalog, catalog_error = catalog_failure(exc), exc
+        result = dataclasses.replace(result, catalog=catalog)
     result = dataclasses.replace(result, seconds=round(time.monotonic() - t0, 3),
                                  detail=layout.url(layout.merge_result(slot, ctx.run_id)))
     if write_detail(client, layout, slot, ctx.run_id, result.to_dict()) is None:
@@ -298,6 +311,10 @@ def merge_slot(
             hint=" | ".join(f"{t.table}: {t.hint}" for t in shown if t.hint) or None,
             result=result,
         )
+    if catalog_error is not None:
+        raise CatalogNotUpdated(f"every table merged, but the catalog {o.catalog} was not brought up to date: "
+                                f"{catalog_error}", hint=catalog_error.hint or "the next merge registers them again",
+                                result=result)
     return result
 
 

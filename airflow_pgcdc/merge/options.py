@@ -12,6 +12,7 @@ with its flag, and reaches every door.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -47,7 +48,8 @@ def parse_keys(items: Sequence[str] | None) -> dict[str, list[str]]:
     return out
 
 
-TABLE_OPTIONS: dict[str, type] = {"change_data_feed": bool, "metadata_columns": bool, "soft_deletes": bool}
+TABLE_OPTIONS: dict[str, type] = {"change_data_feed": bool, "metadata_columns": bool, "soft_deletes": bool,
+                                  "catalog_name": str}
 """The merge's options a table may set for itself (:attr:`MergeOptions.table_options`,
 ``--table-option SCHEMA.TABLE:NAME=VALUE``), over the pipeline's: each one's type."""
 
@@ -118,6 +120,8 @@ class MergeOptions(JobOptions):
     change_data_feed: bool = False
     metadata_columns: bool = False
     soft_deletes: bool = False
+    catalog: str | None = None
+    catalog_prefix: str = ""
     table_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -159,6 +163,12 @@ class MergeOptions(JobOptions):
         self._put("change_data_feed", bool(self.change_data_feed))
         self._put("metadata_columns", bool(self.metadata_columns))
         self._put("soft_deletes", bool(self.soft_deletes))
+        if self.catalog is not None and not str(self.catalog).startswith("thrift://"):
+            raise BadMergeOption(f"catalog must be a Hive Metastore's thrift://host:port, got {self.catalog!r}",
+                                 hint="--catalog thrift://metastore:9083")
+        if not re.fullmatch(r"[a-z0-9_]*", self.catalog_prefix or ""):
+            raise BadMergeOption(f"catalog_prefix must be lower-case letters, digits and '_', got {self.catalog_prefix!r}",
+                                 hint="--catalog-prefix sales_ puts schema public in database sales_public")
         per_table: dict[str, dict[str, Any]] = {}
         if not isinstance(self.table_options or {}, Mapping):
             raise BadMergeOption(f"table_options must map schema.table to its options, got {self.table_options!r}",
@@ -186,7 +196,7 @@ class MergeOptions(JobOptions):
                    driver_rows=pick("driver_rows"), table_workers=pick("table_workers"), until_lsn=pick("until_lsn"),
                    until_time=pick("until_time"), change_data_feed=bool(pick("change_data_feed")),
                    metadata_columns=bool(pick("metadata_columns")), soft_deletes=bool(pick("soft_deletes")),
-                   table_options=parse_table_options(pick("table_option")))
+                   catalog=pick("catalog"), catalog_prefix=pick("catalog_prefix") or "", table_options=parse_table_options(pick("table_option")))
 
     def to_args(self) -> list[str]:
         """``spark_app.py``'s arguments for these options (the defaults left out); parsed back
@@ -213,6 +223,10 @@ class MergeOptions(JobOptions):
             args.append("--metadata-columns")
         if self.soft_deletes:
             args.append("--soft-deletes")
+        if self.catalog:
+            args += ["--catalog", self.catalog]
+        if self.catalog_prefix:
+            args += ["--catalog-prefix", self.catalog_prefix]
         for table, given in self.table_options.items():
             for name, value in given.items():
                 args += ["--table-option", f"{table}:{name}={str(value).lower() if isinstance(value, bool) else value}"]
@@ -263,6 +277,8 @@ class MergeResult:
     until: dict[str, Any] | None = None
     # the whole result's document in the store (merge.results): what a summary left out
     detail: str | None = None
+    # --catalog: {"db.table": created|updated|unchanged}, or {"error": …}
+    catalog: dict[str, str] | None = None
 
     @property
     def failed(self) -> list[TableResult]:

@@ -62,9 +62,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a row the source deletes stays in its Delta table, with its last values and "
                    "_pgcdc_deleted_at (the delete's commit time; a truncate marks every row); a new row of the key "
                    "revives it (keyed tables; see docs/store-format.md)")
+    p.add_argument("--catalog", metavar="THRIFT_URI",
+                   help="keep this Hive Metastore (thrift://host:port) in step with the Delta tables: each table "
+                   "registered by name, {prefix}{schema}.{table} (see docs/operations.md); needs the catalog extra")
+    p.add_argument("--catalog-prefix", metavar="PREFIX", default="",
+                   help="prefix of the metastore database names (lower-case letters, digits, '_')")
     p.add_argument("--table-option", action="append", metavar="SCHEMA.TABLE:NAME=VALUE",
                    help="a table's own value of a merge option, over the pipeline's (NAME: change_data_feed, "
-                   "metadata_columns, soft_deletes); repeatable")
+                   "metadata_columns, soft_deletes, catalog_name=db.name); repeatable")
     p.add_argument("--history", choices=("changelog", "scd2"),
                    help="also keep a history table: changelog = every change row appended to "
                    "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")

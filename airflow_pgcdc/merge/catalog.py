@@ -1,0 +1,54 @@
+"""The merge's step that keeps a Hive Metastore in step with the Delta tables (``--catalog``,
+:mod:`airflow_pgcdc.lake.catalog`): after the tables are merged, each one that has a Delta
+table is registered, or its entry brought up to date (columns added, the table gone from the
+pipeline, a rebuild's or resync's table swapped in at the same place). A table that failed is
+left as its entry was. The metastore is written only where an entry differs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from airflow_pgcdc.lake.catalog import CatalogError, Metastore, catalog_names, table_entry
+from airflow_pgcdc.lake.inspect import open_table
+from airflow_pgcdc.merge.context import JobContext
+from airflow_pgcdc.merge.options import TableResult
+
+__all__ = ["sync_catalog"]
+
+log = logging.getLogger("airflow_pgcdc.merge.job")
+
+_NO_TABLE = {"failed", "skipped"}
+
+
+def sync_catalog(ctx: JobContext, names: Sequence[tuple[str, str]], results: Sequence[TableResult]) -> dict[str, str]:
+    """Register the tables of ``results`` (``names``: their ``(schema, table)``, in the same
+    order) in the job's metastore; ``{"db.table": created|updated|unchanged}``. Raises
+    :class:`~airflow_pgcdc.lake.catalog.CatalogError`."""
+    o = ctx.options
+    entries = []
+    for (schema, table), res in zip(names, results, strict=True):
+        if res.action in _NO_TABLE:
+            continue
+        dt = open_table(res.delta_url, ctx.storage)
+        if dt is None:
+            continue
+        qualified = f"{schema}.{table}"
+        db, name = catalog_names(schema, table, prefix=o.catalog_prefix,
+                                 given=o.table_options.get(qualified, {}).get("catalog_name"))
+        params = {"pgcdc.slot": ctx.slot, "pgcdc.source_schema": schema, "pgcdc.source_table": table}
+        if res.left_pipeline:
+            params["pgcdc.left_pipeline"] = "true"
+        entries.append(table_entry(db, name, res.delta_url, pa.schema(dt.schema().to_arrow()), params))
+    with Metastore(o.catalog) as metastore:
+        done = metastore.register(entries)
+    changed = {k: v for k, v in done.items() if v != "unchanged"}
+    log.info("catalog %s: %d table(s) registered, %d unchanged%s", o.catalog, len(changed), len(done) - len(changed),
+             "".join(f"; {k} {v}" for k, v in sorted(changed.items())[:20]))
+    return done
+
+
+def catalog_failure(exc: CatalogError) -> dict[str, str]:
+    return {"error": f"{type(exc).__name__}: {exc}"}
