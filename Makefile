@@ -86,7 +86,9 @@ $(JARS_STAMP): jvm/pom.xml
 
 # A standalone Hive Metastore 4.0.1 (jvm/hms/pom.xml: the metastore and the Hadoop jars it
 # needs, ~85 MB, once) for the catalog's tests (airflow_pgcdc/testing/hms.py starts it on
-# embedded Derby). Without it they skip, saying why (jvm/hms-error.txt), as above.
+# embedded Derby), and the Hive 4.0.1 client Spark loads to read tables by name from it
+# (jvm/hms/client/pom.xml, ~170 MB: Spark's built-in Hive 2.3 client calls get_table, which
+# Hive 4 removed). Without them the catalog tests skip, saying why (jvm/hms-error.txt).
 hms: $(HMS_STAMP)
 
 $(HMS_STAMP): jvm/hms/pom.xml
@@ -94,10 +96,12 @@ $(HMS_STAMP): jvm/hms/pom.xml
 	if ! command -v $(firstword $(MVN)) >/dev/null 2>&1; then \
 	  echo "mvn is not installed (apt-get install maven)" > jvm/hms-error.txt; exit 0; \
 	fi; \
-	echo "fetching the Hive Metastore's jars (jvm/hms/pom.xml) into $(HMS_LIB)"; \
+	echo "fetching the Hive Metastore's jars (jvm/hms/pom.xml) and Spark's Hive 4 client (jvm/hms/client/pom.xml)"; \
 	rm -rf $(HMS_LIB).tmp; \
 	if $(MVN) -q -B -f jvm/hms/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(HMS_LIB).tmp \
-	     > jvm/hms-mvn.log 2>&1; then \
+	     > jvm/hms-mvn.log 2>&1 && \
+	   $(MVN) -q -B -f jvm/hms/client/pom.xml dependency:copy-dependencies \
+	     -DoutputDirectory=$(CURDIR)/$(HMS_LIB).tmp/client >> jvm/hms-mvn.log 2>&1; then \
 	  rm -rf $(HMS_LIB) && mv $(HMS_LIB).tmp $(HMS_LIB) && touch $(HMS_STAMP) && rm -f jvm/hms-mvn.log; \
 	else \
 	  rm -rf $(HMS_LIB).tmp; sed 's/\x1b\[[0-9;]*m//g' jvm/hms-mvn.log | grep -m1 -E "ERROR" > jvm/hms-error.txt; \

@@ -2,7 +2,8 @@
 thrift://…``), against a real standalone metastore (Hive 4.0.1, embedded Derby) started by the
 test bed, PostgreSQL, SeaweedFS and Spark.
 
-Checked through the metastore's own Thrift interface: every table is registered at its
+Checked through Spark SQL (``SELECT … FROM db.table``, Spark's Hive 4 client in a process of
+its own) and through the metastore's own Thrift interface: every table is registered at its
 mapped name as Spark registers a Delta table (external, provider ``delta``, the table's
 ``s3a://`` URL as ``path``, its columns), names that differ only in case or in characters the
 metastore does not take land apart, a table's own ``catalog_name`` is used; a merge that
@@ -11,6 +12,12 @@ publication stays registered, marked; a metastore that cannot be reached fails t
 after every table was merged (``CatalogNotUpdated``), and the next merge registers them."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from lake_helpers import drain, sql
@@ -25,6 +32,15 @@ from airflow_pgcdc.testing.processes import free_port
 from airflow_pgcdc.verify import verify_table
 
 TABLES = [("public", "orders"), ("Sales", "Odd Name"), ("Sales", "odd name"), ("public", "items")]
+
+
+def _spark_sql(uri: str, statements: list[str]) -> list:
+    """Each statement's rows (as text), read by a Spark session of its own with Hive support."""
+    script = Path(__file__).with_name("spark_by_name.py")
+    done = subprocess.run([sys.executable, str(script), uri, *statements], capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ), check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
 
 
 @pytest.mark.slow
@@ -54,6 +70,13 @@ def test_the_merge_keeps_a_hive_metastore_in_step(fresh_db, slot_name, store, sp
             assert (entry.parameters["pgcdc.source_schema"], entry.parameters["pgcdc.source_table"]) == (schema, table)
             assert entry.sd.serdeInfo.parameters["path"] == "s3a://" + delta_table_url(lake, schema, table)[5:]
             assert [(c.name, c.type) for c in entry.sd.cols] == [("id", "int"), ("v", "string")]
+
+    # Spark SQL reads them by name from the metastore (Hive 4 client, Delta, S3A)
+    assert _spark_sql(hive_metastore.uri, [
+        "SELECT id, v FROM public.orders ORDER BY id",
+        "SELECT id, v FROM {} ORDER BY id".format(".".join(f"`{p}`" for p in where[("Sales", "Odd Name")])),
+        "SELECT count(*) FROM shop.line_items",
+    ]) == [[["1", "v1"], ["2", "v2"], ["3", "v3"]]] * 2 + [[["3"]]]
 
     # a column added: that entry updated, the others left as they are
     sql(db, "ALTER TABLE orders ADD COLUMN note text; INSERT INTO orders VALUES (9, 'nine', 'n')")
