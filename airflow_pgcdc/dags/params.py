@@ -53,6 +53,8 @@ def merge_task(p: Pipeline, task_id: str, *, delta: str = "{{ params.delta }}", 
     kwargs.setdefault("change_data_feed", p.change_data_feed)
     kwargs.setdefault("metadata_columns", p.metadata_columns)
     kwargs.setdefault("soft_deletes", p.soft_deletes)
+    kwargs.setdefault("catalog", p.catalog)
+    kwargs.setdefault("catalog_prefix", p.catalog_prefix)
     kwargs.setdefault("table_options", p.table_options)
     return PgcdcSparkMergeOperator(task_id=task_id, store="{{ params.store }}", slot="{{ params.slot }}",
                                    delta=delta, aws_conn_id=p.aws_conn_id, conn_id=p.spark_conn_id, **kwargs)

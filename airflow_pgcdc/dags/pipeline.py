@@ -62,6 +62,8 @@ class Pipeline:
         ``--metadata-columns``)
     :param soft_deletes: a row the source deletes stays in its Delta table, marked (every
         merge: ``--soft-deletes``)
+    :param catalog: a Hive Metastore (``thrift://host:port``) every merge keeps in step with
+        the Delta tables (``--catalog``); ``catalog_prefix``: its database names' prefix
     :param table_options: a table's own value of a merge option over the pipeline's,
         ``{"schema.table": {"change_data_feed": false}}`` (``--table-option``)
     :param tags: extra tags of every DAG
@@ -90,6 +92,8 @@ class Pipeline:
     change_data_feed: bool = False
     metadata_columns: bool = False
     soft_deletes: bool = False
+    catalog: str | None = None
+    catalog_prefix: str | None = None
     table_options: Mapping[str, Mapping[str, Any]] | None = None
     tags: tuple[str, ...] = ()
 
@@ -132,6 +136,13 @@ class Pipeline:
         for field in ("change_data_feed", "metadata_columns", "soft_deletes"):
             if not isinstance(getattr(self, field), bool):
                 raise bad(field, f"must be true or false, got {getattr(self, field)!r}")
+        if self.catalog is not None or self.catalog_prefix is not None:
+            from airflow_pgcdc.merge.options import BadMergeOption, MergeOptions
+
+            try:
+                MergeOptions(catalog=self.catalog, catalog_prefix=self.catalog_prefix or "")
+            except BadMergeOption as e:
+                raise bad("catalog", str(e)) from None
         if self.table_options is not None:
             from airflow_pgcdc.merge.options import BadMergeOption, MergeOptions
 

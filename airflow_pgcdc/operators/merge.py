@@ -166,6 +166,8 @@ def merge_application_args(
     change_data_feed: bool = False,
     metadata_columns: bool = False,
     soft_deletes: bool = False,
+    catalog: str | None = None,
+    catalog_prefix: str | None = None,
     table_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[str]:
     """The arguments of ``spark_app.py`` (see :func:`airflow_pgcdc.merge.spark_app.add_arguments`):
@@ -176,7 +178,7 @@ def merge_application_args(
         tables=tables, keys=keys, max_windows=max_windows, history=history, engine=engine, reader=reader,
         target_file_mb=target_file_mb, deletion_vectors=deletion_vectors, driver_rows=driver_rows,
         until_lsn=until_lsn, until_time=until_time, change_data_feed=change_data_feed, metadata_columns=metadata_columns,
-        soft_deletes=soft_deletes, table_options=table_options)
+        soft_deletes=soft_deletes, catalog=catalog, catalog_prefix=catalog_prefix, table_options=table_options)
     return ["--store", store, "--slot", slot, "--delta", delta, *options.to_args()]
 
 
@@ -355,6 +357,9 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         (``--metadata-columns``; templated: ``"true"``/``"false"``)
     :param soft_deletes: a row the source deletes stays in its Delta table (keyed tables),
         marked by ``_pgcdc_deleted_at`` (``--soft-deletes``; templated: ``"true"``/``"false"``)
+    :param catalog: a Hive Metastore, ``thrift://host:port``, kept in step with the Delta
+        tables (``--catalog``; the ``catalog`` extra on the worker that runs the job; templated)
+    :param catalog_prefix: prefix of its database names (``--catalog-prefix``; templated)
     :param table_options: a table's own value of an option, over the pipeline's,
         ``{"schema.table": {"change_data_feed": False}}`` (``--table-option``; templated:
         the mapping as JSON or a Python literal)
@@ -386,7 +391,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "keys", "max_windows",
         "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows", "aws_conn_id", "conn_id",
         "until_lsn", "until_time", "options", "xcom_tables", "change_data_feed", "metadata_columns",
-        "soft_deletes", "table_options",
+        "soft_deletes", "catalog", "catalog_prefix", "table_options",
     )
     ui_color = "#fdebd0"
 
@@ -410,6 +415,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         change_data_feed: bool | str = False,
         metadata_columns: bool | str = False,
         soft_deletes: bool | str = False,
+        catalog: str | None = None,
+        catalog_prefix: str | None = None,
         table_options: Mapping[str, Mapping[str, Any]] | str | None = None,
         options: MergeOptions | Mapping[str, Any] | str | None = None,
         aws_conn_id: str | None = None,
@@ -457,6 +464,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.change_data_feed = change_data_feed
         self.metadata_columns = metadata_columns
         self.soft_deletes = soft_deletes
+        self.catalog = catalog
+        self.catalog_prefix = catalog_prefix
         self.table_options = table_options
         # the merge's options as one object or dict (templated: e.g. "{{ params.merge }}"),
         # instead of the fields above
@@ -465,7 +474,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                       reader=reader, target_file_mb=target_file_mb, deletion_vectors=deletion_vectors,
                       driver_rows=driver_rows, until_lsn=until_lsn, until_time=until_time,
                       change_data_feed=change_data_feed, metadata_columns=metadata_columns,
-                      soft_deletes=soft_deletes, table_options=table_options)
+                      soft_deletes=soft_deletes, catalog=catalog, catalog_prefix=catalog_prefix,
+                      table_options=table_options)
         given = [name for name, value in fields.items() if value not in (None, False)]
         if options is not None and given:
             raise ValueError(f"give options or the merge's fields ({', '.join(given)}), not both")
@@ -487,6 +497,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             change_data_feed=not templated(change_data_feed) and flag(change_data_feed, "change_data_feed"),
             metadata_columns=not templated(metadata_columns) and flag(metadata_columns, "metadata_columns"),
             soft_deletes=not templated(soft_deletes) and flag(soft_deletes, "soft_deletes"),
+            catalog=None if catalog in (None, "", "None") or templated(catalog) else catalog,
+            catalog_prefix=None if catalog_prefix in (None, "", "None") or templated(catalog_prefix) else catalog_prefix,
             table_options=None if templated(table_options) else mapping(table_options, "table_options"))
 
     # ------------------------------------------------------------------ building
@@ -595,6 +607,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             change_data_feed=flag(self.change_data_feed, "change_data_feed"),
             metadata_columns=flag(self.metadata_columns, "metadata_columns"),
             soft_deletes=flag(self.soft_deletes, "soft_deletes"),
+            catalog=None if self.catalog in (None, "", "None") else str(self.catalog),
+            catalog_prefix=None if self.catalog_prefix in (None, "", "None") else str(self.catalog_prefix),
             table_options=mapping(self.table_options, "table_options"),
         )
 

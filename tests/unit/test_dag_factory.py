@@ -59,14 +59,19 @@ def test_a_pipelines_four_dags_use_its_connections_and_knobs():
 
 
 def test_every_merge_of_a_pipeline_gets_its_change_data_feed_and_table_options():
-    p = Pipeline(name="sales", change_data_feed=True, table_options={"s.audit": {"change_data_feed": False}}, **BASE)
+    p = Pipeline(name="sales", change_data_feed=True, table_options={"s.audit": {"change_data_feed": False}},
+                 catalog="thrift://hms:9083", catalog_prefix="sales_", **BASE)
+    with pytest.raises(PipelineConfigError, match="catalog.*thrift://host:port"):
+        Pipeline(name="x", catalog="hms:9083", **BASE)
     merges = [t for d in pipeline_dags(p).values() for t in d.tasks if hasattr(t, "change_data_feed")]
     assert {t.task_id for t in merges} == {"bootstrap", "merge", "merge_resynced", "rebuild"}
     for t in merges:
         assert (t.change_data_feed, t.table_options) == (True, {"s.audit": {"change_data_feed": False}}), t.task_id
+    assert {(t.catalog, t.catalog_prefix) for t in merges} == {("thrift://hms:9083", "sales_")}
     args = pipeline_dags(p)["sales_incremental"].task_dict["merge"]._application_args()
-    assert args[args.index("--change-data-feed"):][:3] == [
-        "--change-data-feed", "--table-option", "s.audit:change_data_feed=false"]
+    assert args[args.index("--catalog"):][:4] == ["--catalog", "thrift://hms:9083", "--catalog-prefix", "sales_"]
+    assert "--change-data-feed" in args
+    assert args[args.index("--table-option"):][:2] == ["--table-option", "s.audit:change_data_feed=false"]
 
 
 def test_the_default_name_keeps_the_example_dag_ids():
