@@ -7,7 +7,7 @@ left as its entry was. The metastore is written only where an entry differs."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 
@@ -25,23 +25,30 @@ _NO_TABLE = {"failed", "skipped"}
 
 def sync_catalog(ctx: JobContext, names: Sequence[tuple[str, str]], results: Sequence[TableResult]) -> dict[str, str]:
     """Register the tables of ``results`` (``names``: their ``(schema, table)``, in the same
-    order) in the job's metastore; ``{"db.table": created|updated|unchanged}``. Raises
-    :class:`~airflow_pgcdc.lake.catalog.CatalogError`."""
-    o = ctx.options
+    order) in the job's metastore (:func:`register_tables`)."""
+    return register_tables(ctx.options, ctx.slot, ctx.storage, [
+        (schema, table, res.delta_url, res.left_pipeline)
+        for (schema, table), res in zip(names, results, strict=True) if res.action not in _NO_TABLE])
+
+
+def register_tables(options, slot: str, storage: dict[str, str],
+                    tables: Iterable[tuple[str, str, str, bool]]) -> dict[str, str]:
+    """Register ``tables`` (``(schema, table, Delta URL, left the pipeline)``) in the metastore
+    ``options.catalog`` (a :class:`~.options.MergeOptions`); ``{"db.table":
+    created|updated|unchanged}``. Raises :class:`~airflow_pgcdc.lake.catalog.CatalogError`."""
+    o = options
     entries = []
-    for (schema, table), res in zip(names, results, strict=True):
-        if res.action in _NO_TABLE:
-            continue
-        dt = open_table(res.delta_url, ctx.storage)
+    for schema, table, url, left in tables:
+        dt = open_table(url, storage)
         if dt is None:
             continue
         qualified = f"{schema}.{table}"
         db, name = catalog_names(schema, table, prefix=o.catalog_prefix,
                                  given=o.table_options.get(qualified, {}).get("catalog_name"))
-        params = {"pgcdc.slot": ctx.slot, "pgcdc.source_schema": schema, "pgcdc.source_table": table}
-        if res.left_pipeline:
+        params = {"pgcdc.slot": slot, "pgcdc.source_schema": schema, "pgcdc.source_table": table}
+        if left:
             params["pgcdc.left_pipeline"] = "true"
-        entries.append(table_entry(db, name, res.delta_url, pa.schema(dt.schema().to_arrow()), params))
+        entries.append(table_entry(db, name, url, pa.schema(dt.schema().to_arrow()), params))
     with Metastore(o.catalog) as metastore:
         done = metastore.register(entries)
     changed = {k: v for k, v in done.items() if v != "unchanged"}

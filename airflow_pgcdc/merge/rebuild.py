@@ -20,6 +20,7 @@ every table is swapped in (kept with ``swap=False`` for a look, or ``keep_scratc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -269,6 +270,7 @@ def rebuild_slot(
     result whose tables point at the live tables, with ``rebuild``: the scratch root, the
     swaps and what was removed. A table that failed is reported (the others are swapped)
     and :class:`.job.TablesFailed` raised after."""
+    from airflow_pgcdc.merge.errors import CatalogNotUpdated
     from airflow_pgcdc.merge.job import TablesFailed, merge_slot
     from airflow_pgcdc.merge.results import rewrite_detail
 
@@ -286,9 +288,9 @@ def rebuild_slot(
                              live=delta if swap else None)
     log.info("slot %s: rebuilding %d table(s) into %s", slot, len(names), scratch)
     failed: TablesFailed | None = None
-    try:
+    try:  # the scratch tables are not registered: the live ones are, once swapped in
         result = merge_slot(spark, store=store, slot=slot, delta=scratch, s3=settings,
-                            options=options).to_dict()
+                            options=dataclasses.replace(options, catalog=None)).to_dict()
     except TablesFailed as exc:
         if exc.result is None:
             raise
@@ -304,9 +306,35 @@ def rebuild_slot(
                 t["delta_url"] = delta.rstrip("/") + t["delta_url"][len(scratch):]
                 t["delta_version"] = versions.get(t["delta_url"], t.get("delta_version"))
         result["delta"] = delta
+    catalog_error = _register_live(result, options, slot, settings) if swap and options.catalog else None
     result["rebuild"] = {"scratch": scratch, **done, "swap": swap, "seconds": round(time.monotonic() - t0, 3)}
     rewrite_detail(s3store.make_s3_client(settings), result)  # the store's copy names the live tables too
+    if failed is None and catalog_error is not None:
+        failed = CatalogNotUpdated(f"every table rebuilt, but the catalog {options.catalog} was not brought up to "
+                                   f"date: {catalog_error}", hint=catalog_error.hint)
     if failed is not None:
         failed.outcome = result  # what the CLI and the operator print and read
         raise failed
     return result
+
+
+def _register_live(result: dict[str, Any], options: MergeOptions, slot: str, settings):
+    """The swapped-in live tables registered in the catalog (``result["catalog"]``); the
+    error when the metastore was not brought up to date, else None."""
+    from airflow_pgcdc.lake.catalog import CatalogError
+    from airflow_pgcdc.merge.catalog import register_tables
+    from airflow_pgcdc.store.layout import decode_table_segment
+
+    items = []
+    for t in result["tables"]:
+        if t.get("action") in ("failed", "skipped") or not t.get("delta_url"):
+            continue
+        schema, table = decode_table_segment(t["delta_url"].rstrip("/").rsplit("/", 1)[1].replace("~", "%"))
+        items.append((schema, table, t["delta_url"], bool(t.get("left_pipeline"))))
+    try:
+        result["catalog"] = register_tables(options, slot, s3store.delta_storage_options(settings), items)
+    except CatalogError as exc:
+        log.error("catalog %s not brought up to date after the rebuild: %s", options.catalog, exc)
+        result["catalog"] = {"error": f"{type(exc).__name__}: {exc}"}
+        return exc
+    return None

@@ -8,7 +8,8 @@ mapped name as Spark registers a Delta table (external, provider ``delta``, the 
 ``s3a://`` URL as ``path``, its columns), names that differ only in case or in characters the
 metastore does not take land apart, a table's own ``catalog_name`` is used; a merge that
 adds a column updates the entry and leaves the others untouched; a table taken out of the
-publication stays registered, marked; a metastore that cannot be reached fails the job
+publication stays registered, marked; a rebuild registers the live tables it swaps in, not its
+scratch copies; a metastore that cannot be reached fails the job
 after every table was merged (``CatalogNotUpdated``), and the next merge registers them."""
 
 from __future__ import annotations
@@ -94,6 +95,15 @@ def test_the_merge_keeps_a_hive_metastore_in_step(fresh_db, slot_name, store, sp
     with Metastore(hive_metastore.uri) as ms:
         assert ms.table("shop", "line_items").parameters.get("pgcdc.left_pipeline") == "true", out.to_dict()
         assert "pgcdc.left_pipeline" not in ms.table("public", "orders").parameters
+
+    # a rebuild registers the live tables it swapped in, never its scratch copies
+    from airflow_pgcdc.merge.rebuild import rebuild_slot
+
+    rebuilt = rebuild_slot(spark, store=src, slot=slot, delta=lake, tables=["public.orders"], **asked)
+    assert rebuilt["catalog"] == {"public.orders": "unchanged"}, rebuilt.get("catalog")
+    with Metastore(hive_metastore.uri) as ms:
+        path = ms.table("public", "orders").sd.serdeInfo.parameters["path"]
+    assert path == "s3a://" + delta_table_url(lake, "public", "orders")[5:]
 
     # a metastore that cannot be reached: the tables are merged, the job says the catalog lags
     sql(db, "UPDATE orders SET v = 'z' WHERE id = 3")
