@@ -729,4 +729,8 @@ class PgcdcMergeCheckOperator(BaseOperator):
             raise AirflowException(f"no merge result from task {self.merge_task_id!r} (XCom return_value): {result!r}")
         if failed_tables(result) or (result.get("actions") or {}).get("failed"):
             raise PgcdcTablesFailed(tables_failed_message(result))
+        lag = (result.get("catalog") or {}).get("error")
+        if lag:  # every table merged, the metastore not told (--catalog)
+            raise PgcdcTablesFailed(f"the merge of slot {result.get('slot')} left its catalog behind: {lag} (the "
+                                    "tables are merged; the next merge registers them again)")
         return {"failed": []}

@@ -134,6 +134,11 @@ def test_check_operator():
     assert check.execute({"ti": _TI({**RESULT, "tables": [RESULT["tables"][0]]})}) == {"failed": []}
     with pytest.raises(Exception, match="no merge result from task 'merge'"):
         check.execute({"ti": _TI(None)})
+    # every table merged but the metastore not told (--catalog): the run still fails, saying so
+    merged = {**RESULT, "tables": [RESULT["tables"][0]]}
+    with pytest.raises(PgcdcTablesFailed, match="left its catalog behind: CatalogError: cannot reach"):
+        check.execute({"ti": _TI({**merged, "catalog": {"error": "CatalogError: cannot reach the Hive Metastore"}})})
+    assert check.execute({"ti": _TI({**merged, "catalog": {"public.ok": "updated"}})}) == {"failed": []}
 
 
 def _many(n_quiet: int, n_merged: int, n_failed: int) -> dict:
