@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_pgcdc.lake.catalog import CatalogError, _address, catalog_names, hive_name, hive_type, table_entry
+from airflow_pgcdc.lake.catalog import (
+    CatalogError,
+    _address,
+    catalog_names,
+    hive_name,
+    hive_type,
+    table_entry,
+)
 
 _PG_NAME = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=20)
 
