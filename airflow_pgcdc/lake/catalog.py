@@ -28,7 +28,6 @@ import contextlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -142,8 +141,14 @@ def _idl():
             import thriftpy2
         except ImportError:
             raise CatalogError("the catalog needs thriftpy2", hint="pip install 'airflow-pgcdc[catalog]'") from None
-        _MODULE = thriftpy2.load(str(Path(__file__).with_name("hive_metastore.thrift")),
-                                 module_name="pgcdc_hive_metastore_thrift")
+        import io
+        import pkgutil
+
+        # read as package data: under spark-submit --py-files the package is a zip
+        text = pkgutil.get_data(__package__, "hive_metastore.thrift")
+        if text is None:
+            raise CatalogError("the package lacks airflow_pgcdc/lake/hive_metastore.thrift (a broken install)")
+        _MODULE = thriftpy2.load_fp(io.StringIO(text.decode()), module_name="pgcdc_hive_metastore_thrift")
     return _MODULE
 
 

@@ -152,11 +152,12 @@ def _delta_settings(master: str | None, settings: Mapping[str, str]) -> dict[str
 
 
 def build_py_files(dest_dir: str | os.PathLike) -> str:
-    """Zip the ``airflow_pgcdc`` package (for ``spark-submit --py-files``); returns the path.
-    Rebuilt only when a source file is newer than the zip."""
+    """Zip the ``airflow_pgcdc`` package (for ``spark-submit --py-files``): its modules and its
+    data files (the metastore's Thrift interface); returns the path. Rebuilt only when a
+    source file is newer than the zip."""
     pkg = Path(__file__).resolve().parents[1]
     dest = Path(dest_dir) / "airflow_pgcdc.zip"
-    sources = [p for p in pkg.rglob("*.py") if "__pycache__" not in p.parts]
+    sources = [p for pattern in ("*.py", "*.thrift") for p in pkg.rglob(pattern) if "__pycache__" not in p.parts]
     if dest.exists() and dest.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
         return str(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -59,3 +59,24 @@ def test_hive_types_and_the_entry():
     assert _address("thrift://hms:9083") == ("hms", 9083)
     with pytest.raises(CatalogError, match="thrift://host:port"):
         _address("http://hms:9083")
+
+
+def test_the_thrift_interface_ships_in_the_py_files_zip_and_loads_from_it(tmp_path):
+    """Under spark-submit --py-files the package is a zip: the interface file must be in it and
+    be read as package data (a file path into the zip would not open)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from airflow_pgcdc.merge.session import build_py_files
+
+    pytest.importorskip("thriftpy2", reason="the catalog extra (thriftpy2) is not installed here: the floor "
+                                            "environment leaves it out")
+
+    zipped = build_py_files(tmp_path)
+    assert "airflow_pgcdc/lake/hive_metastore.thrift" in zipfile.ZipFile(zipped).namelist()
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import airflow_pgcdc.lake.catalog as c; "
+             "assert c.__file__.startswith(sys.argv[1]), c.__file__; print(c._idl().ThriftHiveMetastore.__name__)")
+    done = subprocess.run([sys.executable, "-c", probe, zipped], capture_output=True, text=True, check=False,
+                          cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0 and done.stdout.strip() == "ThriftHiveMetastore", done.stderr[-2000:]
