@@ -501,6 +501,13 @@ def _one_table(ctx: JobContext, schema: str, table: str, snapshot, manifests, ke
         res.seconds = round(time.monotonic() - t0, 3)
         return res
     merge = merge_batch if plan.key_columns else append_only
+    if not plan.key_columns:
+        unkept = [o for o, on in (("metadata_columns", ctx.wants_metadata_columns(name)),
+                                  ("soft_deletes", ctx.wants_soft_deletes(name))) if on]
+        if unkept:  # asked, and not done: said, not left to be found out
+            res.note = (f"{', '.join(unkept)} asked but not applied: {name} has no key (its rows are matched "
+                        "on every column; deleted rows are removed)")
+            log.warning("%s: %s", name, res.note)
     metrics, dt, added = merge(ctx, plan, url, dt, app)
     res.metrics = metrics
     res.added_columns = added

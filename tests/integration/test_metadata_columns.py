@@ -104,6 +104,8 @@ def test_the_delta_rs_engine_writes_metadata_columns(fresh_db, slot_name, store,
     m0 = datetime.now(UTC)
     out = merge_slot(spark, store=src, slot=slot, delta=lake, **asked)
     assert {t.table: t.action for t in out.tables}["public.t"] == "merged", out.to_dict()
+    assert "metadata_columns asked but not applied: public.k has no key" in {
+        t.table: t.note for t in out.tables}["public.k"]
     assert {t.table: t.action for t in out.tables}["public.clash"] == "bootstrapped", out.to_dict()
     rows = _rows(lake, "t")
     assert 3 not in rows
