@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -185,6 +186,21 @@ class JobContext:
         """Whether a row the source deletes stays in ``name``'s Delta table, marked
         (``--soft-deletes``, or the table's own ``--table-option``)."""
         return bool(self.options is not None and self.options.for_table(name, "soft_deletes"))
+
+    def partition_columns(self, name: str, columns: Sequence[str]) -> tuple[str, ...]:
+        """The partition columns ``name`` asks for (``--table-option …:partition_by=a,b``),
+        checked against its ``columns`` (:class:`~.errors.MergeError` naming a missing one)."""
+        given = self.options.for_table(name, "partition_by") if self.options is not None else None
+        if not given:
+            return ()
+        cols = tuple(c.strip() for c in str(given).split(",") if c.strip())
+        missing = [c for c in cols if c not in set(columns)]
+        if missing or not cols:
+            from airflow_pgcdc.merge.errors import MergeError
+
+            raise MergeError(f"table {name}: partition_by names column(s) {missing or [given]} it does not have",
+                             hint=f"--table-option {name}:partition_by=<columns of the table, comma-separated>")
+        return cols
 
     def open(self, url: str):
         """The Delta table at ``url`` (``None`` when there is none)."""

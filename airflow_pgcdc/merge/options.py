@@ -49,7 +49,7 @@ def parse_keys(items: Sequence[str] | None) -> dict[str, list[str]]:
 
 
 TABLE_OPTIONS: dict[str, type] = {"change_data_feed": bool, "metadata_columns": bool, "soft_deletes": bool,
-                                  "catalog_name": str}
+                                  "catalog_name": str, "partition_by": str}
 """The merge's options a table may set for itself (:attr:`MergeOptions.table_options`,
 ``--table-option SCHEMA.TABLE:NAME=VALUE``), over the pipeline's: each one's type."""
 
@@ -182,9 +182,10 @@ class MergeOptions(JobOptions):
 
     def for_table(self, name: str, option: str) -> Any:
         """``option`` (one of :data:`TABLE_OPTIONS`) for the table ``name`` (``schema.table``):
-        its own value (:attr:`table_options`), else the pipeline's."""
+        its own value (:attr:`table_options`), else the pipeline's (None for an option only a
+        table has: ``catalog_name``, ``partition_by``)."""
         own = self.table_options.get(name, {})
-        return own[option] if option in own else getattr(self, option)
+        return own[option] if option in own else getattr(self, option, None)
 
     @classmethod
     def from_args(cls, args: Any) -> MergeOptions:

@@ -15,7 +15,8 @@
   batch with a truncate (its ``WHEN NOT MATCHED BY SOURCE THEN DELETE`` must see every
   target row) nor a rekeyed batch (its rows match on ``_pgcdc_match_<k>``).
 
-Nothing here imports Spark or Airflow: the functions take plain values.
+Nothing here imports Spark or Airflow: the functions take plain values (a batch given as a
+Spark DataFrame is asked through its own methods).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from airflow_pgcdc.lake.sizing import target_bytes
-from airflow_pgcdc.lake.sql import quote_ident
+from airflow_pgcdc.lake.sql import quote_ident, quote_literal
 from airflow_pgcdc.merge.clauses import MergeSpec
 
 __all__ = ["MAX_RANGES", "bounded", "bounds_predicate", "file_count", "key_ranges", "prunable_key"]
@@ -75,6 +77,58 @@ def bounds_predicate(key: str, ranges: Sequence[tuple[int, int]], dialect: str, 
         lo, hi = int(lo), int(hi)
         parts.append(f"{ref} = {lo}" if lo == hi else f"({ref} >= {lo} AND {ref} <= {hi})")
     return "(" + " OR ".join(parts) + ")"
+
+
+MAX_PARTITIONS = 1000
+"""A batch in more partitions than this is merged without the partition bound."""
+
+
+def partition_values(rows, columns: Sequence[str], limit: int = MAX_PARTITIONS) -> dict[str, list] | None:
+    """The distinct values of each of ``columns`` in the batch ``rows`` (an Arrow table, or a
+    Spark DataFrame: one small job per column), or None when one has more than ``limit``."""
+    out: dict[str, list] = {}
+    for c in columns:
+        if isinstance(rows, pa.Table):
+            found = pc.unique(rows.column(c)).to_pylist()
+        else:
+            found = [r[0] for r in rows.select(quote_ident(c, "spark")).distinct().limit(limit + 1).collect()]
+        if len(found) > limit:
+            return None
+        out[c] = found
+    return out
+
+
+def partitions_predicate(values: dict[str, list] | None, fields: dict[str, pa.Field], dialect: str,
+                         alias: str = "t") -> str | None:
+    """``t.p IN (…) AND …``: the target's partitions that hold the batch's ``values`` (per
+    partition column); None (no bound) when there are none, or a column's type has no literal
+    here (integers, text, dates and booleans do). Text goes through
+    :func:`~airflow_pgcdc.lake.sql.quote_literal`, the rest is rendered from Python values."""
+    import datetime as dt
+
+    if not values:
+        return None
+    conds = []
+    for column, found in values.items():
+        t = fields[column].type
+        lits = []
+        for v in found:
+            if v is None:
+                return None
+            if pa.types.is_integer(t):
+                lits.append(str(int(v)))
+            elif pa.types.is_string(t) or pa.types.is_large_string(t):
+                lits.append(quote_literal(str(v), dialect))
+            elif pa.types.is_date(t) and isinstance(v, dt.date):
+                lits.append(f"CAST({quote_literal(v.isoformat(), dialect)} AS DATE)")
+            elif pa.types.is_boolean(t):
+                lits.append("TRUE" if v else "FALSE")
+            else:
+                return None
+        if not lits:
+            return None
+        conds.append(f"{alias}.{quote_ident(column, dialect)} IN ({', '.join(lits)})")
+    return "(" + " AND ".join(conds) + ")"
 
 
 def bounded(spec: MergeSpec, bound: str | None) -> MergeSpec:

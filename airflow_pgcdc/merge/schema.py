@@ -240,6 +240,7 @@ def evolve(ctx: JobContext, plan: TablePlan, url: str, dt, fields: list[pa.Field
             url, pa.RecordBatchReader.from_batches(pa.schema(fields), iter(())),
             storage_options=ctx.storage, configuration=ctx.sink.properties(fields, by="delta-rs",
                                                                            table=plan.qualified_name),
+            partition_by=ctx.partition_columns(plan.qualified_name, [f.name for f in fields]),
             metadata={"pgcdc.slot": ctx.slot, **created},
         )
         return open_table(url, ctx.storage), []

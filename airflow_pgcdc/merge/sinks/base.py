@@ -94,11 +94,12 @@ class DeltaSink(ABC):
     @abstractmethod
     def create(self, url: str, rows, schema: pa.Schema, *, metadata: Mapping[str, str],
                configuration: Mapping[str, str] | None, where: tuple[str, str, str], keys: Sequence[str] = (),
-               copy_bytes: int | None = None, sized: bool = True) -> int:
+               copy_bytes: int | None = None, sized: bool = True, partition_by: Sequence[str] = ()) -> int:
         """Create the table from ``rows`` in one commit (``TableExists`` if it is there);
         returns the row count. ``keys``: sort the rows by them (the merge key; key-sorted
         files are what a merge prunes by); ``copy_bytes``: the copy's Parquet bytes (the file
-        count); ``sized``: files of the job's target size."""
+        count); ``sized``: files of the job's target size; ``partition_by``: its partition
+        columns."""
 
     @abstractmethod
     def append(self, url: str, dt, rows, schema: pa.Schema, commit: Commit, *, where: tuple[str, str, str],

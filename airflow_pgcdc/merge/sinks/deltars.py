@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -187,15 +187,17 @@ def staged_column(fs, paths: list[str], schema: pa.Schema, column: str) -> list:
 
 def bootstrap(url: str, reader: pa.RecordBatchReader, *,
               storage_options: dict[str, str], metadata: dict[str, str],
-              configuration: dict[str, str] | None = None, target_file_size: int | None = None) -> None:
+              configuration: dict[str, str] | None = None, target_file_size: int | None = None,
+              partition_by: Sequence[str] = ()) -> None:
     """Create the table from ``reader``'s rows in one commit; files of about
-    ``target_file_size`` bytes, in the order the rows come (delta-rs' default when None)."""
+    ``target_file_size`` bytes, in the order the rows come (delta-rs' default when None);
+    partitioned by ``partition_by``."""
     from deltalake import CommitProperties, write_deltalake
 
     try:
         write_deltalake(
             url, reader, mode="error", storage_options=storage_options, configuration=configuration,
-            target_file_size=target_file_size,
+            target_file_size=target_file_size, partition_by=list(partition_by) or None,
             commit_properties=CommitProperties(custom_metadata=metadata),
         )
     except Exception as e:  # delta-rs raises its own DeltaError for an existing table
@@ -206,14 +208,14 @@ def bootstrap(url: str, reader: pa.RecordBatchReader, *,
 
 def replace(url: str, reader: pa.RecordBatchReader, *, storage_options: dict[str, str],
             configuration: dict[str, str] | None, transactions: dict[str, int],
-            metadata: dict[str, str], target_file_size: int | None = None) -> None:
+            metadata: dict[str, str], target_file_size: int | None = None, partition_by: Sequence[str] = ()) -> None:
     """Overwrite the Delta table at ``url`` (created when missing) with ``reader``'s rows and
     schema in one commit that also sets the app transactions ``transactions``."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     write_deltalake(
         url, reader, mode="overwrite", schema_mode="overwrite", storage_options=storage_options,
-        configuration=configuration, target_file_size=target_file_size,
+        configuration=configuration, target_file_size=target_file_size, partition_by=list(partition_by) or None,
         commit_properties=CommitProperties(
             app_transactions=[Transaction(a, v) for a, v in transactions.items()], custom_metadata=metadata,
         ),

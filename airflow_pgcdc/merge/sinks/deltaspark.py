@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -304,7 +304,7 @@ def needs_column_mapping(schema) -> bool:
 
 def bootstrap(spark, df, *, path: str, metadata: dict[str, str],
               configuration: Mapping[str, str] | None = None, sort_by: list | None = None,
-              files: int | None = None) -> int:
+              files: int | None = None, partition_by: Sequence[str] = ()) -> int:
     """Create the Delta table at ``path`` from ``df`` in one commit (``errorifexists``:
     a table created meanwhile raises :class:`~.deltars.TableExists`); table properties
     from ``configuration``. ``sort_by`` (Spark columns, the merge key) and ``files``: the
@@ -321,6 +321,8 @@ def bootstrap(spark, df, *, path: str, metadata: dict[str, str],
 
     writer = df.write.format("delta").mode("errorifexists").option(
         "userMetadata", json.dumps(dict(metadata), sort_keys=True))
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
     configuration = dict(configuration or {})
     if needs_column_mapping(df.schema):
         configuration.setdefault("delta.columnMapping.mode", "name")

@@ -72,7 +72,7 @@ class DeltaRsSink(DeltaSink):
         return deltars.staged_reader(self.ctx.fs, paths, schema), n, staging, paths
 
     def create(self, url, rows, schema, *, metadata, configuration, where, keys=(), copy_bytes=None,
-               sized=True) -> int:
+               sized=True, partition_by=()) -> int:
         if not isinstance(rows, pa.Table):
             rows = sorted_by_key(rows, keys)
         reader, n, staging, _ = self._rows(rows, schema, where, ordered=True)
@@ -80,6 +80,7 @@ class DeltaRsSink(DeltaSink):
             deltars.bootstrap(
                 url, reader, storage_options=self.ctx.storage, configuration=configuration,
                 metadata=dict(metadata), target_file_size=target_bytes(self.ctx.target_file_mb) if sized else None,
+                partition_by=partition_by,
             )
         finally:
             self._unstage(staging)
@@ -196,13 +197,13 @@ class DeltaSparkSink(DeltaSink):
         return metrics
 
     def create(self, url, rows, schema, *, metadata, configuration, where, keys=(), copy_bytes=None,
-               sized=True) -> int:
+               sized=True, partition_by=()) -> int:
         from airflow_pgcdc.merge.sinks import deltaspark
 
         files = pruning.file_count(copy_bytes, self.ctx.target_file_mb) if copy_bytes is not None else None
         return deltaspark.bootstrap(self.ctx.spark, rows, path=deltaspark.s3a(url), metadata=dict(metadata),
                                     configuration=configuration, sort_by=[_col(k) for k in keys] or None,
-                                    files=files)
+                                    files=files, partition_by=partition_by)
 
     def append(self, url, dt, rows, schema, commit, *, where, mode="append") -> dict[str, Any]:
         from airflow_pgcdc.merge.sinks import deltaspark

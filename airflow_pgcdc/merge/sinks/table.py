@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from airflow_pgcdc.changes.columns import COMMIT_LSN, COMMIT_TS, MERGED_AT, OP, SEQ
 from airflow_pgcdc.faults import FaultPoint, fault_point
+from airflow_pgcdc.lake.inspect import open_table
 from airflow_pgcdc.lake.sizing import target_bytes
 from airflow_pgcdc.lake.tables import RESYNC_APP_SUFFIX
 from airflow_pgcdc.merge import pruning
@@ -140,10 +141,13 @@ def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: 
     point = int(resync.consistent_point)
     reader, rows = _copy_rows(ctx, entry, parts, schema, keys, "resync", point)
     fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
+    before = open_table(url, ctx.storage)  # a table keeps its partitioning: a rebuild changes it
     deltars.replace(
         url, reader, storage_options=ctx.storage,
         configuration=ctx.sink.properties(fields, by="delta-rs", table=name),
         target_file_size=target_bytes(ctx.target_file_mb),
+        partition_by=(before.metadata().partition_columns if before is not None
+                      else ctx.partition_columns(name, schema.names)),
         transactions={app: covered, app + RESYNC_APP_SUFFIX: point},
         metadata={"pgcdc.slot": ctx.slot, "pgcdc.resync": resync.url,
                   "pgcdc.consistent_point": resync.manifest.consistent_point,
@@ -175,7 +179,8 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
         if add is not None:
             rows, schema = add(rows), with_extras
         rows = ctx.sink.create(url, rows, schema, metadata=metadata, configuration=ctx.sink.properties(fields, table=name),
-                               where=(entry.schema, entry.table, "bootstrap"), keys=keys, copy_bytes=copy_bytes)
+                               where=(entry.schema, entry.table, "bootstrap"), keys=keys, copy_bytes=copy_bytes,
+                               partition_by=ctx.partition_columns(name, schema.names))
     except deltars.TableExists:
         log.info("%s: Delta table created meanwhile by another job; not bootstrapping again", name)
         return 0
@@ -232,8 +237,15 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     rows = batch if batch is not None else compact(read_changes(ctx, plan, read_schema), **compaction)
     if meta:
         rows = with_merged_at(rows, metadata_now())
+    # a partitioned table whose partition columns are key columns: only the batch's partitions
+    # can hold its keys (a row changing partition changes key: a delete and an insert)
+    parts = list(dt.metadata().partition_columns or ())
+    values = (pruning.partition_values(rows, parts) if parts and set(parts) <= set(keys) and not rekey
+              and plan.truncate_at is None else None)
     metrics = ctx.sink.merge(
-        url, dt, rows, stage_schema, lambda dialect: build_merge_spec(**spec_args, dialect=dialect),
+        url, dt, rows, stage_schema,
+        lambda dialect: pruning.bounded(build_merge_spec(**spec_args, dialect=dialect),
+                                        pruning.partitions_predicate(values, by_name, dialect)),
         Commit(app, plan.commit_version, window_metadata(ctx, plan), plan.cut_transactions(app)),
         where=(plan.schema, plan.table, f"w{plan.last_window}"), bound_key=bound_key,
     )
