@@ -49,3 +49,37 @@ def test_file_count_and_target_bytes():
     assert target_bytes(0.5) == 2**19
     with pytest.raises(ValueError):
         target_bytes(0)
+
+
+def test_the_partitions_of_a_batch_bound_the_target():
+    import datetime
+
+    import pyarrow as pa
+
+    from airflow_pgcdc.merge.pruning import partition_values, partitions_predicate
+
+    rows = pa.table({"id": [1, 2, 3], "day": [datetime.date(2026, 11, 2)] * 2 + [datetime.date(2026, 11, 9)],
+                     "region": ["eu", "o'hare", "eu"], "f": [1.5, 2.5, 1.5]})
+    fields = {f.name: f for f in rows.schema}
+    values = partition_values(rows, ["day", "region"])
+    assert values == {"day": [datetime.date(2026, 11, 2), datetime.date(2026, 11, 9)], "region": ["eu", "o'hare"]}
+    assert partitions_predicate(values, fields, "delta-rs") == (
+        "(t.\"day\" IN (CAST('2026-11-02' AS DATE), CAST('2026-11-09' AS DATE)) AND t.\"region\" IN ('eu', 'o''hare'))")
+    assert partitions_predicate({"id": [3, 1]}, fields, "spark") == "(t.`id` IN (3, 1))"
+    assert partitions_predicate({"region": ["o'hare"]}, fields, "spark") == "(t.`region` IN ('o\\'hare'))"
+    # no bound when a type has no literal here, when there are too many, or when there is nothing
+    assert partitions_predicate({"f": [1.5]}, fields, "delta-rs") is None
+    assert partition_values(rows, ["id"], limit=2) is None
+    assert partitions_predicate(None, fields, "spark") is None and partitions_predicate({}, fields, "spark") is None
+
+
+def test_one_string_literal_function_per_dialect():
+    from airflow_pgcdc.lake.sql import quote_literal
+
+    assert quote_literal("it's", "delta-rs") == "'it''s'"
+    assert quote_literal("it's \\ done", "spark") == "'it\\'s \\\\ done'"
+    for bad in ("a\x00b", 5):
+        with pytest.raises(ValueError, match="without NUL"):
+            quote_literal(bad, "spark")
+    with pytest.raises(ValueError, match="unknown SQL dialect"):
+        quote_literal("x", "mysql")
