@@ -9,6 +9,7 @@ equals PostgreSQL."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from lake_helpers import drain, sql
 from matrix import on_pg18
@@ -65,6 +66,23 @@ def _run(db, slot, client, src, lake, spark, engine):
     drain(db, src, slot, client)
     merge_slot(spark, store=src, slot=slot, delta=lake, **asked)
     assert _table(lake, "ev").metadata().partition_columns == ["day"]
+
+    # upkeep compacts within partitions: a partition's files become one
+    from airflow_pgcdc.maintain import maintain_slot
+
+    for i in range(2):  # more files in a partition: each merge's new rows are a file of their own
+        sql(db, f"INSERT INTO acct VALUES ({100 + i}, 'eu', 'new')")
+        drain(db, src, slot, client)
+        merge_slot(spark, store=src, slot=slot, delta=lake, **asked)
+    files = pa.table(_table(lake, "acct").get_add_actions(flatten=True)).column("partition.region").to_pylist()
+    assert files.count("eu") == 3, files
+    maintain_slot(store=src, slot=slot, delta=lake, tables=["public.acct"], unreferenced_floor_hours=0)
+    adds = pa.table(_table(lake, "acct").get_add_actions(flatten=True)).to_pylist()
+    per_partition = {}
+    for a in adds:
+        per_partition[a["partition.region"]] = per_partition.get(a["partition.region"], 0) + 1
+    assert set(per_partition) == {"eu", "us", "ap", "sa"} and max(per_partition.values()) == 1, per_partition
+    assert _table(lake, "acct").metadata().partition_columns == ["region"]
     for name in ("ev", "acct"):
         assert verify_table(db, lake, "public", name).equal, name
 
