@@ -99,8 +99,12 @@ def check_replayable(*, store: str, slot: str, scratch: str, tables: Sequence[st
     snapshot = committed_snapshot(client, layout, slot)
     ctx.resyncs = committed_resyncs(client, layout, slot)
     ctx.expired, ctx.expired_copies = expired_state(ctx)
+    # a rebuilt table starts from its copy: every window after it counts, so every manifest is
+    # read (the tables index would leave out the windows before a table's anchor: a table no
+    # window held was refused with WindowGap once another table's changes had moved the index on)
+    ctx.every_window = True
     manifests, wanted = load_windows(ctx, snapshot, tables)
-    ctx.anchors.clear()  # a rebuilt table starts from its copy: every window after it counts
+    ctx.anchors.clear()
     problems: list[dict] = []
     for schema, table in wanted:
         name = f"{schema}.{table}"

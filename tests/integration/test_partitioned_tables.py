@@ -17,6 +17,7 @@ from matrix import on_pg18
 from airflow_pgcdc.lake.tables import delta_table_url
 from airflow_pgcdc.merge.jars import unavailable_reason
 from airflow_pgcdc.merge.job import merge_slot
+from airflow_pgcdc.merge.rebuild import rebuild_slot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store import s3 as s3store
@@ -36,7 +37,9 @@ def _run(db, slot, client, src, lake, spark, engine):
     sql(db, "INSERT INTO ev SELECT g, DATE '2026-11-01' + (g % 5), 'v' || g FROM generate_series(1, 50) g")
     sql(db, "CREATE TABLE acct (id int PRIMARY KEY, region text, v text)")
     sql(db, "INSERT INTO acct SELECT g, (ARRAY['eu', 'us', 'ap'])[1 + g % 3], 'v' || g FROM generate_series(1, 30) g")
-    sql(db, "CREATE PUBLICATION pub FOR TABLE ev, acct")
+    sql(db, "CREATE TABLE later (id int PRIMARY KEY, k int)")
+    sql(db, "INSERT INTO later SELECT g, g % 3 FROM generate_series(1, 9) g")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE ev, acct, later")
     snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     asked = dict(engine=engine, table_options={"public.ev": {"partition_by": "day"},
                                                "public.acct": {"partition_by": "region"}})
@@ -61,11 +64,22 @@ def _run(db, slot, client, src, lake, spark, engine):
     acct = {r["id"]: r["region"] for r in _table(lake, "acct").to_pyarrow_table().to_pylist()}
     assert acct[3] == "sa" and len(acct) == 30
 
+    # an existing table is partitioned anew by a rebuild asked to
+    assert _table(lake, "later").metadata().partition_columns == []
+    if engine == "delta-rs":
+        rebuild_slot(spark, store=src, slot=slot, delta=lake, tables=["public.later"], engine=engine,
+                     table_options={"public.later": {"partition_by": "k"}})
+        assert _table(lake, "later").metadata().partition_columns == ["k"]
     # a resync keeps the table's partitioning
     resync_tables(db, src, slot=slot, publications="pub", tables=["public.ev"], s3=client, worker_processes=False)
     drain(db, src, slot, client)
     merge_slot(spark, store=src, slot=slot, delta=lake, **asked)
     assert _table(lake, "ev").metadata().partition_columns == ["day"]
+
+    # a rebuild of a table no window holds, after another table's changes and resync (its check
+    # read only the manifests after the tables index's anchor, and refused it with WindowGap)
+    rebuilt = rebuild_slot(spark, store=src, slot=slot, delta=lake, tables=["public.later"], engine=engine)
+    assert [t["action"] for t in rebuilt["tables"]] == ["bootstrapped"], rebuilt
 
     # upkeep compacts within partitions: a partition's files become one
     from airflow_pgcdc.maintain import maintain_slot
@@ -83,7 +97,7 @@ def _run(db, slot, client, src, lake, spark, engine):
         per_partition[a["partition.region"]] = per_partition.get(a["partition.region"], 0) + 1
     assert set(per_partition) == {"eu", "us", "ap", "sa"} and max(per_partition.values()) == 1, per_partition
     assert _table(lake, "acct").metadata().partition_columns == ["region"]
-    for name in ("ev", "acct"):
+    for name in ("ev", "acct", "later"):
         assert verify_table(db, lake, "public", name).equal, name
 
 

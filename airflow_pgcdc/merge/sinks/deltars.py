@@ -358,6 +358,8 @@ def swap(rebuilt_url: str, live_url: str, *, app: str, storage_options: dict[str
     write_deltalake(
         live_url, reader, mode="overwrite", schema_mode="overwrite", storage_options=storage_options,
         configuration=dict(rebuilt.metadata().configuration) or None, target_file_size=target_file_size,
+        # the rebuilt table's partitioning (None: the live table's stays; delta-rs takes no "none")
+        partition_by=list(rebuilt.metadata().partition_columns) or None,
         commit_properties=CommitProperties(app_transactions=txns, custom_metadata=metadata),
     )
     live = DeltaTable(live_url, storage_options=storage_options)
