@@ -4,8 +4,9 @@ a table whose partition columns are key columns is merged reading only the batch
 partitions (delta-rs reports the files it scanned: one partition's, not the table's), a row
 moved to another partition (its key changed) leaves none behind; a table partitioned by a
 column outside its key is merged over the whole table (no bound: a row may change partition
-without changing key), and comes out right; a resync keeps the partitioning; every table
-equals PostgreSQL."""
+without changing key), and comes out right; a rebuild asked to partitions an existing table
+(and rebuilds a table no window holds: it was refused with WindowGap); a resync keeps the
+partitioning; pgcdc maintain compacts within partitions; every table equals PostgreSQL."""
 
 from __future__ import annotations
 
