@@ -75,7 +75,7 @@ class JobContext:
     target_file_mb: float = DEFAULT_TARGET_FILE_MB
     # delta-spark: tables get deletion vectors (--deletion-vectors)
     deletion_vectors: bool = False
-    # the job's MergeOptions: what each table asks for itself (for_table: the change data feed)
+    # the job's MergeOptions: what each table asks for itself (wants_…, partition_columns: for_table)
     options: Any = None
     # a replay to a point (merge/point.py: --until-lsn/--until-time), resolved by the job,
     # which then reads every window manifest (the tables index would skip the point's)
