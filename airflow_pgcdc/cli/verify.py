@@ -39,6 +39,9 @@ def register(subparsers) -> None:
                    help="columns that identify a row (default: replica identity index or primary key)")
     p.add_argument("--max-diffs", type=int, default=10, metavar="N",
                    help="show at most N keys of each kind of difference (default 10)")
+    p.add_argument("--check-metadata", action="store_true",
+                   help="also check the Delta table's CDC metadata columns (pgcdc merge --metadata-columns): "
+                   "exit 1 when a row's are invalid")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=run_verify)
 
@@ -82,14 +85,19 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"pgcdc verify: {message}", file=sys.stderr, flush=True)
 
     result = verify_table(
-        args.dsn, args.delta, schema, table, key=key, max_diffs=args.max_diffs, progress=progress
+        args.dsn, args.delta, schema, table, key=key, max_diffs=args.max_diffs, progress=progress,
+        check_metadata=args.check_metadata,
     )
     if args.json:
         json.dump(result.to_dict(), sys.stdout, indent=2, ensure_ascii=False, default=str)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_report(result))
-    return 0 if result.equal else 1
+        if result.metadata is not None:
+            m = result.metadata
+            sys.stdout.write(f"metadata columns: {m['rows']} rows, {m['invalid']} invalid, {m['without']} without "
+                             f"(merged before the columns were added), newest commit LSN {m['newest_commit_lsn']}\n")
+    return 0 if result.equal and result.metadata_ok else 1
 
 
 # --------------------------------------------------------------------------- human output

@@ -127,6 +127,36 @@ def _delta_query(dt, names: list[str]) -> pa.RecordBatchReader:
     return pa.RecordBatchReader.from_stream(reader)
 
 
+def check_metadata(dt, location: str) -> dict[str, Any]:
+    """The CDC metadata columns of the Delta table ``dt`` (``pgcdc merge --metadata-columns``)
+    checked on every row, through delta-rs' SQL engine: ``rows``; ``without`` (all four NULL:
+    rows merged before the columns were added, unchanged since); ``invalid``: a row whose
+    ``_pgcdc_op`` is not ``R``/``I``/``U`` (``D`` only on a row marked deleted), whose LSN or
+    merge time is missing, which says ``I``/``U``/``D`` without a commit time or ``R`` with one;
+    ``newest_commit_lsn``. :class:`DeltaReadError` when the table has no such columns."""
+    from deltalake import QueryBuilder
+
+    from airflow_pgcdc.changes.columns import COMMIT_LSN, COMMIT_TS, MERGED_AT, OP
+    from airflow_pgcdc.lake.sql import quote_ident
+
+    names = set(dt.schema().to_arrow().names)
+    missing = [c for c in (OP, COMMIT_LSN, COMMIT_TS, MERGED_AT) if c not in names]
+    if missing:
+        raise DeltaReadError(f"the Delta table at {location} has no metadata column(s) {missing}",
+                             hint="they come with pgcdc merge --metadata-columns; leave --check-metadata out")
+    op, lsn, ts, at = (quote_ident(c, "delta-rs") for c in (OP, COMMIT_LSN, COMMIT_TS, MERGED_AT))
+    marked = f"{quote_ident(DELETED_AT, 'delta-rs')} IS NOT NULL" if DELETED_AT in names else "FALSE"
+    empty = f"{op} IS NULL AND {lsn} IS NULL AND {ts} IS NULL AND {at} IS NULL"
+    bad = (f"{op} IS NULL OR NOT ({op} IN ('R', 'I', 'U') OR ({op} = 'D' AND {marked})) OR {lsn} IS NULL "
+           f"OR {at} IS NULL OR ({op} IN ('I', 'U', 'D') AND {ts} IS NULL) OR ({op} = 'R' AND {ts} IS NOT NULL)")
+    query = (f"SELECT count(*) AS n, sum(CASE WHEN {empty} THEN 1 ELSE 0 END) AS without, "
+             f"sum(CASE WHEN NOT ({empty}) AND ({bad}) THEN 1 ELSE 0 END) AS invalid, max({lsn}) AS newest FROM t")
+    row = pa.table(QueryBuilder().register("t", dt).execute(query).read_all()).to_pylist()[0]
+    newest = row["newest"]
+    return {"rows": int(row["n"] or 0), "without": int(row["without"] or 0), "invalid": int(row["invalid"] or 0),
+            "newest_commit_lsn": None if newest is None else f"{int(newest) >> 32:X}/{int(newest) & 0xFFFFFFFF:X}"}
+
+
 _COMMIT_STANDARD = {
     "operationParameters", "operationMetrics", "engineInfo", "clientVersion", "readVersion",
     "isBlindAppend", "isolationLevel", "txnId",

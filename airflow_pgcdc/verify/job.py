@@ -58,6 +58,9 @@ from airflow_pgcdc.verify.delta import (
     delta_table_location,
     open_delta_table,
 )
+from airflow_pgcdc.verify.delta import (
+    check_metadata as _check_metadata,
+)
 from airflow_pgcdc.verify.postgres import MULTISET, _read_postgres, resolve_key
 from airflow_pgcdc.verify.results import (
     ChangedRow,
@@ -107,6 +110,7 @@ def verify_table(
     max_diffs: int = DEFAULT_MAX_DIFFS,
     s3: Any = None,
     progress: Callable[[str], None] | None = None,
+    check_metadata: bool = False,
     **old: Any,
 ) -> VerifyResult:
     """Compare PostgreSQL table ``schema.table`` (``dsn``) with its Delta table under
@@ -116,7 +120,9 @@ def verify_table(
     cannot compare. ``progress`` is called with a short message at each phase. ``s3``: how
     to reach an ``s3://`` root (S3Settings, or a client made by ``make_s3_client``; default:
     the environment's settings). ``storage_options`` (delta-rs' own options, the 0.1 way to
-    say it) is accepted for one release with a :class:`DeprecationWarning`."""
+    say it) is accepted for one release with a :class:`DeprecationWarning`. ``check_metadata``:
+    also check the Delta table's CDC metadata columns (``--metadata-columns``; the comparison
+    itself leaves them out): :attr:`VerifyResult.metadata`, :attr:`VerifyResult.metadata_ok`."""
     import warnings
 
     from airflow_pgcdc.options import renamed_field
@@ -164,6 +170,10 @@ def verify_table(
             hint=_HINT_DELTA,
         ) from None
     say(f"read {comparer.delta.rows} rows; comparing")
+    metadata = None
+    if check_metadata:  # the source's columns are compared above; these are the merge's own
+        say("checking the CDC metadata columns")
+        metadata = _check_metadata(dt, location)
     return VerifyResult(
         table=f"{schema}.{table}",
         postgres=redact(dsn),
@@ -173,5 +183,6 @@ def verify_table(
         postgres_lsn=lsn,
         delta_version=version,
         delta_last_commit=_last_commit(dt),
+        metadata=metadata,
     )
 

@@ -148,10 +148,17 @@ class VerifyResult:
     postgres_lsn: str | None = None  # the server's WAL position when the table was read
     delta_version: int | None = None
     delta_last_commit: dict[str, Any] = field(default_factory=dict)
+    # check_metadata: the Delta table's CDC metadata columns checked (verify.delta.check_metadata)
+    metadata: dict[str, Any] | None = None
 
     @property
     def equal(self) -> bool:
         return self.comparison.equal
+
+    @property
+    def metadata_ok(self) -> bool:
+        """No row with invalid metadata columns (True when they were not checked)."""
+        return self.metadata is None or self.metadata["invalid"] == 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (``pgcdc verify --json``)."""
@@ -189,6 +196,7 @@ class VerifyResult:
                 for r in c.sample_changed
             ],
             "duplicate_keys": [vars(d) for d in c.sample_duplicates],
+            "metadata": self.metadata,
         }
 
 

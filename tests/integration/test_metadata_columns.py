@@ -146,6 +146,22 @@ def test_the_delta_rs_engine_writes_metadata_columns(fresh_db, slot_name, store,
     for name in ("t", "skip", "k", "clash"):
         assert verify_table(db, lake, "public", name).equal, name
 
+    # pgcdc verify --check-metadata: every row's are consistent; rows merged before the columns
+    # came hold none; a row whose are wrong fails the check (its data still equal)
+    checked = verify_table(db, lake, "public", "t", check_metadata=True)
+    assert checked.metadata_ok and checked.metadata["invalid"] == 0 and checked.metadata["rows"] == 5
+    assert checked.metadata["newest_commit_lsn"] == str(LSN(rows[1]["_pgcdc_commit_lsn"]))
+    skip = verify_table(db, lake, "public", "skip", check_metadata=True).metadata
+    assert (skip["rows"], skip["without"], skip["invalid"]) == (5, 4, 0), skip
+    from deltalake import DeltaTable
+
+    DeltaTable(delta_table_url(lake, "public", "t"), storage_options=s3store.delta_storage_options()).update(
+        {"_pgcdc_commit_ts": "CAST('2026-01-01T00:00:00Z' AS TIMESTAMP)"}, predicate='"id" = 1')  # an R with a time
+    broken = verify_table(db, lake, "public", "t", check_metadata=True)
+    assert broken.equal and not broken.metadata_ok and broken.metadata["invalid"] == 1
+    with pytest.raises(Exception, match="no metadata column"):
+        verify_table(db, lake, "public", "k", check_metadata=True)
+
 
 @pytest.mark.slow
 @pytest.mark.delta_spark
