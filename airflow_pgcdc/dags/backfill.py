@@ -147,6 +147,7 @@ def build(p: Pipeline) -> DAG:
                              "{{ 'delta-rs' if params.until_time else '" + p.engine + "' }}",
                              max_windows="{{ params.max_windows }}", target_file_mb="{{ params.target_file_mb }}",
                              deletion_vectors="{{ params.deletion_vectors }}",
+                             catalog=None,  # scratch tables: the swap registers the live ones
                              outlets=[])  # scratch: the swap emits the live tables' events
         verify = PgcdcVerifyOperator(
             task_id="verify",
@@ -174,6 +175,15 @@ def build(p: Pipeline) -> DAG:
                                  target_file_mb=params["target_file_mb"])["swapped"]
             for uri, extra in rebuilt_events(merge_result["tables"], out):
                 outlet_events[delta_alias()].add(Asset(uri=uri), extra=extra)
+            if p.catalog:  # the live tables, as they are now, in the pipeline's metastore
+                from airflow_pgcdc.merge.options import MergeOptions
+                from airflow_pgcdc.merge.rebuild import register_live
+
+                options = MergeOptions(catalog=p.catalog, catalog_prefix=p.catalog_prefix or "",
+                                       table_options=p.table_options or {})
+                failed = register_live(merge_result, params["delta"], options, params["slot"], settings)
+                if failed is not None:
+                    raise failed
             return out
 
         branch = choose()

@@ -310,7 +310,7 @@ def rebuild_slot(
                 t["delta_url"] = delta.rstrip("/") + t["delta_url"][len(scratch):]
                 t["delta_version"] = versions.get(t["delta_url"], t.get("delta_version"))
         result["delta"] = delta
-    catalog_error = _register_live(result, options, slot, settings) if swap and options.catalog else None
+    catalog_error = register_live(result, delta, options, slot, settings) if swap and options.catalog else None
     result["rebuild"] = {"scratch": scratch, **done, "swap": swap, "seconds": round(time.monotonic() - t0, 3)}
     rewrite_detail(s3store.make_s3_client(settings), result)  # the store's copy names the live tables too
     if failed is None and catalog_error is not None:
@@ -322,19 +322,25 @@ def rebuild_slot(
     return result
 
 
-def _register_live(result: dict[str, Any], options: MergeOptions, slot: str, settings):
-    """The swapped-in live tables registered in the catalog (``result["catalog"]``); the
-    error when the metastore was not brought up to date, else None."""
+def register_live(result: dict[str, Any], delta: str, options: MergeOptions, slot: str, settings):
+    """The live tables under ``delta`` that a rebuild (its merge ``result``, whose tables may
+    still name the rebuild root ``result["delta"]``) swapped in, registered in the catalog
+    ``options.catalog`` (``result["catalog"]``); the error when the metastore was not brought
+    up to date, else None. The rebuild's own merge registers nothing: its tables are scratch."""
     from airflow_pgcdc.lake.catalog import CatalogError
     from airflow_pgcdc.merge.catalog import register_tables
     from airflow_pgcdc.store.layout import decode_table_segment
 
+    scratch, live = str(result.get("delta") or "").rstrip("/"), delta.rstrip("/")
     items = []
     for t in result["tables"]:
         if t.get("action") in ("failed", "skipped") or not t.get("delta_url"):
             continue
-        schema, table = decode_table_segment(t["delta_url"].rstrip("/").rsplit("/", 1)[1].replace("~", "%"))
-        items.append((schema, table, t["delta_url"], bool(t.get("left_pipeline"))))
+        url = t["delta_url"]
+        if scratch and url.startswith(scratch + "/"):
+            url = live + url[len(scratch):]
+        schema, table = decode_table_segment(url.rsplit("/", 1)[1].replace("~", "%"))
+        items.append((schema, table, url, bool(t.get("left_pipeline"))))
     try:
         result["catalog"] = register_tables(options, slot, s3store.delta_storage_options(settings), items)
     except CatalogError as exc:

@@ -104,6 +104,16 @@ def test_the_merge_keeps_a_hive_metastore_in_step(fresh_db, slot_name, store, sp
     with Metastore(hive_metastore.uri) as ms:
         path = ms.table("public", "orders").sd.serdeInfo.parameters["path"]
     assert path == "s3a://" + delta_table_url(lake, "public", "orders")[5:]
+    # the backfill DAG's swap registers from its rebuild's result, which names the scratch root
+    from airflow_pgcdc.merge.options import MergeOptions
+    from airflow_pgcdc.merge.rebuild import register_live
+    from airflow_pgcdc.store.s3 import S3Settings
+
+    scratch = lake + "_rebuild/run1"
+    result = {"delta": scratch, "tables": [{"table": "public.orders", "action": "merged",
+                                            "delta_url": delta_table_url(scratch, "public", "orders")}]}
+    assert register_live(result, lake, MergeOptions(catalog=hive_metastore.uri), slot, S3Settings.from_env()) is None
+    assert result["catalog"] == {"public.orders": "unchanged"}, result
 
     # a metastore that cannot be reached: the tables are merged, the job says the catalog lags
     sql(db, "UPDATE orders SET v = 'z' WHERE id = 3")

@@ -67,7 +67,10 @@ def test_every_merge_of_a_pipeline_gets_its_change_data_feed_and_table_options()
     assert {t.task_id for t in merges} == {"bootstrap", "merge", "merge_resynced", "rebuild"}
     for t in merges:
         assert (t.change_data_feed, t.table_options) == (True, {"s.audit": {"change_data_feed": False}}), t.task_id
-    assert {(t.catalog, t.catalog_prefix) for t in merges} == {("thrift://hms:9083", "sales_")}
+    # every merge into the live root registers its tables; the backfill's rebuild merges into a
+    # scratch root, and its swap registers the live tables instead
+    assert {t.task_id: t.catalog for t in merges} == {"bootstrap": "thrift://hms:9083", "merge": "thrift://hms:9083",
+                                                      "merge_resynced": "thrift://hms:9083", "rebuild": None}
     args = pipeline_dags(p)["sales_incremental"].task_dict["merge"]._application_args()
     assert args[args.index("--catalog"):][:4] == ["--catalog", "thrift://hms:9083", "--catalog-prefix", "sales_"]
     assert "--change-data-feed" in args
