@@ -104,6 +104,7 @@ from airflow_pgcdc.merge.point import (
     past_the_point,
     resolve_point,
 )
+from airflow_pgcdc.merge.progress import TablesProgress
 from airflow_pgcdc.merge.results import FAILED_NAMED, write_detail
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.schema import merge_key_columns, with_change_data_feed
@@ -262,7 +263,16 @@ def merge_slot(
 
     with root_lock_if(not sink_cls.conditional_commits, client, delta, job=f"pgcdc merge of slot {slot} (delta-spark)",
                       wait=lock_wait):
+        progress = TablesProgress(len(wanted))
+
         def one(name: tuple[str, str]) -> TableResult:
+            res = _one(name)
+            line = progress.done(res.action, res.merged_rows, res.bootstrap_rows)
+            if line:
+                log.info("slot %s: %s", slot, line)
+            return res
+
+        def _one(name: tuple[str, str]) -> TableResult:
             schema, table = name
             # one table's trouble never stops the others: it is reported, they are merged
             try:
