@@ -49,6 +49,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_pgcdc.drain.drain")  # the drain's logger, one name for all its modules
 
+PROGRESS_SECONDS = 30.0
+"""How often a window being received logs its progress (:func:`progress_line`)."""
+
+
+def progress_line(rows: int, start: int, at: int, end: int | None, elapsed: float) -> str:
+    """A receiving window's progress: rows so far, the stream's position, and with a known
+    end (``end_lsn``) the percent of the LSN range read and an ETA at the rate so far."""
+    rate = rows / elapsed if elapsed > 0 else 0.0
+    text = f"{rows:,} change rows, at {LSN(at)}, {elapsed:,.0f}s, {rate:,.0f} rows/s"
+    if end is not None and end > start:
+        done = min(max(at - start, 0) / (end - start), 1.0)
+        eta = f"{elapsed * (1 - done) / done:,.0f}s" if done > 0 else "unknown"
+        text += f", {100 * done:.1f}% of [{LSN(start)}, {LSN(end)}), ETA {eta}"
+    return text
+
 HEARTBEAT_RECORD_SLACK = 512  # bytes past a heartbeat's LSN that its own record may take
 GATHER_SECONDS = 0.002
 """The replication connection's ``gather_seconds`` while the drain reads: after waiting for
@@ -89,14 +104,21 @@ class WindowRun:
         # commit would be refused anyway), then swept; our parts carry our attempt id in their names
         self.attempt = new_attempt_id()
         self._last_status = time.monotonic()
+        self._last_progress = self._receive_t0 = self._last_status
         self._part_closed = False
 
     def pump(self) -> None:
-        """Send a standby status update when one is due (keeps the walsender from timing out)."""
+        """Send a standby status update when one is due (keeps the walsender from timing out);
+        log the window's progress every :data:`PROGRESS_SECONDS`."""
         now = time.monotonic()
         if now - self._last_status >= min(self.options.status_interval, 1.0):
             self.conn.send_feedback()
             self._last_status = now
+        if now - self._last_progress >= PROGRESS_SECONDS and getattr(self, "window", None) is not None:
+            self._last_progress = now
+            log.info("slot %s: window %d receiving: %s", self.slot, self.seq, progress_line(
+                self.window.rows, int(self.start), int(self.conn.received_lsn),
+                None if self.end_lsn is None else int(self.end_lsn), now - self._receive_t0))
 
     def _on_part_close(self) -> None:
         if not self._part_closed:

@@ -414,3 +414,22 @@ def test_drain_operator_in_a_dag_run(fresh_db, slot_name, s3, s3_bucket, tmp_pat
     assert out["tables"] == {"public.t": 10} and out["bytes"] > 0
     assert confirmed(fresh_db, slot) == LSN.parse(observed)
     assert fresh_db.server.password not in result.output and s3.secret_key not in result.output
+
+
+def test_a_receiving_window_logs_its_progress(fresh_db, slot_name, store, caplog, monkeypatch):
+    """Every PROGRESS_SECONDS (here: at every status update) the receiving window says its
+    rows and position, so a long catch-up is not silent until its end."""
+    import airflow_pgcdc.drain.run as run
+
+    monkeypatch.setattr(run, "PROGRESS_SECONDS", 0.0)
+    client, url = store
+    sql(fresh_db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(fresh_db, "CREATE PUBLICATION pub FOR TABLE t")
+    slot = slot_name()
+    create_slot(fresh_db, slot)
+    sql(fresh_db, "INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 50000) g")
+    with caplog.at_level("INFO", logger="airflow_pgcdc.drain.drain"):
+        r = drain(fresh_db, url, slot, client)
+    lines = [m for m in caplog.messages if "receiving:" in m]
+    assert lines and all(f"slot {slot}: window 0 receiving: " in m and "change rows, at 0/" in m for m in lines)
+    assert r.rows == 50000

@@ -26,3 +26,12 @@ def test_a_short_job_logs_nothing():
     now = [0.0]
     p = TablesProgress(2, interval=30, clock=lambda: now[0])
     assert p.done("merged") is None and p.done("no-changes") is None
+
+
+def test_a_receiving_window_says_how_far_it_got():
+    from airflow_pgcdc.drain.run import progress_line
+
+    assert progress_line(120_000, 0x1000000, 0x1400000, 0x2000000, 30.0) == (
+        "120,000 change rows, at 0/1400000, 30s, 4,000 rows/s, 25.0% of [0/1000000, 0/2000000), ETA 90s")
+    assert progress_line(5, 0x100, 0x100, None, 2.0) == "5 change rows, at 0/100, 2s, 2 rows/s"
+    assert progress_line(0, 0x100, 0x100, 0x200, 0.0).endswith("0.0% of [0/100, 0/200), ETA unknown")
