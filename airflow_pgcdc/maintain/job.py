@@ -23,6 +23,7 @@ from airflow_pgcdc.lake.tables import CHANGELOG_SUFFIX, RESYNC_APP_SUFFIX, SCD2_
 from airflow_pgcdc.maintain.copies import expire_copies
 from airflow_pgcdc.maintain.options import DEFAULT_RETENTION_HOURS, MaintainOptions
 from airflow_pgcdc.maintain.tables import DEFAULT_TARGET_SIZE, DeltaTableResult, maintain_table
+from airflow_pgcdc.progress import TablesProgress
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument
@@ -250,8 +251,10 @@ def maintain_slot(
         from airflow_pgcdc.lake.inspect import table_url
 
         cutoff = cutoff_for(retention_hours)
+        progress = TablesProgress(len(wanted), job="maintain")
         for schema, table in wanted:
             name = f"{schema}.{table}"
+            table_failed = False
             if settings.role_arn:  # an assumed role's credentials, as STS renewed them: each table starts fresh
                 storage = s3store.delta_storage_options(settings)
             base = table_url(delta, schema, table, storage)
@@ -285,10 +288,14 @@ def maintain_slot(
                 except Exception as exc:  # noqa: BLE001 - reported per table, raised below
                     log.error("%s: not maintained: %s", label, exc, exc_info=not isinstance(exc, PgcdcError))
                     res = DeltaTableResult(table=label, url=url, action="failed", error=f"{type(exc).__name__}: {exc}")
+                    table_failed = True
                 result.tables.append(res)
                 if not dry_run:  # the last maintenance of this table, for pgcdc status
                     _record(client, layout, slot, url, res, started, retention_hours=retention_hours,
                             zorder=bool(zorder), target_size=target_size)
+            line = progress.done("failed" if table_failed else "maintained")
+            if line:
+                log.info("slot %s: %s", slot, line)
 
         if windows:
             applied = _applied_reader(delta, slot, storage)  # read now, not before the compaction

@@ -104,7 +104,6 @@ from airflow_pgcdc.merge.point import (
     past_the_point,
     resolve_point,
 )
-from airflow_pgcdc.merge.progress import TablesProgress
 from airflow_pgcdc.merge.results import FAILED_NAMED, write_detail
 from airflow_pgcdc.merge.rows.arrow import DRIVER_ROWS
 from airflow_pgcdc.merge.schema import merge_key_columns, with_change_data_feed
@@ -126,6 +125,7 @@ from airflow_pgcdc.merge.windows import (
     renamed_from,
     table_left_pipeline,
 )
+from airflow_pgcdc.progress import TablesProgress
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import shell_qualified
 from airflow_pgcdc.store import s3 as s3store
@@ -267,7 +267,7 @@ def merge_slot(
 
         def one(name: tuple[str, str]) -> TableResult:
             res = _one(name)
-            line = progress.done(res.action, res.merged_rows, res.bootstrap_rows)
+            line = progress.done(res.action, rows_bootstrapped=res.bootstrap_rows, change_rows_merged=res.merged_rows)
             if line:
                 log.info("slot %s: %s", slot, line)
             return res

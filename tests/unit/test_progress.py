@@ -1,23 +1,23 @@
-"""merge.progress: the merge's progress over its tables, at intervals (a fake clock)."""
+"""progress: a job's progress over its tables, at intervals (a fake clock); the drain's line."""
 
 from __future__ import annotations
 
-from airflow_pgcdc.merge.progress import TablesProgress
+from airflow_pgcdc.progress import TablesProgress
 
 
 def test_a_line_at_each_interval_and_one_at_the_end_once_any_was_logged():
     now = [100.0]
     p = TablesProgress(4, interval=30, clock=lambda: now[0])
     now[0] = 110.0
-    assert p.done("merged", merged_rows=5) is None  # within the interval
+    assert p.done("merged", rows_bootstrapped=0, change_rows_merged=5) is None  # within the interval
     now[0] = 131.0
     line = p.done("failed")
     assert line == ("merge: 2/4 tables (50.0%), 1 failed, 0 rows bootstrapped, 5 change rows merged, 31s, "
                     "0.06 tables/s, ETA 31s")
     now[0] = 140.0
-    assert p.done("bootstrapped", bootstrap_rows=2000) is None
+    assert p.done("bootstrapped", rows_bootstrapped=2000) is None
     now[0] = 141.0
-    last = p.done("merged", merged_rows=1)
+    last = p.done("merged", change_rows_merged=1)
     assert last is not None and last.startswith("merge: 4/4 tables (100.0%), 1 failed, 2,000 rows bootstrapped, "
                                                 "6 change rows merged") and last.endswith("ETA 0s")
 
