@@ -19,11 +19,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_pgcdc.errors import HintedError, PgcdcError
+from airflow_pgcdc.lake.progress import TablesProgress
 from airflow_pgcdc.lake.tables import CHANGELOG_SUFFIX, RESYNC_APP_SUFFIX, SCD2_SUFFIX, app_id
 from airflow_pgcdc.maintain.copies import expire_copies
 from airflow_pgcdc.maintain.options import DEFAULT_RETENTION_HOURS, MaintainOptions
 from airflow_pgcdc.maintain.tables import DEFAULT_TARGET_SIZE, DeltaTableResult, maintain_table
-from airflow_pgcdc.progress import TablesProgress
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument

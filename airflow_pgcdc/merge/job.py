@@ -51,6 +51,7 @@ from airflow_pgcdc.lake.inspect import (
     merged_version,
     open_table,
 )
+from airflow_pgcdc.lake.progress import TablesProgress
 from airflow_pgcdc.lake.sizing import DEFAULT_TARGET_FILE_MB
 from airflow_pgcdc.lake.tables import shared_legacy_places
 from airflow_pgcdc.merge.checks import (
@@ -125,7 +126,6 @@ from airflow_pgcdc.merge.windows import (
     renamed_from,
     table_left_pipeline,
 )
-from airflow_pgcdc.progress import TablesProgress
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.quoting import shell_qualified
 from airflow_pgcdc.store import s3 as s3store

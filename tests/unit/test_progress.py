@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_pgcdc.progress import TablesProgress
+from airflow_pgcdc.lake.progress import TablesProgress
 
 
 def test_a_line_at_each_interval_and_one_at_the_end_once_any_was_logged():

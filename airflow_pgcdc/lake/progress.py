@@ -1,4 +1,4 @@
-"""A job's progress over its tables, logged at intervals (a merge or upkeep of many tables is
+"""A job's progress over its (Delta) tables, logged at intervals (a merge or upkeep of many tables is
 no longer silent between its start and its end): tables done of all, failed, the job's own
 counts (rows merged, bytes removed...), percent of tables, rate and ETA by tables."""
 
