@@ -74,33 +74,24 @@ def catalog_names(schema: str, table: str, *, prefix: str = "", given: str | Non
     return out
 
 
+_HIVE_NAMES = (
+    (pa.types.is_boolean, "boolean"), (pa.types.is_int8, "tinyint"), (pa.types.is_int16, "smallint"),
+    (pa.types.is_int32, "int"), (pa.types.is_int64, "bigint"), (pa.types.is_float32, "float"),
+    (pa.types.is_float64, "double"), (pa.types.is_string, "string"), (pa.types.is_large_string, "string"),
+    (pa.types.is_string_view, "string"), (pa.types.is_binary, "binary"), (pa.types.is_large_binary, "binary"),
+    (pa.types.is_binary_view, "binary"), (pa.types.is_date, "date"), (pa.types.is_timestamp, "timestamp"),
+)
+"""The Arrow types whose Hive type is one name."""
+
+
 def hive_type(t: pa.DataType) -> str:
     """The Hive type of an Arrow (Delta) type: what other engines show; Spark reads a Delta
     table's schema from its log, not from here."""
-    if pa.types.is_boolean(t):
-        return "boolean"
-    if pa.types.is_int8(t):
-        return "tinyint"
-    if pa.types.is_int16(t):
-        return "smallint"
-    if pa.types.is_int32(t):
-        return "int"
-    if pa.types.is_int64(t):
-        return "bigint"
-    if pa.types.is_float32(t):
-        return "float"
-    if pa.types.is_float64(t):
-        return "double"
+    for is_it, name in _HIVE_NAMES:
+        if is_it(t):
+            return name
     if pa.types.is_decimal(t):
         return f"decimal({t.precision},{t.scale})"
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return "string"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-        return "binary"
-    if pa.types.is_date(t):
-        return "date"
-    if pa.types.is_timestamp(t):
-        return "timestamp"
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return f"array<{hive_type(t.value_type)}>"
     if pa.types.is_map(t):

@@ -16,11 +16,12 @@ from airflow_pgcdc.lake.inspect import open_table
 from airflow_pgcdc.merge.context import JobContext
 from airflow_pgcdc.merge.options import TableResult
 
-__all__ = ["sync_catalog"]
+__all__ = ["NO_TABLE", "catalog_failure", "register_tables", "sync_catalog"]
 
 log = logging.getLogger("airflow_pgcdc.merge.job")
 
-_NO_TABLE = {"failed", "skipped"}
+NO_TABLE = frozenset({"failed", "skipped"})
+"""A table result's actions that leave no Delta table to register."""
 
 
 def sync_catalog(ctx: JobContext, names: Sequence[tuple[str, str]], results: Sequence[TableResult]) -> dict[str, str]:
@@ -28,7 +29,7 @@ def sync_catalog(ctx: JobContext, names: Sequence[tuple[str, str]], results: Seq
     order) in the job's metastore (:func:`register_tables`)."""
     return register_tables(ctx.options, ctx.slot, ctx.storage, [
         (schema, table, res.delta_url, res.left_pipeline)
-        for (schema, table), res in zip(names, results, strict=True) if res.action not in _NO_TABLE])
+        for (schema, table), res in zip(names, results, strict=True) if res.action not in NO_TABLE])
 
 
 def register_tables(options, slot: str, storage: dict[str, str],
@@ -58,4 +59,5 @@ def register_tables(options, slot: str, storage: dict[str, str],
 
 
 def catalog_failure(exc: CatalogError) -> dict[str, str]:
+    """What a result's ``catalog`` says when the metastore was not brought up to date."""
     return {"error": f"{type(exc).__name__}: {exc}"}

@@ -307,7 +307,7 @@ def rebuild_slot(
         versions = {s["live"]: s["live_version"] for s in done["swapped"]}
         for t in result["tables"]:
             if t.get("delta_url", "").startswith(scratch + "/"):
-                t["delta_url"] = delta.rstrip("/") + t["delta_url"][len(scratch):]
+                t["delta_url"] = live_url(t["delta_url"], scratch, delta)
                 t["delta_version"] = versions.get(t["delta_url"], t.get("delta_version"))
         result["delta"] = delta
     catalog_error = register_live(result, delta, options, slot, settings) if swap and options.catalog else None
@@ -328,23 +328,28 @@ def register_live(result: dict[str, Any], delta: str, options: MergeOptions, slo
     ``options.catalog`` (``result["catalog"]``); the error when the metastore was not brought
     up to date, else None. The rebuild's own merge registers nothing: its tables are scratch."""
     from airflow_pgcdc.lake.catalog import CatalogError
-    from airflow_pgcdc.merge.catalog import register_tables
+    from airflow_pgcdc.merge.catalog import NO_TABLE, catalog_failure, register_tables
     from airflow_pgcdc.store.layout import decode_table_segment
 
-    scratch, live = str(result.get("delta") or "").rstrip("/"), delta.rstrip("/")
+    scratch = str(result.get("delta") or "").rstrip("/")
     items = []
     for t in result["tables"]:
-        if t.get("action") in ("failed", "skipped") or not t.get("delta_url"):
+        if t.get("action") in NO_TABLE or not t.get("delta_url"):
             continue
-        url = t["delta_url"]
-        if scratch and url.startswith(scratch + "/"):
-            url = live + url[len(scratch):]
+        url = live_url(t["delta_url"], scratch, delta) if scratch else t["delta_url"]
         schema, table = decode_table_segment(url.rsplit("/", 1)[1].replace("~", "%"))
         items.append((schema, table, url, bool(t.get("left_pipeline"))))
     try:
         result["catalog"] = register_tables(options, slot, s3store.delta_storage_options(settings), items)
     except CatalogError as exc:
         log.error("catalog %s not brought up to date after the rebuild: %s", options.catalog, exc)
-        result["catalog"] = {"error": f"{type(exc).__name__}: {exc}"}
+        result["catalog"] = catalog_failure(exc)
         return exc
     return None
+
+
+def live_url(url: str, scratch: str, delta: str) -> str:
+    """``url`` of a rebuilt table under the rebuild root ``scratch``, as its live table's under
+    ``delta``; any other URL as it is."""
+    scratch = scratch.rstrip("/")
+    return delta.rstrip("/") + url[len(scratch):] if url.startswith(scratch + "/") else url
