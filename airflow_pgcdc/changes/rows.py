@@ -58,6 +58,7 @@ from airflow_pgcdc.protocol.pgtypes import PgColumn, format_type
 from airflow_pgcdc.typemap import arrays
 from airflow_pgcdc.typemap.decode.tuples import TupleDecoder
 from airflow_pgcdc.typemap.map import TypeMapError, ValueConversionError
+from airflow_pgcdc.typemap.privacy import TableRules
 
 __all__ = [
     "META_FIELDS",
@@ -91,6 +92,7 @@ REWRITTEN_FIELD = "rewritten_columns"
 RELFILENODE_FIELD = "relfilenode"
 ATTNUM_FIELD = "attnum"
 ATTXMIN_FIELD = "attxmin"
+PII_FIELD = "pii"  # a column written under a rule (hash, mask:N); an excluded column is not listed
 """A relation version's columns whose existing rows a table rewrite filled, which no
 change carries: ``[{name, expression}]`` (absent when none; see the drain)."""
 
@@ -137,6 +139,9 @@ class RelationVersion:
     # (relfilenode, {column: (attnum, xmin of its pg_attribute row)}) as the drain read the
     # catalog: how the merge follows columns by identity (see merge/columns.py)
     identity: tuple[int, dict[str, tuple[int, str]]] | None = field(default=None, compare=False)
+    # the table's column rules (excluded, hashed, masked columns: typemap/privacy.py), applied
+    # to every batch before it is written
+    privacy: TableRules | None = field(default=None, compare=False)
     decoder: TupleDecoder = field(init=False, repr=False)
     old_decoder: TupleDecoder | None = field(init=False, repr=False)
     old_indexes: tuple[int, ...] = field(init=False, repr=False)
@@ -155,9 +160,18 @@ class RelationVersion:
         dec = TupleDecoder(self.columns, table=display)
         old_cols = [self.columns[i] for i in old_idx]
         old_dec = TupleDecoder(old_cols, table=display) if old_cols else None
-        fields = list(dec.schema)
-        if old_dec is not None:
-            fields += [f.with_name(old_column_name(f.name)) for f in old_dec.schema]
+        rules = self.privacy
+        if rules is not None:
+            # a FULL identity flags every column; its merge key is checked by the snapshot
+            rules.check(self.columns, () if self.replica_identity == "f" else
+                        [c.name for c, k in zip(self.columns, self.key_flags, strict=True) if k])
+            fields = list(rules.schema(self.columns))
+            fields += [rules.field(c).with_name(old_column_name(c.name)) for c in old_cols
+                       if c.name not in rules.excluded]
+        else:
+            fields = list(dec.schema)
+            if old_dec is not None:
+                fields += [f.with_name(old_column_name(f.name)) for f in old_dec.schema]
         fields += list(META_FIELDS)
         object.__setattr__(self, "decoder", dec)
         object.__setattr__(self, "old_decoder", old_dec)
@@ -170,11 +184,14 @@ class RelationVersion:
 
     @property
     def old_columns(self) -> list[str]:
-        return [self.columns[i].name for i in self.old_indexes]
+        """The ``_pgcdc_old_*`` columns' source names (an excluded column has none)."""
+        gone = self.privacy.excluded if self.privacy is not None else ()
+        return [self.columns[i].name for i in self.old_indexes if self.columns[i].name not in gone]
 
     def describe(self) -> dict:
         """The manifest's description of this version."""
         relfilenode, ids = self.identity if self.identity is not None else (None, {})
+        rules = self.privacy.rules if self.privacy is not None else {}
         return {
             "version": self.version,
             "relation_oid": self.relation_oid,
@@ -188,8 +205,10 @@ class RelationVersion:
                     "typmod": c.typmod,
                     "key": k,
                     **({ATTNUM_FIELD: ids[c.name][0], ATTXMIN_FIELD: ids[c.name][1]} if c.name in ids else {}),
+                    **({PII_FIELD: str(rules[c.name])} if c.name in rules else {}),
                 }
                 for c, k in zip(self.columns, self.key_flags, strict=True)
+                if c.name not in rules or rules[c.name].action != "exclude"
             ],
             "old_columns": [old_column_name(n) for n in self.old_columns],
             **self._missing_entry(),
@@ -213,11 +232,17 @@ class RelationVersion:
         """:attr:`missing_values` decoded with this version's own types, as one Arrow IPC
         row in base64 (exact for every type; the manifest's ``missing_values``)."""
         values = {n: v for n, v in (self.missing_values or {}).items()}
-        idx = [i for i, c in enumerate(self.columns) if c.name in values]
+        rules = self.privacy
+        idx = [i for i, c in enumerate(self.columns)
+               if c.name in values and (rules is None or c.name not in rules.excluded)]
         if not idx:
             return None
         arrays_ = [self.decoder.decode_column(i, [values[self.columns[i].name]])[0] for i in idx]
-        batch = pa.RecordBatch.from_arrays(arrays_, schema=pa.schema([self.decoder.schema.field(i) for i in idx]))
+        if rules is not None:  # a default is a value like any other: written as the rule says
+            cols = [self.columns[i] for i in idx]
+            batch = pa.RecordBatch.from_arrays(rules.apply(cols, arrays_), schema=rules.schema(cols))
+        else:
+            batch = pa.RecordBatch.from_arrays(arrays_, schema=pa.schema([self.decoder.schema.field(i) for i in idx]))
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema) as w:
             w.write_batch(batch)
@@ -247,9 +272,16 @@ class RelationVersion:
                 images = [decode(m).new if type(m) is bytes else m for m in images]
         if decoded is None:
             decoded = self.decoder.decode(images, row_offset=chunk.first_seq)
-        out = list(decoded.batch.columns)
-        if self.old_decoder is not None:
-            out += self._old_columns(chunk.olds, n, chunk.first_seq)
+        rules = self.privacy
+        if rules is None:
+            out = list(decoded.batch.columns)
+            if self.old_decoder is not None:
+                out += self._old_columns(chunk.olds, n, chunk.first_seq)
+        else:  # nothing leaves here but what the rules let through
+            out = rules.apply(self.columns, decoded.batch.columns)
+            if self.old_decoder is not None:
+                olds = [self.columns[i] for i in self.old_indexes]
+                out += rules.apply(olds, self._old_columns(chunk.olds, n, chunk.first_seq))
         ops = "".join(chunk.ops).encode("ascii")  # one character each: I, U or D
         out += [
             pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(n + 1, dtype=np.int32)),

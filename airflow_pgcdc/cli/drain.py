@@ -61,6 +61,11 @@ def register(subparsers) -> None:
                    help="keep these columns as their exact PostgreSQL text whatever their type (repeatable): "
                         "for values the typed mapping cannot carry, e.g. arrays whose lower bound is not 1; "
                         "give the snapshot, resync and drain the same")
+    p.add_argument("--pii", action="append", default=[], metavar="SCHEMA.TABLE:COLUMN=RULE",
+                   help="keep a column out of the lake (repeatable): RULE is exclude (never read), hash (HMAC-SHA256 "
+                        "of its text under the key in $PGCDC_PII_KEY, hex) or mask[:N] (text: every character but the "
+                        "last N as *). Written to the store with the slot's data: every later job of the slot applies "
+                        "the same rules")
     p.add_argument("--start-without-snapshot", action="store_true",
                    help="start a store that holds no snapshot and no window of the slot at the slot's "
                         "position (changes only, no initial copy); without it such a store is refused, "
@@ -107,5 +112,6 @@ def _drain(args: argparse.Namespace, drain_window):
         pack_parts_under=args.pack_parts_under_kb << 10,
         start_without_snapshot=args.start_without_snapshot,
         as_text=args.as_text,
+        pii=args.pii,
     )
     return drain_window(args.dsn, args.store, slot=args.slot, publications=args.publication, options=options)

@@ -45,6 +45,11 @@ def register(subparsers) -> None:
                    help="keep these columns as their exact PostgreSQL text whatever their type (repeatable): "
                         "for values the typed mapping cannot carry, e.g. arrays whose lower bound is not 1; "
                         "give the snapshot, resync and drain the same")
+    p.add_argument("--pii", action="append", default=[], metavar="SCHEMA.TABLE:COLUMN=RULE",
+                   help="keep a column out of the lake (repeatable): RULE is exclude (never read), hash (HMAC-SHA256 "
+                        "of its text under the key in $PGCDC_PII_KEY, hex) or mask[:N] (text: every character but the "
+                        "last N as *). Written to the store with the slot's data: every later job of the slot applies "
+                        "the same rules")
     p.set_defaults(handler=run, _parser=p)
 
 

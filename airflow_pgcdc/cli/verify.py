@@ -42,6 +42,10 @@ def register(subparsers) -> None:
     p.add_argument("--check-metadata", action="store_true",
                    help="also check the Delta table's CDC metadata columns (pgcdc merge --metadata-columns): "
                    "exit 1 when a row's are invalid")
+    p.add_argument("--store", metavar="URL",
+                   help="the pipeline's store (with --slot): its column rules (excluded, hashed, masked columns) "
+                   "are applied to PostgreSQL's rows before they are compared; the hash key from $PGCDC_PII_KEY")
+    p.add_argument("--slot", help="the pipeline's slot (with --store)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=run_verify)
 
@@ -84,9 +88,18 @@ def run_verify(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         print(f"pgcdc verify: {message}", file=sys.stderr, flush=True)
 
+    privacy = None
+    if bool(args.store) != bool(args.slot):
+        raise VerifyError("--store and --slot go together", hint="give both (the pipeline's), or neither")
+    if args.store:
+        from airflow_pgcdc.store import s3 as s3store
+        from airflow_pgcdc.store.layout import Layout
+        from airflow_pgcdc.store.privacy import resolve_privacy
+
+        privacy = resolve_privacy(s3store.make_s3_client(), Layout.parse(args.store), args.slot, write=False)
     result = verify_table(
         args.dsn, args.delta, schema, table, key=key, max_diffs=args.max_diffs, progress=progress,
-        check_metadata=args.check_metadata,
+        check_metadata=args.check_metadata, privacy=privacy,
     )
     if args.json:
         json.dump(result.to_dict(), sys.stdout, indent=2, ensure_ascii=False, default=str)

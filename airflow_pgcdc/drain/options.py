@@ -86,9 +86,11 @@ class DrainOptions(JobOptions):
     pack_parts_under: int = PACK_MAX_PART_BYTES
     start_without_snapshot: bool = False
     as_text: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    pii: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from airflow_pgcdc.pg.tables import parse_column_map, parse_table_names
+        from airflow_pgcdc.store.privacy import parse_rules
 
         self._put("publications", self._names(self.publications))
         self._put("skip_origins", self._names(self.skip_origins))
@@ -102,6 +104,10 @@ class DrainOptions(JobOptions):
         if not (isinstance(as_text, Mapping) and all(isinstance(k, tuple) for k in as_text)):
             as_text = parse_column_map(as_text)
         self._put("as_text", {k: frozenset(v) for k, v in as_text.items()})
+        pii = self.pii
+        if not (isinstance(pii, Mapping) and all(isinstance(k, tuple) for k in pii)):
+            pii = parse_rules(pii)
+        self._put("pii", dict(pii))
         self._put("binary", bool(self.binary))
         self._put("heartbeat", bool(self.heartbeat))
         self._put("start_without_snapshot", bool(self.start_without_snapshot))

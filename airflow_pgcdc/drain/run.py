@@ -35,6 +35,7 @@ from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.catalog import CATALOG_FIELD, read_fingerprints, write_fingerprints
 from airflow_pgcdc.store.layout import Layout, new_attempt_id
+from airflow_pgcdc.store.privacy import resolve_privacy
 from airflow_pgcdc.store.window import (
     COMMIT_TIMES_FIELD,
     KEY_MOVES_FIELD,
@@ -139,8 +140,11 @@ class WindowRun:
         self.writer = WindowWriter(self.client, self.layout, self.slot, self.seq, on_part_close=self._on_part_close,
                                    attempt=self.attempt, memory_budget=o.memory_budget,
                                    pack_max_part_bytes=o.pack_parts_under, **writer_kw)
+        # the slot's column rules: the store's (a drain given none still applies them)
+        privacy = resolve_privacy(self.client, self.layout, self.slot, o.pii or None)
         self.window = WindowSink(self.writer, self.types, self.pump,
-                              buffer_budget=max(o.memory_budget // 4, CHUNK_BYTES), as_text=o.as_text)
+                                 buffer_budget=max(o.memory_budget // 4, CHUNK_BYTES), as_text=o.as_text,
+                                 privacy=privacy or None)
         self.asm = TransactionAssembler(
             self.window, proto_version=self.stream.options.proto_version, spool_dir=self.spool,
             skip_origins=frozenset(o.skip_origins),

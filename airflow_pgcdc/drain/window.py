@@ -28,8 +28,10 @@ from airflow_pgcdc.protocol import pgoutput as po
 from airflow_pgcdc.protocol.lsn import LSN
 from airflow_pgcdc.protocol.pgoutput import UNCHANGED_TOAST
 from airflow_pgcdc.protocol.pgtypes import PgColumn, PgTypeInfo, builtin_type
+from airflow_pgcdc.store.privacy import SlotPrivacy
 from airflow_pgcdc.store.window import TRUNCATE_RELATIONS, WindowWriter
 from airflow_pgcdc.typemap.pgarray import parse_array_text
+from airflow_pgcdc.typemap.privacy import PiiError
 
 log = logging.getLogger("airflow_pgcdc.drain.drain")  # the drain's logger, one name for all its modules
 
@@ -254,10 +256,12 @@ class WindowSink:
     """The :class:`~airflow_pgcdc.changes.assembly.Sink` that builds one window."""
 
     def __init__(self, writer: WindowWriter, types: TypeResolver, pump, buffer_budget: int = 64 << 20,
-                 as_text: Mapping[tuple[str, str], Collection[str]] | None = None) -> None:
+                 as_text: Mapping[tuple[str, str], Collection[str]] | None = None,
+                 privacy: SlotPrivacy | None = None) -> None:
         self.writer = writer
         # {(schema, table): columns} kept as exact text (the snapshot must have done the same)
         self.as_text = dict(as_text or {})
+        self.privacy = privacy
         self.types = types
         self.pump = pump
         # the change buffers of all tables together stay under this (a window touching
@@ -319,12 +323,15 @@ class WindowSink:
         versions = self.versions.setdefault(key, [])
         rv = next((v for v in versions if v.definition == definition), None)
         if rv is None:
+            identity = self.types.identity(rel.relation_oid)
+            rules = None if self.privacy is None else self.privacy.rules_for(
+                schema, rel.relation_name, rel.relation_oid, {n: a for n, (a, _) in identity[1].items()})
             rv = RelationVersion(
                 rel.relation_oid, schema, rel.relation_name, rel.replica_identity, columns,
                 key_flags, version=len(versions),
                 missing_values=self.types.missing_values(rel.relation_oid) or None,
                 rewritten=self._rewritten(rel, columns),
-                identity=self.types.identity(rel.relation_oid),
+                identity=identity, privacy=rules,
             )
             versions.append(rv)
             self.buffers[id(rv)] = ChangeBuffer(rv)
@@ -365,8 +372,8 @@ class WindowSink:
         table is refused (a column name clash: that table alone, never the slot's drain)."""
         try:
             rv = self._version(rel)
-        except ColumnNameClash as exc:
-            self._refuse(rel, exc)
+        except (ColumnNameClash, PiiError) as exc:  # a rule that cannot hold: the table is refused,
+            self._refuse(rel, exc)                  # its values never written
             return False
         if self._last_rv is not None:
             self._left_at[id(self._last_rv)] = self.rows

@@ -67,6 +67,7 @@ from airflow_pgcdc.store.layout import (
 )
 from airflow_pgcdc.store.manifest import ArchiveEntry, BaseBackupInfo, write_manifest
 from airflow_pgcdc.store.multipart import MultipartWriter
+from airflow_pgcdc.store.privacy import slots_with_rules
 from airflow_pgcdc.store.s3 import (
     S3Location,
     StoreError,
@@ -75,6 +76,7 @@ from airflow_pgcdc.store.s3 import (
     make_s3_client,
     s3_argument,
 )
+from airflow_pgcdc.typemap.privacy import PiiRuleError
 
 log = logging.getLogger(__name__)
 
@@ -431,9 +433,11 @@ def base_backup_to_s3(
     run = _Run(client, layout, backup_id, part_size)
     safe_dsn = redact(dsn)
 
+    # -- a store whose pipelines keep columns out of the lake takes no physical copy: it holds every value
     # -- the destination must be empty: cleanup then only ever removes our own objects
     run.stage = f"checking the destination {run.url}"
     try:
+        ruled = slots_with_rules(client, layout)
         existing = next(iter(list_keys(client, run.bucket, run.prefix)), None)
     except StoreError as e:
         raise BaseBackupStoreError(
@@ -446,6 +450,11 @@ def base_backup_to_s3(
             backup_id=backup_id, url=run.url, stage=run.stage,
             hint="choose another backup id (or omit it to get a new one)",
         )
+    if ruled:
+        raise PiiRuleError(
+            f"the store {root.url} keeps columns out of the lake (column rules of slot(s) {', '.join(ruled)}): a base "
+            "backup would copy every value of the cluster into it; nothing was written",
+            hint="take base backups into another store, or snapshot the tables (pgcdc snapshot applies the rules)")
 
     started_at = datetime.now(UTC)
     t0 = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from airflow_pgcdc.typemap.decode.copy_binary import (
 )
 from airflow_pgcdc.typemap.decode.copy_text import COPY_OPTIONS, SnapshotDecoder, copy_select_list
 from airflow_pgcdc.typemap.map import session_setup_sql
+from airflow_pgcdc.typemap.privacy import PiiRuleError, TableRules
 
 SESSION_SETUP = session_setup_sql()
 """SET statements every COPY session runs: the text output the decoders expect."""
@@ -40,6 +42,9 @@ class TableConverter:
     copy_options: str = COPY_OPTIONS
     encodings: TableEncodings = field(default_factory=TableEncodings, compare=False)
     """The Parquet encodings every part of the table uses (chosen by its first row group)."""
+    privacy: TableRules | None = field(default=None, compare=False)
+    """The table's column rules: every batch is transformed before it is yielded (its
+    excluded columns are not even read)."""
 
     def decoder(self) -> SnapshotDecoder:
         """The CSV decoder (``COPY (SELECT select_list …) TO STDOUT copy_options``)."""
@@ -59,6 +64,14 @@ class TableConverter:
     def batches(self, session, where: str = "", copy_format: str = "binary") -> Iterator[pa.RecordBatch]:
         """Run the COPY on ``session`` (a :class:`ReplicationConnection` with
         :data:`SESSION_SETUP` applied) and yield its rows as batches of :attr:`schema`."""
+        rules = self.privacy
+        if rules is not None:
+            for batch in self._batches(session, where, copy_format):
+                yield rules.apply_batch(self.columns, batch)
+        else:
+            yield from self._batches(session, where, copy_format)
+
+    def _batches(self, session, where: str, copy_format: str) -> Iterator[pa.RecordBatch]:
         sql = self.copy_sql(where, copy_format)
         if copy_format == "binary":
             dec = BinaryCopyDecoder(self.columns, table=self.table.display)
@@ -71,6 +84,26 @@ class TableConverter:
         yield from dec.finish()
 
 
+def without_excluded(table: TableInfo, rules: TableRules | None, *, strict: bool = True) -> TableInfo:
+    """``table`` without its excluded columns (never read, never listed). ``strict``: a
+    rule naming a column the table lacks is an error (a typo would leave a column raw)."""
+    if rules is None:
+        return table
+    names = {c.name for c in table.columns}
+    unknown = sorted(set(rules.rules) - names)
+    if unknown and strict:
+        raise PiiRuleError(f"column rules name column(s) {unknown} that table {table.display} does not have "
+                           f"(columns: {', '.join(sorted(names))})",
+                           hint="give the columns as the table names them (exact case)")
+    keyed = sorted(rules.excluded & set(table.key_columns))
+    if keyed:
+        raise PiiRuleError(f"table {table.display}: key column(s) {keyed} cannot be excluded: rows could not be "
+                           "matched", hint="hash them instead (equal values hash equal)")
+    if not rules.excluded & names:
+        return table
+    return dataclasses.replace(table, columns=tuple(c for c in table.columns if c.name not in rules.excluded))
+
+
 def function_casts(conn) -> frozenset[int]:
     """The types whose cast to text is not their output function
     (:data:`~airflow_pgcdc.typemap.decode.copy_binary.FUNCTION_CASTS_SQL`): one catalog query,
@@ -79,10 +112,12 @@ def function_casts(conn) -> frozenset[int]:
 
 
 def table_converter(conn, table: TableInfo, casts: frozenset[int] | None = None, *,
-                    as_text: Collection[str] = ()) -> TableConverter:
+                    as_text: Collection[str] = (), privacy: TableRules | None = None) -> TableConverter:
     """The converter for ``table``; ``conn`` is a psycopg connection for type lookups;
     ``casts``: :func:`function_casts` (queried here when not given); ``as_text``: columns
-    kept as their exact PostgreSQL text (a name the table lacks is an error)."""
+    kept as their exact PostgreSQL text (a name the table lacks is an error); ``privacy``:
+    the table's column rules (its excluded columns must already be left out of ``table``:
+    :func:`without_excluded`)."""
     missing = sorted(set(as_text) - {c.name for c in table.columns})
     if missing:
         from airflow_pgcdc.errors import HintedError
@@ -96,10 +131,13 @@ def table_converter(conn, table: TableInfo, casts: frozenset[int] | None = None,
     )
     known_casts = function_casts(conn) if casts is None else casts
     probe = BinaryCopyDecoder(columns, table=table.display)
+    if privacy is not None:
+        privacy.check(columns, table.key_columns)
     return TableConverter(
         table=table,
         columns=columns,
-        schema=probe.schema,
+        privacy=privacy,
+        schema=probe.schema if privacy is None else privacy.schema(columns),
         select_list=copy_select_list(columns),
         binary_select_list=binary_select_list(columns, probe.codecs, known_casts),
     )

@@ -74,6 +74,7 @@ from airflow_pgcdc.protocol.quoting import quote_literal
 from airflow_pgcdc.snapshot.convert import (
     function_casts,
     table_converter,
+    without_excluded,
 )
 from airflow_pgcdc.snapshot.errors import SnapshotError
 from airflow_pgcdc.snapshot.options import SnapshotOptions, as_text_map
@@ -89,7 +90,9 @@ from airflow_pgcdc.store.manifest import (
     SnapshotManifest,
     TableEntry,
 )
+from airflow_pgcdc.store.privacy import SlotPrivacy, parse_rules, resolve_privacy, save_privacy
 from airflow_pgcdc.store.window import window_folders
+from airflow_pgcdc.typemap.privacy import PiiRuleError
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +304,7 @@ def snapshot_to_s3(
     options: SnapshotOptions | Mapping[str, Any] | None = None,
     s3: Any = None,
     on_slot_created: Callable[[str, str], None] | None = None,
+    privacy: SlotPrivacy | None = None,
     **fields: Any,
 ) -> SnapshotManifest:
     """Create ``slot`` with an exported snapshot and copy the tables of ``publications`` (one
@@ -327,7 +331,10 @@ def snapshot_to_s3(
     ``{"schema.table": ["col"]}``: the escape hatch for values the typed mapping cannot
     carry, such as arrays whose lower bound is not 1); give the drain the same.
     ``slice_where``: copy only the rows matching this SQL predicate (a slice resync,
-    :mod:`.resync`; recorded in each table entry as ``where``).
+    :mod:`.resync`; recorded in each table entry as ``where``). ``pii``: column rules
+    (:mod:`airflow_pgcdc.store.privacy`), written to the store with the manifest; without
+    them the store's rules for ``slot`` apply. ``privacy``: the rules to apply (a resync's:
+    its pipeline's, not its temporary slot's).
 
     Workers run in their own processes (:mod:`airflow_pgcdc.snapshot.workers`) when the
     S3 settings are known: given as ``s3``, or those of a client made by
@@ -346,6 +353,11 @@ def snapshot_to_s3(
     layout = Layout(location)
     if client is None:
         client = s3store.make_s3_client(settings)
+    given_rules = parse_rules(o.pii) if o.pii else None
+    if privacy is None:
+        privacy = resolve_privacy(client, layout, slot, given_rules, write=False)
+    elif given_rules:
+        raise SnapshotError("give column rules (pii) or the resolved rules (privacy), not both")
     if worker_processes is None:
         worker_processes = settings is not None
     elif worker_processes and settings is None:
@@ -423,11 +435,14 @@ def snapshot_to_s3(
                 discovered = _discover(catalog_conn, publications, tables)
                 if slice_where:  # a slice resync: the named tables' matching rows only
                     discovered = [dataclasses.replace(t, slice_where=slice_where) for t in discovered]
+                if privacy:
+                    discovered = _apply_rules(discovered, privacy, strict=bool(given_rules), whole=not tables)
                 refusals = {t.oid: why for t in discovered if (why := _cannot_copy(t)) is not None}
                 infos = [t for t in discovered if t.oid not in refusals]
                 casts = function_casts(catalog_conn)
                 converters = {t.oid: table_converter(catalog_conn, t, casts,
-                                                     as_text=text_columns.get((t.schema, t.name), ()))
+                                                     as_text=text_columns.get((t.schema, t.name), ()),
+                                                     privacy=_rules_of(privacy, t))
                               for t in infos}
             finally:
                 catalog_conn.close()
@@ -494,6 +509,8 @@ def snapshot_to_s3(
                 extra={POINT_TIME: point_time.astimezone(UTC).isoformat(),
                        **({REFUSED_TABLES: refused} if refused else {})},
             )
+            if given_rules:  # the slot's rules, for every later job of it (before the manifest: no
+                save_privacy(client, layout, slot, privacy.with_ids(discovered))  # drain runs first)
             key = layout.snapshot_manifest(slot, sid)
             # a put the client retried after an unseen success finds its own manifest: committed
             if not s3store.commit_if_absent(client, location.bucket, key, manifest.to_json().encode()):
@@ -528,6 +545,25 @@ REFUSED_TABLES = "refused_tables"
 """A snapshot (or resync) manifest's tables it could not copy: ``[{schema, table, error,
 hint}]``. Their changes stream (they are published) and the merge refuses them
 (``NeedsSnapshot``, with this reason) until a resync copies them."""
+
+
+def _rules_of(privacy: SlotPrivacy | None, t: TableInfo):
+    if not privacy:
+        return None
+    return privacy.rules_for(t.schema, t.name, t.oid, {c.name: c.attnum for c in t.columns})
+
+
+def _apply_rules(tables: list[TableInfo], privacy: SlotPrivacy, *, strict: bool, whole: bool) -> list[TableInfo]:
+    """``tables`` without their excluded columns. Rules given to this run (``strict``) must
+    name columns the tables have and, for a whole snapshot (``whole``), tables it copies: a
+    typo would leave a column raw."""
+    if strict and whole:
+        found = {(t.schema, t.name) for t in tables}
+        unknown = sorted(f"{s}.{n}" for s, n in privacy.rules if (s, n) not in found)
+        if unknown:
+            raise PiiRuleError(f"column rules name table(s) {unknown} that the snapshot does not copy",
+                               hint="name tables of the publications, as --tables takes them")
+    return [without_excluded(t, _rules_of(privacy, t), strict=strict) for t in tables]
 
 
 def _cannot_copy(t: TableInfo) -> tuple[str, str] | None:

@@ -52,6 +52,16 @@ def as_text_map(value: Any) -> Any:
     return value
 
 
+def _pii(value: Any) -> tuple[str, ...] | None:
+    """``pii`` kept hashable: ``("schema.table:column=rule", ...)`` from that list or from
+    ``{"schema.table": {"column": "rule"}}`` (read by :func:`~airflow_pgcdc.store.privacy.parse_rules`)."""
+    if not value:
+        return None
+    if isinstance(value, Mapping):
+        return tuple(sorted(f"{t}:{c}={r}" for t, cols in value.items() for c, r in dict(cols).items()))
+    return (value,) if isinstance(value, str) else tuple(str(v) for v in value)
+
+
 class _CopyOptions(JobOptions):
     """What every copying job shares: how the tables are read."""
 
@@ -79,7 +89,9 @@ class SnapshotOptions(_CopyOptions):
     known) or threads; ``temporary``: a temporary slot (a resync's); ``as_text``: columns kept
     as their exact PostgreSQL text (``["schema.table=col,col"]`` or ``{"schema.table":
     ["col"]}``); ``slice_where``: copy only the rows matching this SQL predicate (a slice
-    resync)."""
+    resync); ``pii``: the slot's column rules (``["schema.table:column=hash"]`` or
+    ``{"schema.table": {"column": "exclude"}}``: :mod:`airflow_pgcdc.typemap.privacy`),
+    written to the store for every later job of the slot."""
 
     job: ClassVar[str] = "the snapshot"
 
@@ -94,18 +106,24 @@ class SnapshotOptions(_CopyOptions):
     temporary: bool = False
     as_text: Any = None
     slice_where: str | None = None
+    pii: Any = None
 
     def __post_init__(self) -> None:
         if self.tables is not None:
             self._put("tables", self._names(self.tables))
         self._check_copy()
+        self._put("pii", _pii(self.pii))
+        if self.pii:
+            from airflow_pgcdc.store.privacy import parse_rules
+
+            parse_rules(self.pii)  # refused when the options are made
 
     @classmethod
     def from_args(cls, args: Any) -> SnapshotOptions:
         """From ``pgcdc snapshot``'s parsed arguments."""
         return cls.of(tables=args.tables, workers=args.workers, rows_per_part=args.rows_per_part,
                       two_phase=args.two_phase, snapshot_id=args.snapshot_id, progress_interval=args.progress_interval,
-                      copy_format=args.copy_format, as_text=args.as_text or None)
+                      copy_format=args.copy_format, as_text=args.as_text or None, pii=args.pii or None)
 
 
 @dataclass(frozen=True, kw_only=True)

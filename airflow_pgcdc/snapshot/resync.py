@@ -41,6 +41,7 @@ from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.snapshot.options import ResyncOptions, SnapshotOptions
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout, store_argument, validate_slot
+from airflow_pgcdc.store.privacy import resolve_privacy
 from airflow_pgcdc.store.resyncs import Resync, committed_resyncs
 
 __all__ = ["BadSlice", "Resync", "ResyncError", "TableNotPublished", "committed_resyncs", "resync_tables"]
@@ -201,9 +202,10 @@ def resync_tables(
     copy = SnapshotOptions(tables=tuple(f"{quote_ident(s)}.{quote_ident(t)}" for s, t in names),
                            workers=o.workers, rows_per_part=o.rows_per_part, copy_format=o.copy_format,
                            worker_processes=o.worker_processes, temporary=True, as_text=o.as_text, slice_where=where)
+    # the pipeline's column rules, not its temporary slot's (which has none)
+    privacy = resolve_privacy(client, layout, slot)
     manifest = snapshot_to_s3(dsn, rl.root, slot=resync_slot, publications=publications, options=copy,
-                              s3=client,
-                              on_slot_created=on_slot_created)
+                              s3=client, on_slot_created=on_slot_created, privacy=privacy)
     done = Resync(manifest=manifest, layout=rl, resync_slot=resync_slot)
     log.info("resync committed at consistent point %s: %s (%d rows); the next merge %s these tables",
              manifest.consistent_point, done.url, manifest.rows,

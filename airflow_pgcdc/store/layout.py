@@ -351,6 +351,11 @@ class Layout:
         fingerprints a drain saw at a window's end, named by their content's SHA-256."""
         return self._key(validate_slot(slot), "catalog", validate_run_id(digest, "catalog digest") + ".json")
 
+    def privacy_rules(self, slot: str) -> str:
+        """``{prefix}/{slot}/privacy.json``: the slot's column rules (excluded, hashed and
+        masked columns: :mod:`airflow_pgcdc.store.privacy`)."""
+        return self._key(validate_slot(slot), "privacy.json")
+
     def recoveries_prefix(self, slot: str) -> str:
         """``{prefix}/{slot}/recovery/``: the slot's recovery records (``pgcdc recover``)."""
         return self._key(validate_slot(slot), "recovery") + "/"

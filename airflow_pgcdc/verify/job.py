@@ -40,14 +40,14 @@ The library never imports Airflow or Spark.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from airflow_pgcdc.errors import redact
 from airflow_pgcdc.lake.types import DeltaTypeMismatch
-from airflow_pgcdc.verify.compare import DEFAULT_MAX_DIFFS, Comparer, compare_tables
+from airflow_pgcdc.verify.compare import Comparer, compare_tables
 from airflow_pgcdc.verify.delta import (
     _HINT_DELTA,
     _delta_batches,
@@ -61,6 +61,7 @@ from airflow_pgcdc.verify.delta import (
 from airflow_pgcdc.verify.delta import (
     check_metadata as _check_metadata,
 )
+from airflow_pgcdc.verify.options import VerifyOptions
 from airflow_pgcdc.verify.postgres import MULTISET, _read_postgres, resolve_key
 from airflow_pgcdc.verify.results import (
     ChangedRow,
@@ -107,10 +108,9 @@ def verify_table(
     table: str | None = None,
     *,
     key: Sequence[str] | None = None,
-    max_diffs: int = DEFAULT_MAX_DIFFS,
     s3: Any = None,
     progress: Callable[[str], None] | None = None,
-    check_metadata: bool = False,
+    options: VerifyOptions | Mapping[str, Any] | None = None,
     **old: Any,
 ) -> VerifyResult:
     """Compare PostgreSQL table ``schema.table`` (``dsn``) with its Delta table under
@@ -120,9 +120,14 @@ def verify_table(
     cannot compare. ``progress`` is called with a short message at each phase. ``s3``: how
     to reach an ``s3://`` root (S3Settings, or a client made by ``make_s3_client``; default:
     the environment's settings). ``storage_options`` (delta-rs' own options, the 0.1 way to
-    say it) is accepted for one release with a :class:`DeprecationWarning`. ``check_metadata``:
+    say it) is accepted for one release with a :class:`DeprecationWarning`. ``options``: a
+    :class:`~.options.VerifyOptions` (or a mapping of its fields), or its fields given as
+    keywords: ``max_diffs``, ``check_metadata``, ``privacy``. ``check_metadata``:
     also check the Delta table's CDC metadata columns (``--metadata-columns``; the comparison
-    itself leaves them out): :attr:`VerifyResult.metadata`, :attr:`VerifyResult.metadata_ok`."""
+    itself leaves them out): :attr:`VerifyResult.metadata`, :attr:`VerifyResult.metadata_ok`.
+    ``privacy``: the pipeline's column rules (a :class:`~airflow_pgcdc.store.privacy.SlotPrivacy`,
+    ``resolve_privacy(client, layout, slot)``): PostgreSQL's rows are compared as the lake
+    holds them (excluded columns not read, hashed and masked ones transformed)."""
     import warnings
 
     from airflow_pgcdc.options import renamed_field
@@ -130,8 +135,8 @@ def verify_table(
     delta_url = renamed_field("verify_table", old, "delta", delta, "delta_url",
                               required="the Delta root (s3://bucket/lake)")
     storage_options = old.pop("storage_options", None)
-    if old:
-        raise TypeError(f"verify_table() got unexpected keyword argument(s) {', '.join(map(repr, sorted(old)))}")
+    o = VerifyOptions.of(options, **old)
+    max_diffs, check_metadata, privacy = o.max_diffs, o.check_metadata, o.privacy
     if storage_options is not None:
         if s3 is not None:
             raise TypeError("verify_table() got both 's3' and the old 'storage_options': give 's3' only")
@@ -154,7 +159,7 @@ def verify_table(
         raise DeltaReadError(f"cannot read the Delta table at {location}: {type(e).__name__}: {e}") from None
     say(f"reading {schema}.{table} from PostgreSQL ({redact(dsn)})")
     comparer, key_source, lsn = _read_postgres(
-        dsn, schema, table, key, delta_schema, {"max_diffs": max_diffs}
+        dsn, schema, table, key, delta_schema, {"max_diffs": max_diffs}, privacy
     )
     say(f"read {comparer.pg.rows} rows; reading {location} (version {version})")
     try:

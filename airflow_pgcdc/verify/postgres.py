@@ -42,13 +42,13 @@ def resolve_key(info, key: Sequence[str] | None) -> tuple[tuple[str, ...], str]:
 
 
 def _read_postgres(dsn: str, schema: str, table: str, key: Sequence[str] | None, delta_schema: pa.Schema,
-                   comparer_kw: dict) -> tuple[Comparer, str, str | None]:
+                   comparer_kw: dict, privacy=None) -> tuple[Comparer, str, str | None]:
     import psycopg
 
     from airflow_pgcdc.pg.catalog import check_encoding
     from airflow_pgcdc.pg.errors import ConnectionFailed
     from airflow_pgcdc.pg.tables import TableNotFound, describe_table
-    from airflow_pgcdc.snapshot.convert import SESSION_SETUP, table_converter
+    from airflow_pgcdc.snapshot.convert import SESSION_SETUP, table_converter, without_excluded
 
     try:
         conn = psycopg.connect(dsn, autocommit=True)
@@ -71,13 +71,18 @@ def _read_postgres(dsn: str, schema: str, table: str, key: Sequence[str] | None,
         # as the snapshot and the stream leave it out
         info = dataclasses.replace(info, columns=tuple(
             c for c in info.columns if not c.generated or c.name in delta_schema.names))
+        # the lake's view of the rows: excluded columns not read, hashed and masked ones as written
+        rules = privacy.rules_for(schema, table, info.oid, {c.name: c.attnum for c in info.columns}) if privacy else None
+        info = without_excluded(info, rules, strict=False)
         try:
             key_columns, key_source = resolve_key(info, key)
             multiset = False
         except NoKey:  # a table without a key: its rows as a multiset (duplicates by count)
             key_columns, key_source, multiset = (), MULTISET, True
-        conv = table_converter(conn, info)
-        comparer = Comparer(conv.columns, key_columns, delta_schema, table=info.display, multiset=multiset,
+        conv = table_converter(conn, info, privacy=rules)
+        compared = conv.columns if rules is None else tuple(
+            dataclasses.replace(c, as_text=True) if c.name in rules.rules else c for c in conv.columns)
+        comparer = Comparer(compared, key_columns, delta_schema, table=info.display, multiset=multiset,
                             **comparer_kw)
         lsn = conn.execute(
             "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
@@ -87,7 +92,7 @@ def _read_postgres(dsn: str, schema: str, table: str, key: Sequence[str] | None,
         decoder = conv.decoder()
         with conn.cursor().copy(sql) as copy:
             for batch in decoder.decode_stream(copy):
-                comparer.add_postgres(batch)
+                comparer.add_postgres(batch if rules is None else rules.apply_batch(conv.columns, batch))
         conn.execute("COMMIT")
     return comparer, key_source, lsn
 
