@@ -227,7 +227,7 @@ def resolve_privacy(client: Any, layout: Layout, slot: str, given: Rules | None 
         return SlotPrivacy()
     if stored.hashes:
         if key is None:
-            raise PiiKeyMissing(f"slot {slot} hashes columns ({_text(stored)}) and no key was given",
+            raise PiiKeyMissing(f"slot {slot} hashes columns ({_text(stored)}) and no key was given ({KEY_ENV} is not set)",
                                 hint=f"set {KEY_ENV} (or the operator's pii_key_conn_id) to the key it was first run with")
         if stored.key_fingerprint and key.fingerprint != stored.key_fingerprint:
             raise PiiKeyMismatch(f"slot {slot}: the hash key given is not the one its columns were hashed with "

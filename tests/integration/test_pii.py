@@ -6,8 +6,8 @@ value; verify compares PostgreSQL's rows transformed the same way.
 Checked end to end on PostgreSQL, SeaweedFS and Spark's driver (the delta-rs engine): the
 snapshot's rules written to the store and applied by a drain that is not given them; a hashed
 primary key through an update that changes it and a delete; a keyless ``REPLICA IDENTITY FULL``
-table with an excluded column; a masked column renamed (its rule follows it); a column added
-with a default under a rule; every object under the store and the lake read back (bytes, and
+table with an excluded column; a masked column renamed (the merge refuses it, the resync's copy
+keeps its rule by its attnum); an excluded column dropped and added again with a default; every object under the store and the lake read back (bytes, and
 every value of every Parquet file) for the raw values; the hashes equal to pgcrypto's ``hmac``;
 and the refusals: other rules, another key, no key, a typo, a mask on a number, an excluded key
 column, a base backup into the store."""
@@ -26,9 +26,11 @@ from lake_helpers import drain, sql
 from matrix import on_pg18
 
 from airflow_pgcdc.lake.tables import delta_table_url
+from airflow_pgcdc.merge.errors import TablesFailed
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.snapshot.basebackup import base_backup_to_s3
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
+from airflow_pgcdc.snapshot.resync import resync_tables
 from airflow_pgcdc.store import s3 as s3store
 from airflow_pgcdc.store.layout import Layout
 from airflow_pgcdc.store.privacy import PiiRulesChanged, resolve_privacy
@@ -70,6 +72,24 @@ def _strings(value) -> list[str]:
     return []
 
 
+def _parquet_files(data: bytes) -> list[bytes]:
+    """The Parquet files in an object: one, or several end to end (a window's pack of small
+    parts); an object that begins as Parquet and cannot be read whole is an error."""
+    out, start = [], 0
+    while data[start:start + 4] == b"PAR1":
+        end = data.find(b"PAR1", start + 4)
+        while end >= 0:
+            try:
+                pq.read_metadata(io.BytesIO(data[start:end + 4]))
+                break
+            except OSError:
+                end = data.find(b"PAR1", end + 4)
+        assert end >= 0, f"unreadable Parquet at byte {start}"
+        out.append(data[start:end + 4])
+        start = end + 4
+    return out
+
+
 def _scan(client, bucket: str) -> tuple[int, list[str]]:
     """Every object of the bucket: its bytes searched for each raw value, and every value of
     a Parquet file (compressed pages hide bytes) read back and searched too."""
@@ -78,10 +98,9 @@ def _scan(client, bucket: str) -> tuple[int, list[str]]:
         objects += 1
         data = s3store.get_bytes(client, bucket, key)
         texts = [data.decode("utf-8", "replace")]
-        if data[:4] == b"PAR1":
-            t = pq.read_table(io.BytesIO(data))
-            texts += [s for row in t.to_pylist() for s in _strings(row)]
-            md = pq.read_metadata(io.BytesIO(data))
+        for part in _parquet_files(data):
+            texts += [s for row in pq.read_table(io.BytesIO(part)).to_pylist() for s in _strings(row)]
+            md = pq.read_metadata(io.BytesIO(part))
             for rg in range(md.num_row_groups):  # min/max statistics
                 for c in range(md.num_columns):
                     st = md.row_group(rg).column(c).statistics
@@ -141,6 +160,13 @@ def test_pii_never_reaches_the_store_or_the_lake(fresh_db, slot_name, store, spa
     sql(db, "ALTER TABLE users ADD COLUMN ssn text DEFAULT 'SSN-DEFAULT-0000'")
     sql(db, "UPDATE users SET note = 'n' WHERE id = 3")
     drain(db, src, slot, client)
+    # the merge refuses a renamed column (ColumnIdentityChanged) until a resync: the resync
+    # applies the rules too, the renamed column's by its attnum
+    with pytest.raises(TablesFailed, match="renamed") as failed:
+        merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-rs")
+    assert [t.table for t in failed.value.result.tables if t.action == "failed"] == ["public.users"]
+    resync_tables(db, src, slot=slot, publications="pub", tables=["public.users"], s3=client, workers=1,
+                  worker_processes=False)
     result = merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-rs")
     assert not result.failed, result
 
