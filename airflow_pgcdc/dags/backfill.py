@@ -135,6 +135,7 @@ def build(p: Pipeline) -> DAG:
             where="{{ params.where }}",
             workers=p.workers,
             as_text=p.as_text,
+            pii_key_conn_id=p.pii_key_conn_id,
             postgres_conn_id=p.postgres_conn_id,
             aws_conn_id=p.aws_conn_id,
         )
@@ -154,6 +155,9 @@ def build(p: Pipeline) -> DAG:
             delta=REBUILT,
             tables="{{ (params.tables or rebuilt_tables(ti.xcom_pull(task_ids='rebuild')))"
                    " if params.verify else [] }}",
+            store="{{ params.store }}",
+            slot="{{ params.slot }}",
+            pii_key_conn_id=p.pii_key_conn_id,
             postgres_conn_id=p.postgres_conn_id,
             aws_conn_id=p.aws_conn_id,
         )

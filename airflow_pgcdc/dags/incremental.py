@@ -80,6 +80,7 @@ def build(p: Pipeline) -> DAG:
             max_bytes="{{ params.max_bytes }}",
             max_seconds="{{ params.max_seconds }}",
             as_text=p.as_text,
+            pii_key_conn_id=p.pii_key_conn_id,
             postgres_conn_id=p.postgres_conn_id,
             aws_conn_id=p.aws_conn_id,
         )

@@ -46,6 +46,8 @@ def build(p: Pipeline) -> DAG:
             publications="{{ params.publication }}",
             workers="{{ params.workers }}",
             as_text=p.as_text,
+            pii=p.pii,
+            pii_key_conn_id=p.pii_key_conn_id,
             postgres_conn_id=p.postgres_conn_id,
             aws_conn_id=p.aws_conn_id,
         )
@@ -54,6 +56,9 @@ def build(p: Pipeline) -> DAG:
             task_id="verify",
             delta="{{ params.delta }}",
             tables="{{ params.tables if params.verify else [] }}",
+            store="{{ params.store }}",
+            slot="{{ params.slot }}",
+            pii_key_conn_id=p.pii_key_conn_id,
             postgres_conn_id=p.postgres_conn_id,
             aws_conn_id=p.aws_conn_id,
         )

@@ -55,6 +55,11 @@ class Pipeline:
     :param as_text: columns carried as PostgreSQL's text output, ``{"schema.table":
         ["col", ...]}`` (values the type map cannot carry: see docs/types.md); given to
         the snapshot, the drain and the resync alike
+    :param pii: the slot's column rules, ``{"schema.table": {"column": "hash" | "exclude" |
+        "mask" | "mask:N"}}``: the snapshot writes them to the store, the drain, the resync and
+        verify apply them (see docs/operations.md, "Columns kept out of the lake")
+    :param pii_key_conn_id: the connection whose password is the hash key (``None``: the
+        workers' ``PGCDC_PII_KEY``)
     :param engine: the merge engine (``None``: the job's default, delta-rs)
     :param change_data_feed: the Delta tables get the change data feed (every merge of the
         pipeline's DAGs: ``--change-data-feed``)
@@ -88,6 +93,8 @@ class Pipeline:
     workers: int = 2
     retention_hours: float = 168
     as_text: Mapping[str, Sequence[str]] | None = None
+    pii: Mapping[str, Mapping[str, str]] | None = None
+    pii_key_conn_id: str | None = None
     engine: str | None = None
     change_data_feed: bool = False
     metadata_columns: bool = False
@@ -133,6 +140,15 @@ class Pipeline:
                     for cols in self.as_text.values()):
                 raise bad("as_text", f"must map schema.table to a list of column names, got {self.as_text!r}")
             object.__setattr__(self, "as_text", {str(t): list(c) for t, c in self.as_text.items()})
+        if self.pii is not None:
+            from airflow_pgcdc.store.privacy import parse_rules
+            from airflow_pgcdc.typemap.privacy import PiiError
+
+            try:
+                parse_rules(self.pii, "pii")
+            except PiiError as exc:
+                raise bad("pii", str(exc)) from None
+            object.__setattr__(self, "pii", {str(t): dict(c) for t, c in self.pii.items()})
         for field in ("change_data_feed", "metadata_columns", "soft_deletes"):
             if not isinstance(getattr(self, field), bool):
                 raise bad(field, f"must be true or false, got {getattr(self, field)!r}")

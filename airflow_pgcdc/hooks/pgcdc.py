@@ -8,6 +8,9 @@ extras (``sslmode``, ``sslrootcert``, ``sslcert``, ``sslkey``, ...).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +112,33 @@ class PgcdcHook(BaseHook):
 
     def s3_client(self):
         return make_s3_client(self.s3_settings())
+
+    @contextmanager
+    def pii_key(self, conn_id: str | None) -> Iterator[None]:
+        """While the job runs, the column rules' hash key is the password of Airflow
+        connection ``conn_id`` (any type), set as :data:`~airflow_pgcdc.typemap.privacy.KEY_ENV`
+        for this process only (never on a command line, never logged); ``None``: the
+        environment's own."""
+        if not conn_id:
+            yield
+            return
+        from airflow_pgcdc.typemap.privacy import KEY_ENV
+
+        secret = self.get_connection(conn_id).password
+        if not secret:
+            from airflow_pgcdc.typemap.privacy import PiiKeyMissing
+
+            raise PiiKeyMissing(f"connection {conn_id!r} has no password to hash with",
+                                hint="store the hash key as the connection's password")
+        before = os.environ.get(KEY_ENV)
+        os.environ[KEY_ENV] = secret
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(KEY_ENV, None)
+            else:
+                os.environ[KEY_ENV] = before
 
 
 ASSUME_ROLE_METHODS = (None, "assume_role")

@@ -55,6 +55,11 @@ class PgcdcDrainOperator(BaseOperator):
         leave the pipeline (without this the drain refuses to acknowledge past their removal)
     :param as_text: ``{"schema.table": ["column", ...]}``: columns kept as their exact
         PostgreSQL text whatever their type (templated; as the copy did)
+    :param pii: column rules (``{"schema.table": {"column": "hash"}}``), for a slot whose store
+        has none yet (a pipeline without a snapshot); the store's rules apply whether given or
+        not, and other rules are refused (templated)
+    :param pii_key_conn_id: Airflow connection whose password is the hash key of the slot's
+        column rules (any connection type; default: the worker's ``PGCDC_PII_KEY``) (templated)
     :param start_without_snapshot: start a store that holds no snapshot and no window of the
         slot at the slot's position (changes only); without it such a store is refused
         (``StoreHasNoCopy``: a mistyped store would otherwise take the slot over)
@@ -70,7 +75,8 @@ class PgcdcDrainOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("store", "slot", "publications", "until_lsn", "as_text", "max_rows", "max_bytes",
-                                      "max_seconds", "postgres_conn_id", "aws_conn_id", "options")
+                                      "max_seconds", "pii", "pii_key_conn_id", "postgres_conn_id", "aws_conn_id",
+                                      "options")
     ui_color = "#d5f5e3"
 
     def __init__(
@@ -91,6 +97,8 @@ class PgcdcDrainOperator(BaseOperator):
         forget_tables: Sequence[str] = (),
         start_without_snapshot: bool = False,
         as_text: dict[str, Sequence[str]] | None = None,
+        pii: Mapping[str, Mapping[str, str]] | None = None,
+        pii_key_conn_id: str | None = None,
         options: DrainOptions | Mapping[str, Any] | str | None = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
@@ -117,11 +125,13 @@ class PgcdcDrainOperator(BaseOperator):
         self.forget_tables = list(forget_tables)
         self.start_without_snapshot = bool(start_without_snapshot)
         self.as_text = as_text
+        self.pii = pii
+        self.pii_key_conn_id = pii_key_conn_id
         # the drain's options as one object or dict (templated), instead of the fields above
         self.options = options
         given = [name for name, v in (("max_rows", max_rows), ("max_bytes", max_bytes), ("max_seconds", max_seconds),
                                       ("skip_origins", skip_origins), ("message_prefixes", message_prefixes),
-                                      ("binary", binary), ("forget_tables", forget_tables), ("as_text", as_text),
+                                      ("binary", binary), ("forget_tables", forget_tables), ("as_text", as_text), ("pii", pii),
                                       ("start_without_snapshot", start_without_snapshot))
                  if v not in (None, False, ())]
         if options is not None and given:
@@ -154,7 +164,8 @@ class PgcdcDrainOperator(BaseOperator):
         self.log.info("drain of slot %s (%s) into %s, window end %s", self.slot, hook.safe_dsn(), self.store,
                       until or "current WAL insert position")
         try:
-            result = self._drain(drain_window, hook, publications, until)
+            with hook.pii_key(self.pii_key_conn_id):
+                result = self._drain(drain_window, hook, publications, until)
         except DrainBusy as e:
             raise AirflowSkipException(f"{e} (hint: {e.hint})") from None
         out = result.to_dict()
@@ -195,4 +206,5 @@ class PgcdcDrainOperator(BaseOperator):
             forget_tables=self.forget_tables,
             start_without_snapshot=self.start_without_snapshot,
             as_text=self.as_text,
+            pii=self.pii or None,
         )

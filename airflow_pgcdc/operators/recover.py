@@ -32,6 +32,8 @@ class PgcdcRecoverOperator(BaseOperator):
     :param publications: the drains' publications; None: those the store's newest window
         records (templated)
     :param workers: parallel COPY sessions (default 4)
+    :param pii_key_conn_id: Airflow connection whose password is the hash key of the slot's
+        column rules (default: the worker's ``PGCDC_PII_KEY``) (templated)
     :param as_text: ``{"schema.table": ["column", ...]}``, as the drain has it (templated)
     :param two_phase: for a slot created again whose old one is gone (None: as it was, else off)
     :param options: the recovery's options whole, a
@@ -41,7 +43,7 @@ class PgcdcRecoverOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publications", "workers", "rows_per_part", "as_text",
+    template_fields: Sequence[str] = ("store", "slot", "publications", "workers", "rows_per_part", "as_text", "pii_key_conn_id",
                                       "postgres_conn_id", "aws_conn_id", "options")
     ui_color = "#f5b7b1"
 
@@ -54,6 +56,7 @@ class PgcdcRecoverOperator(BaseOperator):
         workers: int | None = None,
         rows_per_part: int | None = None,
         as_text: dict[str, Sequence[str]] | None = None,
+        pii_key_conn_id: str | None = None,
         two_phase: bool | None = None,
         options: Any = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
@@ -72,6 +75,7 @@ class PgcdcRecoverOperator(BaseOperator):
         self.workers = workers
         self.rows_per_part = rows_per_part
         self.as_text = as_text
+        self.pii_key_conn_id = pii_key_conn_id
         self.two_phase = two_phase
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
@@ -86,8 +90,9 @@ class PgcdcRecoverOperator(BaseOperator):
             "PgcdcRecoverOperator", self.options, RecoverOptions, workers=number(self.workers, int, "workers", minimum=1),
             rows_per_part=number(self.rows_per_part, int, "rows_per_part", minimum=1), as_text=self.as_text or None,
             two_phase=None if self.two_phase is None else flag(self.two_phase, "two_phase"))
-        done = recover_pipeline(hook.get_dsn(), self.store, slot=self.slot, publications=self.publications or None,
-                                options=options, s3=hook.s3_client())
+        with hook.pii_key(self.pii_key_conn_id):  # the slot's column rules apply to the copies
+            done = recover_pipeline(hook.get_dsn(), self.store, slot=self.slot,
+                                    publications=self.publications or None, options=options, s3=hook.s3_client())
         result = {**done.recovery.to_dict(), "record": done.url}
         emit(self, context, resync_asset(self.store, self.slot), {
             "recovery_id": done.recovery.recovery_id,

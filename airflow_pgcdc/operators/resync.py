@@ -34,6 +34,8 @@ class PgcdcResyncOperator(BaseOperator):
         (templated; ``publication``: its 0.2 name, warns)
     :param tables: ``["schema.table", ...]`` (templated)
     :param workers: parallel COPY sessions (default 4)
+    :param pii_key_conn_id: Airflow connection whose password is the hash key of the slot's
+        column rules (default: the worker's ``PGCDC_PII_KEY``) (templated)
     :param as_text: ``{"schema.table": ["column", ...]}``: columns kept as their exact
         PostgreSQL text whatever their type (templated; give the drain the same)
     :param options: the resync's options whole, a
@@ -43,7 +45,7 @@ class PgcdcResyncOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("store", "slot", "publications", "tables", "workers", "rows_per_part", "as_text",
+    template_fields: Sequence[str] = ("store", "slot", "publications", "tables", "workers", "rows_per_part", "as_text", "pii_key_conn_id",
                                       "postgres_conn_id", "aws_conn_id", "where", "options")
     ui_color = "#d6eaf8"
 
@@ -57,6 +59,7 @@ class PgcdcResyncOperator(BaseOperator):
         workers: int | None = None,
         rows_per_part: int | None = None,
         as_text: dict[str, Sequence[str]] | None = None,
+        pii_key_conn_id: str | None = None,
         where: str | None = None,
         options: Any = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
@@ -78,6 +81,7 @@ class PgcdcResyncOperator(BaseOperator):
         self.workers = workers
         self.rows_per_part = rows_per_part
         self.as_text = as_text
+        self.pii_key_conn_id = pii_key_conn_id
         self.where = where  # a slice resync (pgcdc resync --where): the rows to copy again
         self.options = options
         self.postgres_conn_id = postgres_conn_id
@@ -96,8 +100,9 @@ class PgcdcResyncOperator(BaseOperator):
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
         self.log.info("resync of %s from %s into %s, slot %s", list(options.tables), hook.safe_dsn(), self.store,
                       self.slot)
-        done = resync_tables(hook.get_dsn(), self.store, slot=self.slot, publications=self.publications,
-                             options=options, s3=hook.s3_client())
+        with hook.pii_key(self.pii_key_conn_id):  # the slot's column rules apply to the copy
+            done = resync_tables(hook.get_dsn(), self.store, slot=self.slot, publications=self.publications,
+                                 options=options, s3=hook.s3_client())
         m = done.manifest
         result = {
             "slot": self.slot,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.exceptions import AirflowProviderDeprecationWarning
@@ -44,6 +44,10 @@ class PgcdcSnapshotOperator(BaseOperator):
     :param two_phase: create the slot with TWO_PHASE
     :param as_text: ``{"schema.table": ["column", ...]}``: columns kept as their exact
         PostgreSQL text whatever their type (templated; give the drain the same)
+    :param pii: the slot's column rules, ``{"schema.table": {"column": "hash" | "exclude" |
+        "mask" | "mask:N"}}`` (templated): written to the store, applied by every later job
+    :param pii_key_conn_id: Airflow connection whose password is the hash key of the slot's
+        column rules (any connection type; default: the worker's ``PGCDC_PII_KEY``) (templated)
     :param options: the snapshot's options whole, a
         :class:`~airflow_pgcdc.snapshot.options.SnapshotOptions` or a mapping of its fields
         (templated), instead of the separate arguments above
@@ -52,7 +56,7 @@ class PgcdcSnapshotOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("store", "slot", "publications", "tables", "workers", "rows_per_part", "as_text",
-                                      "postgres_conn_id", "aws_conn_id", "options")
+                                      "pii", "pii_key_conn_id", "postgres_conn_id", "aws_conn_id", "options")
     ui_color = "#d6eaf8"
 
     def __init__(
@@ -66,6 +70,8 @@ class PgcdcSnapshotOperator(BaseOperator):
         rows_per_part: int | None = None,
         two_phase: bool | None = None,
         as_text: dict[str, Sequence[str]] | None = None,
+        pii: Mapping[str, Mapping[str, str]] | None = None,
+        pii_key_conn_id: str | None = None,
         options: Any = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
@@ -75,7 +81,7 @@ class PgcdcSnapshotOperator(BaseOperator):
         publications = renamed_argument(kwargs, "publication", "publications", publications, "PgcdcSnapshotOperator",
                                         required=None)
         options_or_fields("PgcdcSnapshotOperator", options, tables=tables, workers=workers,
-                          rows_per_part=rows_per_part, two_phase=two_phase, as_text=as_text)
+                          rows_per_part=rows_per_part, two_phase=two_phase, as_text=as_text, pii=pii)
         if "outlets" not in kwargs:
             kwargs["outlets"] = default_outlets("snapshot", store, slot, snapshot_asset)
         super().__init__(**kwargs)
@@ -87,6 +93,8 @@ class PgcdcSnapshotOperator(BaseOperator):
         self.rows_per_part = rows_per_part
         self.two_phase = two_phase
         self.as_text = as_text
+        self.pii = pii
+        self.pii_key_conn_id = pii_key_conn_id
         self.options = options
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
@@ -103,9 +111,10 @@ class PgcdcSnapshotOperator(BaseOperator):
             workers=number(self.workers, int, "workers", minimum=1),
             rows_per_part=number(self.rows_per_part, int, "rows_per_part", minimum=1),
             two_phase=None if self.two_phase is None else flag(self.two_phase, "two_phase"),
-            as_text=self.as_text or None)
-        manifest = snapshot_to_s3(hook.get_dsn(), self.store, slot=self.slot, publications=self.publications or None,
-                                  options=options, s3=hook.s3_client())
+            as_text=self.as_text or None, pii=self.pii or None)
+        with hook.pii_key(self.pii_key_conn_id):
+            manifest = snapshot_to_s3(hook.get_dsn(), self.store, slot=self.slot,
+                                      publications=self.publications or None, options=options, s3=hook.s3_client())
         layout = Layout.parse(self.store)
         result = {
             "snapshot_id": manifest.snapshot_id,

@@ -30,11 +30,17 @@ class PgcdcVerifyOperator(BaseOperator):
     :param tables: ``schema.table`` names (templated)
     :param keys: key columns per table without primary key / replica identity index
     :param max_diffs: differing keys listed per table
+    :param store: the pipeline's store, with ``slot``: its column rules (excluded, hashed,
+        masked columns) are applied to PostgreSQL's rows before they are compared (templated)
+    :param slot: the pipeline's slot (templated)
+    :param pii_key_conn_id: Airflow connection whose password is the hash key of the slot's
+        column rules (any connection type; default: the worker's ``PGCDC_PII_KEY``) (templated)
     :param postgres_conn_id: Airflow ``postgres`` connection
     :param aws_conn_id: Airflow ``aws`` connection; ``None``: boto3's environment
     """
 
-    template_fields: Sequence[str] = ("delta", "tables", "max_diffs", "postgres_conn_id", "aws_conn_id")
+    template_fields: Sequence[str] = ("delta", "tables", "max_diffs", "store", "slot", "pii_key_conn_id",
+                                      "postgres_conn_id", "aws_conn_id")
     ui_color = "#e8daef"
 
     def __init__(
@@ -45,6 +51,9 @@ class PgcdcVerifyOperator(BaseOperator):
         keys: Mapping[str, Sequence[str]] | None = None,
         max_diffs: int = 10,
         fail_on_difference: bool = True,
+        store: str | None = None,
+        slot: str | None = None,
+        pii_key_conn_id: str | None = None,
         postgres_conn_id: str = PgcdcHook.default_conn_name,
         aws_conn_id: str | None = None,
         **kwargs: Any,
@@ -55,6 +64,9 @@ class PgcdcVerifyOperator(BaseOperator):
         self.keys = dict(keys or {})
         self.max_diffs = max_diffs
         self.fail_on_difference = fail_on_difference
+        self.store = store
+        self.slot = slot
+        self.pii_key_conn_id = pii_key_conn_id
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
@@ -70,6 +82,13 @@ class PgcdcVerifyOperator(BaseOperator):
 
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
         settings = hook.s3_settings()
+        privacy = None
+        if self.store and self.slot:
+            from airflow_pgcdc.store.layout import Layout
+            from airflow_pgcdc.store.privacy import resolve_privacy
+
+            with hook.pii_key(self.pii_key_conn_id):
+                privacy = resolve_privacy(hook.s3_client(), Layout.parse(self.store), self.slot, write=False)
         out: dict[str, Any] = {}
         different = []
         for name in self._table_list():
@@ -77,7 +96,7 @@ class PgcdcVerifyOperator(BaseOperator):
             result = verify_table(
                 hook.get_dsn(), self.delta, schema, table, key=self.keys.get(name),
                 max_diffs=number(self.max_diffs, int, "max_diffs", minimum=0), s3=settings,
-                progress=lambda m: self.log.info("%s", m),
+                progress=lambda m: self.log.info("%s", m), privacy=privacy,
             )
             report = result.to_dict()
             out[name] = report

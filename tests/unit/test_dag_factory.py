@@ -77,6 +77,22 @@ def test_every_merge_of_a_pipeline_gets_its_change_data_feed_and_table_options()
     assert args[args.index("--table-option"):][:2] == ["--table-option", "s.audit:change_data_feed=false"]
 
 
+def test_a_pipelines_column_rules_reach_the_snapshot_and_its_key_every_job_that_reads_values():
+    p = Pipeline(name="sales", pii={"s.users": {"email": "hash", "ssn": "exclude"}}, pii_key_conn_id="pii_key",
+                 **BASE)
+    dags = pipeline_dags(p)
+    load = dags["sales_initial_load"].task_dict
+    assert load["snapshot"].pii == {"s.users": {"email": "hash", "ssn": "exclude"}}
+    # the drain, the resync and verify read the rules from the store (the snapshot wrote them)
+    keyed = {f"{d}.{t.task_id}" for d, dag in dags.items() for t in dag.tasks
+             if getattr(t, "pii_key_conn_id", None) == "pii_key"}
+    assert keyed == {"sales_initial_load.snapshot", "sales_initial_load.verify", "sales_incremental.drain",
+                     "sales_backfill.resync", "sales_backfill.verify"}
+    assert (load["verify"].store, load["verify"].slot) == ("{{ params.store }}", "{{ params.slot }}")
+    with pytest.raises(PipelineConfigError, match="pii.*unknown column rule"):
+        Pipeline(pii={"s.users": {"email": "encrypt"}}, **BASE)
+
+
 def test_the_default_name_keeps_the_example_dag_ids():
     assert sorted(pipeline_dags(Pipeline(**BASE))) == sorted(f"pgcdc_{k}" for k in KINDS)
 

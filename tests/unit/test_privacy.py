@@ -113,3 +113,23 @@ def test_a_rule_follows_its_column_through_a_rename_and_keeps_its_old_name():
     assert "mobile" not in p.rules_for("s", "t", 78, {"mobile": 4}).rules  # another table of that name
     again = SlotPrivacy.from_document(__import__("json").loads(p.to_json()), "doc")
     assert again == p and again.ids == p.ids
+
+
+def test_an_operators_key_connection_is_the_jobs_key_while_it_runs_and_only_then(monkeypatch):
+    import json
+    import os
+
+    from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+    from airflow_pgcdc.typemap.privacy import KEY_ENV
+
+    monkeypatch.setenv("AIRFLOW_CONN_PII_KEY", json.dumps({"conn_type": "generic", "password": "from-airflow"}))
+    monkeypatch.setenv("AIRFLOW_CONN_NO_PASSWORD", json.dumps({"conn_type": "generic", "host": "x"}))
+    monkeypatch.setenv(KEY_ENV, "workers-own")
+    hook = PgcdcHook()
+    with hook.pii_key("pii_key"):
+        assert PiiKey.from_env().fingerprint == PiiKey("from-airflow").fingerprint
+    assert os.environ[KEY_ENV] == "workers-own"
+    with hook.pii_key(None):
+        assert os.environ[KEY_ENV] == "workers-own"
+    with pytest.raises(PiiKeyMissing, match="no_password"), hook.pii_key("no_password"):
+        pass
