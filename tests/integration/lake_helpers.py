@@ -4,10 +4,12 @@ Delta table, and the comparison of both. Fixtures are in ``conftest.py`` beside 
 
 from __future__ import annotations
 
+import io
 import json
 from decimal import Decimal
 
 import psycopg
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from airflow_pgcdc.drain.drain import drain_window
@@ -73,6 +75,24 @@ def read_windows(client, src, slot):
 
     layout = Layout.parse(src)
     return [read_window(client, layout, slot, seq) for seq in window_folders(client, layout, slot)]
+
+
+def parquet_files(data: bytes) -> list[bytes]:
+    """The Parquet files in an object: one, or several end to end (a window's pack of small
+    parts); an object that begins as Parquet and cannot be read whole is an error."""
+    out, start = [], 0
+    while data[start:start + 4] == b"PAR1":
+        end = data.find(b"PAR1", start + 4)
+        while end >= 0:
+            try:
+                pq.read_metadata(io.BytesIO(data[start:end + 4]))
+                break
+            except OSError:
+                end = data.find(b"PAR1", end + 4)
+        assert end >= 0, f"unreadable Parquet at byte {start}"
+        out.append(data[start:end + 4])
+        start = end + 4
+    return out
 
 
 def release_delta_caches(session) -> None:

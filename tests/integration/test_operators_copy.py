@@ -7,6 +7,7 @@ from pathlib import Path
 
 import psycopg
 from airflow_runner import airflow_env, run_dag
+from lake_helpers import parquet_files
 from psycopg.conninfo import conninfo_to_dict
 
 from airflow_pgcdc.store import s3 as s3store
@@ -49,3 +50,41 @@ def test_snapshot_and_basebackup_operators(fresh_db, slot_name, s3, s3_bucket, t
     # secrets never reach the task logs
     assert fresh_db.server.password not in result.output
     assert s3.secret_key not in result.output
+
+
+def test_the_snapshot_operators_column_rules_hold_for_the_drain_with_the_key_from_a_connection(
+        fresh_db, slot_name, s3, s3_bucket, tmp_path):
+    import hashlib
+    import hmac
+    import io
+
+    import pyarrow.parquet as pq
+
+    key = "pii-key-from-a-connection-77"
+    with psycopg.connect(fresh_db, autocommit=True) as c:
+        c.execute("CREATE TABLE users (id int PRIMARY KEY, email text, ssn text)")
+        c.execute("INSERT INTO users VALUES (1, 'alice@example.com', 'SSN-1'), (2, 'bob@example.com', 'SSN-2')")
+        c.execute("CREATE PUBLICATION pub FOR TABLE users")
+    env = airflow_env(tmp_path / "airflow", DAGS, {
+        "AIRFLOW_CONN_PGCDC_SRC": conn_json(fresh_db),
+        "AIRFLOW_CONN_PGCDC_S3": json.dumps({"conn_type": "aws", "login": s3.access_key, "password": s3.secret_key,
+                                             "extra": {"endpoint_url": s3.endpoint_url, "region_name": s3.region}}),
+        "AIRFLOW_CONN_PGCDC_PII_KEY": json.dumps({"conn_type": "generic", "password": key}),
+    })
+    env.pop("PGCDC_PII_KEY", None)
+    slot = slot_name()
+    result = run_dag(DAGS / "pgcdc_test_pii.py", "pgcdc_test_pii", env,
+                     {"store": f"s3://{s3_bucket}/cdc", "slot": slot})
+    assert result.state == "success", result.output[-4000:]
+    assert result.xcom("drain")["rows"] == 1
+    client = s3.client()
+    emails, columns = [], set()
+    for k in s3store.list_keys(client, s3_bucket, "cdc/"):
+        for part in parquet_files(s3store.get_bytes(client, s3_bucket, k)):  # parts, and packs of small ones
+            t = pq.read_table(io.BytesIO(part))
+            columns |= set(t.column_names)
+            emails += t.column("email").to_pylist()
+    assert sorted(emails) == sorted(hmac.new(key.encode(), e.encode(), hashlib.sha256).hexdigest()
+                                    for e in ("alice@example.com", "bob@example.com", "carol@example.com"))
+    assert "ssn" not in columns and "_pgcdc_old_ssn" not in columns
+    assert key not in result.output  # the key never reaches the task logs

@@ -21,7 +21,7 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from lake_helpers import drain, sql
+from lake_helpers import drain, parquet_files, sql
 
 from airflow_pgcdc.lake.tables import delta_table_url
 from airflow_pgcdc.merge.errors import TablesFailed
@@ -71,24 +71,6 @@ def _strings(value) -> list[str]:
     return []
 
 
-def _parquet_files(data: bytes) -> list[bytes]:
-    """The Parquet files in an object: one, or several end to end (a window's pack of small
-    parts); an object that begins as Parquet and cannot be read whole is an error."""
-    out, start = [], 0
-    while data[start:start + 4] == b"PAR1":
-        end = data.find(b"PAR1", start + 4)
-        while end >= 0:
-            try:
-                pq.read_metadata(io.BytesIO(data[start:end + 4]))
-                break
-            except OSError:
-                end = data.find(b"PAR1", end + 4)
-        assert end >= 0, f"unreadable Parquet at byte {start}"
-        out.append(data[start:end + 4])
-        start = end + 4
-    return out
-
-
 def _scan(client, bucket: str) -> tuple[int, list[str]]:
     """Every object of the bucket: its bytes searched for each raw value, and every value of
     a Parquet file (compressed pages hide bytes) read back and searched too."""
@@ -97,7 +79,7 @@ def _scan(client, bucket: str) -> tuple[int, list[str]]:
         objects += 1
         data = s3store.get_bytes(client, bucket, key)
         texts = [data.decode("utf-8", "replace")]
-        for part in _parquet_files(data):
+        for part in parquet_files(data):
             texts += [s for row in pq.read_table(io.BytesIO(part)).to_pylist() for s in _strings(row)]
             md = pq.read_metadata(io.BytesIO(part))
             for rg in range(md.num_row_groups):  # min/max statistics
