@@ -90,7 +90,13 @@ from airflow_pgcdc.store.manifest import (
     SnapshotManifest,
     TableEntry,
 )
-from airflow_pgcdc.store.privacy import SlotPrivacy, parse_rules, resolve_privacy, save_privacy
+from airflow_pgcdc.store.privacy import (
+    SlotPrivacy,
+    load_privacy,
+    parse_rules,
+    resolve_privacy,
+    save_privacy,
+)
 from airflow_pgcdc.store.window import window_folders
 from airflow_pgcdc.typemap.privacy import PiiRuleError
 
@@ -383,6 +389,7 @@ def snapshot_to_s3(
 
         repl = ReplicationConnection.connect(dsn, application_name="pgcdc-snapshot")
         slot_created = False
+        wrote_rules = False
         sessions: list[ReplicationConnection] = []
         try:
             ident = repl.identify_system()
@@ -435,6 +442,7 @@ def snapshot_to_s3(
                 discovered = _discover(catalog_conn, publications, tables)
                 if slice_where:  # a slice resync: the named tables' matching rows only
                     discovered = [dataclasses.replace(t, slice_where=slice_where) for t in discovered]
+                found = discovered  # with every column: the ruled ones' identities (an excluded one's too)
                 if privacy:
                     discovered = _apply_rules(discovered, privacy, strict=bool(given_rules), whole=not tables)
                 refusals = {t.oid: why for t in discovered if (why := _cannot_copy(t)) is not None}
@@ -509,8 +517,10 @@ def snapshot_to_s3(
                 extra={POINT_TIME: point_time.astimezone(UTC).isoformat(),
                        **({REFUSED_TABLES: refused} if refused else {})},
             )
-            if given_rules:  # the slot's rules, for every later job of it (before the manifest: no
-                save_privacy(client, layout, slot, privacy.with_ids(discovered))  # drain runs first)
+            if given_rules and load_privacy(client, layout, slot) is None:  # the slot's rules, for every
+                # later job of it (before the manifest: no drain runs first; removed if this run fails)
+                save_privacy(client, layout, slot, privacy.with_ids(found))
+                wrote_rules = True
             key = layout.snapshot_manifest(slot, sid)
             # a put the client retried after an unseen success finds its own manifest: committed
             if not s3store.commit_if_absent(client, location.bucket, key, manifest.to_json().encode()):
@@ -526,6 +536,8 @@ def snapshot_to_s3(
                 _drop_slot(dsn, slot)
             try:
                 s3store.delete_prefix(client, location.bucket, layout.snapshot_prefix(slot, sid))
+                if wrote_rules:  # no data was committed under them: a new run may give others
+                    s3store.delete_keys(client, location.bucket, [layout.privacy_rules(slot)])
             except Exception as exc:
                 log.error("could not remove the partial snapshot prefix: %s", exc)
             raise
