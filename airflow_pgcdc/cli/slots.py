@@ -190,6 +190,10 @@ def register(subparsers) -> None:
                    help="the Delta root (s3://bucket/lake): count windows merged into every table, and "
                         "show each Delta table's version, versions kept in its log, live data files "
                         "and bytes, and its last pgcdc maintain")
+    p.add_argument("--max-lag-seconds", type=float, metavar="N",
+                   help="with --store and --delta: exit 1 when the Delta tables are more than N seconds behind "
+                        "the source (now minus the commit time of the oldest change not merged yet, in the store "
+                        "or, as far as the server can tell, in the WAL): an alert for cron or a check")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run_status)
 
@@ -355,6 +359,14 @@ def _print_status(status: dict[str, Any]) -> None:
                           + store["without_copy_hint"]))
         for t in store.get("partitions_changed") or ():
             lines.append(("PARTITIONS", _partitions_line(t)))
+        fresh = store.get("freshness")
+        if fresh:
+            stale = sorted(((t["lag_seconds"], n) for n, t in fresh["tables"].items() if t["lag_seconds"]),
+                           reverse=True)
+            lines.append(("freshness", f"{'at least ' if not fresh['lag_known'] else ''}"
+                          f"{_human_seconds(fresh['lag_seconds'])} behind the source"
+                          + (f" (oldest change waiting in the store: {stale[0][1]}, {_human_seconds(stale[0][0])}"
+                             f"; {len(stale)} table(s) waiting)" if stale else "; every table merged")))
         for t in store.get("delta_tables") or ():
             lines.append(("delta table", _delta_table_line(t)))
     if status["problem"]:
@@ -395,6 +407,18 @@ def run_status(args: argparse.Namespace) -> int:
             "to start it on purpose",
         )
         return 1
+    if args.max_lag_seconds is not None:
+        fresh = status.get("store", {}).get("freshness")
+        if fresh is None:
+            error("--max-lag-seconds needs --store and --delta", "give the pipeline's store and Delta root")
+            return 1
+        late = {n: t["lag_seconds"] for n, t in fresh["tables"].items() if t["lag_seconds"] > args.max_lag_seconds}
+        if fresh["lag_seconds"] > args.max_lag_seconds:
+            error(f"the pipeline is {fresh['lag_seconds']:,.0f} s behind the source, past --max-lag-seconds "
+                  f"{args.max_lag_seconds:g}" + (": " + ", ".join(f"{n} {s:,.0f} s" for n, s in sorted(late.items()))
+                                                  if late else " (changes waiting in the WAL)"),
+                  "run the drain and the merge (or see why they fail: pgcdc status shows their last windows)")
+            return 1
     if status.get("store", {}).get("slot_vs_store") == "slot_ahead":
         error(
             "the slot was acknowledged beyond the store's last window: the changes between "

@@ -152,13 +152,20 @@ def merged_version(table, app: str) -> int | None:
 
 
 def merge_progress(delta: str, slot: str, tables: list[tuple[str, str]], *,
-                   storage_options: dict[str, str]) -> dict[str, int | None]:
+                   storage_options: dict[str, str], raw: bool = False) -> dict[str, int | None]:
     """``{"schema.table": last merged window_seq or None}`` read from each Delta table's
-    app transaction (no Spark: the driver-side view of what the merge job did)."""
+    app transaction (no Spark: the driver-side view of what the merge job did). ``raw``:
+    the app transaction's version as it is, ``NONE_MERGED`` for a table without one (the
+    copy alone merged), None when there is no Delta table."""
     out: dict[str, int | None] = {}
     for schema, table in tables:
         dt = open_table(table_url(delta, schema, table, storage_options), storage_options)
-        out[f"{schema}.{table}"] = merged_version(dt, app_id(slot, schema, table))
+        app = app_id(slot, schema, table)
+        if raw:  # a table bootstrapped from the copy has no app transaction until a window is merged
+            out[f"{schema}.{table}"] = None if dt is None else (v if (v := app_version(dt, app)) is not None
+                                                                 else NONE_MERGED)
+        else:
+            out[f"{schema}.{table}"] = merged_version(dt, app)
     return out
 
 def object_sizes(client, url: str, under: str = "") -> dict[str, int]:

@@ -7,6 +7,7 @@ each field means)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -220,20 +221,71 @@ def delta_tables(client: Any, layout: Any, slot: str, delta: str, *, last_seq: i
     return out
 
 
-def _merged_per_table(folder: SlotStore, delta_url: str, last_seq: int,
-                      extra: list[tuple[str, str]] = ()) -> dict:
+def _merged_per_table(folder: SlotStore, delta_url: str, last_seq: int | None,
+                      extra: list[tuple[str, str]] = (), *, raw: bool = False) -> dict:
     from airflow_pgcdc.lake.inspect import merge_progress
     from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options
 
     tables: dict[tuple[str, str], None] = {}
     for t in folder.snapshot.tables if folder.snapshot is not None else ():
         tables[(t.schema, t.table)] = None
-    for t in folder.window(last_seq).tables:
+    for t in folder.window(last_seq).tables if last_seq is not None else ():
         tables[(t["schema"], t["table"])] = None
     for t in extra:
         tables[t] = None
     return merge_progress(delta_url, folder.slot, list(tables),
-                          storage_options=delta_storage_options(S3Settings.from_env()))
+                          storage_options=delta_storage_options(S3Settings.from_env()), raw=raw)
+
+
+def freshness(folder: SlotStore, marks: dict[str, int | None], last_seq: int | None,
+              wal_wait: float | None, pending_bytes: int | None, now: datetime | None = None) -> dict[str, Any]:
+    """How stale each Delta table is, in seconds: now minus the commit time of the oldest
+    change of the table the store holds and the merge has not applied (0 when none waits).
+    A window's changes are dated by its first commit (``commit_times``; a window written
+    before that field existed by its drain's start, which gives a lower bound); a copy no
+    merge has applied, by its consistent point. ``marks``: ``{"schema.table": its Delta
+    table's app transaction version}`` (``NONE_MERGED``: the copy alone; None: nothing). The pipeline's ``lag_seconds`` also
+    counts the changes still in the WAL (``wal_wait``: what the server can prove, see
+    :func:`~airflow_pgcdc.pg.slots.oldest_pending_age`); ``lag_known`` is False when WAL is
+    pending and its age is unknown (the figure is then a lower bound)."""
+    from airflow_pgcdc.lake.inspect import NONE_MERGED
+    from airflow_pgcdc.store.manifest import POINT_TIME
+    from airflow_pgcdc.store.window import COMMIT_TIMES_FIELD
+
+    now = now or datetime.now(UTC)
+    merged = {n: None if m is None or m <= NONE_MERGED else m for n, m in marks.items()}
+    waiting: dict[str, str | None] = {}
+    if last_seq is not None and merged:
+        pending = {name: through for name, through in merged.items() if through is None or through < last_seq}
+        first = min(-1 if t is None else t for t in pending.values()) + 1 if pending else last_seq + 1
+        for seq in range(first, last_seq + 1):  # oldest first: each table's oldest unmerged window
+            if len(waiting) == len(pending):
+                break
+            w = folder.window(seq)
+            held = {f"{t['schema']}.{t['table']}" for t in w.tables}
+            times = w.extra.get(COMMIT_TIMES_FIELD) or {}
+            when = times.get("first") or (w.timings or {}).get("started_at")
+            for name, through in pending.items():
+                if name not in waiting and name in held and (through is None or through < seq):
+                    waiting[name] = when
+    snap = folder.snapshot
+    copied = {f"{t.schema}.{t.table}" for t in snap.tables} if snap is not None else set()
+    tables = {}
+    for name, through in sorted(merged.items()):
+        when = waiting.get(name)
+        if when is None and marks.get(name) is None and name in copied:  # the copy waits for its first merge
+            when = snap.extra.get(POINT_TIME)
+        lag = max((now - datetime.fromisoformat(when)).total_seconds(), 0.0) if when else 0.0
+        tables[name] = {"merged_through": through, "oldest_unmerged_commit": when, "lag_seconds": round(lag, 3)}
+    wal_pending = bool(pending_bytes) and pending_bytes > 0
+    lags = [t["lag_seconds"] for t in tables.values()] + ([wal_wait] if wal_wait is not None else [])
+    return {
+        "as_of": now.isoformat(),
+        "lag_seconds": round(max(lags, default=0.0), 3),
+        "lag_known": wal_wait is not None or not wal_pending,
+        "wal_wait_seconds": wal_wait,
+        "tables": tables,
+    }
 
 
 def _recovered(client, store_url: str, slot: str, end, last: dict, confirmed) -> bool:
@@ -320,6 +372,12 @@ def slot_status(
         if store["left_pipeline"]:
             _why_left(dsn, store["left_pipeline"])
         store["partitions_changed"] = partition_changes(dsn, s3_client, store_url, slot, folder=folder)
+        if delta_url and (last is not None or folder.snapshot is not None):
+            from airflow_pgcdc.pg.slots import oldest_pending_age
+
+            seq = (last or {}).get("window_seq")
+            marks = _merged_per_table(folder, delta_url, seq, raw=True)  # the copy's merge too
+            store["freshness"] = freshness(folder, marks, seq, oldest_pending_age(health), health.pending_bytes)
         out["store"] = store
     return out
 

@@ -1,0 +1,67 @@
+"""Freshness in seconds (``pgcdc status --store … --delta …``, ``--max-lag-seconds N``): per
+Delta table, now minus the commit time of its oldest change the store holds and the merge has
+not applied; 0 once merged; a copy not merged yet is as old as its consistent point. Checked
+on PostgreSQL, SeaweedFS and the delta-rs merge: the lag follows a real commit's time, the
+quiet table stays at 0, and the command's exit code is the alert."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+
+from lake_helpers import drain, sql
+from matrix import on_pg18
+
+from airflow_pgcdc.merge.job import merge_slot
+from airflow_pgcdc.snapshot.export import snapshot_to_s3
+from airflow_pgcdc.status.job import slot_status
+
+
+def _status_cli(s3, db, slot, src, lake, *extra) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "airflow_pgcdc.cli", "status", "--dsn", db, "--slot", slot,
+                           "--store", src, "--delta", lake, *extra], env=dict(os.environ, **s3.aws_env()),
+                          capture_output=True, text=True, timeout=300)
+
+
+@on_pg18("the lag is read from the store's manifests and the Delta tables: no server difference")
+def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_name, store, s3, spark):
+    client, src, lake = store
+    db, slot = fresh_db, slot_name()
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    sql(db, "CREATE TABLE quiet (id int PRIMARY KEY)")
+    sql(db, "INSERT INTO t VALUES (1, 'a'); INSERT INTO quiet VALUES (1)")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t, quiet")
+    snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
+    time.sleep(1.0)
+    fresh = slot_status(db, slot, store=src, delta=lake)["store"]["freshness"]
+    assert all(t["lag_seconds"] >= 1.0 and t["merged_through"] is None for t in fresh["tables"].values()), fresh
+
+    merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-rs")
+    assert {n: t["lag_seconds"] for n, t in slot_status(db, slot, store=src, delta=lake)["store"]["freshness"][
+        "tables"].items()} == {"public.t": 0.0, "public.quiet": 0.0}
+
+    (committed,) = sql(db, "INSERT INTO t VALUES (2, 'b') RETURNING clock_timestamp()")[0]
+    drain(db, src, slot, client)
+    time.sleep(1.5)
+    before = datetime.now(UTC)
+    fresh = slot_status(db, slot, store=src, delta=lake)["store"]["freshness"]
+    t = fresh["tables"]["public.t"]
+    waited = (before - committed).total_seconds()
+    assert waited - 0.5 <= t["lag_seconds"] <= waited + 5.0, (t, waited)
+    assert 0 <= (datetime.fromisoformat(t["oldest_unmerged_commit"]) - committed).total_seconds() < 1.0  # its commit
+    assert fresh["tables"]["public.quiet"]["lag_seconds"] == 0.0 and fresh["lag_seconds"] >= t["lag_seconds"]
+
+    late = _status_cli(s3, db, slot, src, lake, "--max-lag-seconds", "1")
+    assert late.returncode == 1 and "public.t" in late.stderr and "past --max-lag-seconds 1" in late.stderr, late
+    assert "freshness" in late.stdout and "behind the source" in late.stdout
+    assert _status_cli(s3, db, slot, src, lake, "--max-lag-seconds", "3600").returncode == 0
+
+    merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-rs")
+    fresh = slot_status(db, slot, store=src, delta=lake)["store"]["freshness"]
+    assert fresh["tables"]["public.t"] == {"merged_through": 0, "oldest_unmerged_commit": None, "lag_seconds": 0.0}
+    ok = _status_cli(s3, db, slot, src, lake, "--max-lag-seconds", "1")
+    assert ok.returncode == 0, ok.stderr
