@@ -61,7 +61,7 @@ def get_provider_info() -> dict:
             }
         ],
         "operators": [
-            {"integration-name": "PostgreSQL CDC", "python-modules": ["airflow_pgcdc.operators.snapshot", "airflow_pgcdc.operators.resync", "airflow_pgcdc.operators.recover", "airflow_pgcdc.operators.basebackup", "airflow_pgcdc.operators.drain", "airflow_pgcdc.operators.merge", "airflow_pgcdc.operators.rebuild", "airflow_pgcdc.operators.verify", "airflow_pgcdc.operators.maintain"]}
+            {"integration-name": "PostgreSQL CDC", "python-modules": ["airflow_pgcdc.operators.snapshot", "airflow_pgcdc.operators.resync", "airflow_pgcdc.operators.recover", "airflow_pgcdc.operators.basebackup", "airflow_pgcdc.operators.drain", "airflow_pgcdc.operators.merge", "airflow_pgcdc.operators.rebuild", "airflow_pgcdc.operators.verify", "airflow_pgcdc.operators.maintain", "airflow_pgcdc.operators.freshness"]}
         ],
 
         "sensors": [

@@ -87,4 +87,12 @@ def build(p: Pipeline) -> DAG:
         merge = merge_task(p, "merge", on_failed_tables="succeed")
         check = PgcdcMergeCheckOperator(task_id="check_tables", merge_task_id="merge")
         wait >> drain >> merge >> check
+        if p.max_lag_seconds is not None:  # the SLA: fails the run when a table is too far behind
+            from airflow_pgcdc.operators.freshness import PgcdcFreshnessCheckOperator
+
+            merge >> PgcdcFreshnessCheckOperator(
+                task_id="freshness", store="{{ params.store }}", delta="{{ params.delta }}",
+                slot="{{ params.slot }}", max_lag_seconds=p.max_lag_seconds,
+                table_max_lag_seconds=p.table_max_lag_seconds, postgres_conn_id=p.postgres_conn_id,
+                aws_conn_id=p.aws_conn_id)
     return dag

@@ -60,6 +60,10 @@ class Pipeline:
         verify apply them (see docs/operations.md, "Columns kept out of the lake")
     :param pii_key_conn_id: the connection whose password is the hash key (``None``: the
         workers' ``PGCDC_PII_KEY``)
+    :param max_lag_seconds: the incremental DAG's SLA: a ``freshness`` task after the merge
+        fails the run when a Delta table is further behind its source
+        (:class:`~airflow_pgcdc.operators.freshness.PgcdcFreshnessCheckOperator`; ``None``: no task)
+    :param table_max_lag_seconds: a table's own SLA, ``{"schema.table": seconds}``
     :param engine: the merge engine (``None``: the job's default, delta-rs)
     :param change_data_feed: the Delta tables get the change data feed (every merge of the
         pipeline's DAGs: ``--change-data-feed``)
@@ -95,6 +99,8 @@ class Pipeline:
     as_text: Mapping[str, Sequence[str]] | None = None
     pii: Mapping[str, Mapping[str, str]] | None = None
     pii_key_conn_id: str | None = None
+    max_lag_seconds: float | None = None
+    table_max_lag_seconds: Mapping[str, float] | None = None
     engine: str | None = None
     change_data_feed: bool = False
     metadata_columns: bool = False
@@ -126,7 +132,7 @@ class Pipeline:
             object.__setattr__(self, "schedule", datetime.timedelta(minutes=self.schedule))
         for field, kind, minimum in (("min_bytes", int, 0), ("max_delay", float, 0), ("max_rows", int, 0),
                                      ("max_bytes", int, 0), ("max_seconds", float, 0), ("workers", int, 1),
-                                     ("retention_hours", float, 0)):
+                                     ("retention_hours", float, 0), ("max_lag_seconds", float, 0)):
             value = getattr(self, field)
             if value is None and field not in ("min_bytes", "workers", "retention_hours"):
                 continue
@@ -140,6 +146,14 @@ class Pipeline:
                     for cols in self.as_text.values()):
                 raise bad("as_text", f"must map schema.table to a list of column names, got {self.as_text!r}")
             object.__setattr__(self, "as_text", {str(t): list(c) for t, c in self.as_text.items()})
+        if self.table_max_lag_seconds is not None:
+            lags = self.table_max_lag_seconds
+            if not isinstance(lags, Mapping) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in lags.values()):
+                raise bad("table_max_lag_seconds", f"must map schema.table to seconds (>= 0), got {lags!r}")
+            if self.max_lag_seconds is None:
+                raise bad("table_max_lag_seconds", "needs max_lag_seconds (every other table's SLA)")
+            object.__setattr__(self, "table_max_lag_seconds", {str(t): float(v) for t, v in lags.items()})
         if self.pii is not None:
             from airflow_pgcdc.store.privacy import parse_rules
             from airflow_pgcdc.typemap.privacy import PiiError

@@ -224,7 +224,7 @@ def delta_tables(client: Any, layout: Any, slot: str, delta: str, *, last_seq: i
 def _merged_per_table(folder: SlotStore, delta_url: str, last_seq: int | None,
                       extra: list[tuple[str, str]] = (), *, raw: bool = False) -> dict:
     from airflow_pgcdc.lake.inspect import merge_progress
-    from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options
+    from airflow_pgcdc.store.s3 import S3Settings, delta_storage_options, settings_of
 
     tables: dict[tuple[str, str], None] = {}
     for t in folder.snapshot.tables if folder.snapshot is not None else ():
@@ -234,7 +234,8 @@ def _merged_per_table(folder: SlotStore, delta_url: str, last_seq: int | None,
     for t in extra:
         tables[t] = None
     return merge_progress(delta_url, folder.slot, list(tables),
-                          storage_options=delta_storage_options(S3Settings.from_env()), raw=raw)
+                          storage_options=delta_storage_options(settings_of(folder.client) or S3Settings.from_env()),
+                          raw=raw)
 
 
 def freshness(folder: SlotStore, marks: dict[str, int | None], last_seq: int | None,

@@ -6,13 +6,16 @@ quiet table stays at 0, and the command's exit code is the alert."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 
+from airflow_runner import airflow_env, run_dag
 from lake_helpers import drain, sql
 from matrix import on_pg18
+from test_operators_copy import DAGS, conn_json
 
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
@@ -28,7 +31,7 @@ def _status_cli(s3, db, slot, src, lake, *extra) -> subprocess.CompletedProcess:
 
 
 @on_pg18("the lag is read from the store's manifests and the Delta tables: no server difference")
-def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_name, store, s3, spark):
+def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_name, store, s3, spark, tmp_path):
     client, src, lake = store
     db, slot = fresh_db, slot_name()
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -55,6 +58,24 @@ def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_
     assert 0 <= (datetime.fromisoformat(t["oldest_unmerged_commit"]) - committed).total_seconds() < 1.0  # its commit
     assert fresh["tables"]["public.quiet"]["lag_seconds"] == 0.0 and fresh["lag_seconds"] >= t["lag_seconds"]
 
+    # the Airflow check: the quiet table's SLA holds, t's own SLA (3600 s) holds; a table
+    # past the run's SLA fails the run, named
+    env = airflow_env(tmp_path / "airflow", DAGS, {
+        "AIRFLOW_CONN_PGCDC_SRC": conn_json(db),
+        "AIRFLOW_CONN_PGCDC_S3": json.dumps({"conn_type": "aws", "login": s3.access_key, "password": s3.secret_key,
+                                             "extra": {"endpoint_url": s3.endpoint_url, "region_name": s3.region}}),
+    })
+    conf = {"store": src, "delta": lake, "slot": slot}
+    ok = run_dag(DAGS / "pgcdc_test_freshness.py", "pgcdc_test_freshness", env, {**conf, "max_lag": 1})
+    assert ok.state == "success", ok.output[-3000:]
+    assert ok.xcom("freshness")["tables"]["public.t"]["lag_seconds"] >= 1.0
+    sql(db, "INSERT INTO quiet VALUES (2)")
+    drain(db, src, slot, client)
+    time.sleep(1.5)
+    failed = run_dag(DAGS / "pgcdc_test_freshness.py", "pgcdc_test_freshness", env, {**conf, "max_lag": 1})
+    assert failed.state == "failed" and "public.quiet" in failed.output and "SLA 1 s" in failed.output
+    assert "public.t " not in failed.output.split("PgcdcTablesStale")[-1]
+
     late = _status_cli(s3, db, slot, src, lake, "--max-lag-seconds", "1")
     assert late.returncode == 1 and "public.t" in late.stderr and "past --max-lag-seconds 1" in late.stderr, late
     assert "freshness" in late.stdout and "behind the source" in late.stdout
@@ -62,6 +83,6 @@ def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_
 
     merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-rs")
     fresh = slot_status(db, slot, store=src, delta=lake)["store"]["freshness"]
-    assert fresh["tables"]["public.t"] == {"merged_through": 0, "oldest_unmerged_commit": None, "lag_seconds": 0.0}
+    assert fresh["tables"]["public.t"] == {"merged_through": 1, "oldest_unmerged_commit": None, "lag_seconds": 0.0}
     ok = _status_cli(s3, db, slot, src, lake, "--max-lag-seconds", "1")
     assert ok.returncode == 0, ok.stderr

@@ -93,6 +93,19 @@ def test_a_pipelines_column_rules_reach_the_snapshot_and_its_key_every_job_that_
         Pipeline(pii={"s.users": {"email": "encrypt"}}, **BASE)
 
 
+def test_an_sla_adds_a_freshness_check_after_the_merge():
+    assert "freshness" not in pipeline_dags(Pipeline(**BASE))["pgcdc_incremental"].task_dict
+    p = Pipeline(max_lag_seconds=900, table_max_lag_seconds={"s.audit": 86400}, **BASE)
+    tasks = pipeline_dags(p)["pgcdc_incremental"].task_dict
+    check = tasks["freshness"]
+    assert (check.max_lag_seconds, check.table_max_lag_seconds) == (900, {"s.audit": 86400.0})
+    assert check.upstream_task_ids == {"merge"}
+    with pytest.raises(PipelineConfigError, match="table_max_lag_seconds needs max_lag_seconds"):
+        Pipeline(table_max_lag_seconds={"s.audit": 1}, **BASE)
+    with pytest.raises(PipelineConfigError, match="max_lag_seconds must be a number"):
+        Pipeline(max_lag_seconds="soon", **BASE)
+
+
 def test_the_default_name_keeps_the_example_dag_ids():
     assert sorted(pipeline_dags(Pipeline(**BASE))) == sorted(f"pgcdc_{k}" for k in KINDS)
 
