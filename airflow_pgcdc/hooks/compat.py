@@ -24,4 +24,9 @@ except ImportError:  # Airflow 3.0, 3.1
         TaskDeferred,
     )
 
-__all__ = ["AirflowException", "AirflowFailException", "AirflowSkipException", "BaseHook", "TaskDeferred"]
+try:  # Airflow >= 3.2
+    from airflow.sdk.observability.stats import Stats
+except ImportError:  # Airflow 3.0, 3.1
+    from airflow.stats import Stats
+
+__all__ = ["AirflowException", "AirflowFailException", "AirflowSkipException", "BaseHook", "Stats", "TaskDeferred"]

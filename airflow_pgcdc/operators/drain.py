@@ -10,6 +10,7 @@ from airflow.sdk import Asset, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
+from airflow_pgcdc.operators.metrics import drain_metrics
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.runs import refuse_backfill_run
 from airflow_pgcdc.operators.values import checked, number, rendered_options, templated
@@ -169,6 +170,7 @@ class PgcdcDrainOperator(BaseOperator):
         except DrainBusy as e:
             raise AirflowSkipException(f"{e} (hint: {e.hint})") from None
         out = result.to_dict()
+        drain_metrics(self.slot, out)
         self.log.info("window %s [%s, %s): %s transactions, %s rows, %s bytes", out["window_seq"],
                       out["start_lsn"], out["end_lsn"], out["transactions"], out["rows"], out["bytes"])
         if result.window_seq is not None:

@@ -52,6 +52,7 @@ from airflow_pgcdc.merge.results import FAILED_NAMED, QUIET_ACTIONS, XCOM_TABLES
 from airflow_pgcdc.merge.session import is_local
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators import assets
+from airflow_pgcdc.operators.metrics import merge_metrics
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.values import (
     checked,
@@ -654,6 +655,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                 "result is unknown (see the spark-submit output above)"
             )
         short = summary(result, self._xcom_tables())
+        merge_metrics(str(result.get("slot") or self.slot), result)
         quiet = 0
         for t in result.get("tables", ()):
             if t.get("action") in QUIET_ACTIONS:

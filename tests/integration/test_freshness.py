@@ -22,6 +22,45 @@ from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.status.job import slot_status
 
 
+class StatsdListener:
+    """A StatsD server: one UDP socket on a free port, every packet it receives kept."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.lines: list[str] = []
+
+    def __enter__(self) -> StatsdListener:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sock.close()
+
+    def airflow_env(self) -> dict[str, str]:
+        return {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__STATSD_PORT": str(self.sock.getsockname()[1])}
+
+    def gauges(self, *, timeout: float, want: str) -> dict[str, float]:
+        """``{name: last value}`` of the gauges received, reading until ``want`` came (or ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        out: dict[str, float] = {}
+        while time.monotonic() < deadline and want not in out:
+            try:
+                data = self.sock.recv(65536).decode()
+            except TimeoutError:
+                continue
+            for line in data.splitlines():
+                self.lines.append(line)
+                name, _, rest = line.partition(":")
+                value, _, kind = rest.partition("|")
+                if kind.startswith("g"):
+                    out[name] = float(value)
+        return out
+
+
 def _status_cli(s3, db, slot, src, lake, *extra) -> subprocess.CompletedProcess:
     import os
 
@@ -66,9 +105,17 @@ def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_
                                              "extra": {"endpoint_url": s3.endpoint_url, "region_name": s3.region}}),
     })
     conf = {"store": src, "delta": lake, "slot": slot}
-    ok = run_dag(DAGS / "pgcdc_test_freshness.py", "pgcdc_test_freshness", env, {**conf, "max_lag": 1})
-    assert ok.state == "success", ok.output[-3000:]
-    assert ok.xcom("freshness")["tables"]["public.t"]["lag_seconds"] >= 1.0
+    # the metrics reach a real StatsD listener (Airflow's [metrics], as a deployment sets it)
+    with StatsdListener() as statsd:
+        ok = run_dag(DAGS / "pgcdc_test_freshness.py", "pgcdc_test_freshness",
+                     {**env, **statsd.airflow_env()}, {**conf, "max_lag": 1})
+        assert ok.state == "success", ok.output[-3000:]
+        lag = ok.xcom("freshness")["tables"]["public.t"]["lag_seconds"]
+        assert lag >= 1.0
+        gauges = statsd.gauges(timeout=10.0, want=f"airflow.pgcdc.{slot}.public.t.lag_seconds")
+    assert abs(gauges[f"airflow.pgcdc.{slot}.public.t.lag_seconds"] - lag) < 0.01, gauges
+    assert gauges[f"airflow.pgcdc.{slot}.public.quiet.lag_seconds"] == 0.0
+    assert gauges[f"airflow.pgcdc.{slot}.lag_seconds"] >= lag
     sql(db, "INSERT INTO quiet VALUES (2)")
     drain(db, src, slot, client)
     time.sleep(1.5)
