@@ -1,5 +1,7 @@
 """The DAG runner of the tests: :mod:`airflow_pgcdc.testing.dagrun` (shared with ``make demo``),
-and a reader of the Asset events a run left in its metadata DB."""
+a reader of the Asset events a run left in its metadata DB, and a StatsD listener."""
+
+from __future__ import annotations
 
 import json
 import sqlite3
@@ -21,3 +23,65 @@ def asset_events(home: Path) -> list[dict]:
             "FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
         ).fetchall()
     return [{"uri": u, "extra": json.loads(x), "task": t, "aliases": al} for u, x, t, al in rows]
+
+
+class StatsdListener:
+    """A StatsD server: one UDP socket on a free port, every packet it receives kept."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.lines: list[str] = []
+
+    def __enter__(self) -> StatsdListener:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sock.close()
+
+    def airflow_env(self) -> dict[str, str]:
+        return {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__STATSD_PORT": str(self.sock.getsockname()[1])}
+
+    def _read(self, timeout: float, want: str) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not any(ln.startswith(want + ":") for ln in self.lines):
+            try:
+                data = self.sock.recv(65536).decode()
+            except TimeoutError:
+                continue
+            self.lines += data.splitlines()
+
+    def _metrics(self, kinds: tuple[str, ...]) -> list[tuple[str, float]]:
+        out = []
+        for line in self.lines:
+            name, _, rest = line.partition(":")
+            value, _, kind = rest.partition("|")
+            if kind.split("|")[0] in kinds:
+                out.append((name, float(value)))
+        return out
+
+    def gauges(self, *, timeout: float, want: str) -> dict[str, float]:
+        """``{name: last value}`` of the gauges received, reading until ``want`` came (or ``timeout``)."""
+        self._read(timeout, want)
+        return dict(self._metrics(("g",)))
+
+    def counters(self, *, timeout: float, want: str) -> dict[str, float]:
+        """``{name: sum}`` of the counters received, reading until ``want`` came (or ``timeout``)."""
+        self._read(timeout, want)
+        out: dict[str, float] = {}
+        for name, value in self._metrics(("c",)):
+            out[name] = out.get(name, 0.0) + value
+        return out
+
+    def timers(self) -> dict[str, list[float]]:
+        """``{name: [ms, ...]}`` of the timings received so far."""
+        out: dict[str, list[float]] = {}
+        for name, value in self._metrics(("ms",)):
+            out.setdefault(name, []).append(value)
+        return out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from airflow_runner import airflow_env, asset_events, run_dag
+from airflow_runner import StatsdListener, airflow_env, asset_events, run_dag
 from deltalake import DeltaTable
 from psycopg.conninfo import conninfo_to_dict
 from test_secrets import PsWatch
@@ -88,11 +88,18 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     sql(db, "UPDATE shop.orders SET total = total + 1 WHERE id % 5 = 0")
     sql(db, "DELETE FROM shop.orders WHERE id % 50 = 0")
     sql(db, "INSERT INTO shop.customers VALUES (1000, 'new@x', NULL)")
-    run = run_dag(DAGS / "pgcdc_incremental.py", "pgcdc_incremental", env, conf)
+    with StatsdListener() as statsd:  # the run's metrics, over StatsD as a deployment configures it
+        run = run_dag(DAGS / "pgcdc_incremental.py", "pgcdc_incremental", env | statsd.airflow_env(), conf)
+        counts = statsd.counters(timeout=10.0, want=f"airflow.pgcdc.{slot}.merge.rows")
     assert run.state == "success", run.output[-5000:]
     window = run.xcom("drain")
     assert window["window_seq"] == 0 and window["rows"] > 0
     merged = {t["table"]: t for t in run.xcom("merge")["tables"]}
+    assert counts[f"airflow.pgcdc.{slot}.drain.rows"] == window["rows"], counts
+    assert counts[f"airflow.pgcdc.{slot}.drain.windows"] == 1
+    assert counts[f"airflow.pgcdc.{slot}.shop.orders.merge_rows"] == merged["shop.orders"]["merged_rows"] > 0
+    assert counts[f"airflow.pgcdc.{slot}.merge.rows"] == sum(t.get("merged_rows") or 0 for t in merged.values())
+    assert f"airflow.pgcdc.{slot}.merge.seconds" in statsd.timers()
     assert merged["shop.orders"]["last_window"] == 0
     assert run.xcom("check_tables") == {"failed": []}
     assert_all_equal(db, delta)

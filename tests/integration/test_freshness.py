@@ -12,7 +12,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from airflow_runner import airflow_env, run_dag
+from airflow_runner import StatsdListener, airflow_env, run_dag
 from lake_helpers import drain, sql
 from matrix import on_pg18
 from test_operators_copy import DAGS, conn_json
@@ -20,45 +20,6 @@ from test_operators_copy import DAGS, conn_json
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
 from airflow_pgcdc.status.job import slot_status
-
-
-class StatsdListener:
-    """A StatsD server: one UDP socket on a free port, every packet it receives kept."""
-
-    def __init__(self) -> None:
-        import socket
-
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.lines: list[str] = []
-
-    def __enter__(self) -> StatsdListener:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.sock.close()
-
-    def airflow_env(self) -> dict[str, str]:
-        return {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
-                "AIRFLOW__METRICS__STATSD_PORT": str(self.sock.getsockname()[1])}
-
-    def gauges(self, *, timeout: float, want: str) -> dict[str, float]:
-        """``{name: last value}`` of the gauges received, reading until ``want`` came (or ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        out: dict[str, float] = {}
-        while time.monotonic() < deadline and want not in out:
-            try:
-                data = self.sock.recv(65536).decode()
-            except TimeoutError:
-                continue
-            for line in data.splitlines():
-                self.lines.append(line)
-                name, _, rest = line.partition(":")
-                value, _, kind = rest.partition("|")
-                if kind.startswith("g"):
-                    out[name] = float(value)
-        return out
 
 
 def _status_cli(s3, db, slot, src, lake, *extra) -> subprocess.CompletedProcess:
