@@ -194,6 +194,9 @@ def register(subparsers) -> None:
                    help="with --store and --delta: exit 1 when the Delta tables are more than N seconds behind "
                         "the source (now minus the commit time of the oldest change not merged yet, in the store "
                         "or, as far as the server can tell, in the WAL): an alert for cron or a check")
+    p.add_argument("--prometheus", action="store_true",
+                   help="print Prometheus' text format (for node-exporter's textfile folder): the slot's lag in "
+                        "bytes and seconds, retained WAL, windows not merged, each table's lag")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run_status)
 
@@ -381,7 +384,11 @@ def _print_status(status: dict[str, Any]) -> None:
 def run_status(args: argparse.Namespace) -> int:
     status = slot_status(args.dsn, args.slot, publications=args.publication, store=args.store,
                          delta=args.delta)
-    if args.json:
+    if args.prometheus:
+        from airflow_pgcdc.status.prometheus import prometheus_text
+
+        sys.stdout.write(prometheus_text(status))
+    elif args.json:
         _print_json(status)
     else:
         _print_status(status)

@@ -88,6 +88,10 @@ def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_
     assert late.returncode == 1 and "public.t" in late.stderr and "past --max-lag-seconds 1" in late.stderr, late
     assert "freshness" in late.stdout and "behind the source" in late.stdout
     assert _status_cli(s3, db, slot, src, lake, "--max-lag-seconds", "3600").returncode == 0
+    prom = _status_cli(s3, db, slot, src, lake, "--prometheus")
+    assert prom.returncode == 0, prom.stderr
+    line = next(ln for ln in prom.stdout.splitlines() if ln.startswith("pgcdc_table_lag_seconds") and "public.t" in ln)
+    assert line.startswith(f'pgcdc_table_lag_seconds{{slot="{slot}",table="public.t"}} ') and float(line.split()[-1]) > 1
 
     merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-rs")
     fresh = slot_status(db, slot, store=src, delta=lake)["store"]["freshness"]
