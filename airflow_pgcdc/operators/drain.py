@@ -154,6 +154,13 @@ class PgcdcDrainOperator(BaseOperator):
         value = ti.xcom_pull(task_ids=self.sensor_task_id, key="observed_lsn")
         return str(value) if value else None
 
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`)."""
+        from airflow_pgcdc.operators.lineage import lineage
+
+        found = getattr(self, "_lineage", None)
+        return lineage(*found) if found else None
+
     def execute(self, context) -> dict[str, Any]:
         from airflow_pgcdc.drain.drain import DrainBusy, drain_window
         from airflow_pgcdc.hooks.compat import AirflowSkipException
@@ -171,6 +178,12 @@ class PgcdcDrainOperator(BaseOperator):
             raise AirflowSkipException(f"{e} (hint: {e.hint})") from None
         out = result.to_dict()
         drain_metrics(self.slot, out)
+        if result.window_seq is not None:
+            from airflow_pgcdc.operators.lineage import postgres_tables, s3_dataset
+
+            self._lineage = (postgres_tables(hook.get_dsn(), out["tables"]),
+                             [s3_dataset(f"{self.store.rstrip('/')}/{self.slot}/changes", rows=result.rows,
+                                         size=result.bytes)])
         self.log.info("window %s [%s, %s): %s transactions, %s rows, %s bytes", out["window_seq"],
                       out["start_lsn"], out["end_lsn"], out["transactions"], out["rows"], out["bytes"])
         if result.window_seq is not None:

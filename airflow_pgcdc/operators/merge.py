@@ -656,6 +656,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             )
         short = summary(result, self._xcom_tables())
         merge_metrics(str(result.get("slot") or self.slot), result)
+        self._lineage = self._lineage_of(result)
         quiet = 0
         for t in result.get("tables", ()):
             if t.get("action") in QUIET_ACTIONS:
@@ -693,6 +694,35 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                 "PgcdcMergeCheckOperator downstream emits them and still fails the run)", named)
         raise PgcdcTablesFailed(message)
 
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`)."""
+        from airflow_pgcdc.operators.lineage import lineage
+
+        found = getattr(self, "_lineage", None)
+        return lineage(*found) if found else None
+
+    def _lineage_of(self, result: Mapping[str, Any]):
+        """The store's windows and copy in, each Delta table the job wrote out (its schema for
+        the first :data:`LINEAGE_SCHEMAS`, read with delta-rs whichever engine committed)."""
+        from airflow_pgcdc.operators.lineage import delta_table, s3_dataset
+        from airflow_pgcdc.store.s3 import delta_storage_options
+
+        written = [t for t in result.get("tables", ()) if t.get("action") in MERGED_ACTIONS]
+        if not written:
+            return None
+        options = delta_storage_options(PgcdcHook(aws_conn_id=self.aws_conn_id).s3_settings())
+        root = f"{self.store.rstrip('/')}/{self.slot}"
+        inputs = [s3_dataset(f"{root}/changes")]
+        if any(str(t.get("action", "")).startswith(("bootstrapped", "resynced")) for t in written):
+            inputs.append(s3_dataset(f"{root}/snapshot"))
+        outputs = []
+        for i, t in enumerate(written):
+            rows = int(t.get("merged_rows") or 0) + int(t.get("bootstrap_rows") or 0)
+            url = str(t["delta_url"]).replace("s3a://", "s3://", 1)
+            outputs.append(delta_table(url, rows=rows, storage_options=options) if i < LINEAGE_SCHEMAS
+                           else s3_dataset(url, rows=rows))
+        return inputs, outputs
+
     def _emit_asset_events(self, context, result: Mapping[str, Any]) -> None:
         if not self.outlets:  # outlets=[]: a scratch location (a rebuild), nothing to announce
             self.log.info("outlets=[]: no Asset event for the tables of this merge")
@@ -707,6 +737,10 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                 "delta_version": t.get("delta_version"),
                 "action": t.get("action"),
             })
+
+
+LINEAGE_SCHEMAS = 50
+"""Delta tables whose schema a merge's OpenLineage event carries (one delta-rs read each)."""
 
 
 class PgcdcMergeCheckOperator(BaseOperator):

@@ -99,6 +99,13 @@ class PgcdcSnapshotOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`)."""
+        from airflow_pgcdc.operators.lineage import lineage
+
+        found = getattr(self, "_lineage", None)
+        return lineage(*found) if found else None
+
     def execute(self, context) -> dict[str, Any]:
         from airflow_pgcdc.snapshot.export import snapshot_to_s3
         from airflow_pgcdc.snapshot.options import SnapshotOptions
@@ -116,6 +123,11 @@ class PgcdcSnapshotOperator(BaseOperator):
             manifest = snapshot_to_s3(hook.get_dsn(), self.store, slot=self.slot,
                                       publications=self.publications or None, options=options, s3=hook.s3_client())
         layout = Layout.parse(self.store)
+        from airflow_pgcdc.operators.lineage import postgres_tables, s3_dataset
+
+        self._lineage = (postgres_tables(hook.get_dsn(), [f"{t.schema}.{t.table}" for t in manifest.tables]),
+                         [s3_dataset(f"{self.store.rstrip('/')}/{self.slot}/snapshot", rows=manifest.rows,
+                                     size=manifest.bytes)])
         result = {
             "snapshot_id": manifest.snapshot_id,
             "slot": manifest.slot,

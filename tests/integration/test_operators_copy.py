@@ -72,10 +72,32 @@ def test_the_snapshot_operators_column_rules_hold_for_the_drain_with_the_key_fro
         "AIRFLOW_CONN_PGCDC_PII_KEY": json.dumps({"conn_type": "generic", "password": key}),
     })
     env.pop("PGCDC_PII_KEY", None)
+    # OpenLineage: the provider's listener with its file transport, as a deployment sets it
+    events_file = tmp_path / "openlineage.jsonl"
+    env["AIRFLOW__OPENLINEAGE__TRANSPORT"] = json.dumps({"type": "file", "log_file_path": str(events_file),
+                                                         "append": True})
+    env["AIRFLOW__OPENLINEAGE__NAMESPACE"] = "pgcdc-test"
     slot = slot_name()
     result = run_dag(DAGS / "pgcdc_test_pii.py", "pgcdc_test_pii", env,
                      {"store": f"s3://{s3_bucket}/cdc", "slot": slot})
     assert result.state == "success", result.output[-4000:]
+    complete = {}
+    for line in events_file.read_text().splitlines():
+        e = json.loads(line)
+        if e.get("eventType") == "COMPLETE":
+            complete[e["job"]["name"]] = e
+    p = conninfo_to_dict(fresh_db)
+    source = {"namespace": f"postgres://{p['host']}:{p['port']}", "name": f"{p['dbname']}.public.users"}
+    snap = complete["pgcdc_test_pii.snapshot"]
+    assert [{k: d[k] for k in ("namespace", "name")} for d in snap["inputs"]] == [source]
+    (out,) = snap["outputs"]
+    assert (out["namespace"], out["name"]) == (f"s3://{s3_bucket}", f"cdc/{slot}/snapshot")
+    assert out["outputFacets"]["outputStatistics"]["rowCount"] == 2
+    drained = complete["pgcdc_test_pii.drain"]
+    assert [d["name"] for d in drained["inputs"]] == [source["name"]]
+    assert drained["outputs"][0]["name"] == f"cdc/{slot}/changes"
+    assert drained["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == 1
+    assert p["password"] not in events_file.read_text()
     assert result.xcom("drain")["rows"] == 1
     client = s3.client()
     emails, columns = [], set()
