@@ -87,12 +87,12 @@ _INSERTS = PgoutputDecoder(1)  # Insert messages outside a stream block (statele
 
 MISSING_VALUES_FIELD = "missing_values"
 REWRITTEN_FIELD = "rewritten_columns"
+PII_FIELD = "pii"  # a column written under a rule (hash, mask:N); an excluded column is not listed
 # a relation version's table file and its columns' identities (optional: older windows,
 # and a column renamed or dropped before the drain read the catalog, have none)
 RELFILENODE_FIELD = "relfilenode"
 ATTNUM_FIELD = "attnum"
 ATTXMIN_FIELD = "attxmin"
-PII_FIELD = "pii"  # a column written under a rule (hash, mask:N); an excluded column is not listed
 """A relation version's columns whose existing rows a table rewrite filled, which no
 change carries: ``[{name, expression}]`` (absent when none; see the drain)."""
 

@@ -4,6 +4,7 @@ backfill; after each, the Delta tables verify equal to PostgreSQL."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -88,9 +89,15 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     sql(db, "UPDATE shop.orders SET total = total + 1 WHERE id % 5 = 0")
     sql(db, "DELETE FROM shop.orders WHERE id % 50 = 0")
     sql(db, "INSERT INTO shop.customers VALUES (1000, 'new@x', NULL)")
-    with StatsdListener() as statsd:  # the run's metrics, over StatsD as a deployment configures it
-        run = run_dag(DAGS / "pgcdc_incremental.py", "pgcdc_incremental", env | statsd.airflow_env(), conf)
-        counts = statsd.counters(timeout=10.0, want=f"airflow.pgcdc.{slot}.merge.rows")
+    # the run's metrics over StatsD and its OpenLineage events to a file, as a deployment
+    # configures them (the floor environment has no OpenLineage provider: the optional extra)
+    lineage_file = tmp_path / "openlineage.jsonl"
+    lineage_env = {"AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(lineage_file),
+                                                                  "append": True})}
+    with StatsdListener() as statsd:
+        run = run_dag(DAGS / "pgcdc_incremental.py", "pgcdc_incremental", env | statsd.airflow_env() | lineage_env,
+                      conf)
+        counts = statsd.counters(timeout=10.0, want=f"airflow.pgcdc.{slot}.merge.seconds")  # its last
     assert run.state == "success", run.output[-5000:]
     window = run.xcom("drain")
     assert window["window_seq"] == 0 and window["rows"] > 0
@@ -100,6 +107,15 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     assert counts[f"airflow.pgcdc.{slot}.shop.orders.merge_rows"] == merged["shop.orders"]["merged_rows"] > 0
     assert counts[f"airflow.pgcdc.{slot}.merge.rows"] == sum(t.get("merged_rows") or 0 for t in merged.values())
     assert f"airflow.pgcdc.{slot}.merge.seconds" in statsd.timers()
+    if importlib.util.find_spec("airflow.providers.openlineage") is not None:
+        events = [json.loads(ln) for ln in lineage_file.read_text().splitlines()]
+        (merge_event,) = [e for e in events if e.get("eventType") == "COMPLETE"
+                          and e["job"]["name"] == "pgcdc_incremental.merge"]
+        outputs = {o["name"]: o for o in merge_event["outputs"]}
+        orders = outputs[s3store.S3Location.parse(delta_table_url(delta, "shop", "orders")).prefix]
+        assert orders["outputFacets"]["outputStatistics"]["rowCount"] == merged["shop.orders"]["merged_rows"]
+        assert {"id", "total", "items"} <= {f["name"] for f in orders["facets"]["schema"]["fields"]}
+        assert [i["name"] for i in merge_event["inputs"]] == [f"cdc/{slot}/changes"]
     assert merged["shop.orders"]["last_window"] == 0
     assert run.xcom("check_tables") == {"failed": []}
     assert_all_equal(db, delta)
