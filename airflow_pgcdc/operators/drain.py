@@ -155,11 +155,11 @@ class PgcdcDrainOperator(BaseOperator):
         return str(value) if value else None
 
     def get_openlineage_facets_on_complete(self, task_instance):
-        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`)."""
-        from airflow_pgcdc.operators.lineage import lineage
+        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`;
+        built only when the OpenLineage listener asks, and never failing the task)."""
+        from airflow_pgcdc.operators.lineage import lineage_of
 
-        found = getattr(self, "_lineage", None)
-        return lineage(*found) if found else None
+        return lineage_of(self, getattr(self, "_lineage", None))
 
     def execute(self, context) -> dict[str, Any]:
         from airflow_pgcdc.drain.drain import DrainBusy, drain_window
@@ -181,9 +181,10 @@ class PgcdcDrainOperator(BaseOperator):
         if result.window_seq is not None:
             from airflow_pgcdc.operators.lineage import postgres_tables, s3_dataset
 
-            self._lineage = (postgres_tables(hook.get_dsn(), out["tables"]),
-                             [s3_dataset(f"{self.store.rstrip('/')}/{self.slot}/changes", rows=result.rows,
-                                         size=result.bytes)])
+            dsn, store, slot = hook.get_dsn(), self.store, self.slot
+            self._lineage = lambda: (postgres_tables(dsn, out["tables"]),
+                                     [s3_dataset(f"{store.rstrip('/')}/{slot}/changes", rows=result.rows,
+                                                 size=result.bytes)])
         self.log.info("window %s [%s, %s): %s transactions, %s rows, %s bytes", out["window_seq"],
                       out["start_lsn"], out["end_lsn"], out["transactions"], out["rows"], out["bytes"])
         if result.window_seq is not None:

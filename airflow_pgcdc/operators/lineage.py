@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["delta_table", "lineage", "postgres_tables", "s3_dataset"]
+__all__ = ["delta_table", "lineage", "lineage_of", "postgres_tables", "s3_dataset"]
 
 
 def _facets():
@@ -86,3 +86,17 @@ def lineage(inputs: Iterable[Mapping[str, Any]], outputs: Iterable[Mapping[str, 
     return f["OperatorLineage"](
         inputs=[f["InputDataset"](namespace=d["namespace"], name=d["name"]) for d in inputs],
         outputs=[out(d) for d in outputs])
+
+
+def lineage_of(operator, build) -> Any:
+    """``lineage(*build())`` for ``operator``'s run (``build``: what its ``execute`` left, a
+    callable giving ``(inputs, outputs)`` or None), or None: lineage is built only when the
+    listener asks, and a failure to build it is logged, never raised into the task."""
+    if build is None or _facets() is None:
+        return None
+    try:
+        found = build()
+        return lineage(*found) if found else None
+    except Exception as exc:  # noqa: BLE001 - lineage is a report: the task's work is done
+        operator.log.warning("no OpenLineage datasets for this run: %s: %s", type(exc).__name__, exc)
+        return None

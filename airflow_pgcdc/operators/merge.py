@@ -656,7 +656,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             )
         short = summary(result, self._xcom_tables())
         merge_metrics(str(result.get("slot") or self.slot), result)
-        self._lineage = self._lineage_of(result)
+        self._lineage = lambda: self._lineage_of(result)
         quiet = 0
         for t in result.get("tables", ()):
             if t.get("action") in QUIET_ACTIONS:
@@ -695,11 +695,11 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         raise PgcdcTablesFailed(message)
 
     def get_openlineage_facets_on_complete(self, task_instance):
-        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`)."""
-        from airflow_pgcdc.operators.lineage import lineage
+        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`;
+        built only when the OpenLineage listener asks, and never failing the task)."""
+        from airflow_pgcdc.operators.lineage import lineage_of
 
-        found = getattr(self, "_lineage", None)
-        return lineage(*found) if found else None
+        return lineage_of(self, getattr(self, "_lineage", None))
 
     def _lineage_of(self, result: Mapping[str, Any]):
         """The store's windows and copy in, each Delta table the job wrote out (its schema for

@@ -100,11 +100,11 @@ class PgcdcSnapshotOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
 
     def get_openlineage_facets_on_complete(self, task_instance):
-        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`)."""
-        from airflow_pgcdc.operators.lineage import lineage
+        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`;
+        built only when the OpenLineage listener asks, and never failing the task)."""
+        from airflow_pgcdc.operators.lineage import lineage_of
 
-        found = getattr(self, "_lineage", None)
-        return lineage(*found) if found else None
+        return lineage_of(self, getattr(self, "_lineage", None))
 
     def execute(self, context) -> dict[str, Any]:
         from airflow_pgcdc.snapshot.export import snapshot_to_s3
@@ -125,9 +125,10 @@ class PgcdcSnapshotOperator(BaseOperator):
         layout = Layout.parse(self.store)
         from airflow_pgcdc.operators.lineage import postgres_tables, s3_dataset
 
-        self._lineage = (postgres_tables(hook.get_dsn(), [f"{t.schema}.{t.table}" for t in manifest.tables]),
-                         [s3_dataset(f"{self.store.rstrip('/')}/{self.slot}/snapshot", rows=manifest.rows,
-                                     size=manifest.bytes)])
+        dsn, store, slot = hook.get_dsn(), self.store, self.slot
+        self._lineage = lambda: (postgres_tables(dsn, [f"{t.schema}.{t.table}" for t in manifest.tables]),
+                                 [s3_dataset(f"{store.rstrip('/')}/{slot}/snapshot", rows=manifest.rows,
+                                             size=manifest.bytes)])
         result = {
             "snapshot_id": manifest.snapshot_id,
             "slot": manifest.slot,
