@@ -6,7 +6,6 @@ quiet table stays at 0, and the command's exit code is the alert."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from datetime import UTC, datetime
 from airflow_runner import StatsdListener, airflow_env, run_dag
 from lake_helpers import drain, sql
 from matrix import on_pg18
-from test_operators_copy import DAGS, conn_json
+from test_operators_copy import DAGS, conn_json, s3_conn_json
 
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
@@ -62,8 +61,7 @@ def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_
     # past the run's SLA fails the run, named
     env = airflow_env(tmp_path / "airflow", DAGS, {
         "AIRFLOW_CONN_PGCDC_SRC": conn_json(db),
-        "AIRFLOW_CONN_PGCDC_S3": json.dumps({"conn_type": "aws", "login": s3.access_key, "password": s3.secret_key,
-                                             "extra": {"endpoint_url": s3.endpoint_url, "region_name": s3.region}}),
+        "AIRFLOW_CONN_PGCDC_S3": s3_conn_json(s3),
     })
     conf = {"store": src, "delta": lake, "slot": slot}
     # the metrics reach a real StatsD listener (Airflow's [metrics], as a deployment sets it)

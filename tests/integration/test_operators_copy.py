@@ -21,6 +21,12 @@ def conn_json(dsn: str) -> str:
                        "password": p["password"], "schema": p["dbname"], "extra": {"application_name": "pgcdc-airflow"}})
 
 
+def s3_conn_json(s3) -> str:
+    """The test bed's S3 server as an Airflow ``aws`` connection."""
+    return json.dumps({"conn_type": "aws", "login": s3.access_key, "password": s3.secret_key,
+                       "extra": {"endpoint_url": s3.endpoint_url, "region_name": s3.region}})
+
+
 def test_snapshot_and_basebackup_operators(fresh_db, slot_name, s3, s3_bucket, tmp_path):
     with psycopg.connect(fresh_db, autocommit=True) as c:
         c.execute("CREATE TABLE orders (id int PRIMARY KEY, total numeric(10,2))")
@@ -28,8 +34,7 @@ def test_snapshot_and_basebackup_operators(fresh_db, slot_name, s3, s3_bucket, t
         c.execute("CREATE PUBLICATION pub FOR TABLE orders")
     env = airflow_env(tmp_path / "airflow", DAGS, {
         "AIRFLOW_CONN_PGCDC_SRC": conn_json(fresh_db),
-        "AIRFLOW_CONN_PGCDC_S3": json.dumps({"conn_type": "aws", "login": s3.access_key, "password": s3.secret_key,
-                                             "extra": {"endpoint_url": s3.endpoint_url, "region_name": s3.region}}),
+        "AIRFLOW_CONN_PGCDC_S3": s3_conn_json(s3),
     })
     slot = slot_name()
     to = f"s3://{s3_bucket}/lake"
@@ -67,8 +72,7 @@ def test_the_snapshot_operators_column_rules_hold_for_the_drain_with_the_key_fro
         c.execute("CREATE PUBLICATION pub FOR TABLE users")
     env = airflow_env(tmp_path / "airflow", DAGS, {
         "AIRFLOW_CONN_PGCDC_SRC": conn_json(fresh_db),
-        "AIRFLOW_CONN_PGCDC_S3": json.dumps({"conn_type": "aws", "login": s3.access_key, "password": s3.secret_key,
-                                             "extra": {"endpoint_url": s3.endpoint_url, "region_name": s3.region}}),
+        "AIRFLOW_CONN_PGCDC_S3": s3_conn_json(s3),
         "AIRFLOW_CONN_PGCDC_PII_KEY": json.dumps({"conn_type": "generic", "password": key}),
     })
     env.pop("PGCDC_PII_KEY", None)
