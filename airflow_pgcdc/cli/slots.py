@@ -194,6 +194,12 @@ def register(subparsers) -> None:
                    help="with --store and --delta: exit 1 when the Delta tables are more than N seconds behind "
                         "the source (now minus the commit time of the oldest change not merged yet, in the store "
                         "or, as far as the server can tell, in the WAL): an alert for cron or a check")
+    p.add_argument("--history", type=float, metavar="DAYS",
+                   help="with --store: the windows of the last DAYS days, one line each: rows, bytes, drain "
+                        "seconds, how old the oldest change was once stored and once merged (from the merge jobs' "
+                        "records, kept 7 days)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="with --history: draw it (lag, rows, drain and merge seconds per window; needs matplotlib)")
     p.add_argument("--prometheus", action="store_true",
                    help="print Prometheus' text format (for node-exporter's textfile folder): the slot's lag in "
                         "bytes and seconds, retained WAL, windows not merged, each table's lag")
@@ -381,9 +387,35 @@ def _print_status(status: dict[str, Any]) -> None:
         print(f"{k.ljust(width)}  {v}")
 
 
+def _print_history(rows: list[dict[str, Any]]) -> None:
+    print(f"\n{'window':>8}  {'ended (UTC)':19}  {'rows':>10}  {'bytes':>9}  {'drain':>8}  {'stored at':>10}  "
+          f"{'in Delta at':>11}  merge job")
+    for r in rows:
+        ended = (r["finished_at"] or "")[:19].replace("T", " ")
+        print(f"{r['window_seq']:>8}  {ended:19}  {r['rows']:>10,}  {_human_bytes(r['bytes']):>9}  "
+              f"{_human_seconds(r['drain_seconds']):>8}  {_human_seconds(r['stored_lag_seconds']):>10}  "
+              f"{_human_seconds(r['lag_seconds']) if r['lag_seconds'] is not None else 'not yet':>11}  "
+              f"{_human_seconds(r['merge_seconds']) if r['merge_seconds'] is not None else '-'}")
+    if not rows:
+        print("no window committed in that time")
+
+
 def run_status(args: argparse.Namespace) -> int:
     status = slot_status(args.dsn, args.slot, publications=args.publication, store=args.store,
                          delta=args.delta)
+    if args.history is not None or args.plot:
+        from airflow_pgcdc.cli import error
+
+        if not args.store or args.history is None or args.history <= 0:
+            error("--history DAYS (more than 0) needs --store; --plot needs --history",
+                  "e.g. pgcdc status --slot S --store s3://bucket/cdc --history 1 --plot lag.png")
+            return 1
+        from airflow_pgcdc.status.history import plot_history, window_history
+        from airflow_pgcdc.store.s3 import make_s3_client
+
+        status["history"] = window_history(make_s3_client(), args.store, args.slot, days=args.history)
+        if args.plot:
+            plot_history(status["history"], args.plot, title=f"pgcdc slot {args.slot}: last {args.history:g} days")
     if args.prometheus:
         from airflow_pgcdc.status.prometheus import prometheus_text
 
@@ -392,6 +424,8 @@ def run_status(args: argparse.Namespace) -> int:
         _print_json(status)
     else:
         _print_status(status)
+        if status.get("history") is not None:
+            _print_history(status["history"])
     from airflow_pgcdc.cli import error
 
     problem = status["problem"]

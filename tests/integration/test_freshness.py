@@ -6,6 +6,7 @@ quiet table stays at 0, and the command's exit code is the alert."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -96,3 +97,16 @@ def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_
     assert fresh["tables"]["public.t"] == {"merged_through": 1, "oldest_unmerged_commit": None, "lag_seconds": 0.0}
     ok = _status_cli(s3, db, slot, src, lake, "--max-lag-seconds", "1")
     assert ok.returncode == 0, ok.stderr
+
+    # the history: each window's rows, how old its oldest change was once stored and once in
+    # Delta (from the merge jobs' records), and its picture
+    png = tmp_path / "history.png"
+    hist = _status_cli(s3, db, slot, src, lake, "--history", "1", "--plot", str(png), "--json")
+    assert hist.returncode == 0, hist.stderr
+    rows = {r["window_seq"]: r for r in json.loads(hist.stdout)["history"]}
+    assert sorted(rows) == [0, 1] and rows[0]["rows"] == 1 and rows[1]["rows"] == 1
+    assert rows[0]["lag_seconds"] >= waited and rows[0]["merged_at"] is not None  # merged after the wait
+    assert rows[0]["stored_lag_seconds"] < rows[0]["lag_seconds"] and rows[0]["drain_seconds"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    text = _status_cli(s3, db, slot, src, lake, "--history", "1")
+    assert text.returncode == 0 and "in Delta at" in text.stdout
