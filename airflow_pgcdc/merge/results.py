@@ -23,7 +23,7 @@ from typing import Any
 
 from airflow_pgcdc.errors import PgcdcError
 from airflow_pgcdc.store import s3 as s3store
-from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.layout import Layout, run_id_time
 
 log = logging.getLogger(__name__)
 
@@ -109,17 +109,10 @@ def prune(client: Any, layout: Layout, slot: str, *, now: datetime | None = None
     prefix = layout.merge_results_prefix(slot)
     old = []
     for key in s3store.list_keys(client, layout.bucket, prefix):
-        started = _started(key[len(prefix):])
+        started = run_id_time(key[len(prefix):])
         if started is not None and started < cutoff:
             old.append(key)
     return s3store.delete_keys(client, layout.bucket, old, what="old merge results") if old else 0
-
-
-def _started(name: str) -> datetime | None:
-    try:
-        return datetime.strptime(name[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None
 
 
 def summary(result: Mapping[str, Any], limit: int = XCOM_TABLES) -> dict[str, Any]:
@@ -175,7 +168,7 @@ def latest(store: str, slot: str, s3: Any = None) -> dict[str, Any] | None:
     client = _client("latest", s3)
     layout = Layout.parse(store)
     prefix = layout.merge_results_prefix(slot)
-    keys = sorted(k for k in s3store.list_keys(client, layout.bucket, prefix) if _started(k[len(prefix):]))
+    keys = sorted(k for k in s3store.list_keys(client, layout.bucket, prefix) if run_id_time(k[len(prefix):]))
     if not keys:
         return None
     return _read_document(client, layout.bucket, keys[-1], f"the newest merge result of slot {slot}")

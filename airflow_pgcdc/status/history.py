@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow_pgcdc.merge.results import _read_document, _started
 from airflow_pgcdc.store import s3 as s3store
-from airflow_pgcdc.store.layout import Layout
+from airflow_pgcdc.store.layout import Layout, run_id_time
 from airflow_pgcdc.store.slot import SlotStore
 from airflow_pgcdc.store.window import COMMIT_TIMES_FIELD, window_folders
 
@@ -37,10 +36,12 @@ def _merge_jobs(client: Any, layout: Layout, slot: str, since: datetime) -> list
     prefix = layout.merge_results_prefix(slot)
     jobs = []
     for key in sorted(s3store.list_keys(client, layout.bucket, prefix)):
-        started = _started(key[len(prefix):])
+        started = run_id_time(key[len(prefix):])
         if started is None or started < since:
             continue
-        doc = _read_document(client, layout.bucket, key, f"merge result {key}")
+        doc = s3store.get_json(client, layout.bucket, key)
+        if not isinstance(doc, dict):
+            continue  # not a merge result document: nothing to learn from it
         windows = [t.get("last_window") for t in doc.get("tables", ()) if t.get("action") != "failed"]
         newest = max((w for w in windows if isinstance(w, int)), default=-1)
         seconds = float(doc.get("seconds") or 0.0)

@@ -185,6 +185,15 @@ def new_run_id(now: datetime | None = None) -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
 
 
+def run_id_time(name: str) -> datetime | None:
+    """The UTC time a :func:`new_run_id` name starts with (``20250131T235959Z-…``), or None
+    for a name not of that form."""
+    try:
+        return datetime.strptime(name[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
 def new_attempt_id() -> str:
     """A drain attempt's id: 8 random lowercase hex digits (see :func:`part_name`)."""
     return secrets.token_hex(4)
