@@ -183,17 +183,19 @@ def save_privacy(client: Any, layout: Layout, slot: str, privacy: SlotPrivacy) -
 
 def slots_with_rules(client: Any, layout: Layout) -> list[str]:
     """The slots under ``layout``'s root whose data is written under column rules."""
-    found = []
-    paginator = client.get_paginator("list_objects_v2")
     prefix = layout.root.prefix + "/" if layout.root.prefix else ""
-    for page in paginator.paginate(Bucket=layout.bucket, Prefix=prefix, Delimiter="/"):
-        for p in page.get("CommonPrefixes", ()):
-            slot = p["Prefix"][len(prefix):].rstrip("/")
-            try:
-                if slot and s3store.exists(client, layout.bucket, layout.privacy_rules(slot)):
-                    found.append(slot)
-            except LayoutError:  # a folder that is not a slot's name
-                continue
+    folders = []
+    with s3store._s3_call("ListObjectsV2", layout.bucket, prefix):  # a missing bucket: a StoreError
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=layout.bucket, Prefix=prefix,
+                                                                      Delimiter="/"):
+            folders += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", ())]
+    found = []
+    for slot in folders:
+        try:
+            if slot and s3store.exists(client, layout.bucket, layout.privacy_rules(slot)):
+                found.append(slot)
+        except LayoutError:  # a folder that is not a slot's name
+            continue
     return found
 
 
