@@ -10,7 +10,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_pgcdc.hooks.compat import AirflowFailException
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
-from airflow_pgcdc.operators.metrics import freshness_metrics
+from airflow_pgcdc.operators.metrics import freshness_metrics, slot_metrics
 from airflow_pgcdc.operators.values import number
 
 __all__ = ["PgcdcFreshnessCheckOperator", "PgcdcTablesStale"]
@@ -67,6 +67,7 @@ class PgcdcFreshnessCheckOperator(BaseOperator):
         fresh = (status.get("store") or {}).get("freshness")
         if fresh is None:
             raise AirflowFailException(f"slot {self.slot}: nothing in {self.store} to measure (no copy, no window)")
+        slot_metrics(self.slot, status.get("slot") or {})
         freshness_metrics(self.slot, fresh)
         late = {n: t["lag_seconds"] for n, t in fresh["tables"].items() if t["lag_seconds"] > own.get(n, limit)}
         wal = fresh.get("wal_wait_seconds")

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["drain_metrics", "freshness_metrics", "merge_metrics", "metric_name"]
+__all__ = ["drain_metrics", "freshness_metrics", "merge_metrics", "metric_name", "slot_metrics"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -63,6 +63,15 @@ def merge_metrics(slot: str, result: Mapping[str, Any]) -> None:
     s.incr(metric_name(slot, "merge.rows"), rows)
     if result.get("seconds") is not None:
         s.timing(metric_name(slot, "merge.seconds"), float(result["seconds"]) * 1000.0)
+
+
+def slot_metrics(slot: str, health: Mapping[str, Any]) -> None:
+    """The slot's ``slot.pending_bytes`` (WAL not acknowledged) and ``slot.retained_bytes``
+    (WAL the server keeps for it), gauges in bytes, when known."""
+    s = _stats()
+    for field in ("pending_bytes", "retained_bytes"):
+        if isinstance(health.get(field), int):
+            s.gauge(metric_name(slot, f"slot.{field}"), health[field])
 
 
 def freshness_metrics(slot: str, fresh: Mapping[str, Any]) -> None:

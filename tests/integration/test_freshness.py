@@ -76,6 +76,7 @@ def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_
     assert abs(gauges[f"airflow.pgcdc.{slot}.public.t.lag_seconds"] - lag) < 0.01, gauges
     assert gauges[f"airflow.pgcdc.{slot}.public.quiet.lag_seconds"] == 0.0
     assert gauges[f"airflow.pgcdc.{slot}.lag_seconds"] >= lag
+    assert gauges[f"airflow.pgcdc.{slot}.slot.retained_bytes"] > 0
     sql(db, "INSERT INTO quiet VALUES (2)")
     drain(db, src, slot, client)
     time.sleep(1.5)
