@@ -257,17 +257,26 @@ def freshness(folder: SlotStore, marks: dict[str, int | None], last_seq: int | N
     merged = {n: None if m is None or m <= NONE_MERGED else m for n, m in marks.items()}
     waiting: dict[str, str | None] = {}
     if last_seq is not None and merged:
-        pending = {name: through for name, through in merged.items() if through is None or through < last_seq}
-        first = min(-1 if t is None else t for t in pending.values()) + 1 if pending else last_seq + 1
-        for seq in range(first, last_seq + 1):  # oldest first: each table's oldest unmerged window
-            if len(waiting) == len(pending):
+        # where each table's unmerged windows can start: after its last merged one, or after
+        # the merge's tables index when no window up to the index's holds it since (a quiet
+        # table of a long-running slot is not looked for in every window)
+        index_through, index_last = _tables_index(folder, last_seq)
+        starts = {}
+        for name, through in merged.items():
+            m = -1 if through is None else through
+            if m >= last_seq:
+                continue
+            quiet = index_through >= 0 and index_last.get(name, -1) <= m  # none of 0..through holds it after m
+            starts[name] = max(m, index_through) + 1 if quiet else m + 1
+        for seq in range(min(starts.values(), default=last_seq + 1), last_seq + 1):  # oldest first
+            if len(waiting) == len(starts):
                 break
             w = folder.window(seq)
             held = {f"{t['schema']}.{t['table']}" for t in w.tables}
             times = w.extra.get(COMMIT_TIMES_FIELD) or {}
             when = times.get("first") or (w.timings or {}).get("started_at")
-            for name, through in pending.items():
-                if name not in waiting and name in held and (through is None or through < seq):
+            for name, start in starts.items():
+                if name not in waiting and name in held and seq >= start:
                     waiting[name] = when
     snap = folder.snapshot
     copied = {f"{t.schema}.{t.table}" for t in snap.tables} if snap is not None else set()
@@ -287,6 +296,20 @@ def freshness(folder: SlotStore, marks: dict[str, int | None], last_seq: int | N
         "wal_wait_seconds": wal_wait,
         "tables": tables,
     }
+
+
+def _tables_index(folder: SlotStore, last_seq: int) -> tuple[int, dict[str, int]]:
+    """``(through, {"schema.table": the last window up to through holding it})`` from the
+    merge's tables index when it still describes the store's windows, else ``(-1, {})``."""
+    doc = folder.tables_index or {}
+    try:
+        through = int(doc["through"])
+        last = {f"{t['schema']}.{t['table']}": int(t["last_window"]) for t in doc["tables"]}
+        if not 0 <= through <= last_seq or folder.window(through).end_lsn != doc["end_lsn"]:
+            return -1, {}
+    except Exception:  # noqa: BLE001 - a cache: read the windows instead
+        return -1, {}
+    return through, last
 
 
 def _recovered(client, store_url: str, slot: str, end, last: dict, confirmed) -> bool:

@@ -16,6 +16,7 @@ from airflow_runner import StatsdListener, airflow_env, run_dag
 from lake_helpers import drain, sql
 from matrix import on_pg18
 from test_operators_copy import DAGS, conn_json, s3_conn_json
+from test_status_tables import _CountingClient
 
 from airflow_pgcdc.merge.job import merge_slot
 from airflow_pgcdc.snapshot.export import snapshot_to_s3
@@ -36,8 +37,9 @@ def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_
     db, slot = fresh_db, slot_name()
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
     sql(db, "CREATE TABLE quiet (id int PRIMARY KEY)")
-    sql(db, "INSERT INTO t VALUES (1, 'a'); INSERT INTO quiet VALUES (1)")
-    sql(db, "CREATE PUBLICATION pub FOR TABLE t, quiet")
+    sql(db, "CREATE TABLE still (id int PRIMARY KEY)")  # copied, never changed
+    sql(db, "INSERT INTO t VALUES (1, 'a'); INSERT INTO quiet VALUES (1); INSERT INTO still VALUES (1)")
+    sql(db, "CREATE PUBLICATION pub FOR TABLE t, quiet, still")
     snapshot_to_s3(db, src, slot=slot, publications="pub", s3=client, workers=1, worker_processes=False)
     time.sleep(1.0)
     fresh = slot_status(db, slot, store=src, delta=lake)["store"]["freshness"]
@@ -45,7 +47,7 @@ def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_
 
     merge_slot(spark, store=src, slot=slot, delta=lake, engine="delta-rs")
     assert {n: t["lag_seconds"] for n, t in slot_status(db, slot, store=src, delta=lake)["store"]["freshness"][
-        "tables"].items()} == {"public.t": 0.0, "public.quiet": 0.0}
+        "tables"].items()} == {"public.t": 0.0, "public.quiet": 0.0, "public.still": 0.0}
 
     (committed,) = sql(db, "INSERT INTO t VALUES (2, 'b') RETURNING clock_timestamp()")[0]
     drain(db, src, slot, client)
@@ -111,3 +113,13 @@ def test_the_lag_in_seconds_follows_the_oldest_change_not_merged(fresh_db, slot_
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     text = _status_cli(s3, db, slot, src, lake, "--history", "1")
     assert text.returncode == 0 and "in Delta at" in text.stdout
+
+    # a table no window ever held is not looked for in every window: the merge's tables
+    # index (written by the last merge, through window 1) says none of windows 0..1 holds it
+    sql(db, "INSERT INTO t VALUES (3, 'c')")
+    drain(db, src, slot, client)
+    counting = _CountingClient(client)
+    fresh = slot_status(db, slot, store=src, delta=lake, s3=counting)["store"]["freshness"]
+    assert fresh["tables"]["public.still"]["lag_seconds"] == 0.0 and fresh["tables"]["public.t"]["lag_seconds"] > 0
+    read = sorted(k.split("/")[-2] for k in counting.gets if "/changes/" in k and k.endswith("_manifest.json"))
+    assert read == ["w=000000000001", "w=000000000002"], read  # the index's window, and the new one
