@@ -10,6 +10,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from airflow_pgcdc.merge.results import QUIET_ACTIONS
+
 __all__ = ["drain_metrics", "freshness_metrics", "merge_metrics", "metric_name", "slot_metrics"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -55,7 +57,7 @@ def merge_metrics(slot: str, result: Mapping[str, Any]) -> None:
             continue
         n = int(t.get("merged_rows") or 0) + int(t.get("bootstrap_rows") or 0)
         rows += n
-        if n or t.get("action") not in ("up-to-date", "no-changes"):
+        if n or t.get("action") not in QUIET_ACTIONS:
             s.incr(metric_name(slot, t["table"], "merge_rows"), n)
             if t.get("seconds") is not None:
                 s.timing(metric_name(slot, t["table"], "merge_seconds"), float(t["seconds"]) * 1000.0)
