@@ -1,5 +1,6 @@
 """The DAG runner of the tests: :mod:`airflow_pgcdc.testing.dagrun` (shared with ``make demo``),
-a reader of the Asset events a run left in its metadata DB, and a StatsD listener."""
+a reader of the Asset events a run left in its metadata DB, OpenLineage's file transport, and a
+StatsD listener."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from airflow_pgcdc.testing.dagrun import DagRunResult, airflow_env, migrate, run_dag
 
-__all__ = ["DagRunResult", "airflow_env", "asset_events", "migrate", "run_dag"]
+__all__ = ["DagRunResult", "airflow_env", "asset_events", "lineage_env", "lineage_events", "migrate", "run_dag"]
 
 
 def asset_events(home: Path) -> list[dict]:
@@ -23,6 +24,21 @@ def asset_events(home: Path) -> list[dict]:
             "FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
         ).fetchall()
     return [{"uri": u, "extra": json.loads(x), "task": t, "aliases": al} for u, x, t, al in rows]
+
+
+def lineage_env(directory: Path) -> dict[str, str]:
+    """The environment that has the OpenLineage provider's listener write its events to files
+    under ``directory``, as a deployment configures it. One file per event: in append mode the
+    processes of a run (scheduler, task runners) share one file, and an event larger than a
+    write buffer can interleave with another's lines."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return {"AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "append": False,
+                                                           "log_file_path": str(Path(directory) / "event")})}
+
+
+def lineage_events(directory: Path) -> list[dict]:
+    """The OpenLineage events written under ``directory`` (see :func:`lineage_env`), in time order."""
+    return [json.loads(f.read_text()) for f in sorted(Path(directory).glob("event-*.json"))]
 
 
 class StatsdListener:

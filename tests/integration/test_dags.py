@@ -10,7 +10,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from airflow_runner import StatsdListener, airflow_env, asset_events, run_dag
+from airflow_runner import (
+    StatsdListener,
+    airflow_env,
+    asset_events,
+    lineage_env,
+    lineage_events,
+    run_dag,
+)
 from deltalake import DeltaTable
 from psycopg.conninfo import conninfo_to_dict
 from test_secrets import PsWatch
@@ -91,12 +98,9 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     sql(db, "INSERT INTO shop.customers VALUES (1000, 'new@x', NULL)")
     # the run's metrics over StatsD and its OpenLineage events to a file, as a deployment
     # configures them (the floor environment has no OpenLineage provider: the optional extra)
-    lineage_file = tmp_path / "openlineage.jsonl"
-    lineage_env = {"AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(lineage_file),
-                                                                  "append": True})}
     with StatsdListener() as statsd:
-        run = run_dag(DAGS / "pgcdc_incremental.py", "pgcdc_incremental", env | statsd.airflow_env() | lineage_env,
-                      conf)
+        run = run_dag(DAGS / "pgcdc_incremental.py", "pgcdc_incremental",
+                      env | statsd.airflow_env() | lineage_env(tmp_path / "openlineage"), conf)
         counts = statsd.counters(timeout=10.0, want=f"airflow.pgcdc.{slot}.merge.seconds")  # its last
     assert run.state == "success", run.output[-5000:]
     window = run.xcom("drain")
@@ -108,7 +112,7 @@ def test_initial_load_incremental_and_backfill(db, slot_name, s3, s3_bucket, tmp
     assert counts[f"airflow.pgcdc.{slot}.merge.rows"] == sum(t.get("merged_rows") or 0 for t in merged.values())
     assert f"airflow.pgcdc.{slot}.merge.seconds" in statsd.timers()
     if importlib.util.find_spec("airflow.providers.openlineage") is not None:
-        events = [json.loads(ln) for ln in lineage_file.read_text().splitlines()]
+        events = lineage_events(tmp_path / "openlineage")
         (merge_event,) = [e for e in events if e.get("eventType") == "COMPLETE"
                           and e["job"]["name"] == "pgcdc_incremental.merge"]
         outputs = {o["name"]: o for o in merge_event["outputs"]}

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import psycopg
-from airflow_runner import airflow_env, run_dag
+from airflow_runner import airflow_env, lineage_env, lineage_events, run_dag
 from lake_helpers import parquet_files
 from psycopg.conninfo import conninfo_to_dict
 
@@ -77,17 +77,15 @@ def test_the_snapshot_operators_column_rules_hold_for_the_drain_with_the_key_fro
     })
     env.pop("PGCDC_PII_KEY", None)
     # OpenLineage: the provider's listener with its file transport, as a deployment sets it
-    events_file = tmp_path / "openlineage.jsonl"
-    env["AIRFLOW__OPENLINEAGE__TRANSPORT"] = json.dumps({"type": "file", "log_file_path": str(events_file),
-                                                         "append": True})
+    env |= lineage_env(tmp_path / "openlineage")
     env["AIRFLOW__OPENLINEAGE__NAMESPACE"] = "pgcdc-test"
     slot = slot_name()
     result = run_dag(DAGS / "pgcdc_test_pii.py", "pgcdc_test_pii", env,
                      {"store": f"s3://{s3_bucket}/cdc", "slot": slot})
     assert result.state == "success", result.output[-4000:]
     complete = {}
-    for line in events_file.read_text().splitlines():
-        e = json.loads(line)
+    events = lineage_events(tmp_path / "openlineage")
+    for e in events:
         if e.get("eventType") == "COMPLETE":
             complete[e["job"]["name"]] = e
     p = conninfo_to_dict(fresh_db)
@@ -101,7 +99,7 @@ def test_the_snapshot_operators_column_rules_hold_for_the_drain_with_the_key_fro
     assert [d["name"] for d in drained["inputs"]] == [source["name"]]
     assert drained["outputs"][0]["name"] == f"cdc/{slot}/changes"
     assert drained["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == 1
-    assert p["password"] not in events_file.read_text()
+    assert p["password"] not in json.dumps(events)
     assert result.xcom("drain")["rows"] == 1
     client = s3.client()
     emails, columns = [], set()
