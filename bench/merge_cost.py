@@ -24,6 +24,22 @@ are checked against PostgreSQL (row count and a digest) after each merge.
     .venv/bin/python bench/merge_cost.py [--rows 200000] [--factor 10] [--changes 20000]
                                          [--engine delta-rs|delta-spark|delta-spark-dv|both|all]
                                          [--target-file-mb MB] [--mix 0.70,0.10,0.15,0.05]
+
+``--partitioned``: an events/orders-like table. Both tables get a date column ``day`` in
+their key, ``PRIMARY KEY (id, day)``, one day per ``--rows-per-day`` rows, the newest rows on
+the latest day, so the big table holds ``--factor`` times as many days (more history, not
+fuller days). The same window is merged, per engine, into two bootstraps of the same tables:
+**partitioned** by ``day`` (``--table-option public.<t>:partition_by=day`` on every job, the
+bootstrap's included; the merge then bounds the target to the batch's partitions) and
+**unpartitioned** (the baseline, in the same run). The mix is as above: the recent keys'
+updates hit the latest days, the inserts go to a new day ("today", a new partition), the
+scattered updates and deletes hit old days. Printed besides: per table the partitions the
+window changed (from the workload: distinct days of its keys) and, per merge, the partitions
+whose files it rewrote or added out of the table's; the ratio big/small per layout, and
+partitioned/unpartitioned for the big table. Defaults then: ``--rows 50000 --factor 10
+--changes 5000 --rows-per-day 500`` (100 and 1,000 days; a few minutes per engine):
+
+    .venv/bin/python bench/merge_cost.py --partitioned [--engine delta-rs|both] [--rows-per-day 500]
 """
 
 from __future__ import annotations
@@ -64,26 +80,35 @@ the first table merged paid otherwise (before, the big table, making it look 2.5
 dearer); then the big table before the small one, so what warm-up is left favours the
 small table, not the claim."""
 DIGEST = "count(*), sum(id), sum(CAST(qty AS BIGINT)), sum(length(label))"
+LAST_DAY = "2026-01-01"
+"""``--partitioned``: the day of each table's newest rows; the workload inserts into the next."""
+TODAY = "2026-01-02"
 
 
-def build(pg: PostgresServer, sizes: dict[str, int]) -> None:
+def build(pg: PostgresServer, sizes: dict[str, int], per_day: int | None = None) -> None:
+    """The tables; ``per_day`` (``--partitioned``): with a last column ``day`` in the key, one
+    day per ``per_day`` rows by ``id``, the newest rows on :data:`LAST_DAY`."""
     with psycopg.connect(pg.socket_dsn, autocommit=True) as c:
         for table, rows in sizes.items():
             t0, name = time.perf_counter(), quote_ident(table)
-            c.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, qty int, label text, amount numeric(12,2), "
-                      "ts timestamptz, flag bool)")
+            key = ", day date, PRIMARY KEY (id, day)" if per_day else ""
+            c.execute(f"CREATE TABLE {name} (id bigint{'' if per_day else ' PRIMARY KEY'}, qty int, label text, "
+                      f"amount numeric(12,2), ts timestamptz, flag bool{key})")
+            day, extra = (", %s::date - ((%s - g) / %s)::int", (LAST_DAY, rows, per_day)) if per_day else ("", ())
             c.execute(f"INSERT INTO {name} SELECT g, (g %% 1000)::int, md5(g::text), (g / 7.0)::numeric(12,2), "
-                      "timestamptz '2024-01-01' + g * interval '1 second', g %% 3 = 0 "
-                      "FROM generate_series(1, %s) g", (rows,))
+                      f"timestamptz '2024-01-01' + g * interval '1 second', g %% 3 = 0{day} "
+                      "FROM generate_series(1, %s) g", (*extra, rows))
             c.execute(f"VACUUM ANALYZE {name}")
             say(f"table {table}: {rows:,} rows in {time.perf_counter() - t0:.1f}s")
         c.execute(f"CREATE PUBLICATION {quote_ident(PUB)} FOR TABLE {', '.join(map(quote_ident, sizes))}")
 
 
 def workload(pg: PostgresServer, sizes: dict[str, int], changes: int, batch: int = 500,
-             mix: tuple[float, ...] = (0.70, 0.10, 0.15, 0.05), recent: int | None = None) -> None:
+             mix: tuple[float, ...] = (0.70, 0.10, 0.15, 0.05), recent: int | None = None,
+             day: str | None = None) -> dict[str, list[tuple[str, int]]]:
     """``changes`` change rows per table, the same mix on each (see the module docstring;
-    ``mix``: the fractions of recent updates, scattered updates, inserts, scattered deletes)."""
+    ``mix``: the fractions of recent updates, scattered updates, inserts, scattered deletes;
+    ``day``: the inserts' ``day``, ``--partitioned``). Returns the ``(op, id)`` per table."""
     rng = np.random.default_rng(7)
     plan = {}
     for name, rows in sizes.items():
@@ -104,14 +129,16 @@ def workload(pg: PostgresServer, sizes: dict[str, int], changes: int, batch: int
         n = max(len(v) for v in plan.values())
         for lo in range(0, n, batch):
             for table, ops in plan.items():
-                apply_ops(c, quote_ident(table), ops[lo:lo + batch])
+                apply_ops(c, quote_ident(table), ops[lo:lo + batch], day)
             c.commit()
     say(f"workload: {changes:,} statements' worth of changes per table in {time.perf_counter() - t0:.1f}s")
+    return plan
 
 
-def apply_ops(c, name: str, chunk) -> None:
+def apply_ops(c, name: str, chunk, day: str | None = None) -> None:
     """One batch of ``(op, id)`` on the quoted table ``name``: updates, inserts, deletes
-    (``U``/``I``/``D``), one statement each; the caller commits. Shared by bench/soak.py."""
+    (``U``/``I``/``D``), one statement each; the caller commits. Shared by bench/soak.py.
+    ``day``: the table has a last column ``day`` (``--partitioned``), the inserts' value."""
     for op in "UID":
         ids = [k for o, k in chunk if o == op]
         if not ids:
@@ -119,8 +146,8 @@ def apply_ops(c, name: str, chunk) -> None:
         if op == "U":
             c.execute(f"UPDATE {name} SET qty = qty + 1, label = md5(label) WHERE id = ANY(%s)", (ids,))
         elif op == "I":
-            c.execute(f"INSERT INTO {name} SELECT i, 1, md5(i::text), 0, now(), true "
-                      "FROM unnest(%s::bigint[]) i", (ids,))
+            c.execute(f"INSERT INTO {name} SELECT i, 1, md5(i::text), 0, now(), true"
+                      f"{', %s::date' if day else ''} FROM unnest(%s::bigint[]) i", (*([day] if day else []), ids))
         else:
             c.execute(f"DELETE FROM {name} WHERE id = ANY(%s)", (ids,))
 
@@ -155,17 +182,17 @@ def objects(client, url: str) -> dict[str, int]:
     return out
 
 
-def digest_pg(pg: PostgresServer, name: str) -> tuple:
+def digest_pg(pg: PostgresServer, name: str, digest: str = DIGEST) -> tuple:
     with psycopg.connect(pg.socket_dsn) as c:
-        return tuple(str(v) for v in c.execute(f"SELECT {DIGEST} FROM {quote_ident(name)}").fetchone())
+        return tuple(str(v) for v in c.execute(f"SELECT {digest} FROM {quote_ident(name)}").fetchone())
 
 
-def digest_delta(url: str, storage: dict[str, str]) -> tuple:
+def digest_delta(url: str, storage: dict[str, str], digest: str = DIGEST) -> tuple:
     import pyarrow as pa
     from deltalake import DeltaTable, QueryBuilder
 
     qb = QueryBuilder().register("d", DeltaTable(url, storage_options=storage))
-    row = pa.table(qb.execute(f"SELECT {DIGEST} FROM d").read_all()).to_pylist()[0]
+    row = pa.table(qb.execute(f"SELECT {digest} FROM d").read_all()).to_pylist()[0]
     return tuple(str(v) for v in row.values())
 
 
@@ -179,11 +206,26 @@ def files(url: str, storage: dict[str, str], version: int | None = None) -> dict
     return dict(zip(adds["path"], adds["size_bytes"], strict=True))
 
 
+def file_days(url: str, storage: dict[str, str]) -> dict[str, object]:
+    """The table's data files' ``day`` partition (path -> value; empty: not partitioned by it)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    adds = pa.table(DeltaTable(url, storage_options=storage).get_add_actions(flatten=True)).to_pydict()
+    return dict(zip(adds["path"], adds["partition.day"], strict=True)) if "partition.day" in adds else {}
+
+
+def window_days(ops: list[tuple[str, int]], rows: int, per_day: int) -> set[int]:
+    """The days (0: :data:`LAST_DAY`, -1: :data:`TODAY`, n: n days before) the ``(op, id)`` of a
+    table of ``rows`` rows (``build``'s days) change."""
+    return {-1 if k > rows else (rows - k) // per_day for _op, k in ops}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=200_000, help="rows of the small table")
+    ap.add_argument("--rows", type=int, help="rows of the small table (200,000; --partitioned: 50,000)")
     ap.add_argument("--factor", type=int, default=10, help="the big table has factor x rows")
-    ap.add_argument("--changes", type=int, default=20_000, help="change rows per table")
+    ap.add_argument("--changes", type=int, help="change rows per table (20,000; --partitioned: 5,000)")
     ap.add_argument("--engine", choices=("delta-rs", "delta-spark", "delta-spark-dv", "both", "all"), default="both",
                     help="both: delta-rs and delta-spark; delta-spark-dv: delta-spark with --deletion-vectors; "
                     "all: the three")
@@ -191,7 +233,14 @@ def main() -> int:
     ap.add_argument("--target-file-mb", type=float, help="the bootstrap's data file size (pgcdc merge's default)")
     ap.add_argument("--mix", default="0.70,0.10,0.15,0.05", metavar="HOT,WIDE,INS,DEL",
                     help="fractions of recent updates, scattered updates, inserts, scattered deletes")
+    ap.add_argument("--partitioned", action="store_true",
+                    help="key (id, day); the same window merged into the tables partitioned by day and unpartitioned")
+    ap.add_argument("--rows-per-day", type=int, default=500, help="--partitioned: rows per day of both tables")
     args = ap.parse_args()
+    if args.rows is None:
+        args.rows = 50_000 if args.partitioned else 200_000
+    if args.changes is None:
+        args.changes = 5_000 if args.partitioned else 20_000
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     engines = {"both": ["delta-rs", "delta-spark"], "all": ["delta-rs", "delta-spark", "delta-spark-dv"]}.get(
         args.engine, [args.engine])
@@ -218,36 +267,53 @@ def run(args, engines: list[str], pg: PostgresServer, s3: S3Server) -> int:
     env = {**os.environ}
     sizes = {"small": args.rows, "big": args.rows * args.factor}
     src = f"s3://{BUCKET}/cdc"
-    build(pg, {WARMUP: WARMUP_ROWS, **sizes})
+    per_day = args.rows_per_day if args.partitioned else None
+    build(pg, {WARMUP: WARMUP_ROWS, **sizes}, per_day)
     snap = snapshot_to_s3(pg.dsn, src, slot=SLOT, publications=PUB, workers=2, s3=client)
     say(f"snapshot: {sum(t.rows for t in snap.tables):,} rows")
     work = tempfile.mkdtemp(prefix="bench-merge-cost-")
+    # --partitioned: each engine bootstraps and merges the tables twice, partitioned by day
+    # (the option on every job, the bootstrap's included) and not (the baseline)
+    layouts = [("partitioned", [a for t in (WARMUP, *TABLES) for a in ("--table-option", f"public.{t}:partition_by=day")]),
+               ("unpartitioned", [])] if args.partitioned else [("", [])]
+    runs = [(engine, layout, opts, f"{engine}-{layout}" if layout else engine)
+            for engine in engines for layout, opts in layouts]
     bases = {}
-    for engine in engines:  # each engine bootstraps its own tables: the file layout is its own
-        base = f"s3://{BUCKET}/base-{engine}"
+    for engine, layout, opts, key in runs:  # each engine bootstraps its own tables: the file layout is its own
+        base = f"s3://{BUCKET}/base-{key}"
         boot = run_job(["--from", src, "--slot", SLOT, "--delta", base, "--max-windows", "0", *engine_args(engine),
-                        *(["--target-file-mb", str(args.target_file_mb)] if args.target_file_mb else [])], env,
-                       os.path.join(work, f"boot-{engine}"))
-        bases[engine] = base
-        say(f"bootstrap with {engine} (not timed): {boot['wall']:.1f}s")
+                        *(["--target-file-mb", str(args.target_file_mb)] if args.target_file_mb else []), *opts], env,
+                       os.path.join(work, f"boot-{key}"))
+        bases[key] = base
+        say(f"bootstrap with {engine}{' ' + layout if layout else ''} (not timed): {boot['wall']:.1f}s")
     mix = tuple(float(f) for f in args.mix.split(","))
-    workload(pg, {WARMUP: WARMUP_ROWS}, max(20, args.changes // 100), mix=mix, recent=WARMUP_ROWS // 50)
-    workload(pg, sizes, args.changes, mix=mix)
+    day = TODAY if per_day else None
+    workload(pg, {WARMUP: WARMUP_ROWS}, max(20, args.changes // 100), mix=mix, recent=WARMUP_ROWS // 50, day=day)
+    plan = workload(pg, sizes, args.changes, mix=mix, day=day)
+    changed_days = {}
+    if per_day:
+        for t in TABLES:
+            days = window_days(plan[t], sizes[t], per_day)
+            changed_days[t] = len(days)
+            say(f"window: {t}: changes in {len(days)} of its {-(-sizes[t] // per_day) + 1} days ({TODAY}, the "
+                f"inserts' new day, included; {sum(1 for d in days if 0 <= d < 7)} of the 7 latest before it)")
     target = current_lsn(pg)
     w = drain_window(pg.dsn, src, slot=SLOT, publications=PUB, until_lsn=target, s3=client)
     say(f"drained window {w.window_seq}: {w.rows:,} change rows {w.tables}")
     if LSN.parse(w.end_lsn) < target:
         raise SystemExit(f"the window ended at {w.end_lsn}, before {target}")
-    expect = {t: digest_pg(pg, t) for t in TABLES}
+    digest = DIGEST + (", count(DISTINCT day)" if per_day else "")
+    expect = {t: digest_pg(pg, t, digest) for t in TABLES}
     rows_out = []
-    for engine in engines:
-        lake = f"s3://{BUCKET}/lake-{engine}"
-        copy_prefix(client, BUCKET, key_prefix(bases[engine]), key_prefix(lake))
+    for engine, layout, opts, key in runs:
+        lake = f"s3://{BUCKET}/lake-{key}"
+        copy_prefix(client, BUCKET, key_prefix(bases[key]), key_prefix(lake))
         before = {t: files(delta_table_url(lake, "public", t), storage) for t in TABLES}
+        days_before = {t: file_days(delta_table_url(lake, "public", t), storage) for t in TABLES}
         stored = {t: objects(client, delta_table_url(lake, "public", t)) for t in TABLES}
-        job = run_job(["--from", src, "--slot", SLOT, "--delta", lake, *engine_args(engine), *ORDER], env,
-                      os.path.join(work, f"merge-{engine}"))
-        say(f"merge with {engine}: job {job['wall']:.1f}s (Spark start-up included)")
+        job = run_job(["--from", src, "--slot", SLOT, "--delta", lake, *engine_args(engine), *opts, *ORDER], env,
+                      os.path.join(work, f"merge-{key}"))
+        say(f"merge with {engine}{' ' + layout if layout else ''}: job {job['wall']:.1f}s (Spark start-up included)")
         for res in job["result"]["tables"]:
             name = res["table"].split(".", 1)[1]
             if name == WARMUP:
@@ -260,35 +326,59 @@ def run(args, engines: list[str], pg: PostgresServer, s3: S3Server) -> int:
             # the deletion vectors' files, which are no add action of their own)
             new_objects = {k: v for k, v in objects(client, url).items() if k not in stored[name]}
             removed = [p for p in before[name] if p not in after]
+            # the partitions whose files the merge rewrote or added, of the table's after it
+            days_after = file_days(url, storage)
+            parts = ((len({days_before[name][p] for p in removed} | {days_after[p] for p in added}),
+                      len(set(days_after.values()))) if days_after else None)
             m = res.get("metrics") or {}
-            got = digest_delta(url, storage)
+            got = digest_delta(url, storage, digest)
             rows_out.append({
-                "engine": engine, "table": name, "rows": sizes[name], "files_before": len(before[name]),
+                "engine": engine, "layout": layout, "table": name, "rows": sizes[name],
+                "files_before": len(before[name]),
                 "bytes_before": sum(before[name].values()), "seconds": res["seconds"],
                 "scanned": m.get("num_target_files_scanned"), "removed": len(removed), "added": len(added),
                 "bytes_written": sum(new_objects.values()), "change_rows": res["change_rows"],
-                "dv_files": sum(1 for k in new_objects if "deletion_vector_" in k),
+                "dv_files": sum(1 for k in new_objects if "deletion_vector_" in k), "parts": parts,
                 "equal": got == expect[name],
             })
             if got != expect[name]:
-                print(f"WARNING: {engine} {name}: Delta {got} != PostgreSQL {expect[name]}", flush=True)
+                print(f"WARNING: {engine}{' ' + layout if layout else ''} {name}: Delta {got} != PostgreSQL {expect[name]}", flush=True)
     print()
-    print(f"{'engine':<12}{'table':<7}{'rows':>11}{'files':>7}{'MB':>8}{'changes':>9}{'merge s':>9}"
-          f"{'scanned':>9}{'rewritten':>10}{'added':>7}{'DVs':>5}{'MB written':>11}  equal")
+    lay_head = f"{'layout':<14}" if per_day else ""
+    part_head = f"{'partitions':>11}" if per_day else ""
+    print(f"{'engine':<12}{lay_head}{'table':<7}{'rows':>11}{'files':>7}{'MB':>8}{'changes':>9}{'merge s':>9}"
+          f"{'scanned':>9}{'rewritten':>10}{'added':>7}{'DVs':>5}{'MB written':>11}{part_head}  equal")
     for r in rows_out:
-        print(f"{r['engine']:<12}{r['table']:<7}{r['rows']:>11,}{r['files_before']:>7}{r['bytes_before'] / 1e6:>8.1f}"
+        lay = f"{r['layout']:<14}" if per_day else ""
+        part = (f"{'-' if r['parts'] is None else '{}/{}'.format(*r['parts']):>11}" if per_day else "")
+        print(f"{r['engine']:<12}{lay}{r['table']:<7}{r['rows']:>11,}{r['files_before']:>7}"
+              f"{r['bytes_before'] / 1e6:>8.1f}"
               f"{r['change_rows']:>9,}{r['seconds']:>9.1f}{'-' if r['scanned'] is None else r['scanned']:>9}"
-              f"{r['removed']:>10}{r['added']:>7}{r['dv_files']:>5}{r['bytes_written'] / 1e6:>11.1f}  {r['equal']}")
+              f"{r['removed']:>10}{r['added']:>7}{r['dv_files']:>5}{r['bytes_written'] / 1e6:>11.1f}{part}"
+              f"  {r['equal']}")
     print()
+    if per_day:
+        print(f"the window changed rows in {changed_days['big']} of the big table's days and {changed_days['small']} "
+              f"of the small table's ({args.rows_per_day} rows a day; {TODAY}: the inserts' new day)")
     for engine in engines:
-        by = {r["table"]: r for r in rows_out if r["engine"] == engine}
-        if engine.endswith("-dv"):
-            engine += " (deletion vectors)"
-        s, b = by["small"], by["big"]
-        print(f"{engine}: big/small ({args.factor}x the rows): merge seconds {b['seconds'] / s['seconds']:.2f}x "
-              f"({b['seconds']:.1f} vs {s['seconds']:.1f}), bytes written "
-              f"{b['bytes_written'] / max(1, s['bytes_written']):.2f}x "
-              f"({b['bytes_written'] / 1e6:.1f} vs {s['bytes_written'] / 1e6:.1f} MB); target <= 1.5x")
+        got = {}
+        for layout, _opts in layouts:
+            by = got[layout] = {r["table"]: r for r in rows_out if r["engine"] == engine and r["layout"] == layout}
+            label = engine + (" (deletion vectors)" if engine.endswith("-dv") else "") + (f" {layout}" if layout else "")
+            s, b = by["small"], by["big"]
+            parts = (f"; partitions rewritten or added {'{}/{}'.format(*b['parts'])} vs {'{}/{}'.format(*s['parts'])}"
+                     if b["parts"] and s["parts"] else "")
+            print(f"{label}: big/small ({args.factor}x the rows): merge seconds {b['seconds'] / s['seconds']:.2f}x "
+                  f"({b['seconds']:.1f} vs {s['seconds']:.1f}), bytes written "
+                  f"{b['bytes_written'] / max(1, s['bytes_written']):.2f}x "
+                  f"({b['bytes_written'] / 1e6:.1f} vs {s['bytes_written'] / 1e6:.1f} MB); target <= 1.5x{parts}")
+        if per_day:
+            for t in ("big", "small"):
+                p, u = got["partitioned"][t], got["unpartitioned"][t]
+                print(f"{engine} {t}: partitioned/unpartitioned: merge seconds {p['seconds'] / u['seconds']:.2f}x "
+                      f"({p['seconds']:.1f} vs {u['seconds']:.1f}), bytes written "
+                      f"{p['bytes_written'] / max(1, u['bytes_written']):.3f}x "
+                      f"({p['bytes_written'] / 1e6:.2f} vs {u['bytes_written'] / 1e6:.2f} MB)")
     return 0 if all(r["equal"] for r in rows_out) else 1
 
 
