@@ -188,18 +188,37 @@ class JobContext:
         return bool(self.options is not None and self.options.for_table(name, "soft_deletes"))
 
     def partition_columns(self, name: str, columns: Sequence[str]) -> tuple[str, ...]:
-        """The partition columns ``name`` asks for (``--table-option …:partition_by=a,b``),
+        """The partition columns ``name`` asks for (``--table-option …:partition_by=a,b``;
+        ``date(ts) [as day]``, a generated date column, by its name: :mod:`.generated`),
         checked against its ``columns`` (:class:`~.errors.MergeError` naming a missing one)."""
+        from airflow_pgcdc.merge.generated import partition_names
+
         given = self.options.for_table(name, "partition_by") if self.options is not None else None
+        return partition_names(name, str(given), columns) if given else ()
+
+    def generated_columns(self, name: str, fields: Sequence[pa.Field]):
+        """The generated date columns ``name``'s ``partition_by`` asks for, over the table's
+        own ``fields`` (:func:`.generated.parse_partition_by`: each checked), for a table
+        being created; an existing table has those of its Delta schema."""
+        from airflow_pgcdc.merge.generated import parse_partition_by
+
+        given = self.options.for_table(name, "partition_by") if self.options is not None else None
+        return parse_partition_by(name, str(given), fields)[1] if given else ()
+
+    def cluster_columns(self, name: str, columns: Sequence[str]) -> tuple[str, ...]:
+        """The liquid-clustering columns ``name`` asks for (``--table-option …:cluster_by=a,b``),
+        checked against its ``columns`` (:class:`~.options.BadMergeOption` naming a missing one);
+        the sink decides whether its engine can write them (Delta's Spark engine only)."""
+        given = self.options.for_table(name, "cluster_by") if self.options is not None else None
         if not given:
             return ()
         cols = tuple(c.strip() for c in str(given).split(",") if c.strip())
         missing = [c for c in cols if c not in set(columns)]
         if missing or not cols:
-            from airflow_pgcdc.merge.errors import MergeError
+            from airflow_pgcdc.merge.options import BadMergeOption
 
-            raise MergeError(f"table {name}: partition_by names column(s) {missing or [given]} it does not have",
-                             hint=f"--table-option {name}:partition_by=<columns of the table, comma-separated>")
+            raise BadMergeOption(f"table {name}: cluster_by names column(s) {missing or [given]} it does not have",
+                                 hint=f"--table-option {name}:cluster_by=<columns of the table, comma-separated>")
         return cols
 
     def open(self, url: str):
@@ -367,6 +386,44 @@ def read_files(ctx: JobContext, paths: list[str], schema: pa.Schema):
         whole = read_s3a(ctx, [p for p in paths if not is_packed(p)], schema)
         return whole.unionByName(_python_reader(ctx, packed, schema)) if packed else whole
     return _python_reader(ctx, paths, schema)
+
+
+def read_table_files(ctx: JobContext, dt, schema: pa.Schema):
+    """The rows of the Delta table ``dt`` (delta-rs' view of it) as a DataFrame of ``schema``,
+    read from its data files (:func:`read_files`). A partitioned table's files do not hold
+    their partition columns: each file's values come from its add action (per partition, a
+    literal column; the files of one partition are read together)."""
+    from urllib.parse import unquote
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
+
+    from airflow_pgcdc.lake.sql import quote_ident
+
+    uris = dt.file_uris()
+    paths = [u.split("://", 1)[1] if "://" in u else u for u in uris]
+    parts = [p for p in (dt.metadata().partition_columns or ()) if p in schema.names]
+    if not paths:
+        return ctx.spark.createDataFrame([], from_arrow_schema(schema))
+    if not parts:
+        return read_files(ctx, paths, schema)
+    actions = pa.table(dt.get_add_actions(flatten=True)).select(["path"] + [f"partition.{p}" for p in parts])
+    if actions.num_rows != len(paths):
+        raise RuntimeError(f"Delta table {dt.table_uri}: {actions.num_rows} add actions but {len(paths)} files")
+    groups: dict[tuple, list[str]] = {}
+    for path, row in zip(paths, actions.to_pylist(), strict=True):
+        if not unquote(path).endswith(unquote(row["path"])):  # the two lists are in one order
+            raise RuntimeError(f"Delta table {dt.table_uri}: file {path} is not its add action's {row['path']}")
+        groups.setdefault(tuple(row[f"partition.{p}"] for p in parts), []).append(path)
+    file_schema = pa.schema([f for f in schema if f.name not in parts])
+    out = None
+    for values, files in groups.items():
+        df = read_files(ctx, files, file_schema)
+        for p, v in zip(parts, values, strict=True):
+            df = df.withColumn(p, F.lit(v).cast(from_arrow_type(schema.field(p).type)))
+        df = df.select(*[F.col(quote_ident(f.name, "spark")) for f in schema])
+        out = df if out is None else out.unionByName(df)
+    return out
 
 
 def _python_reader(ctx: JobContext, paths: list[str], schema: pa.Schema):

@@ -16,8 +16,8 @@ from airflow_pgcdc.merge.clauses import keep_column
 from airflow_pgcdc.merge.context import (
     META,
     JobContext,
-    read_files,
     read_parts,
+    read_table_files,
     target_url,
     window_metadata,
 )
@@ -138,10 +138,9 @@ def scd2_history(ctx: JobContext, schema: str, table: str, snapshot, entry, mani
         toast_columns=toast, truncate_at=plan.truncate_at,
     )
     if toast:  # values not in the batch: the key's current version in the history
-        files = [u[len("s3://"):] if u.startswith("s3://") else u for u in dt.file_uris()]
         hist_schema = pa.schema(fields + _scd2_fields())
         current = (
-            read_files(ctx, files, hist_schema)
+            read_table_files(ctx, dt, hist_schema)  # a partitioned table's partition columns too
             .where(F.col(IS_CURRENT))
             .select(*[F.col(k) for k in key_columns], *[F.col(c).alias("_pgcdc_h_" + c) for c in toast])
         )

@@ -276,10 +276,13 @@ def rows_after_truncate(values, fields: Sequence[pa.Field]):
     return _copies(values, names, (col(SUM) - col(LOW)).cast("int"), "ins").select(*[col(x) for x in names])
 
 
-def apply_keyless(ctx, plan, url: str, dt, app: str, fields: list[pa.Field]) -> dict[str, Any]:
+def apply_keyless(ctx, plan, url: str, dt, app: str, fields: list[pa.Field], generated=()) -> dict[str, Any]:
     """Apply the batch of a keyless table (see the module): one commit with the table's app
-    transaction. ``fields``: the batch's columns as Delta stores them (the table has them)."""
+    transaction. ``fields``: the batch's columns as Delta stores them (the table has them);
+    ``generated``: the table's generated date columns (:mod:`.generated`), computed from each
+    row value, so they are part of it."""
     from airflow_pgcdc.merge.context import window_metadata
+    from airflow_pgcdc.merge.generated import with_generated
 
     name = plan.qualified_name
     hint = (f"ALTER TABLE {quote_qualified(plan.schema, plan.table)} REPLICA IDENTITY FULL (a keyless "
@@ -287,9 +290,17 @@ def apply_keyless(ctx, plan, url: str, dt, app: str, fields: list[pa.Field]) -> 
             f"again: pgcdc resync --tables {name}; or give it a primary key, or name one: --key {name}=col1,col2")
     _refuse(name, fields, hint)
     df = _changes(ctx, plan, fields)
+    events = None
     if df is not None:
         _check(name, df, hint)
-        values = _values(_events(df, [f.name for f in fields], plan.truncate_at), fields)
+        events = with_generated(_events(df, [f.name for f in fields], plan.truncate_at), generated)
+    fields = list(fields) + [g.field() for g in generated]
+    if events is not None:
+        values = _values(events, fields)
+        if generated:  # the values whose count grows are inserted
+            from airflow_pgcdc.merge.generated import refuse_infinite
+
+            refuse_infinite(name, values.where(col(SUM) > 0), generated)
     else:  # a truncate alone
         from pyspark.sql import functions as F
 

@@ -88,10 +88,13 @@ def partition_values(rows, columns: Sequence[str], limit: int = MAX_PARTITIONS) 
     Spark DataFrame: one small job per column), or None when one has more than ``limit``."""
     out: dict[str, list] = {}
     for c in columns:
-        if isinstance(rows, pa.Table):
-            found = pc.unique(rows.column(c)).to_pylist()
-        else:
-            found = [r[0] for r in rows.select(quote_ident(c, "spark")).distinct().limit(limit + 1).collect()]
+        try:
+            if isinstance(rows, pa.Table):
+                found = pc.unique(rows.column(c)).to_pylist()
+            else:
+                found = [r[0] for r in rows.select(quote_ident(c, "spark")).distinct().limit(limit + 1).collect()]
+        except (OverflowError, ValueError):  # a value Python has none for (the date of 'infinity'): no bound
+            return None
         if len(found) > limit:
             return None
         out[c] = found

@@ -23,7 +23,7 @@ from airflow_pgcdc.faults import FaultPoint, fault_point
 from airflow_pgcdc.lake.sizing import target_bytes
 from airflow_pgcdc.lake.tables import CHANGE_DATA_FEED
 from airflow_pgcdc.merge import pruning
-from airflow_pgcdc.merge.context import read_files, sorted_by_key, spark_commit_once, stage
+from airflow_pgcdc.merge.context import read_table_files, sorted_by_key, spark_commit_once, stage
 from airflow_pgcdc.merge.errors import MergeError
 from airflow_pgcdc.merge.sinks import deltars
 from airflow_pgcdc.merge.sinks.base import Commit, DeltaSink
@@ -145,12 +145,7 @@ class DeltaRsSink(DeltaSink):
                 "table's data files to count its rows and would read them wrong",
                 hint="merge this table with --engine delta-spark, or rewrite the table without those features",
             )
-        paths = [u.split("://", 1)[1] if "://" in u else u for u in dt.file_uris()]
-        if not paths:
-            from pyspark.sql.pandas.types import from_arrow_schema
-
-            return self.ctx.spark.createDataFrame([], from_arrow_schema(pa.schema(list(fields))))
-        return read_files(self.ctx, paths, pa.schema(list(fields)))
+        return read_table_files(self.ctx, dt, pa.schema(list(fields)))
 
 
 class DeltaSparkSink(DeltaSink):

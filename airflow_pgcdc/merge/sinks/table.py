@@ -30,6 +30,7 @@ from airflow_pgcdc.merge.context import (
     window_metadata,
 )
 from airflow_pgcdc.merge.errors import MergeError
+from airflow_pgcdc.merge.generated import DateColumn, from_schema, refuse_infinite, with_generated
 from airflow_pgcdc.merge.metadata import (
     copy_metadata,
     extra_fields,
@@ -82,32 +83,45 @@ def _driver_copy(ctx: JobContext, parts: list[str], schema: pa.Schema, keys: Seq
     return table
 
 
-def _with_extras(ctx: JobContext, name: str, keys: Sequence[str], schema: pa.Schema, point: int):
-    """For a copy of the keyed table ``name`` taken at ``point``: ``(add, schema)``: what adds
-    the columns the merge keeps beside the table's own (:mod:`..metadata`; the copy's rows
-    are as it read them, and live) to the rows (an Arrow table or a Spark DataFrame), and
-    the schema with them; ``add`` is None when the table has none."""
+def _generated(ctx: JobContext, name: str, fields: Sequence[pa.Field], dt) -> tuple[DateColumn, ...]:
+    """The generated date columns of ``name``'s Delta table ``dt`` (its schema says), or those
+    its options ask for when there is no table yet (:mod:`..generated`)."""
+    if dt is None:
+        return ctx.generated_columns(name, fields)
+    return from_schema(name, pa.schema(dt.schema().to_arrow()))
+
+
+def _with_extras(ctx: JobContext, name: str, keys: Sequence[str], schema: pa.Schema, point: int,
+                 generated: Sequence[DateColumn] = ()):
+    """For a copy of the table ``name`` taken at ``point``: ``(add, schema)``: what adds
+    the columns the merge keeps beside the table's own (its ``generated`` date columns; for a
+    keyed table, :mod:`..metadata`; the copy's rows are as it read them, and live) to the rows
+    (an Arrow table or a Spark DataFrame), and the schema with them; ``add`` is None when the
+    table has none."""
     meta, soft = bool(keys) and ctx.wants_metadata_columns(name), bool(keys) and ctx.wants_soft_deletes(name)
-    if not (meta or soft):
+    if not (meta or soft or generated):
         return None, schema
-    reserved_clash(name, schema.names, metadata=meta, soft=soft)
+    if meta or soft:
+        reserved_clash(name, schema.names, metadata=meta, soft=soft)
     when = metadata_now()
 
     def add(rows):
+        refuse_infinite(name, rows, generated)
+        rows = with_generated(rows, generated)
         rows = copy_metadata(rows, point, when) if meta else rows
         return with_deleted_at(rows) if soft else rows
 
-    return add, pa.schema(list(schema) + extra_fields(meta, soft))
+    return add, pa.schema(list(schema) + [g.field() for g in generated] + extra_fields(meta, soft))
 
 
 def _copy_rows(ctx: JobContext, entry, parts: list[str], schema: pa.Schema, keys: Sequence[str],
-               what: str, point: int) -> tuple[pa.RecordBatchReader, int]:
+               what: str, point: int, generated: Sequence[DateColumn] = ()) -> tuple[pa.RecordBatchReader, int]:
     """A copied table's rows sorted by the key, and how many, for a delta-rs write: a small
     table (``ctx.driver_rows`` rows, :data:`~..rows.arrow.DRIVER_BYTES`) read by the driver
     (no Spark job, no staged file), a larger one read, sorted and staged by Spark; with the
     columns the merge keeps beside the table's own (:func:`_with_extras`; ``point``: the
-    copy's consistent point), last."""
-    add, out = _with_extras(ctx, entry.qualified_name, keys, schema, point)
+    copy's consistent point; ``generated``: the table's generated date columns), last."""
+    add, out = _with_extras(ctx, entry.qualified_name, keys, schema, point, generated)
     if _fits_driver(ctx, entry.rows, sum(p.bytes for p in entry.parts)):
         table = _driver_copy(ctx, parts, schema, keys)
         if add is not None:
@@ -139,15 +153,16 @@ def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: 
     fields = delta_fields(table_fields(part_schema(ctx, parts[0])))
     schema = pa.schema(fields)
     point = int(resync.consistent_point)
-    reader, rows = _copy_rows(ctx, entry, parts, schema, keys, "resync", point)
-    fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
     before = open_table(url, ctx.storage)  # a table keeps its partitioning: a rebuild changes it
+    generated = _generated(ctx, name, fields, before)
+    reader, rows = _copy_rows(ctx, entry, parts, schema, keys, "resync", point, generated)
+    fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
     deltars.replace(
         url, reader, storage_options=ctx.storage,
         configuration=ctx.sink.properties(fields, by="delta-rs", table=name),
         target_file_size=target_bytes(ctx.target_file_mb),
         partition_by=(before.metadata().partition_columns if before is not None
-                      else ctx.partition_columns(name, schema.names)),
+                      else ctx.partition_columns(name, schema.names + [g.name for g in generated])),
         transactions={app: covered, app + RESYNC_APP_SUFFIX: point},
         metadata={"pgcdc.slot": ctx.slot, "pgcdc.resync": resync.url,
                   "pgcdc.consistent_point": resync.manifest.consistent_point,
@@ -169,7 +184,8 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
         "pgcdc.snapshot_id": snapshot.snapshot_id,
         "pgcdc.consistent_point": snapshot.consistent_point,
     }
-    add, with_extras = _with_extras(ctx, name, keys, schema, int(LSN.parse(snapshot.consistent_point)))
+    add, with_extras = _with_extras(ctx, name, keys, schema, int(LSN.parse(snapshot.consistent_point)),
+                                    ctx.generated_columns(name, fields))
     try:
         copy_bytes = sum(p.bytes for p in entry.parts)
         if ctx.sink.driver_batches and _fits_driver(ctx, entry.rows, copy_bytes):
@@ -195,9 +211,11 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     meta, soft = ctx.wants_metadata_columns(name), ctx.wants_soft_deletes(name)
     if meta or soft:
         reserved_clash(name, [f.name for f in fields], metadata=meta, soft=soft)
-    dt, added = evolve(ctx, plan, url, dt, fields + extra_fields(meta, soft), {"pgcdc.created": name},
-                       missing_values(plan))
+    generated = _generated(ctx, name, fields, dt)
+    dt, added = evolve(ctx, plan, url, dt, fields + [g.field() for g in generated] + extra_fields(meta, soft),
+                       {"pgcdc.created": name}, missing_values(plan))
     target = pa.schema(dt.schema().to_arrow())
+    generated = from_schema(name, target)
     keys = list(plan.key_columns)
     columns, toast, read_schema = change_inputs(plan, fields, keys)
     check_internal_names(name, columns, keys, toast)
@@ -212,7 +230,8 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     # delta-rs merges Arrow: a small batch is compacted on the driver, without any Spark job
     batch = _compacted_on_driver(ctx, plan, read_schema, compaction) if ctx.sink.driver_batches else None
     spec_args = dict(
-        target_columns=target.names, source_columns=carried + ([OP, COMMIT_LSN, MERGED_AT] if meta else []),
+        target_columns=target.names,
+        source_columns=carried + ([OP, COMMIT_LSN, MERGED_AT] if meta else []) + [g.name for g in generated],
         key_columns=keys,
         keep_columns=toast, truncated=plan.truncate_at is not None, rekeyed=rekey, soft_delete=soft,
         delete_values=soft and bool(plan.versions) and all(v.replica_identity == "f" for v in plan.versions),
@@ -225,7 +244,7 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     bound_key = None if (rekey or plan.truncate_at is not None) else pruning.prunable_key(
         keys, {f.name: f.type for f in fields})
     dt = ctx.sink.before_merge(name, url, dt)
-    by_name = {f.name: f for f in fields}
+    by_name = {f.name: f for f in fields + [g.field() for g in generated]}
     stage_schema = pa.schema(
         fields
         + ([META[COMMIT_TS]] if meta or soft else [])
@@ -233,14 +252,19 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
         + [pa.field(keep_column(c), pa.bool_()) for c in toast]
         + ([by_name[k].with_name(MATCH_PREFIX + k) for k in keys] if rekey else [])
         + (metadata_fields()[-1:] if meta else [])
+        + [g.field() for g in generated]
     )
     rows = batch if batch is not None else compact(read_changes(ctx, plan, read_schema), **compaction)
     if meta:
         rows = with_merged_at(rows, metadata_now())
-    # a partitioned table whose partition columns are key columns: only the batch's partitions
-    # can hold its keys (a row changing partition changes key: a delete and an insert)
+    refuse_infinite(name, rows, generated, deletes=True)
+    rows = with_generated(rows, generated)
+    # a partitioned table whose partition columns are key columns (or the dates of key
+    # columns): only the batch's partitions can hold its keys (a row changing partition
+    # changes key: a delete and an insert)
     parts = list(dt.metadata().partition_columns or ())
-    values = (pruning.partition_values(rows, parts) if parts and set(parts) <= set(keys) and not rekey
+    keyed = set(keys) | {g.name for g in generated if g.source in keys}
+    values = (pruning.partition_values(rows, parts) if parts and set(parts) <= keyed and not rekey
               and plan.truncate_at is None else None)
     metrics = ctx.sink.merge(
         url, dt, rows, stage_schema,
@@ -291,15 +315,20 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
 
     name = plan.qualified_name
     fields = batch_fields(ctx, plan)
-    dt, added = evolve(ctx, plan, url, dt, fields, {"pgcdc.created": name}, missing_values(plan))
+    generated = _generated(ctx, name, fields, dt)
+    dt, added = evolve(ctx, plan, url, dt, fields + [g.field() for g in generated], {"pgcdc.created": name},
+                       missing_values(plan))
+    generated = from_schema(name, pa.schema(dt.schema().to_arrow()))
     meta = [META[OP], META[COMMIT_LSN], META[SEQ]]
-    out = pa.schema(fields)
+    out = pa.schema(fields + [g.field() for g in generated])
     commit = Commit(app, plan.commit_version, window_metadata(ctx, plan), plan.cut_transactions(app))
     where = (plan.schema, plan.table, f"append-w{plan.last_window}")
     if ctx.sink.driver_batches and plan.truncate_at is None and _fits_driver(ctx, plan.rows, plan.bytes):
         small = read_changes_on_driver(ctx, plan, pa.schema(fields + meta))
         if small.num_rows == 0 or pc.all(pc.equal(small[OP], "I")).as_py():  # inserts only: no Spark job
-            small = small.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")]).select(out.names)
+            small = small.sort_by([(COMMIT_LSN, "ascending"), (SEQ, "ascending")]).select([f.name for f in fields])
+            refuse_infinite(name, small, generated)
+            small = with_generated(small, generated)
             return ctx.sink.append(url, dt, small, out, commit, where=where), dt, added
     df = read_changes(ctx, plan, pa.schema(fields + meta))
     # only the op column comes to the driver: a whole row would be turned into Python values,
@@ -307,8 +336,10 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     if plan.truncate_at is not None or df.where(spark_col(OP) != F.lit("I")).select(OP).limit(1).collect():
         from airflow_pgcdc.merge.keyless import apply_keyless
 
-        return apply_keyless(ctx, plan, url, dt, app, fields), dt, added
+        return apply_keyless(ctx, plan, url, dt, app, fields, generated), dt, added
     rows = df.orderBy(COMMIT_LSN, SEQ).drop(OP, COMMIT_LSN, SEQ)
+    refuse_infinite(name, rows, generated)
+    rows = with_generated(rows, generated)
     metrics = ctx.sink.append(url, dt, rows, out, commit, where=where)
     metrics.setdefault("num_source_rows", plan.rows)
     return metrics, dt, added
