@@ -198,7 +198,7 @@ def refuse_infinite(table: str, rows: Any, columns: Sequence[DateColumn], *, del
             cond = F.unix_micros(col(c.source).cast("timestamp")).isin(list(_INFINITE))
             if deletes:
                 cond = cond & (col(OP) != F.lit("D"))
-            found = bool(rows.where(cond).limit(1).collect())
+            found = bool(rows.where(cond).select(F.lit(1)).limit(1).collect())  # no row: it has no Python value
         if found:
             raise _error(f"table {table}: column {c.source!r} holds 'infinity' or '-infinity', which has no day "
                          f"for the date partition column {c.name!r}",
