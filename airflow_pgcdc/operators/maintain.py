@@ -9,6 +9,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.operators.metrics import maintain_metrics
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.values import flag, number, rendered_options
 
@@ -86,6 +87,21 @@ class PgcdcMaintainOperator(BaseOperator):
                                    s3=settings).to_dict()
         except TablesFailed as e:
             self.log.error("maintain result: %s", e.result.to_dict())
+            maintain_metrics(self.slot, e.result.to_dict())
             raise
         self.log.info("removed %d bytes; windows expired %s", result["bytes_removed"], result["windows"].get("expired"))
+        maintain_metrics(self.slot, result)
+        from airflow_pgcdc.operators.lineage import delta_table, s3_dataset
+        from airflow_pgcdc.store.s3 import delta_storage_options
+
+        rewritten = [t["url"] for t in result["tables"] if t.get("version_after") != t.get("version_before")]
+        self._lineage = lambda: ([s3_dataset(u) for u in rewritten],
+                                 [delta_table(u, storage_options=delta_storage_options(settings)) for u in rewritten])
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """OpenLineage: the Delta tables this run rewrote (compaction, checkpoint), each both
+        input and output (:mod:`airflow_pgcdc.operators.lineage`; never failing the task)."""
+        from airflow_pgcdc.operators.lineage import lineage_of
+
+        return lineage_of(self, getattr(self, "_lineage", None))

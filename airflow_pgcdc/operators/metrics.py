@@ -12,7 +12,8 @@ from typing import Any
 
 from airflow_pgcdc.merge.results import QUIET_ACTIONS
 
-__all__ = ["drain_metrics", "freshness_metrics", "merge_metrics", "metric_name", "slot_metrics"]
+__all__ = ["drain_metrics", "freshness_metrics", "maintain_metrics", "merge_metrics", "metric_name", "resync_metrics",
+           "slot_metrics"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -85,3 +86,29 @@ def freshness_metrics(slot: str, fresh: Mapping[str, Any]) -> None:
         s.gauge(metric_name(slot, "wal_wait_seconds"), float(fresh["wal_wait_seconds"]))
     for name, t in (fresh.get("tables") or {}).items():
         s.gauge(metric_name(slot, name, "lag_seconds"), float(t.get("lag_seconds") or 0.0))
+
+
+def resync_metrics(slot: str, result: Mapping[str, Any], seconds: float) -> None:
+    """A resync's copy: ``resync.tables`` and ``resync.rows`` (counts), ``resync.seconds``
+    (timing, ms)."""
+    s = _stats()
+    s.incr(metric_name(slot, "resync.tables"), len(result.get("tables") or {}))
+    s.incr(metric_name(slot, "resync.rows"), int(result.get("rows") or 0))
+    s.timing(metric_name(slot, "resync.seconds"), float(seconds) * 1000.0)
+
+
+def maintain_metrics(slot: str, result: Mapping[str, Any]) -> None:
+    """An upkeep run (``pgcdc maintain``): ``maintain.tables_failed`` (gauge),
+    ``maintain.files_removed`` (count: data files a compaction took out of the tables, net of
+    those it added), ``maintain.bytes_removed`` (count: bytes deleted from S3, vacuum, logs,
+    expired windows, copies and staging), ``maintain.windows_expired`` (count) and
+    ``maintain.seconds`` (timing, ms)."""
+    s = _stats()
+    tables = result.get("tables") or ()
+    s.gauge(metric_name(slot, "maintain.tables_failed"), len(result.get("failed") or ()))
+    s.incr(metric_name(slot, "maintain.files_removed"),
+           sum(max(int(t.get("files_before") or 0) - int(t.get("files_after") or 0), 0) for t in tables))
+    s.incr(metric_name(slot, "maintain.bytes_removed"), int(result.get("bytes_removed") or 0))
+    s.incr(metric_name(slot, "maintain.windows_expired"), len((result.get("windows") or {}).get("expired") or ()))
+    if result.get("seconds") is not None:
+        s.timing(metric_name(slot, "maintain.seconds"), float(result["seconds"]) * 1000.0)

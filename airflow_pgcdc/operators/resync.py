@@ -3,6 +3,7 @@ pipeline runs (:mod:`airflow_pgcdc.snapshot.resync`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,6 +11,7 @@ from airflow.sdk import Asset, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
+from airflow_pgcdc.operators.metrics import resync_metrics
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.values import number, options_or_fields
 
@@ -100,10 +102,17 @@ class PgcdcResyncOperator(BaseOperator):
         hook = PgcdcHook(self.postgres_conn_id, self.aws_conn_id)
         self.log.info("resync of %s from %s into %s, slot %s", list(options.tables), hook.safe_dsn(), self.store,
                       self.slot)
+        t0 = time.monotonic()
         with hook.pii_key(self.pii_key_conn_id):  # the slot's column rules apply to the copy
             done = resync_tables(hook.get_dsn(), self.store, slot=self.slot, publications=self.publications,
                                  options=options, s3=hook.s3_client())
         m = done.manifest
+        from airflow_pgcdc.operators.lineage import postgres_tables, s3_dataset
+
+        dsn, url = hook.get_dsn(), done.url
+        self._lineage = lambda: (postgres_tables(dsn, [f"{t.schema}.{t.table}" for t in m.tables]),
+                                 [s3_dataset(url.rsplit("/", 1)[0] if url.endswith(".json") else url, rows=m.rows,
+                                             size=m.bytes)])
         result = {
             "slot": self.slot,
             "resync_slot": done.resync_slot,
@@ -116,4 +125,12 @@ class PgcdcResyncOperator(BaseOperator):
         emit(self, context, resync_asset(self.store, self.slot), {
             "consistent_point": m.consistent_point, "tables": sorted(result["tables"]),
         })
+        resync_metrics(self.slot, result, time.monotonic() - t0)
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """OpenLineage: the PostgreSQL tables copied and the copy in the store
+        (:mod:`airflow_pgcdc.operators.lineage`; never failing the task)."""
+        from airflow_pgcdc.operators.lineage import lineage_of
+
+        return lineage_of(self, getattr(self, "_lineage", None))

@@ -3,6 +3,7 @@ the merged change windows, on the real PostgreSQL and S3 servers with delta-rs."
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -203,9 +204,15 @@ def test_maintain_compacts_vacuums_and_expires_merged_windows(db18, slot_name, s
     # maintain again: the windows expired before are skipped, the merged ones now expire
     from airflow_pgcdc.operators.maintain import PgcdcMaintainOperator
 
-    out2 = PgcdcMaintainOperator(task_id="maintain", store=src, slot=slot, delta=lake,
-                                 retention_hours="0").execute({})
+    op = PgcdcMaintainOperator(task_id="maintain", store=src, slot=slot, delta=lake, retention_hours="0")
+    out2 = op.execute({})
     assert out2["windows"]["expired"] == [[merges, last]], out2["windows"]
+    lineage = op.get_openlineage_facets_on_complete(None)  # None without the OpenLineage provider (floor)
+    if importlib.util.find_spec("airflow.providers.openlineage") is not None:
+        rewritten = sorted(t["url"].split("/", 3)[3] for t in out2["tables"]
+                           if t["version_after"] != t["version_before"])
+        assert rewritten and sorted(d.name for d in lineage.outputs) == rewritten, (out2["tables"], lineage)
+        assert sorted(d.name for d in lineage.inputs) == rewritten
     assert_equal(db, lake)
     # with the floor at 0 (no other writer runs here) the orphan goes; the log was read for it
     # (the copy's tables, all expired before, are looked at again with one listing, not one each)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import psycopg
-from airflow_runner import airflow_env, lineage_env, lineage_events, run_dag
+from airflow_runner import StatsdListener, airflow_env, lineage_env, lineage_events, run_dag
 from lake_helpers import parquet_files
 from psycopg.conninfo import conninfo_to_dict
 
@@ -80,9 +80,13 @@ def test_the_snapshot_operators_column_rules_hold_for_the_drain_with_the_key_fro
     env |= lineage_env(tmp_path / "openlineage")
     env["AIRFLOW__OPENLINEAGE__NAMESPACE"] = "pgcdc-test"
     slot = slot_name()
-    result = run_dag(DAGS / "pgcdc_test_pii.py", "pgcdc_test_pii", env,
-                     {"store": f"s3://{s3_bucket}/cdc", "slot": slot})
+    with StatsdListener() as statsd:
+        result = run_dag(DAGS / "pgcdc_test_pii.py", "pgcdc_test_pii", env | statsd.airflow_env(),
+                         {"store": f"s3://{s3_bucket}/cdc", "slot": slot})
+        counts = statsd.counters(timeout=10.0, want=f"airflow.pgcdc.{slot}.resync.rows")
     assert result.state == "success", result.output[-4000:]
+    assert counts[f"airflow.pgcdc.{slot}.resync.rows"] == result.xcom("resync")["rows"] == 3, counts
+    assert counts[f"airflow.pgcdc.{slot}.resync.tables"] == 1
     complete = {}
     events = lineage_events(tmp_path / "openlineage")
     for e in events:
@@ -99,6 +103,10 @@ def test_the_snapshot_operators_column_rules_hold_for_the_drain_with_the_key_fro
     assert [d["name"] for d in drained["inputs"]] == [source["name"]]
     assert drained["outputs"][0]["name"] == f"cdc/{slot}/changes"
     assert drained["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == 1
+    resynced = complete["pgcdc_test_pii.resync"]
+    assert [{k: d[k] for k in ("namespace", "name")} for d in resynced["inputs"]] == [source]
+    (out,) = resynced["outputs"]
+    assert out["name"].startswith(f"cdc/{slot}/resync/") and out["outputFacets"]["outputStatistics"]["rowCount"] == 3
     assert p["password"] not in json.dumps(events)
     assert result.xcom("drain")["rows"] == 1
     client = s3.client()
@@ -108,7 +116,8 @@ def test_the_snapshot_operators_column_rules_hold_for_the_drain_with_the_key_fro
             t = pq.read_table(io.BytesIO(part))
             columns |= set(t.column_names)
             emails += t.column("email").to_pylist()
+    # the snapshot's two rows, the drained insert, and the resync's copy of all three
     assert sorted(emails) == sorted(hmac.new(key.encode(), e.encode(), hashlib.sha256).hexdigest()
-                                    for e in ("alice@example.com", "bob@example.com", "carol@example.com"))
+                                    for e in ("alice@example.com", "bob@example.com", "carol@example.com") * 2)
     assert "ssn" not in columns and "_pgcdc_old_ssn" not in columns
     assert key not in result.output  # the key never reaches the task logs
