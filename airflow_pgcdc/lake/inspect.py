@@ -2,7 +2,8 @@
 open a table (:func:`open_table`) at its place (:func:`table_url`, which follows a legacy
 location), what it holds of a slot's windows (:func:`merged_version`, :func:`merge_progress`),
 who created it (:func:`creator_slot`, :func:`foreign_creator`), features delta-rs' pyarrow
-datasets would read wrong (:func:`unreadable_features`), and its figures: files, bytes, log
+datasets would read wrong (:func:`unreadable_features`), whether delta-rs can commit to it
+(:func:`clustered`: liquid clustering, which it cannot), and its figures: files, bytes, log
 entries and checkpoints (:func:`table_figures`, :func:`object_sizes`)."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from airflow_pgcdc.lake.tables import app_id, delta_table_url, legacy_delta_tabl
 from airflow_pgcdc.store import s3 as s3store
 
 __all__ = [
-    "CHECKPOINT_RE", "COMMIT_RE", "NONE_MERGED", "app_version", "creator_slot", "data_files", "foreign_creator",
+    "CHECKPOINT_RE", "CLUSTERING", "COMMIT_RE", "NONE_MERGED", "app_version", "clustered", "creator_slot",
+    "data_files", "foreign_creator",
     "latest_version", "merge_progress", "merged_version", "object_sizes", "open_table", "table_figures",
     "table_url", "unreadable_features",
 ]
@@ -39,6 +41,20 @@ def unreadable_features(table) -> list[str]:
     if "deletionVectors" in set(table.protocol().reader_features or ()):
         out.append("deletion vectors")
     return out
+
+
+CLUSTERING = "clustering"
+"""The writer feature of a liquid-clustered Delta table (Delta's Spark engine, ``CLUSTER BY``;
+its columns in the ``delta.clustering`` domain metadata, with the ``domainMetadata`` feature)."""
+
+
+def clustered(table) -> bool:
+    """Whether ``table`` (a ``DeltaTable``) is liquid-clustered (the :data:`CLUSTERING` writer
+    feature). delta-rs 1.6.6 reads such a table but commits nothing to it: its appends,
+    MERGEs, overwrites, ``optimize``, ``alter`` and a VACUUM that removes files all fail with
+    ``CommitFailedError: Unsupported table features required: [ClusteredTable,
+    DomainMetadata]``; Delta's Spark engine writes it (docs/operations.md, liquid clustering)."""
+    return CLUSTERING in set(table.protocol().writer_features or ())
 
 
 def open_table(url: str, storage_options: dict[str, str]):

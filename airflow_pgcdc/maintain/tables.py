@@ -14,6 +14,15 @@ the compaction becomes a purge: every file is rewritten (``optimize.z_order`` on
 key, which delta-rs 1.6 reads through the vectors), live rows only, in key-sorted files of
 the target size; the vectors then refer to removed files and VACUUM takes them.
 
+Liquid-clustered tables (``pgcdc merge --engine delta-spark`` with a table's ``cluster_by``):
+delta-rs 1.6.6 commits nothing to them (:func:`~airflow_pgcdc.lake.inspect.clustered`), so
+their compaction is skipped, with the reason in the result and a warning: ``OPTIMIZE
+delta.`s3a://…``` on Delta's Spark engine compacts and clusters them (this upkeep runs no
+Spark). Their VACUUM removes the files delta-rs' VACUUM lists (its dry run) itself, without
+the ``VACUUM START``/``VACUUM END`` commits delta-rs would add (which it cannot commit there):
+the same files go, the table's history just does not show the VACUUM. The checkpoint and the
+log cleanup write no commit and run as for any table.
+
 App transactions: a compaction commit carries no ``txn`` action, and Delta's log replay
 keeps the latest ``txn`` of every app id across it (and across a checkpoint), so
 ``transaction_version(app)`` is unchanged; this is checked after every step, and a
@@ -39,7 +48,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from airflow_pgcdc.errors import PgcdcError
-from airflow_pgcdc.lake.inspect import CHECKPOINT_RE, data_files, object_sizes
+from airflow_pgcdc.lake.inspect import CHECKPOINT_RE, clustered, data_files, object_sizes
 from airflow_pgcdc.lake.sizing import DEFAULT_TARGET_FILE_MB, target_bytes
 from airflow_pgcdc.maintain.unreferenced import UNREFERENCED_FLOOR_HOURS, vacuum_unreferenced
 from airflow_pgcdc.store import s3 as s3store
@@ -57,6 +66,11 @@ PURGE_RATIO = 0.10
 """Rows deleted by deletion vectors, as a share of the rows in the data files, from which
 a compaction rewrites the whole table (see the module docstring): the dead rows cost at
 most about this share of the table's bytes between two maintenance runs."""
+
+
+CLUSTERED_SKIP = ("liquid-clustered table: delta-rs 1.6.6 commits nothing to it; run OPTIMIZE "
+                  "delta.`s3a://…` on Delta's Spark engine to compact and cluster it")
+"""Why a clustered table's compaction is skipped (its result's ``compaction.skipped``)."""
 
 
 class AppTransactionLost(PgcdcError):
@@ -95,6 +109,20 @@ def _relative(path: str, url: str) -> str:
         tail = url.rstrip("/").rsplit("/", 1)[-1] + "/"
         return path.split(tail, 1)[-1]
     return path
+
+
+def _s3a(url: str) -> str:
+    return "s3a://" + unquote(url[len("s3://"):]) if url.startswith("s3://") else url
+
+
+def _remove_files(client, url: str, rel: Sequence[str]) -> None:
+    """Remove the files ``rel`` (keys relative to the S3 table at ``url``, as VACUUM lists them)."""
+    loc = s3store.S3Location.parse(url)
+    base = unquote(loc.prefix.rstrip("/")) + "/"
+    keys = [base + p for p in rel]  # as object_sizes names them
+    for i in range(0, len(keys), 1000):
+        client.delete_objects(Bucket=loc.bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]],
+                                                         "Quiet": True})
 
 
 def _total_size(stats) -> int:
@@ -164,9 +192,13 @@ def maintain_table(
     order = list(zorder or ()) or (list(keys) if purge else [])
     if purge and not order:  # no key known (a history table, a keyless table): its first column
         order = [dt.schema().to_arrow().field(0).name]
+    is_clustered = clustered(dt)
     if dry_run:
         res.compaction = {"skipped": "dry run", "small_files": res.files_before,
                           "deleted_rows": dead, "purge": purge}
+    elif is_clustered:
+        res.compaction = {"skipped": CLUSTERED_SKIP, "small_files": res.files_before, "deleted_rows": dead}
+        log.warning("%s: compaction skipped (%s)", name, CLUSTERED_SKIP.replace("s3a://…", _s3a(url)))
     else:
         for attempt in range(COMMIT_RETRIES + 1):
             try:
@@ -195,9 +227,11 @@ def maintain_table(
 
     # -- vacuum (enforce_retention_duration=False: the retention is the caller's, checked there)
     sizes = object_sizes(client, url)
-    paths = dt.vacuum(retention_hours=vacuum_hours(retention_hours), dry_run=dry_run,
+    paths = dt.vacuum(retention_hours=vacuum_hours(retention_hours), dry_run=dry_run or is_clustered,
                       enforce_retention_duration=False)
     rel = [_relative(p, url) for p in paths]
+    if is_clustered and not dry_run:  # the files delta-rs' VACUUM would remove, without its commits
+        _remove_files(client, url, rel)
     res.vacuum = {
         "retention_hours": retention_hours,
         "files": len(rel),

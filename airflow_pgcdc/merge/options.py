@@ -49,7 +49,7 @@ def parse_keys(items: Sequence[str] | None) -> dict[str, list[str]]:
 
 
 TABLE_OPTIONS: dict[str, type] = {"change_data_feed": bool, "metadata_columns": bool, "soft_deletes": bool,
-                                  "catalog_name": str, "partition_by": str}
+                                  "catalog_name": str, "partition_by": str, "cluster_by": str}
 """The merge's options a table may set for itself (:attr:`MergeOptions.table_options`,
 ``--table-option SCHEMA.TABLE:NAME=VALUE``), over the pipeline's: each one's type."""
 
@@ -83,6 +83,22 @@ def _table_option_value(table: str, name: str, value: Any) -> Any:
             return False
         raise BadMergeOption(f"table_options[{table!r}][{name!r}] must be true or false, got {value!r}")
     return kind(value)
+
+
+def _check_cluster_by(table: str, given: Mapping[str, Any]) -> None:
+    """A table's ``cluster_by`` (liquid clustering, Delta's Spark engine): at least one column
+    name, and not with ``partition_by`` (Delta refuses a table both partitioned and clustered).
+    Whether the table has the columns is checked when it is created
+    (``JobContext.cluster_columns``); whether the engine can write clustering, by the sink."""
+    if "cluster_by" not in given:
+        return
+    if not [c for c in str(given["cluster_by"]).split(",") if c.strip()]:
+        raise BadMergeOption(f"table_options[{table!r}]['cluster_by'] names no column: {given['cluster_by']!r}",
+                             hint=f"--table-option {table}:cluster_by=COL[,COL] (columns of the table)")
+    if given.get("partition_by"):
+        raise BadMergeOption(f"table_options[{table!r}]: cluster_by and partition_by together: a Delta table is "
+                             "either liquid-clustered or partitioned, not both",
+                             hint=f"keep one of {table}:cluster_by and {table}:partition_by")
 
 
 class BadMergeOption(MergeError, ValueError):
@@ -178,12 +194,13 @@ class MergeOptions(JobOptions):
                 raise BadMergeOption(f"table_options: {table!r} must be a schema.table name mapped to its options, "
                                      f"got {given!r}", hint="--table-option SCHEMA.TABLE:NAME=VALUE")
             per_table[table] = {name: _table_option_value(table, name, v) for name, v in given.items()}
+            _check_cluster_by(table, per_table[table])
         self._put("table_options", per_table)
 
     def for_table(self, name: str, option: str) -> Any:
         """``option`` (one of :data:`TABLE_OPTIONS`) for the table ``name`` (``schema.table``):
         its own value (:attr:`table_options`), else the pipeline's (None for an option only a
-        table has: ``catalog_name``, ``partition_by``)."""
+        table has: ``catalog_name``, ``partition_by``, ``cluster_by``)."""
         own = self.table_options.get(name, {})
         return own[option] if option in own else getattr(self, option, None)
 

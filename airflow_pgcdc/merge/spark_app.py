@@ -69,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prefix of the metastore database names (lower-case letters, digits, '_')")
     p.add_argument("--table-option", action="append", metavar="SCHEMA.TABLE:NAME=VALUE",
                    help="a table's own value of a merge option, over the pipeline's (NAME: change_data_feed, "
-                   "metadata_columns, soft_deletes, catalog_name=db.name, partition_by=col[,col]); repeatable")
+                   "metadata_columns, soft_deletes, catalog_name=db.name, partition_by=col[,col], "
+                   "cluster_by=col[,col] with --engine delta-spark); repeatable")
     p.add_argument("--history", choices=("changelog", "scd2"),
                    help="also keep a history table: changelog = every change row appended to "
                    "{schema}.{table}__changelog; scd2 = one row per version in {schema}.{table}__scd2")

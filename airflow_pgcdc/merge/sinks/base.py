@@ -80,7 +80,26 @@ class DeltaSink(ABC):
         conf = table_configuration(list(fields)) or {}
         if by != "history" and table is not None and self.ctx.wants_change_data_feed(table):
             conf[CHANGE_DATA_FEED] = "true"
+        if by not in ("sink", "history") and table is not None:  # delta-rs writes it, whatever the engine
+            self._refuse_clustering_by_delta_rs(table, fields)
         return conf or None
+
+    def _refuse_clustering_by_delta_rs(self, table: str, fields: Sequence[pa.Field]) -> None:
+        """A table that asks for liquid clustering (``cluster_by``) is not written by delta-rs,
+        which can neither create nor replace a clustered table (:func:`~airflow_pgcdc.lake.inspect.clustered`):
+        :class:`~..options.BadMergeOption` naming the table and what to do."""
+        cols = self.ctx.cluster_columns(table, [f.name for f in fields])
+        if not cols:
+            return
+        from airflow_pgcdc.merge.options import BadMergeOption
+
+        raise BadMergeOption(
+            f"table {table}: cluster_by={','.join(cols)}: its Delta table would be written by delta-rs here (a "
+            "resync's replacement, or the empty table made at the first change of a table no snapshot held), and "
+            "delta-rs 1.6.6 can neither create nor replace a liquid-clustered table",
+            hint=f"leave cluster_by out for {table} (a resync of a table that is clustered already also needs its "
+                 "Delta table removed first: delta-rs cannot replace it), then cluster the new table on Delta's "
+                 "Spark engine: ALTER TABLE delta.`s3a://…` CLUSTER BY (…); see docs/operations.md, liquid clustering")
 
     def enable_change_data_feed(self, url: str, dt) -> None:
         """Turn the change data feed on for the existing table ``dt`` at ``url`` (one commit
@@ -94,12 +113,14 @@ class DeltaSink(ABC):
     @abstractmethod
     def create(self, url: str, rows, schema: pa.Schema, *, metadata: Mapping[str, str],
                configuration: Mapping[str, str] | None, where: tuple[str, str, str], keys: Sequence[str] = (),
-               copy_bytes: int | None = None, sized: bool = True, partition_by: Sequence[str] = ()) -> int:
+               copy_bytes: int | None = None, sized: bool = True, partition_by: Sequence[str] = (),
+               cluster_by: Sequence[str] = ()) -> int:
         """Create the table from ``rows`` in one commit (``TableExists`` if it is there);
         returns the row count. ``keys``: sort the rows by them (the merge key; key-sorted
         files are what a merge prunes by); ``copy_bytes``: the copy's Parquet bytes (the file
         count); ``sized``: files of the job's target size; ``partition_by``: its partition
-        columns."""
+        columns; ``cluster_by``: its liquid-clustering columns (an engine that cannot write
+        them refuses, :class:`~..options.BadMergeOption`)."""
 
     @abstractmethod
     def append(self, url: str, dt, rows, schema: pa.Schema, commit: Commit, *, where: tuple[str, str, str],

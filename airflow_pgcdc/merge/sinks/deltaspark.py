@@ -18,6 +18,15 @@ with delta-rs on the driver), so a replay never reaches this code.
 Concurrency: Delta's S3 log store (``S3SingleDriverLogStore``) assumes one writer per
 table at a time; two merge jobs on one table at once are safe with delta-rs (conditional
 puts), not here.
+
+Liquid clustering (a table's ``cluster_by``): the bootstrap creates the table with ``CREATE
+TABLE delta.`…` CLUSTER BY (…) AS SELECT`` (Delta 4.4 ignores ``DataFrameWriter.clusterBy``
+on a path, and ``writeTo`` refuses a path table's clustering), which records the columns in
+the ``delta.clustering`` domain metadata and adds the ``clustering`` and ``domainMetadata``
+writer features (writer 7). MERGE and appends keep the columns; an overwrite (DataFrame or
+``INSERT OVERWRITE``) sets them to none, so a clustered table's rows are replaced by a MERGE
+instead (:func:`replace_rows`). delta-rs commits nothing to such a table
+(:func:`~airflow_pgcdc.lake.inspect.clustered`).
 """
 
 from __future__ import annotations
@@ -33,8 +42,9 @@ from airflow_pgcdc.lake.sql import quote_ident
 from airflow_pgcdc.merge.clauses import MergeSpec, Scd2Spec
 
 __all__ = [
-    "DELETION_VECTORS", "append", "bootstrap", "enable_deletion_vectors", "has_deletion_vectors", "last_commit",
-    "merge", "merge_scd2", "needs_column_mapping", "s3a", "sized_state", "state_partitions", "table_ref",
+    "DELETION_VECTORS", "ClusteringRefused", "append", "bootstrap", "clustering_columns", "enable_deletion_vectors",
+    "has_deletion_vectors", "last_commit", "merge", "merge_scd2", "needs_column_mapping", "replace_rows", "s3a",
+    "sized_state", "state_partitions", "table_ref",
 ]
 
 DELETION_VECTORS = "delta.enableDeletionVectors"
@@ -115,6 +125,22 @@ def q(name: str) -> str:
 def table_ref(path: str) -> str:
     """``delta.`<path>```: a path-based Delta table in Spark SQL."""
     return f"delta.{q(path)}"
+
+
+@contextmanager
+def _session_conf(spark, values: Mapping[str, str]) -> Iterator[None]:
+    """The session settings ``values`` around one statement, the previous ones restored after."""
+    saved = {k: spark.conf.get(k, None) for k in values}
+    for k, v in values.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 class _Txn:
@@ -264,6 +290,31 @@ def append(spark, df, *, path: str, app: str, version: int, metadata: dict[str, 
     return {**_metrics(after["metrics"]), "delta_version": after["version"]}
 
 
+def replace_rows(spark, df, *, path: str, app: str, version: int, metadata: dict[str, str]) -> dict[str, Any]:
+    """``df`` (columns of the table) replaces the rows of the liquid-clustered table at ``path``
+    in one commit with the app transaction ``(app, version)`` that keeps its clustering: a
+    MERGE that matches nothing, inserting every row of ``df`` and deleting every row of the
+    table (Delta's overwrite, DataFrame or ``INSERT OVERWRITE``, sets a clustered table's
+    clustering columns to none). Returns what :func:`append` returns."""
+    view = _view(df)
+    cols = [q(c) for c in df.columns]
+    text = (f"MERGE INTO {table_ref(path)} AS t USING {q(view)} AS s ON FALSE\n"
+            f"WHEN NOT MATCHED THEN INSERT ({', '.join(cols)}) VALUES ({', '.join('s.' + c for c in cols)})\n"
+            "WHEN NOT MATCHED BY SOURCE THEN DELETE")
+    try:
+        return _run(spark, text, path, app=app, version=version, metadata=metadata)
+    finally:
+        spark.catalog.dropTempView(view)
+
+
+def clustering_columns(spark, path: str) -> list[str]:
+    """The liquid-clustering columns of the Delta table at ``path`` as Delta's Spark engine
+    reports them (``DESCRIBE DETAIL``; a name that needs quoting comes quoted), ``[]`` for a
+    table without."""
+    row = spark.sql(f"DESCRIBE DETAIL {table_ref(path)}").select("clusteringColumns").collect()[0]
+    return list(row[0] or [])
+
+
 def has_deletion_vectors(dt) -> bool:
     """Whether the Delta table (a delta-rs ``DeltaTable``) has deletion vectors turned on."""
     return str(dt.metadata().configuration.get(DELETION_VECTORS, "")).lower() == "true"
@@ -302,16 +353,47 @@ def needs_column_mapping(schema) -> bool:
     return walk(schema)
 
 
+class ClusteringRefused(ValueError):
+    """Delta's Spark engine refused a table's clustering columns (a type it keeps no
+    statistics of, too many columns): its own words."""
+
+
+_CLUSTERING_ERROR = re.compile(r"\[(DELTA_CLUSTER\w*)\][^\n]*")
+
+
+def _create_clustered(spark, df, path: str, metadata: Mapping[str, str], configuration: Mapping[str, str],
+                      cluster_by: Sequence[str]) -> None:
+    """``CREATE TABLE delta.`path` USING delta CLUSTER BY (…) TBLPROPERTIES (…) AS SELECT`` of
+    ``df``, the commit's metadata from the session (the statement takes no writer option)."""
+    from airflow_pgcdc.lake.sql import quote_literal
+
+    props = ", ".join(f"{quote_literal(k, 'spark')} = {quote_literal(v, 'spark')}" for k, v in configuration.items())
+    view = _view(df)
+    try:
+        with _session_conf(spark, {_USER_METADATA: json.dumps(dict(metadata), sort_keys=True)}):
+            spark.sql(f"CREATE TABLE {table_ref(path)} USING delta CLUSTER BY ({', '.join(q(c) for c in cluster_by)})"
+                      + (f" TBLPROPERTIES ({props})" if props else "") + f" AS SELECT * FROM {q(view)}").collect()
+    except Exception as e:
+        found = _CLUSTERING_ERROR.search(str(e))
+        if found:
+            raise ClusteringRefused(found.group(0)) from None
+        raise
+    finally:
+        spark.catalog.dropTempView(view)
+
+
 def bootstrap(spark, df, *, path: str, metadata: dict[str, str],
               configuration: Mapping[str, str] | None = None, sort_by: list | None = None,
-              files: int | None = None, partition_by: Sequence[str] = ()) -> int:
+              files: int | None = None, partition_by: Sequence[str] = (), cluster_by: Sequence[str] = ()) -> int:
     """Create the Delta table at ``path`` from ``df`` in one commit (``errorifexists``:
     a table created meanwhile raises :class:`~.deltars.TableExists`); table properties
     from ``configuration``. ``sort_by`` (Spark columns, the merge key) and ``files``: the
     rows range-partitioned by the key into ``files`` data files, each sorted (every file
     then holds one narrow key range). A table whose column names need it maps columns by
     name (:func:`needs_column_mapping`; only then: the feature shuts out readers without
-    column mapping). Returns the rows written."""
+    column mapping). ``partition_by``: its partition columns; ``cluster_by``: its liquid
+    clustering columns (:class:`ClusteringRefused` when Delta refuses them). Returns the
+    rows written."""
     from airflow_pgcdc.merge.sinks.deltars import TableExists
 
     if sort_by:
@@ -330,7 +412,10 @@ def bootstrap(spark, df, *, path: str, metadata: dict[str, str],
         writer = writer.option(key, value)
     try:
         with sized_state(spark, files or 1):
-            writer.save(path)
+            if cluster_by:
+                _create_clustered(spark, df, path, metadata, configuration, cluster_by)
+            else:
+                writer.save(path)
     except Exception as e:
         text = str(e)
         if "already exists" in text.lower() or "DELTA_PATH_EXISTS" in text or "PATH_ALREADY_EXISTS" in text:

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from airflow_pgcdc.faults import FaultPoint, fault_point
+from airflow_pgcdc.lake.inspect import clustered
 from airflow_pgcdc.lake.sizing import target_bytes
 from airflow_pgcdc.lake.tables import CHANGE_DATA_FEED
 from airflow_pgcdc.merge import pruning
@@ -50,6 +51,32 @@ class DeltaRsSink(DeltaSink):
     needs_jars = False
     concurrent_tables = True
 
+    def __init__(self, ctx) -> None:
+        """Refuses a job whose tables ask for liquid clustering: delta-rs 1.6.6 writes no
+        clustered table (:func:`~airflow_pgcdc.lake.inspect.clustered`)."""
+        super().__init__(ctx)
+        options = getattr(ctx, "options", None)
+        asked = sorted(t for t, given in (options.table_options if options is not None else {}).items()
+                       if given.get("cluster_by"))
+        if asked:
+            from airflow_pgcdc.merge.options import BadMergeOption
+
+            raise BadMergeOption(
+                f"table_options[{asked[0]!r}]['cluster_by']"
+                + (f" (and the cluster_by of {', '.join(asked[1:])})" if asked[1:] else "")
+                + ": liquid clustering is Delta's Spark engine's; the delta-rs engine (delta-rs 1.6.6) cannot "
+                  "write a clustered table",
+                hint="add --engine delta-spark (engine='delta-spark'), or leave cluster_by out")
+
+    def _writable(self, url: str, dt, name: str) -> None:
+        """Refuses a commit to a liquid-clustered table (made by Delta's Spark engine): delta-rs
+        would fail it after the work, with ``Unsupported table features required``."""
+        if dt is not None and clustered(dt):
+            raise MergeError(
+                f"table {name}: its Delta table {url} is liquid-clustered (writer feature 'clustering'), and "
+                "delta-rs 1.6.6 commits nothing to a clustered table",
+                hint="merge it with --engine delta-spark (engine='delta-spark'), as the job that clustered it did")
+
     # -- staging: a Spark job's rows as Parquet files the driver streams into the commit
     def _stage(self, df, schema: pa.Schema, where: tuple[str, str, str]) -> tuple[str, list[str], int]:
         ctx = self.ctx
@@ -72,7 +99,10 @@ class DeltaRsSink(DeltaSink):
         return deltars.staged_reader(self.ctx.fs, paths, schema), n, staging, paths
 
     def create(self, url, rows, schema, *, metadata, configuration, where, keys=(), copy_bytes=None,
-               sized=True, partition_by=()) -> int:
+               sized=True, partition_by=(), cluster_by=()) -> int:
+        if cluster_by:  # refused with the job (__init__): never reached
+            raise MergeError(f"table {where[0]}.{where[1]}: delta-rs cannot create a liquid-clustered table",
+                             hint="--engine delta-spark")
         if not isinstance(rows, pa.Table):
             rows = sorted_by_key(rows, keys)
         reader, n, staging, _ = self._rows(rows, schema, where, ordered=True)
@@ -87,6 +117,7 @@ class DeltaRsSink(DeltaSink):
         return n
 
     def append(self, url, dt, rows, schema, commit, *, where, mode="append") -> dict[str, Any]:
+        self._writable(url, dt, f"{where[0]}.{where[1]}")
         reader, n, staging, _ = self._rows(rows, schema, where)
         fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
         done = deltars.append(dt, reader, pa.schema(dt.schema().to_arrow()), app=commit.app,
@@ -96,6 +127,7 @@ class DeltaRsSink(DeltaSink):
         return {"num_source_rows": n, **({"pgcdc_compacted_on": "driver"} if staging is None else {}), **done}
 
     def merge(self, url, dt, rows, schema, spec, commit, *, where, bound_key=None, scd2=False) -> dict[str, Any]:
+        self._writable(url, dt, f"{where[0]}.{where[1]}")
         reader, n, staging, paths = self._rows(rows, schema, where)
         fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
         built = spec(self.dialect)
@@ -120,6 +152,7 @@ class DeltaRsSink(DeltaSink):
     def keyless(self, url, dt, rows, source, fields, spec, commit, *, where) -> dict[str, Any]:
         from airflow_pgcdc.changes.columns import KIND
 
+        self._writable(url, dt, f"{where[0]}.{where[1]}")
         schema = pa.schema(list(fields) + ([pa.field(KIND, pa.string())] if source is not None else []))
         reader, n, staging, _ = self._rows(source if source is not None else rows, schema, where)
         fault_point(FaultPoint.MERGE_AFTER_STAGE, log)
@@ -133,6 +166,10 @@ class DeltaRsSink(DeltaSink):
         fault_point(FaultPoint.MERGE_AFTER_COMMIT, log)
         self._unstage(staging)
         return {"num_source_rows": n, **metrics}
+
+    def enable_change_data_feed(self, url, dt) -> None:
+        self._writable(url, dt, url)
+        super().enable_change_data_feed(url, dt)
 
     def read(self, url, dt, fields):
         from airflow_pgcdc.lake.inspect import unreadable_features
@@ -192,17 +229,31 @@ class DeltaSparkSink(DeltaSink):
         return metrics
 
     def create(self, url, rows, schema, *, metadata, configuration, where, keys=(), copy_bytes=None,
-               sized=True, partition_by=()) -> int:
+               sized=True, partition_by=(), cluster_by=()) -> int:
         from airflow_pgcdc.merge.sinks import deltaspark
 
         files = pruning.file_count(copy_bytes, self.ctx.target_file_mb) if copy_bytes is not None else None
-        return deltaspark.bootstrap(self.ctx.spark, rows, path=deltaspark.s3a(url), metadata=dict(metadata),
-                                    configuration=configuration, sort_by=[_col(k) for k in keys] or None,
-                                    files=files, partition_by=partition_by)
+        try:
+            return deltaspark.bootstrap(self.ctx.spark, rows, path=deltaspark.s3a(url), metadata=dict(metadata),
+                                        configuration=configuration, sort_by=[_col(k) for k in keys] or None,
+                                        files=files, partition_by=partition_by, cluster_by=cluster_by)
+        except deltaspark.ClusteringRefused as exc:
+            from airflow_pgcdc.merge.options import BadMergeOption
+
+            name = f"{where[0]}.{where[1]}"
+            raise BadMergeOption(f"table {name}: cluster_by={','.join(cluster_by)}: Delta refused it: {exc}",
+                                 hint=f"--table-option {name}:cluster_by=<at most 4 columns with statistics: not a "
+                                      "date, timestamp without time zone, boolean, bytea, array or map column, which "
+                                      "the tables keep no statistics of (docs/types.md)>") from None
 
     def append(self, url, dt, rows, schema, commit, *, where, mode="append") -> dict[str, Any]:
         from airflow_pgcdc.merge.sinks import deltaspark
 
+        if mode == "overwrite" and clustered(dt):  # Delta's overwrite would drop the clustering columns
+            return self._commit(lambda: deltaspark.replace_rows(
+                self.ctx.spark, rows, path=deltaspark.s3a(url), app=commit.app, version=commit.version,
+                metadata=dict(commit.metadata),
+            ), dt, url, commit)
         return self._commit(lambda: deltaspark.append(
             self.ctx.spark, rows, path=deltaspark.s3a(url), app=commit.app, version=commit.version,
             metadata=dict(commit.metadata), mode=mode,

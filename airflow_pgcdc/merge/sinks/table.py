@@ -196,7 +196,8 @@ def bootstrap_table(ctx: JobContext, snapshot, entry, url: str, keys: Sequence[s
             rows, schema = add(rows), with_extras
         rows = ctx.sink.create(url, rows, schema, metadata=metadata, configuration=ctx.sink.properties(fields, table=name),
                                where=(entry.schema, entry.table, "bootstrap"), keys=keys, copy_bytes=copy_bytes,
-                               partition_by=ctx.partition_columns(name, schema.names))
+                               partition_by=ctx.partition_columns(name, schema.names),
+                               cluster_by=ctx.cluster_columns(name, schema.names))
     except deltars.TableExists:
         log.info("%s: Delta table created meanwhile by another job; not bootstrapping again", name)
         return 0
