@@ -21,7 +21,7 @@ JARS_STAMP := $(JARS)/.complete
 HMS_LIB := jvm/hms/lib
 HMS_STAMP := $(HMS_LIB)/.complete
 
-.PHONY: test demo setup apt jars hms lint bench clean bytecode
+.PHONY: test demo demo-lake setup apt jars hms lint bench clean bytecode
 
 # The floor environment: the package's declared floors (pyproject.toml), resolved lowest
 # first into requirements/floor.txt as a team on the lowest Airflow would have installed
@@ -138,6 +138,12 @@ $(FLOOR_VENV)/.installed: requirements/floor.txt $(STAMP)
 
 demo: setup bytecode
 	@SPARK_LOCAL_IP=127.0.0.1 $(PY) -m airflow_pgcdc.testing.demo --dags dags
+
+# After `make demo`, on the sandbox it left up: what lake consumers get (a Hive Metastore, tables
+# by name in Spark SQL, the change feed, soft deletes, CDC metadata columns, a hashed column),
+# on a slot, store and lake of its own (airflow_pgcdc/testing/demo_lake.py).
+demo-lake: setup bytecode
+	@SPARK_LOCAL_IP=127.0.0.1 $(PY) -m airflow_pgcdc.testing.demo_lake
 
 lint: setup
 	@$(VENV)/bin/ruff check airflow_pgcdc tests bench
