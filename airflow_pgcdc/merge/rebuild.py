@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_pgcdc.lake.inspect import foreign_creator, open_table
+from airflow_pgcdc.lake.inspect import clustered, foreign_creator, open_table
 from airflow_pgcdc.lake.tables import app_id, delta_table_url
 from airflow_pgcdc.merge.checks import _ranges_text, check_copy, check_expired, expired_state
 from airflow_pgcdc.merge.context import JobContext
@@ -137,11 +137,13 @@ def check_replayable(*, store: str, slot: str, scratch: str, tables: Sequence[st
                 problem.setdefault("copy", exc.copy)
         if live is not None:
             live_url = delta_table_url(live, schema, table)
-            other = foreign_creator(client, open_table(live_url, ctx.storage), live_url,
-                                            app_id(slot, schema, table), slot)
+            live_dt = open_table(live_url, ctx.storage)
+            other = foreign_creator(client, live_dt, live_url, app_id(slot, schema, table), slot)
             if other is not None:
                 problem["other_slot"] = other
                 problem["live"] = live_url
+            if live_dt is not None and clustered(live_dt):  # the swap is a delta-rs overwrite
+                problem["clustered"] = live_url
         if problem:
             if "windows" in problem:
                 age = _age_hours(client, layout, slot, problem["windows"][0])
@@ -157,6 +159,9 @@ def check_replayable(*, store: str, slot: str, scratch: str, tables: Sequence[st
                 lost.append(f"its copy {p['copy']} expired")
             if "other_slot" in p:
                 lost.append(f"its live table {p['live']} belongs to slot {p['other_slot']}'s pipeline")
+            if "clustered" in p:
+                lost.append(f"its live table {p['clustered']} is liquid-clustered: the swap is a delta-rs commit, "
+                            "and delta-rs 1.6.6 commits nothing to a clustered table")
             kept = (f"; a retention over {p['retention_hours_needed']} h would have kept them"
                     if "retention_hours_needed" in p else "")
             return f"{p['table']} ({', '.join(lost)}{kept})"
@@ -166,6 +171,9 @@ def check_replayable(*, store: str, slot: str, scratch: str, tables: Sequence[st
             f"{store}: " + "; ".join(what(p) for p in problems) + ". Nothing was read or written",
             hint=("check --slot and --delta: a live table of another slot's pipeline is never replaced; "
                   if any("other_slot" in p for p in problems) else "")
+                 + ("a liquid-clustered table is not rebuilt: leave it out (--tables), or remove it and take it "
+                    "again (pgcdc resync, without cluster_by); "
+                    if any("clustered" in p for p in problems) else "")
                  + "rebuild the other tables (--tables), and copy these again from PostgreSQL: pgcdc resync "
                  f"--slot {slot} --publication <publication> --store {store} --tables "
                  + " ".join(p["table"] for p in problems)

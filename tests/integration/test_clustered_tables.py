@@ -6,8 +6,10 @@ have or on a column without statistics (a ``date``: that table fails, the others
 first commit); the Spark engine's MERGE, appends and a keyless table's truncate keep the
 clustering; the delta-rs engine refuses to commit to a clustered table (nothing written, its
 windows stay pending, Delta's Spark engine merges them after); ``pgcdc maintain`` skips the
-compaction (saying why) and vacuums without a commit; a resync of a clustered table is refused
-(delta-rs replaces the table, and cannot write clustering). Every table equals PostgreSQL."""
+compaction (saying why) and vacuums without a commit; a new column is added by Delta's Spark
+engine (the clustering kept), one added with a DEFAULT the old rows read is refused for its
+table; a rebuild and a resync of a clustered table are refused (delta-rs replaces the table, and
+cannot write clustering). Every table equals PostgreSQL."""
 
 from __future__ import annotations
 
@@ -168,6 +170,23 @@ def _run(db, slot, client, src, lake, spark):
     assert _clustering(spark, lake, "ev") == ["region", "id"]
     assert verify_table(db, lake, "public", "ev").equal
 
+    # a new column (delta-rs' ALTER failed with CommitFailedError): added by Delta's Spark engine
+    sql(db, "ALTER TABLE logs ADD COLUMN level text")
+    sql(db, "INSERT INTO logs VALUES (TIMESTAMPTZ '2026-12-04 00:00+00', 'with level', 'warn')")
+    drain(db, src, slot, client)
+    out = merge_slot(spark, store=src, slot=slot, delta=lake, **asked)
+    assert {t.table: t.action for t in out.tables}["public.logs"] == "merged", out.to_dict()
+    assert "level" in _table(lake, "logs").schema().to_arrow().names and _clustering(spark, lake, "logs") == ["ts"]
+    assert verify_table(db, lake, "public", "logs").equal
+
+    # a rebuild swaps through delta-rs: refused before any work, naming the clustered table
+    from airflow_pgcdc.merge.rebuild import NotReplayable, rebuild_slot
+
+    with pytest.raises(NotReplayable, match=r"public\.logs.*liquid-clustered") as refused:
+        rebuild_slot(spark, store=src, slot=slot, delta=lake, tables=["public.logs"], engine="delta-spark",
+                     table_options=CLUSTERED)
+    assert "--tables" in refused.value.hint
+
     # a resync's copy replaces the table through delta-rs, which cannot write clustering: refused
     resync_tables(db, src, slot=slot, publications="pub", tables=["public.ev"], s3=client, worker_processes=False)
     drain(db, src, slot, client)
@@ -178,6 +197,16 @@ def _run(db, slot, client, src, lake, spark):
     assert refusals["public.ev"].error.startswith("BadMergeOption: table public.ev: cluster_by=region,id")
     assert "resync" in refusals["public.ev"].error and "ALTER TABLE" in refusals["public.ev"].hint
     assert _table(lake, "ev").version() == after.version() and _clustering(spark, lake, "ev") == ["region", "id"]
+
+    # a column added with a DEFAULT its old rows read: filled by a delta-rs rewrite, so refused for that table
+    sql(db, "ALTER TABLE logs ADD COLUMN n int DEFAULT 5")
+    drain(db, src, slot, client)
+    with pytest.raises(TablesFailed) as failed:
+        merge_slot(spark, store=src, slot=slot, delta=lake, **asked)
+    refusals = _failed(failed)
+    assert sorted(refusals) == ["public.ev", "public.logs"], refusals
+    assert "['n'] were added with a DEFAULT" in refusals["public.logs"].error, refusals["public.logs"]
+    assert "n" not in _table(lake, "logs").schema().to_arrow().names
 
 
 @pytest.mark.slow
