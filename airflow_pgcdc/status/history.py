@@ -109,7 +109,11 @@ def plot_history(rows: Sequence[dict[str, Any]], path: str, *, title: str = "") 
     lag.plot(when, [r["stored_lag_seconds"] for r in rows], ".--", label="oldest change, once stored")
     lag.set_ylabel("lag (s)")
     lag.legend(loc="upper left")
-    size.bar(when, [r["rows"] for r in rows], width=0.002)
+    # bars narrower than the closest two windows (a width is in days on a date axis): windows
+    # 30 s apart drew 3-minute bars over each other
+    gaps = [(b - a).total_seconds() for a, b in zip(sorted(when), sorted(when)[1:], strict=False) if b > a]
+    width = min(0.6 * min(gaps), 180.0) if gaps else 180.0
+    size.bar(when, [r["rows"] for r in rows], width=max(width, 1.0) / 86400.0)
     size.set_ylabel("change rows per window")
     secs.plot(when, [r["drain_seconds"] for r in rows], "o-", label="drain")
     secs.plot(when, [r["merge_seconds"] for r in rows], "s-", label="merge job")

@@ -9,7 +9,11 @@
 4. starts a concurrent write workload (inserts, updates, deletes, a key change, large
    values) and runs the ``pgcdc_incremental`` DAG three times (changes sensor → drain
    one window → Spark merge); the workload stops before the third run, which catches up;
-5. verifies every Delta table against PostgreSQL and prints a summary per table.
+5. verifies every Delta table against PostgreSQL and prints a summary per table;
+6. shows what a monitoring stack gets from those runs: the merge's OpenLineage event (the
+   provider's file transport, ``.pgcdc/observe/openlineage/``), the ``pgcdc.*`` metrics a
+   StatsD server received (``.pgcdc/observe/statsd.txt``), and ``pgcdc status --history 1
+   --plot .pgcdc/observe/health.png``.
 
 Exits non-zero if a DAG run fails or a table differs. Every rerun starts afresh (the
 demo's slot, publication and S3 prefixes are dropped first).
@@ -18,7 +22,10 @@ demo's slot, publication and S3 prefixes are dropped first).
 from __future__ import annotations
 
 import logging
+import os
 import random
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -26,6 +33,7 @@ from pathlib import Path
 
 import psycopg
 
+from airflow_pgcdc.testing.observe import StatsdListener, lineage_env, lineage_events
 from airflow_pgcdc.testing.sandbox import Sandbox
 
 log = logging.getLogger("pgcdc.demo")
@@ -201,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
 
     log.info("[2/6] creating the demo schema and data (20,000 customers, 2,000 products, 100,000 orders)")
     _reset(dsn, env, bucket)
-    aenv = _airflow_env(env, root, dags)
+    observe = root / "observe"
+    shutil.rmtree(observe, ignore_errors=True)
+    statsd = StatsdListener()
+    aenv = {**_airflow_env(env, root, dags), **statsd.airflow_env(), **lineage_env(observe / "openlineage")}
     conf = {"slot": SLOT, "publication": PUBLICATION, "tables": TABLES, "store": store, "delta": delta}
 
     log.info("[3/6] DAG pgcdc_initial_load: publication, snapshot to S3, Spark bootstrap of Delta, verify")
@@ -231,8 +242,12 @@ def main(argv: list[str] | None = None) -> int:
 
     log.info("[5/6] verifying every Delta table against PostgreSQL")
     ok, rows = _summary(dsn, env, delta, runs)
-    log.info("[6/6] done in %.0fs", time.monotonic() - t_start)
+    log.info("[6/6] what monitoring gets: OpenLineage, StatsD, the health plot")
+    seen = _observed(observe, statsd, env, store, delta)
+    statsd.close()
+    log.info("      done in %.0fs", time.monotonic() - t_start)
     _print(rows)
+    print(seen)
     print("\nAirflow home: .pgcdc/airflow  ·  Delta tables under", delta)
     print("Stop the sandbox with: .venv/bin/pgcdc sandbox down")
     return 0 if ok else 1
@@ -275,6 +290,54 @@ def _summary(dsn: str, env: dict[str, str], delta: str, runs: list[dict]) -> tup
             "verify": d["result"] + ("" if r.equal else f" ({d['counts']})"),
         })
     return ok, rows
+
+
+def _observed(observe: Path, statsd: StatsdListener, env: dict[str, str], store: str, delta: str) -> str:
+    """What the runs told a monitoring stack, as text: the last merge's OpenLineage COMPLETE
+    event (inputs, outputs, row counts), the ``pgcdc.*`` StatsD lines (all kept in
+    ``statsd.txt``), and the history plot ``pgcdc status`` drew."""
+    out = ["", "What monitoring received from these runs:"]
+    events = [e for e in lineage_events(observe / "openlineage")
+              if e.get("eventType") == "COMPLETE" and e.get("job", {}).get("name") == "pgcdc_incremental.merge"]
+    if events:
+        e = events[-1]
+        out.append(f"  OpenLineage {e['eventType']} of job {e['job']['namespace']}/{e['job']['name']} "
+                   f"(run {e['run']['runId']}):")
+        for d in e.get("inputs", []):
+            out.append(f"    input   {d['namespace']}/{d['name']}")
+        for d in e.get("outputs", []):
+            stats = d.get("outputFacets", {}).get("outputStatistics", {})
+            fields = len(d.get("facets", {}).get("schema", {}).get("fields", []))
+            out.append(f"    output  {d['namespace']}/{d['name']}  rows {stats.get('rowCount', '-')}, "
+                       f"{fields} columns in its schema facet")
+        out.append(f"    (every event: {observe / 'openlineage'}/event-*.json)")
+    else:
+        out.append("  OpenLineage: no merge event (apache-airflow-providers-openlineage not installed?)")
+    lines = [ln for ln in statsd.received(settle=2.0) if ".pgcdc." in ln.split(":", 1)[0]]
+    (observe / "statsd.txt").write_text("\n".join(lines) + "\n")
+    out.append(f"  StatsD: {len(lines)} pgcdc metric lines received (all in {observe / 'statsd.txt'}); the last run's:")
+    out += [f"    {ln}" for ln in _last_run(lines)]
+    png = observe / "health.png"
+    cmd = [sys.executable, "-m", "airflow_pgcdc.cli", "status", "--slot", SLOT, "--store", store, "--delta", delta,
+           "--history", "1", "--plot", str(png)]
+    done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    shown = " ".join(["pgcdc", *cmd[3:]])
+    if done.returncode == 0 and png.is_file():
+        out.append(f"  Health plot: {png} ({png.stat().st_size:,} bytes), from: {shown}")
+        out += [f"    {ln}" for ln in done.stdout.strip().splitlines()[:12]]
+    else:
+        out.append(f"  Health plot: `{shown}` exited {done.returncode}: {done.stderr.strip()[-400:]}")
+    return "\n".join(out)
+
+
+def _last_run(lines: list[str]) -> list[str]:
+    """The drain's and merge's metrics of the last run: each name's last line."""
+    last: dict[str, str] = {}
+    for ln in lines:
+        name = ln.split(":", 1)[0]
+        if any(k in name for k in (".drain.", ".merge.")):
+            last[name] = ln
+    return sorted(last.values())
 
 
 def _print(rows: list[dict]) -> None:
