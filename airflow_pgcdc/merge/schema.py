@@ -262,15 +262,11 @@ def evolve(ctx: JobContext, plan: TablePlan, url: str, dt, fields: list[pa.Field
 
 def _add_clustered_columns(ctx: JobContext, plan: TablePlan, url: str, new: list[pa.Field],
                            fill: dict[str, Any]) -> None:
-    """New nullable columns of a liquid-clustered Delta table, added by Delta's Spark engine
-    (``ALTER TABLE … ADD COLUMNS``, one commit that keeps the clustering). Refused, naming the
-    table: with the delta-rs engine, and for columns whose existing rows must read a value
-    (``ADD COLUMN … DEFAULT``: filled by rewriting the table through delta-rs)."""
+    """New nullable columns of a liquid-clustered Delta table, added by the sink (Delta's Spark
+    engine: ``ALTER TABLE … ADD COLUMNS``, one commit that keeps the clustering; delta-rs
+    refuses). Columns whose existing rows must read a value (``ADD COLUMN … DEFAULT``: filled
+    by rewriting the table through delta-rs) are refused, naming the table."""
     name = plan.qualified_name
-    if ctx.sink.engine != "delta-spark":
-        raise MergeError(f"table {name}: new column(s) {[f.name for f in new]}, and its Delta table {url} is "
-                         "liquid-clustered: delta-rs 1.6.6 commits nothing to a clustered table",
-                         hint="merge it with --engine delta-spark (engine='delta-spark'), as the job that clustered it did")
     if fill:
         raise MergeError(f"table {name}: column(s) {sorted(fill)} were added with a DEFAULT the existing rows read, and "
                          f"its Delta table {url} is liquid-clustered: the merge fills such a column by rewriting the "
@@ -278,15 +274,7 @@ def _add_clustered_columns(ctx: JobContext, plan: TablePlan, url: str, new: list
                          hint="in PostgreSQL, add such a column without a DEFAULT and set its value with UPDATEs (the "
                               "merge applies them as changes); or remove this Delta table and take the table again "
                               f"(pgcdc resync --tables {name}, without cluster_by: delta-rs writes the copy)")
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    from airflow_pgcdc.lake.sql import quote_ident
-    from airflow_pgcdc.merge.sinks.deltaspark import s3a
-
-    columns = ", ".join(f"{quote_ident(f.name, 'spark')} {from_arrow_type(f.type).simpleString()}" for f in new)
-    ctx.spark.sql(f"ALTER TABLE delta.{quote_ident(s3a(url), 'spark')} ADD COLUMNS ({columns})")
-    log.info("Delta table %s (liquid-clustered): added column(s) %s with Delta's Spark engine", url,
-             [f.name for f in new])
+    ctx.sink.add_clustered_columns(name, url, new)
 
 
 def change_inputs(plan: TablePlan, fields: list[pa.Field], keys) -> tuple[list[str], list[str], pa.Schema]:

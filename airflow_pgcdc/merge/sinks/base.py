@@ -106,6 +106,16 @@ class DeltaSink(ABC):
         that sets the property and raises the protocol to what it needs)."""
         dt.alter.set_table_properties({CHANGE_DATA_FEED: "true"}, raise_if_not_exists=False)
 
+    def add_clustered_columns(self, name: str, url: str, fields: Sequence[pa.Field]) -> None:
+        """Add the new nullable columns ``fields`` to ``name``'s liquid-clustered Delta table at
+        ``url``. delta-rs commits nothing to a clustered table: refused here (a
+        :class:`~..errors.MergeError` naming the table); Delta's Spark engine adds them."""
+        from airflow_pgcdc.merge.errors import MergeError
+
+        raise MergeError(f"table {name}: new column(s) {[f.name for f in fields]}, and its Delta table {url} is "
+                         "liquid-clustered: delta-rs 1.6.6 commits nothing to a clustered table",
+                         hint="merge it with --engine delta-spark (engine='delta-spark'), as the job that clustered it did")
+
     def before_merge(self, name: str, url: str, dt):
         """``dt`` made ready for a MERGE of this job (the table reloaded if it changed)."""
         return dt

@@ -302,6 +302,17 @@ class DeltaSparkSink(DeltaSink):
             metadata=dict(commit.metadata),
         ), dt, url, commit)
 
+    def add_clustered_columns(self, name, url, fields) -> None:
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        from airflow_pgcdc.lake.sql import quote_ident
+        from airflow_pgcdc.merge.sinks import deltaspark
+
+        columns = ", ".join(f"{quote_ident(f.name, 'spark')} {from_arrow_type(f.type).simpleString()}" for f in fields)
+        self.ctx.spark.sql(f"ALTER TABLE delta.{quote_ident(deltaspark.s3a(url), 'spark')} ADD COLUMNS ({columns})")
+        log.info("Delta table %s (liquid-clustered): added column(s) %s with Delta's Spark engine", url,
+                 [f.name for f in fields])
+
     def read(self, url, dt, fields):
         from airflow_pgcdc.merge.sinks import deltaspark
 
