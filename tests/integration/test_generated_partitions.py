@@ -136,6 +136,18 @@ def _run(db, slot, client, src, lake, spark, engine):
     assert orders.schema().to_arrow().field("created_at_date").metadata[b"delta.generationExpression"]
     _check_days(lake, "orders", "created_at", "created_at_date")
 
+    # the timestamp of a date partition dropped in PostgreSQL: both stay in Delta, an updated
+    # row's NULL as for any dropped column (the merge computed the date from a column the
+    # batch no longer has: KeyError), the other rows' kept
+    sql(db, "ALTER TABLE acct DROP COLUMN seen")
+    sql(db, "UPDATE acct SET v = 'after drop' WHERE id = 2; INSERT INTO acct VALUES (22, 'new')")
+    drain(db, src, slot, client)
+    by = _merge(spark, src, slot, lake, engine)
+    assert by["public.acct"].action == "merged", by["public.acct"]
+    acct = {r["id"]: r for r in _check_days(lake, "acct", "seen", "seen_date").to_pylist()}
+    assert acct[2]["v"] == "after drop" and acct[2]["seen"] is None and acct[22]["seen_date"] is None
+    assert acct[5]["seen"] is not None and acct[5]["seen_date"] is not None
+
     for name in ("orders", "events", "acct"):
         report = verify_table(db, lake, "public", name)
         assert report.equal, (name, json.dumps(report.to_dict(), default=str)[-2000:])

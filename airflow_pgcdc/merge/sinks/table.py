@@ -84,11 +84,14 @@ def _driver_copy(ctx: JobContext, parts: list[str], schema: pa.Schema, keys: Seq
 
 
 def _generated(ctx: JobContext, name: str, fields: Sequence[pa.Field], dt) -> tuple[DateColumn, ...]:
-    """The generated date columns of ``name``'s Delta table ``dt`` (its schema says), or those
-    its options ask for when there is no table yet (:mod:`..generated`)."""
+    """The generated date columns of ``name``'s Delta table ``dt`` (its schema says) whose
+    source column is among ``fields`` (a column dropped in PostgreSQL stays in Delta with its
+    date column, neither written again), or those its options ask for when there is no table
+    yet (:mod:`..generated`)."""
     if dt is None:
         return ctx.generated_columns(name, fields)
-    return from_schema(name, pa.schema(dt.schema().to_arrow()))
+    have = {f.name for f in fields}
+    return tuple(g for g in from_schema(name, pa.schema(dt.schema().to_arrow())) if g.source in have)
 
 
 def _with_extras(ctx: JobContext, name: str, keys: Sequence[str], schema: pa.Schema, point: int,
@@ -216,7 +219,7 @@ def merge_batch(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     dt, added = evolve(ctx, plan, url, dt, fields + [g.field() for g in generated] + extra_fields(meta, soft),
                        {"pgcdc.created": name}, missing_values(plan))
     target = pa.schema(dt.schema().to_arrow())
-    generated = from_schema(name, target)
+    generated = _generated(ctx, name, fields, dt)
     keys = list(plan.key_columns)
     columns, toast, read_schema = change_inputs(plan, fields, keys)
     check_internal_names(name, columns, keys, toast)
@@ -319,7 +322,7 @@ def append_only(ctx: JobContext, plan: TablePlan, url: str, dt, app: str):
     generated = _generated(ctx, name, fields, dt)
     dt, added = evolve(ctx, plan, url, dt, fields + [g.field() for g in generated], {"pgcdc.created": name},
                        missing_values(plan))
-    generated = from_schema(name, pa.schema(dt.schema().to_arrow()))
+    generated = _generated(ctx, name, fields, dt)
     meta = [META[OP], META[COMMIT_LSN], META[SEQ]]
     out = pa.schema(fields + [g.field() for g in generated])
     commit = Commit(app, plan.commit_version, window_metadata(ctx, plan), plan.cut_transactions(app))
