@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from airflow_pgcdc.faults import FaultPoint, fault_point
 from airflow_pgcdc.lake.inspect import clustered
+from airflow_pgcdc.lake.progress import logged_reader
 from airflow_pgcdc.lake.sizing import target_bytes
 from airflow_pgcdc.lake.tables import CHANGE_DATA_FEED
 from airflow_pgcdc.merge import pruning
@@ -96,7 +97,9 @@ class DeltaRsSink(DeltaSink):
             return rows.cast(schema).to_reader(), rows.num_rows, None, []
         staging, paths, n = self._stage(rows, schema, where)
         paths = deltars.staged_in_order(paths) if ordered else paths
-        return deltars.staged_reader(self.ctx.fs, paths, schema), n, staging, paths
+        reader = logged_reader(deltars.staged_reader(self.ctx.fs, paths, schema), total_rows=n, log=log,
+                               label=f"{where[0]}.{where[1]}: {where[2]} into Delta")  # a big one takes minutes
+        return reader, n, staging, paths
 
     def create(self, url, rows, schema, *, metadata, configuration, where, keys=(), copy_bytes=None,
                sized=True, partition_by=(), cluster_by=()) -> int:

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from airflow_pgcdc.changes.columns import COMMIT_LSN, COMMIT_TS, MERGED_AT, OP, SEQ
 from airflow_pgcdc.faults import FaultPoint, fault_point
 from airflow_pgcdc.lake.inspect import open_table
+from airflow_pgcdc.lake.progress import logged_reader
 from airflow_pgcdc.lake.sizing import target_bytes
 from airflow_pgcdc.lake.tables import RESYNC_APP_SUFFIX
 from airflow_pgcdc.merge import pruning
@@ -136,7 +137,8 @@ def _copy_rows(ctx: JobContext, entry, parts: list[str], schema: pa.Schema, keys
         rows = add(rows)
     stage(ctx, rows, staging, out)
     paths, rows = deltars.read_staged(ctx.fs, staging)
-    return deltars.staged_reader(ctx.fs, deltars.staged_in_order(paths), out), rows
+    return logged_reader(deltars.staged_reader(ctx.fs, deltars.staged_in_order(paths), out), total_rows=rows,
+                         label=f"{entry.qualified_name}: {what} copy into Delta", log=log), rows
 
 
 def resync_replace(ctx: JobContext, resync, entry, url: str, app: str, covered: int,
