@@ -58,3 +58,20 @@ class PgcdcRebuildOperator(PgcdcSparkMergeOperator):
         swapped = (result.get("rebuild") or {}).get("swapped", [])
         for uri, extra in rebuilt_events(list(result.get("tables", ())), swapped):
             assets.emit(self, context, Asset(uri=uri), extra)
+
+    def _lineage_of(self, result: Mapping[str, Any]):
+        """OpenLineage of a rebuild: the store's copy and windows in, each live Delta table it
+        swapped in out (with its schema); the scratch tables are a step, not an output. None
+        when nothing was swapped (``swap=False``, every table failed)."""
+        from airflow_pgcdc.operators.lineage import delta_table, s3_dataset
+        from airflow_pgcdc.operators.merge import LINEAGE_SCHEMAS, PgcdcHook
+        from airflow_pgcdc.store.s3 import delta_storage_options
+
+        swapped = [d for d in (result.get("rebuild") or {}).get("swapped", []) if d.get("live")]
+        if not swapped:
+            return None
+        options = delta_storage_options(PgcdcHook(aws_conn_id=self.aws_conn_id).s3_settings())
+        root = f"{self.store.rstrip('/')}/{self.slot}"
+        outputs = [delta_table(str(d["live"]), storage_options=options) if i < LINEAGE_SCHEMAS
+                   else s3_dataset(str(d["live"])) for i, d in enumerate(swapped)]
+        return [s3_dataset(f"{root}/snapshot"), s3_dataset(f"{root}/changes")], outputs
