@@ -67,6 +67,7 @@ def get_provider_info() -> dict:
         "sensors": [
             {"integration-name": "PostgreSQL CDC", "python-modules": ["airflow_pgcdc.sensors.changes"]}
         ],
+        "extra-links": ["airflow_pgcdc.operators.links.PgcdcSparkUILink"],
         "triggers": [
             {"integration-name": "PostgreSQL CDC", "python-modules": ["airflow_pgcdc.triggers.changes"]}
         ],

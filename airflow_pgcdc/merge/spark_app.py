@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         out = run(args, lazy=_submitted_to_a_local_master())
     except TablesFailed as e:  # the healthy tables were merged: their result still counts
         if e.outcome_dict() is not None:
-            print(RESULT_PREFIX + json.dumps(e.outcome_dict()), flush=True)
+            print(RESULT_PREFIX + json.dumps({**e.outcome_dict(), **_application()}), flush=True)
         print(f"pgcdc merge: error: {e}", file=sys.stderr)
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)
@@ -176,8 +176,19 @@ def main(argv: list[str] | None = None) -> int:
         if hint:
             print(f"hint: {hint}", file=sys.stderr)
         return 1
-    print(RESULT_PREFIX + json.dumps(out), flush=True)
+    print(RESULT_PREFIX + json.dumps({**out, **_application()}), flush=True)
     return 0
+
+
+def _application() -> dict:
+    """``{"spark": {app_id, master, ui}}`` of the job's Spark application, when it started one
+    (a job on a local master starts none for small batches): the operator's link to it."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        return {}
+    return {"spark": {"app_id": sc.applicationId, "master": sc.master, "ui": sc.uiWebUrl}}
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from airflow_pgcdc.merge.results import FAILED_NAMED, QUIET_ACTIONS, XCOM_TABLES
 from airflow_pgcdc.merge.session import is_local
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators import assets
+from airflow_pgcdc.operators.links import PgcdcSparkUILink, spark_ui_link
 from airflow_pgcdc.operators.metrics import merge_metrics
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.values import (
@@ -392,9 +393,10 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         *SparkSubmitOperator.template_fields, "store", "slot", "delta", "tables", "keys", "max_windows",
         "history", "engine", "reader", "target_file_mb", "deletion_vectors", "driver_rows", "aws_conn_id", "conn_id",
         "until_lsn", "until_time", "options", "xcom_tables", "change_data_feed", "metadata_columns",
-        "soft_deletes", "catalog", "catalog_prefix", "table_options",
+        "soft_deletes", "catalog", "catalog_prefix", "table_options", "spark_ui_url",
     )
     ui_color = "#fdebd0"
+    operator_extra_links = (PgcdcSparkUILink(),)
 
     def __init__(
         self,
@@ -427,6 +429,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         xcom_tables: int | str = XCOM_TABLES,
         conf: Mapping[str, Any] | None = None,
         name: str = "pgcdc-merge",
+        spark_ui_url: str | None = None,
         **kwargs: Any,
     ) -> None:
         store = renamed_argument(kwargs, "source", "store", store, "PgcdcSparkMergeOperator")
@@ -468,6 +471,8 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
         self.catalog = catalog
         self.catalog_prefix = catalog_prefix
         self.table_options = table_options
+        self.spark_ui_url = spark_ui_url  # the "Spark UI" link's page: operators/links.py
+        self.spark_ui_link = ""
         # the merge's options as one object or dict (templated: e.g. "{{ params.merge }}"),
         # instead of the fields above
         self.options = options
@@ -656,6 +661,7 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
             )
         short = summary(result, self._xcom_tables())
         merge_metrics(str(result.get("slot") or self.slot), result)
+        self.spark_ui_link = spark_ui_link(result.get("spark"), self.spark_ui_url)
         self._lineage = lambda: self._lineage_of(result)
         quiet = 0
         for t in result.get("tables", ()):

@@ -13,7 +13,7 @@ from airflow_pgcdc.testing.dagrun import DagRunResult, airflow_env, migrate, run
 from airflow_pgcdc.testing.observe import StatsdListener, lineage_env, lineage_events
 
 __all__ = ["DagRunResult", "StatsdListener", "airflow_env", "asset_events", "lineage_env", "lineage_events",
-           "migrate", "run_dag"]
+           "migrate", "run_dag", "xcom_values"]
 
 
 def asset_events(home: Path) -> list[dict]:
@@ -27,3 +27,12 @@ def asset_events(home: Path) -> list[dict]:
             "FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
         ).fetchall()
     return [{"uri": u, "extra": json.loads(x), "task": t, "aliases": al} for u, x, t, al in rows]
+
+
+def xcom_values(home: Path, task: str, key: str) -> list:
+    """Every value task ``task`` left in XCom under ``key`` in the metadata DB of ``home`` (an
+    ``AIRFLOW_HOME``), oldest first (an operator's extra link: ``_link_{class name}``)."""
+    with sqlite3.connect(Path(home) / "airflow.db") as db:
+        rows = db.execute("SELECT value FROM xcom WHERE task_id = ? AND key = ? ORDER BY timestamp",
+                          (task, key)).fetchall()
+    return [json.loads(v) if isinstance(v, (str, bytes)) else v for (v,) in rows]

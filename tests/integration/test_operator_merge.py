@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from airflow_runner import airflow_env, asset_events, run_dag
+from airflow_runner import airflow_env, asset_events, run_dag, xcom_values
 
 from airflow_pgcdc.drain.drain import drain_window
 from airflow_pgcdc.lake.tables import delta_table_url
@@ -48,6 +48,15 @@ def test_merge_operator_in_a_dag_run(fresh_db, slot_name, s3, s3_bucket, tmp_pat
     # under spark-submit to a local master the job starts Spark only for a table that needs it:
     # Delta's Spark engine does; the default engine's small merge does not (test_dags.py)
     assert output.count("starting the Spark session (master from spark-submit)") == 1, output[-3000:]
+    # the "Spark UI" extra link: merge_first's application (its id as the job reported it) on the
+    # history server page its spark_ui_url names; merge started no application: no link
+    import re
+
+    apps = sorted(set(re.findall(r'"spark": \{"app_id": "([^"]+)"', output)))  # the job's line, and as logged
+    assert len(apps) == 1 and apps[0].startswith("local-"), apps
+    assert xcom_values(tmp_path / "airflow", "merge_first", "_link_PgcdcSparkUILink") == [
+        f"http://history.test:18080/history/{apps[0]}/jobs/"]
+    assert xcom_values(tmp_path / "airflow", "merge", "_link_PgcdcSparkUILink") == [""]
 
 
 def run_merge_dag(db, slot_name, s3, s3_bucket, tmp_path, *, master, engine=None, reader=None,

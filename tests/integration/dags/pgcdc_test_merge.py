@@ -27,7 +27,8 @@ with DAG("pgcdc_test_merge", schedule=None, start_date=datetime.datetime(2024, 1
         driver_memory="1g",
     )
     # a bounded catch-up first (max_windows from the run's conf), then everything left
-    first = PgcdcSparkMergeOperator(task_id="merge_first", max_windows="{{ dag_run.conf['max_windows'] }}", **common)
+    first = PgcdcSparkMergeOperator(task_id="merge_first", max_windows="{{ dag_run.conf['max_windows'] }}",
+                                    spark_ui_url="http://history.test:18080/history/{app_id}/jobs/", **common)
     rest = PgcdcSparkMergeOperator(task_id="merge", **{
         **common,
         "engine": "{{ dag_run.conf.get('engine_rest', dag_run.conf.get('engine')) }}",
