@@ -94,8 +94,20 @@ class PgcdcRecoverOperator(BaseOperator):
             done = recover_pipeline(hook.get_dsn(), self.store, slot=self.slot,
                                     publications=self.publications or None, options=options, s3=hook.s3_client())
         result = {**done.recovery.to_dict(), "record": done.url}
+        from airflow_pgcdc.operators.lineage import postgres_tables, s3_dataset
+
+        dsn, copies = hook.get_dsn(), f"{self.store.rstrip('/')}/{self.slot}/resync"
+        tables = sorted(f"{s}.{t}" for s, t in done.recovery.tables)
+        self._lineage = lambda: (postgres_tables(dsn, tables), [s3_dataset(copies)])
         emit(self, context, resync_asset(self.store, self.slot), {
             "recovery_id": done.recovery.recovery_id,
             "tables": sorted(f"{s}.{t}" for s, t in done.recovery.tables),
         })
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """OpenLineage: the PostgreSQL tables the recovery copied and its copies in the store
+        (``{store}/{slot}/resync``; :mod:`airflow_pgcdc.operators.lineage`, never failing the task)."""
+        from airflow_pgcdc.operators.lineage import lineage_of
+
+        return lineage_of(self, getattr(self, "_lineage", None))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -38,8 +39,15 @@ def test_snapshot_and_basebackup_operators(fresh_db, slot_name, s3, s3_bucket, t
     })
     slot = slot_name()
     to = f"s3://{s3_bucket}/lake"
-    result = run_dag(DAGS / "pgcdc_test_copy.py", "pgcdc_test_copy", env, {"to": to, "slot": slot, "publication": "pub"})
+    result = run_dag(DAGS / "pgcdc_test_copy.py", "pgcdc_test_copy", env | lineage_env(tmp_path / "openlineage"),
+                     {"to": to, "slot": slot, "publication": "pub"})
     assert result.state == "success", result.output[-4000:]
+    if importlib.util.find_spec("airflow.providers.openlineage") is not None:  # the recovery's OpenLineage
+        (done,) = [e for e in lineage_events(tmp_path / "openlineage")
+                   if e.get("eventType") == "COMPLETE" and e["job"]["name"] == "pgcdc_test_copy.recover"]
+        p = conninfo_to_dict(fresh_db)
+        assert [d["name"] for d in done["inputs"]] == [f"{p['dbname']}.public.orders"]
+        assert [(d["namespace"], d["name"]) for d in done["outputs"]] == [(f"s3://{s3_bucket}", f"lake/{slot}/resync")]
     snap = result.xcom("snapshot")
     assert snap["slot"] == slot and snap["tables"]["public.orders"]["rows"] == 500
     assert snap["manifest"].startswith(to) and snap["consistent_point"]
