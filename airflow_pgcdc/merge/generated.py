@@ -92,9 +92,14 @@ def _hint(table: str) -> str:
 
 def partition_names(table: str, given: str, columns: Sequence[str]) -> tuple[str, ...]:
     """The partition column names ``partition_by``'s text gives (a generated column by its
-    name), each checked to be one of ``columns`` (the table's, generated ones included)."""
-    names = tuple(_name(m) if m else item for item, m in _items(given))
-    missing = [n for n in names if n not in set(columns)]
+    name), each checked to be one of ``columns`` (the table's, generated ones included). A
+    ``date()`` whose source is among ``columns`` but whose generated column is not is left
+    out: a table made without it (a history table, ``--history``) is partitioned by the
+    other columns."""
+    have = set(columns)
+    names = tuple(_name(m) if m else item for item, m in _items(given)
+                  if m is None or _name(m) in have or _source(m) not in have)
+    missing = [n for n in names if n not in have]
     if missing or not names:
         raise _error(f"table {table}: partition_by names column(s) {missing or [given]} it does not have",
                      _hint(table))

@@ -31,6 +31,10 @@ def test_the_option_text_gives_names_and_generated_columns():
     _, gen = parse_partition_by("s.t", 'date("Odd `Name`") as d', FIELDS)
     assert gen[0].expression == "CAST(`Odd ``Name``` AS DATE)"
     assert partition_names("s.t", "date(at) as day,region", ["day", "region", "at"]) == ("day", "region")
+    # a table without the date column (a history table) is partitioned by the others
+    assert partition_names("s.t", "date(at) as day,region", ["region", "at"]) == ("region",)
+    with pytest.raises(MergeError, match="does not have"):  # a date() of no column stays an error
+        partition_names("s.t", "date(nope),region", ["region", "at"])
 
 
 @pytest.mark.parametrize(("given", "says"), [
