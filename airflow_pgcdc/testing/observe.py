@@ -17,15 +17,18 @@ def lineage_env(directory: Path) -> dict[str, str]:
     """The environment that has the OpenLineage provider's listener write its events to files
     under ``directory``, as a deployment configures it. One file per event: in append mode the
     processes of a run (scheduler, task runners) share one file, and an event larger than a
-    write buffer can interleave with another's lines."""
+    write buffer can interleave with another's lines. Named by time, job and event type (the
+    transport's ``debug_mode``): by time alone, two tasks' events in one microsecond wrote one
+    file over each other (CI: ``Extra data`` reading it)."""
     Path(directory).mkdir(parents=True, exist_ok=True)
-    return {"AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "append": False,
+    return {"AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "append": False, "debug_mode": True,
                                                            "log_file_path": str(Path(directory) / "event")})}
 
 
 def lineage_events(directory: Path) -> list[dict]:
     """The OpenLineage events written under ``directory`` (see :func:`lineage_env`), in time order."""
-    return [json.loads(f.read_text()) for f in sorted(Path(directory).glob("event-*.json"))]
+    events = [json.loads(f.read_text()) for f in Path(directory).glob("event-*.json")]
+    return sorted(events, key=lambda e: str(e.get("eventTime", "")))
 
 
 class StatsdListener:

@@ -54,7 +54,10 @@ def test_the_launcher_merges_with_only_its_package_zip(pg18, slot_name, s3, s3_b
         assert len(said) == 1 and said[0].endswith(f"/airflow_pgcdc-{art.version}.zip/airflow_pgcdc/__init__.py"), said
         printed = next(r for r in map(parse_result_line, proc.stdout.splitlines()) if r is not None)
         assert [(t["table"], t["action"]) for t in printed["tables"]] == [("public.t", "bootstrapped+merged")]
-        assert results.latest(src, slot) == printed  # what a task after a Databricks or EMR run reads
+        # the launcher's line also names its Spark application (the operator's "Spark UI" link);
+        # the rest is what a task after a Databricks or EMR run reads from the store
+        assert printed.pop("spark")["master"] == "local[1]"
+        assert results.latest(src, slot) == printed
         assert_equal(db, lake, "public.t", "id")
     finally:
         pg18.drop_database("platforms_launcher")
