@@ -119,10 +119,7 @@ def _remove_files(client, url: str, rel: Sequence[str]) -> None:
     """Remove the files ``rel`` (keys relative to the S3 table at ``url``, as VACUUM lists them)."""
     loc = s3store.S3Location.parse(url)
     base = unquote(loc.prefix.rstrip("/")) + "/"
-    keys = [base + p for p in rel]  # as object_sizes names them
-    for i in range(0, len(keys), 1000):
-        client.delete_objects(Bucket=loc.bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]],
-                                                         "Quiet": True})
+    s3store.delete_keys(client, loc.bucket, [base + p for p in rel], what=f"files VACUUM lists under {url}")
 
 
 def _total_size(stats) -> int:

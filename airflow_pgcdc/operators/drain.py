@@ -10,6 +10,7 @@ from airflow.sdk import Asset, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
+from airflow_pgcdc.operators.lineage import ReportsLineage
 from airflow_pgcdc.operators.metrics import drain_metrics
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.runs import refuse_backfill_run
@@ -24,7 +25,7 @@ def changes_asset(to: str, slot: str) -> Asset:
     return Asset(uri=f"{to.rstrip('/')}/{slot}/changes", name=f"pgcdc-changes-{slot}")
 
 
-class PgcdcDrainOperator(BaseOperator):
+class PgcdcDrainOperator(ReportsLineage, BaseOperator):
     """Drain one window of ``slot`` into ``to`` and acknowledge it once committed
     (see :mod:`airflow_pgcdc.drain.drain`).
 
@@ -154,12 +155,6 @@ class PgcdcDrainOperator(BaseOperator):
         value = ti.xcom_pull(task_ids=self.sensor_task_id, key="observed_lsn")
         return str(value) if value else None
 
-    def get_openlineage_facets_on_complete(self, task_instance):
-        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`;
-        built only when the OpenLineage listener asks, and never failing the task)."""
-        from airflow_pgcdc.operators.lineage import lineage_of
-
-        return lineage_of(self, getattr(self, "_lineage", None))
 
     def execute(self, context) -> dict[str, Any]:
         from airflow_pgcdc.drain.drain import DrainBusy, drain_window

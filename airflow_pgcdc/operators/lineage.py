@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["delta_table", "lineage", "lineage_of", "postgres_tables", "s3_dataset"]
+__all__ = ["ReportsLineage", "delta_table", "lineage", "lineage_of", "postgres_tables", "s3_dataset"]
 
 
 def _facets():
@@ -100,3 +100,12 @@ def lineage_of(operator, build) -> Any:
     except Exception as exc:  # noqa: BLE001 - lineage is a report: the task's work is done
         operator.log.warning("no OpenLineage datasets for this run: %s: %s", type(exc).__name__, exc)
         return None
+
+
+class ReportsLineage:
+    """An operator whose ``execute`` leaves ``self._lineage`` (a callable giving ``(inputs,
+    outputs)``): OpenLineage's listener gets them on completion (:func:`lineage_of`: built
+    only when it asks, and never failing the task)."""
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        return lineage_of(self, getattr(self, "_lineage", None))

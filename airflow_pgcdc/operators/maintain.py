@@ -9,12 +9,13 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
+from airflow_pgcdc.operators.lineage import ReportsLineage
 from airflow_pgcdc.operators.metrics import maintain_metrics
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.values import flag, number, rendered_options
 
 
-class PgcdcMaintainOperator(BaseOperator):
+class PgcdcMaintainOperator(ReportsLineage, BaseOperator):
     """Compact, vacuum and checkpoint every Delta table of ``slot`` under ``delta`` (each on
     its own), then remove the parts of the change windows every table has merged and old
     merge staging (``pgcdc maintain``). No Spark, no PostgreSQL: delta-rs and S3 only.
@@ -99,9 +100,3 @@ class PgcdcMaintainOperator(BaseOperator):
                                  [delta_table(u, storage_options=delta_storage_options(settings)) for u in rewritten])
         return result
 
-    def get_openlineage_facets_on_complete(self, task_instance):
-        """OpenLineage: the Delta tables this run rewrote (compaction, checkpoint), each both
-        input and output (:mod:`airflow_pgcdc.operators.lineage`; never failing the task)."""
-        from airflow_pgcdc.operators.lineage import lineage_of
-
-        return lineage_of(self, getattr(self, "_lineage", None))

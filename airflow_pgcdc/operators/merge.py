@@ -52,6 +52,7 @@ from airflow_pgcdc.merge.results import FAILED_NAMED, QUIET_ACTIONS, XCOM_TABLES
 from airflow_pgcdc.merge.session import is_local
 from airflow_pgcdc.merge.spark_app import RESULT_PREFIX
 from airflow_pgcdc.operators import assets
+from airflow_pgcdc.operators.lineage import ReportsLineage
 from airflow_pgcdc.operators.links import PgcdcSparkUILink, spark_ui_link
 from airflow_pgcdc.operators.metrics import merge_metrics
 from airflow_pgcdc.operators.renamed import renamed_argument
@@ -281,7 +282,7 @@ class PgcdcMergeSubmitHook(SparkSubmitHook):
                 self._env_vars = {"SPARK_HOME": str(Path(spec.origin).parent), **(self._env_vars or {})}
 
 
-class PgcdcSparkMergeOperator(SparkSubmitOperator):
+class PgcdcSparkMergeOperator(ReportsLineage, SparkSubmitOperator):
     """Merge the snapshot and the committed change windows of ``slot`` (in the store at
     ``source``) into one Delta table per source table under ``delta``, with
     ``spark-submit`` (see :mod:`airflow_pgcdc.merge.job`).
@@ -700,12 +701,6 @@ class PgcdcSparkMergeOperator(SparkSubmitOperator):
                 "PgcdcMergeCheckOperator downstream emits them and still fails the run)", named)
         raise PgcdcTablesFailed(message)
 
-    def get_openlineage_facets_on_complete(self, task_instance):
-        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`;
-        built only when the OpenLineage listener asks, and never failing the task)."""
-        from airflow_pgcdc.operators.lineage import lineage_of
-
-        return lineage_of(self, getattr(self, "_lineage", None))
 
     def _lineage_of(self, result: Mapping[str, Any]):
         """The store's windows and copy in, each Delta table the job wrote out (its schema for

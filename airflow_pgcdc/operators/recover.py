@@ -10,11 +10,12 @@ from airflow.sdk import BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
+from airflow_pgcdc.operators.lineage import ReportsLineage
 from airflow_pgcdc.operators.resync import resync_asset
 from airflow_pgcdc.operators.values import flag, number, options_or_fields
 
 
-class PgcdcRecoverOperator(BaseOperator):
+class PgcdcRecoverOperator(ReportsLineage, BaseOperator):
     """For a slot that was dropped, lost its WAL or was acknowledged past the store: create
     it again under its name (a slot only ahead is kept), copy every table of the pipeline
     as a resync and record the recovery; the next drain resumes and the next merge replaces
@@ -105,9 +106,3 @@ class PgcdcRecoverOperator(BaseOperator):
         })
         return result
 
-    def get_openlineage_facets_on_complete(self, task_instance):
-        """OpenLineage: the PostgreSQL tables the recovery copied and its copies in the store
-        (``{store}/{slot}/resync``; :mod:`airflow_pgcdc.operators.lineage`, never failing the task)."""
-        from airflow_pgcdc.operators.lineage import lineage_of
-
-        return lineage_of(self, getattr(self, "_lineage", None))

@@ -11,6 +11,7 @@ from airflow.sdk import Asset, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
+from airflow_pgcdc.operators.lineage import ReportsLineage
 from airflow_pgcdc.operators.metrics import resync_metrics
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.values import number, options_or_fields
@@ -21,7 +22,7 @@ def resync_asset(to: str, slot: str) -> Asset:
     return Asset(uri=f"{to.rstrip('/')}/{slot}/resync", name=f"pgcdc-resync-{slot}")
 
 
-class PgcdcResyncOperator(BaseOperator):
+class PgcdcResyncOperator(ReportsLineage, BaseOperator):
     """Take a fresh snapshot of ``tables`` for the pipeline of ``slot`` while its drains and
     merges go on (a table added to the publication later, or one to rebuild); the next
     merge replaces those Delta tables from it and applies only the later changes.
@@ -128,9 +129,3 @@ class PgcdcResyncOperator(BaseOperator):
         resync_metrics(self.slot, result, time.monotonic() - t0)
         return result
 
-    def get_openlineage_facets_on_complete(self, task_instance):
-        """OpenLineage: the PostgreSQL tables copied and the copy in the store
-        (:mod:`airflow_pgcdc.operators.lineage`; never failing the task)."""
-        from airflow_pgcdc.operators.lineage import lineage_of
-
-        return lineage_of(self, getattr(self, "_lineage", None))

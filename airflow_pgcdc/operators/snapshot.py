@@ -11,6 +11,7 @@ from airflow.sdk import Asset, BaseOperator
 
 from airflow_pgcdc.hooks.pgcdc import PgcdcHook
 from airflow_pgcdc.operators.assets import default_outlets, emit
+from airflow_pgcdc.operators.lineage import ReportsLineage
 from airflow_pgcdc.operators.renamed import renamed_argument
 from airflow_pgcdc.operators.values import flag, number, options_or_fields
 
@@ -20,7 +21,7 @@ def snapshot_asset(to: str, slot: str) -> Asset:
     return Asset(uri=f"{to.rstrip('/')}/{slot}/snapshot", name=f"pgcdc-snapshot-{slot}")
 
 
-class PgcdcSnapshotOperator(BaseOperator):
+class PgcdcSnapshotOperator(ReportsLineage, BaseOperator):
     """Create ``slot`` with an exported snapshot and copy the tables to S3 as Parquet.
 
     Pushes (return value / XCom ``return_value``)::
@@ -99,12 +100,6 @@ class PgcdcSnapshotOperator(BaseOperator):
         self.postgres_conn_id = postgres_conn_id
         self.aws_conn_id = aws_conn_id
 
-    def get_openlineage_facets_on_complete(self, task_instance):
-        """OpenLineage: what this run read and wrote (:mod:`airflow_pgcdc.operators.lineage`;
-        built only when the OpenLineage listener asks, and never failing the task)."""
-        from airflow_pgcdc.operators.lineage import lineage_of
-
-        return lineage_of(self, getattr(self, "_lineage", None))
 
     def execute(self, context) -> dict[str, Any]:
         from airflow_pgcdc.snapshot.export import snapshot_to_s3
